@@ -1,0 +1,205 @@
+//! Every metric name weir exports, its help text, its label keys, and
+//! [`describe_all`], which registers the help texts with the `metrics` facade.
+//!
+//! This module owns the *spelling* of the exported series; nothing else in
+//! the workspace should write a metric name as a string literal.
+
+/// Label key: database name of the pool.
+pub const LABEL_DATABASE: &str = "database";
+/// Label key: user name of the pool.
+pub const LABEL_USER: &str = "user";
+/// Label key: why a server connection was closed / a connect failed / a query dropped.
+pub const LABEL_REASON: &str = "reason";
+/// Label key: rate window (`1s`, `10s`, `60s`).
+pub const LABEL_WINDOW: &str = "window";
+/// Label key: connection state for pool gauges.
+pub const LABEL_STATE: &str = "state";
+/// Label key: cancel request outcome.
+pub const LABEL_OUTCOME: &str = "outcome";
+/// Label key: client connection result.
+pub const LABEL_RESULT: &str = "result";
+/// Label key: weir version for `weir_build_info`.
+pub const LABEL_VERSION: &str = "version";
+
+/// Counter (database,user): server connections successfully opened.
+pub const SERVER_CONNECTIONS_OPENED_TOTAL: &str = "weir_server_connections_opened_total";
+/// Counter (database,user,reason): server connections closed.
+pub const SERVER_CONNECTIONS_CLOSED_TOTAL: &str = "weir_server_connections_closed_total";
+/// Gauge (database,user,window): server connection opens per second.
+pub const SERVER_CONNECTION_OPENS_PER_SECOND: &str = "weir_server_connection_opens_per_second";
+/// Gauge (database,user,window): server connection closes per second.
+pub const SERVER_CONNECTION_CLOSES_PER_SECOND: &str = "weir_server_connection_closes_per_second";
+/// Counter (database,user,reason): failed server connection attempts.
+pub const SERVER_CONNECT_FAILURES_TOTAL: &str = "weir_server_connect_failures_total";
+/// Histogram (database,user): time to open and log in a server connection.
+pub const SERVER_CONNECT_DURATION_SECONDS: &str = "weir_server_connect_duration_seconds";
+/// Gauge (database,user,state): server connections by state.
+pub const POOL_SERVERS: &str = "weir_pool_servers";
+/// Gauge (database,user,state): client connections by state.
+pub const POOL_CLIENTS: &str = "weir_pool_clients";
+/// Gauge (database,user): age of the oldest waiting client, in seconds.
+pub const POOL_MAXWAIT_SECONDS: &str = "weir_pool_maxwait_seconds";
+/// Histogram (database,user): time clients waited for a server connection.
+pub const CLIENT_WAIT_DURATION_SECONDS: &str = "weir_client_wait_duration_seconds";
+/// Counter (database,user,reason): queries dropped before reaching a server.
+pub const QUERIES_DROPPED_TOTAL: &str = "weir_queries_dropped_total";
+/// Counter (outcome): cancel requests received.
+pub const CANCEL_REQUESTS_TOTAL: &str = "weir_cancel_requests_total";
+/// Counter (result): client connection attempts.
+pub const CLIENT_CONNECTIONS_TOTAL: &str = "weir_client_connections_total";
+/// Counter (database,user): transactions completed.
+pub const TRANSACTIONS_TOTAL: &str = "weir_transactions_total";
+/// Counter (database,user): queries forwarded.
+pub const QUERIES_TOTAL: &str = "weir_queries_total";
+/// Histogram (database,user): transaction duration.
+pub const TRANSACTION_DURATION_SECONDS: &str = "weir_transaction_duration_seconds";
+/// Counter (database,user): Parse messages received from clients.
+pub const PREPARED_STATEMENTS_CLIENT_PARSES_TOTAL: &str =
+    "weir_prepared_statements_client_parses_total";
+/// Counter (database,user): Parse messages sent to servers.
+pub const PREPARED_STATEMENTS_SERVER_PARSES_TOTAL: &str =
+    "weir_prepared_statements_server_parses_total";
+/// Counter (database,user): sessions pinned to a server connection.
+pub const PINNED_SESSIONS_TOTAL: &str = "weir_pinned_sessions_total";
+/// Gauge (version): always 1; carries the weir version as a label.
+pub const BUILD_INFO: &str = "weir_build_info";
+
+/// Kind of a metric, for [`ALL`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Monotonic counter.
+    Counter,
+    /// Gauge.
+    Gauge,
+    /// Histogram (seconds).
+    Histogram,
+}
+
+/// Every metric: (name, kind, help text).
+pub const ALL: &[(&str, Kind, &str)] = &[
+    (
+        SERVER_CONNECTIONS_OPENED_TOTAL,
+        Kind::Counter,
+        "Server connections successfully opened.",
+    ),
+    (
+        SERVER_CONNECTIONS_CLOSED_TOTAL,
+        Kind::Counter,
+        "Server connections closed, by reason.",
+    ),
+    (
+        SERVER_CONNECTION_OPENS_PER_SECOND,
+        Kind::Gauge,
+        "Server connection opens per second over the window (complete seconds only).",
+    ),
+    (
+        SERVER_CONNECTION_CLOSES_PER_SECOND,
+        Kind::Gauge,
+        "Server connection closes per second over the window (complete seconds only).",
+    ),
+    (
+        SERVER_CONNECT_FAILURES_TOTAL,
+        Kind::Counter,
+        "Failed server connection attempts, by reason (not counted as opens or closes).",
+    ),
+    (
+        SERVER_CONNECT_DURATION_SECONDS,
+        Kind::Histogram,
+        "Time to connect and authenticate a server connection.",
+    ),
+    (POOL_SERVERS, Kind::Gauge, "Server connections by state."),
+    (POOL_CLIENTS, Kind::Gauge, "Client connections by state."),
+    (
+        POOL_MAXWAIT_SECONDS,
+        Kind::Gauge,
+        "How long the oldest waiting client has waited.",
+    ),
+    (
+        CLIENT_WAIT_DURATION_SECONDS,
+        Kind::Histogram,
+        "Time clients waited for a server connection.",
+    ),
+    (
+        QUERIES_DROPPED_TOTAL,
+        Kind::Counter,
+        "Queries dropped before completing, by reason.",
+    ),
+    (
+        CANCEL_REQUESTS_TOTAL,
+        Kind::Counter,
+        "Cancel requests received, by outcome.",
+    ),
+    (
+        CLIENT_CONNECTIONS_TOTAL,
+        Kind::Counter,
+        "Client connection attempts, by result.",
+    ),
+    (TRANSACTIONS_TOTAL, Kind::Counter, "Transactions completed."),
+    (
+        QUERIES_TOTAL,
+        Kind::Counter,
+        "Queries forwarded to servers.",
+    ),
+    (
+        TRANSACTION_DURATION_SECONDS,
+        Kind::Histogram,
+        "Transaction duration.",
+    ),
+    (
+        PREPARED_STATEMENTS_CLIENT_PARSES_TOTAL,
+        Kind::Counter,
+        "Parse messages received from clients.",
+    ),
+    (
+        PREPARED_STATEMENTS_SERVER_PARSES_TOTAL,
+        Kind::Counter,
+        "Parse messages sent to servers.",
+    ),
+    (
+        PINNED_SESSIONS_TOTAL,
+        Kind::Counter,
+        "Client sessions pinned to one server connection.",
+    ),
+    (
+        BUILD_INFO,
+        Kind::Gauge,
+        "Build information; the value is always 1.",
+    ),
+];
+
+/// Names of all histograms (they get explicit Prometheus buckets).
+pub fn histogram_names() -> impl Iterator<Item = &'static str> {
+    ALL.iter()
+        .filter(|(_, k, _)| *k == Kind::Histogram)
+        .map(|(n, _, _)| *n)
+}
+
+/// Registers the help text (and unit) of every metric with the current recorder.
+pub fn describe_all() {
+    for &(name, kind, help) in ALL {
+        match kind {
+            Kind::Counter => metrics::describe_counter!(name, help),
+            Kind::Gauge => metrics::describe_gauge!(name, help),
+            Kind::Histogram => {
+                metrics::describe_histogram!(name, metrics::Unit::Seconds, help)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_prefixed() {
+        let mut seen = std::collections::HashSet::new();
+        for (name, _, help) in ALL {
+            assert!(name.starts_with("weir_"), "{name}");
+            assert!(!help.is_empty());
+            assert!(seen.insert(*name), "duplicate {name}");
+        }
+        assert_eq!(ALL.len(), 20);
+        assert_eq!(histogram_names().count(), 3);
+    }
+}

@@ -1,0 +1,96 @@
+//! MD5 password authentication: the stored `md5...` form and checking a
+//! client's salted response against a plaintext or md5 secret.
+
+use ::md5::{Digest, Md5};
+use subtle::ConstantTimeEq;
+
+use super::userlist::Secret;
+
+fn md5_hex(parts: &[&[u8]]) -> String {
+    let mut h = Md5::new();
+    for p in parts {
+        h.update(p);
+    }
+    format!("{:x}", h.finalize())
+}
+
+/// `"md5"` + hex(md5(password + user)): what Postgres stores for md5 users.
+pub fn md5_hex_password(password: &str, user: &str) -> String {
+    format!("md5{}", md5_hex(&[password.as_bytes(), user.as_bytes()]))
+}
+
+/// The response a client must send for a stored `md5...` password and salt.
+fn expected_response(stored_md5: &str, salt: [u8; 4]) -> String {
+    let inner = stored_md5.strip_prefix("md5").unwrap_or(stored_md5);
+    format!("md5{}", md5_hex(&[inner.as_bytes(), &salt]))
+}
+
+/// Checks a client's PasswordMessage payload (without its NUL) against
+/// `secret`. SCRAM verifiers cannot check md5 responses, and an empty
+/// plaintext password never matches.
+pub fn verify_md5_response(
+    secret: &Secret,
+    user: &str,
+    salt: [u8; 4],
+    client_response: &[u8],
+) -> bool {
+    let stored = match secret {
+        Secret::Plain(p) if !p.is_empty() => md5_hex_password(p, user),
+        Secret::Md5(m) => m.clone(),
+        Secret::Plain(_) | Secret::Scram(_) => return false,
+    };
+    let expected = expected_response(&stored, salt);
+    bool::from(expected.as_bytes().ct_eq(client_response))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use postgres_protocol::authentication::md5_hash;
+
+    #[test]
+    fn stored_form_matches_postgres() {
+        assert_eq!(
+            md5_hex_password("pw", "alice"),
+            postgres_protocol::password::md5(b"pw", "alice")
+        );
+    }
+
+    #[test]
+    fn verifies_plain_and_md5_secrets() {
+        let salt = [1, 2, 3, 4];
+        let good = md5_hash(b"alice", b"pw", salt);
+        let plain = Secret::Plain("pw".into());
+        let hashed = Secret::Md5(md5_hex_password("pw", "alice"));
+        assert!(verify_md5_response(&plain, "alice", salt, good.as_bytes()));
+        assert!(verify_md5_response(&hashed, "alice", salt, good.as_bytes()));
+        assert!(!verify_md5_response(
+            &plain,
+            "alice",
+            [4, 3, 2, 1],
+            good.as_bytes()
+        ));
+        assert!(!verify_md5_response(&plain, "bob", salt, good.as_bytes()));
+        assert!(!verify_md5_response(&hashed, "alice", salt, b"md5"));
+        assert!(!verify_md5_response(&hashed, "alice", salt, b""));
+    }
+
+    #[test]
+    fn scram_and_empty_secrets_never_match() {
+        let salt = [9, 9, 9, 9];
+        let scram = Secret::Scram(crate::auth::scram::ScramSecret::from_password("pw"));
+        assert!(!verify_md5_response(
+            &scram,
+            "alice",
+            salt,
+            md5_hash(b"alice", b"pw", salt).as_bytes()
+        ));
+        let empty = Secret::Plain(String::new());
+        assert!(!verify_md5_response(
+            &empty,
+            "alice",
+            salt,
+            md5_hash(b"alice", b"", salt).as_bytes()
+        ));
+    }
+}

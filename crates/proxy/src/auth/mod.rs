@@ -1,0 +1,263 @@
+//! Client authentication: the auth_file (`userlist`), the md5 and
+//! SCRAM-SHA-256 verifiers (`md5`, `scram`), and the async exchange over a
+//! client socket (`authenticate`). AuthenticationOk is the caller's to send.
+
+pub mod md5;
+pub mod scram;
+pub mod userlist;
+
+use bytes::BytesMut;
+use rand::RngCore;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+
+use crate::config::AuthType;
+use crate::protocol::{frame::read_cstr, messages, sqlstate, tags, SqlState};
+use crate::wire::{self, WireError};
+
+pub use scram::{ScramError, ScramSecret, ScramServer, ScramSuccess};
+pub use userlist::{Secret, UserList, UserListError};
+
+/// Largest authentication message accepted from a client.
+const MAX_AUTH_MESSAGE_LEN: usize = 10_000;
+
+/// Why a client failed to authenticate.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    /// Wrong password, unknown user, or a secret that cannot serve the method.
+    #[error("password authentication failed for user \"{user}\"")]
+    WrongPassword { user: String },
+    #[error("protocol violation during authentication: {0}")]
+    Protocol(String),
+    #[error("client selected an invalid SASL authentication mechanism")]
+    UnsupportedMechanism,
+    #[error("client closed the connection during authentication")]
+    Eof,
+    #[error("i/o error during authentication: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl AuthError {
+    pub fn sqlstate(&self) -> SqlState {
+        match self {
+            AuthError::WrongPassword { .. } => sqlstate::INVALID_PASSWORD,
+            AuthError::UnsupportedMechanism => sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
+            AuthError::Protocol(_) => sqlstate::PROTOCOL_VIOLATION,
+            AuthError::Eof | AuthError::Io(_) => sqlstate::CONNECTION_FAILURE,
+        }
+    }
+
+    /// The message for the client's ErrorResponse. `Eof`/`Io` need none (the
+    /// client is gone) but get a generic text anyway.
+    pub fn client_message(&self) -> String {
+        match self {
+            AuthError::Protocol(m) => m.clone(),
+            other => other.to_string(),
+        }
+    }
+}
+
+impl From<WireError> for AuthError {
+    fn from(e: WireError) -> Self {
+        match e {
+            WireError::Eof => AuthError::Eof,
+            WireError::Io(e) => AuthError::Io(e),
+            WireError::Protocol(p) => AuthError::Protocol(p.to_string()),
+        }
+    }
+}
+
+/// A successful authentication.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Authenticated {
+    /// The ClientKey recovered from a SCRAM exchange, for SCRAM pass-through.
+    pub scram_client_key: Option<[u8; 32]>,
+}
+
+impl std::fmt::Debug for Authenticated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Authenticated")
+            .field("scram_client_key", &self.scram_client_key.map(|_| ".."))
+            .finish()
+    }
+}
+
+/// Runs the authentication exchange for `method` with a client whose startup
+/// packet has been read. `secret` is the user's auth_file entry (`None` for
+/// unknown users, who are still asked for a password and then fail like a
+/// wrong password). Does not send AuthenticationOk.
+///
+/// With `Md5`, a user whose secret is a SCRAM verifier is authenticated with
+/// SCRAM instead (as Postgres and PgBouncer do).
+pub async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+    method: AuthType,
+    user: &str,
+    secret: Option<&Secret>,
+) -> Result<Authenticated, AuthError> {
+    match (method, secret) {
+        (AuthType::Trust, _) => Ok(Authenticated::default()),
+        (AuthType::Md5, Some(Secret::Scram(_))) | (AuthType::ScramSha256, _) => {
+            scram_exchange(stream, buf, user, secret).await
+        }
+        (AuthType::Md5, _) => md5_exchange(stream, buf, user, secret).await,
+    }
+}
+
+async fn send<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    code: i32,
+    payload: &[u8],
+) -> Result<(), AuthError> {
+    let mut out = BytesMut::with_capacity(payload.len() + 9);
+    messages::authentication(&mut out, code, payload);
+    stream.write_all(&out).await?;
+    stream.flush().await?;
+    Ok(())
+}
+
+/// Reads the body of the client's next `p` message.
+async fn read_password_message<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+) -> Result<bytes::Bytes, AuthError> {
+    let frame = wire::read_frame(stream, buf, MAX_AUTH_MESSAGE_LEN).await?;
+    match frame.tag {
+        tags::frontend::PASSWORD => Ok(frame.bytes.slice(crate::protocol::HEADER_LEN..)),
+        tags::frontend::TERMINATE => Err(AuthError::Eof),
+        t => Err(AuthError::Protocol(format!(
+            "expected password response, got message type {:?}",
+            char::from(t)
+        ))),
+    }
+}
+
+fn wrong_password(user: &str) -> AuthError {
+    AuthError::WrongPassword {
+        user: user.to_owned(),
+    }
+}
+
+async fn md5_exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+    user: &str,
+    secret: Option<&Secret>,
+) -> Result<Authenticated, AuthError> {
+    let mut salt = [0u8; 4];
+    rand::thread_rng().fill_bytes(&mut salt);
+    send(stream, tags::auth::MD5_PASSWORD, &salt).await?;
+    let body = read_password_message(stream, buf).await?;
+    let mut rest = &body[..];
+    let response = read_cstr(&mut rest)
+        .map_err(|e| AuthError::Protocol(format!("invalid password packet: {e}")))?;
+    if !rest.is_empty() {
+        return Err(AuthError::Protocol(
+            "invalid password packet: trailing bytes".into(),
+        ));
+    }
+    match secret {
+        Some(s) if md5::verify_md5_response(s, user, salt, response.as_bytes()) => {
+            Ok(Authenticated::default())
+        }
+        Some(_) => Err(wrong_password(user)),
+        None => {
+            tracing::debug!(user, "md5 authentication for a user not in auth_file");
+            Err(wrong_password(user))
+        }
+    }
+}
+
+/// The verifier to run SCRAM against; a mock one when the user has none usable.
+fn scram_secret_for(user: &str, secret: Option<&Secret>) -> ScramSecret {
+    match secret {
+        Some(Secret::Scram(s)) => s.clone(),
+        Some(Secret::Plain(p)) if !p.is_empty() => ScramSecret::from_password(p),
+        Some(Secret::Plain(_)) => {
+            tracing::debug!(user, "empty password in auth_file; SCRAM will fail");
+            ScramSecret::mock_for(user)
+        }
+        Some(Secret::Md5(_)) => {
+            tracing::debug!(
+                user,
+                "auth_file holds an md5 password, which cannot do SCRAM; SCRAM will fail"
+            );
+            ScramSecret::mock_for(user)
+        }
+        None => {
+            tracing::debug!(user, "SCRAM authentication for a user not in auth_file");
+            ScramSecret::mock_for(user)
+        }
+    }
+}
+
+fn scram_failure(user: &str, e: ScramError) -> AuthError {
+    match e {
+        ScramError::InvalidProof => wrong_password(user),
+        other => AuthError::Protocol(other.to_string()),
+    }
+}
+
+/// The payload of AuthenticationSASL: mechanism names, each NUL-terminated,
+/// then an empty name.
+fn sasl_mechanisms_payload() -> Vec<u8> {
+    let mut p = Vec::with_capacity(scram::MECHANISM.len() + 2);
+    p.extend_from_slice(scram::MECHANISM.as_bytes());
+    p.extend_from_slice(&[0, 0]);
+    p
+}
+
+/// Splits a SASLInitialResponse body into its mechanism and initial response.
+fn parse_sasl_initial_response(body: &[u8]) -> Result<(&str, &[u8]), AuthError> {
+    let bad = |why: &str| AuthError::Protocol(format!("invalid SASLInitialResponse: {why}"));
+    let mut rest = body;
+    let mechanism = read_cstr(&mut rest).map_err(|e| bad(&e.to_string()))?;
+    let Some((len, data)) = rest.split_first_chunk::<4>() else {
+        return Err(bad("truncated"));
+    };
+    let len = i32::from_be_bytes(*len);
+    if len < 0 {
+        return Err(bad("missing initial response"));
+    }
+    if len as usize != data.len() {
+        return Err(bad("length does not match the message"));
+    }
+    Ok((mechanism, data))
+}
+
+async fn scram_exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+    user: &str,
+    secret: Option<&Secret>,
+) -> Result<Authenticated, AuthError> {
+    let mut server = ScramServer::new(scram_secret_for(user, secret));
+    send(stream, tags::auth::SASL, &sasl_mechanisms_payload()).await?;
+
+    let body = read_password_message(stream, buf).await?;
+    let (mechanism, client_first) = parse_sasl_initial_response(&body)?;
+    if mechanism != scram::MECHANISM {
+        tracing::debug!(
+            user,
+            mechanism,
+            "client chose an unsupported SASL mechanism"
+        );
+        return Err(AuthError::UnsupportedMechanism);
+    }
+    let server_first = server
+        .handle_client_first(client_first)
+        .map_err(|e| scram_failure(user, e))?;
+    send(stream, tags::auth::SASL_CONTINUE, server_first.as_bytes()).await?;
+
+    let client_final = read_password_message(stream, buf).await?;
+    let ok = server
+        .handle_client_final(&client_final)
+        .map_err(|e| scram_failure(user, e))?;
+    send(stream, tags::auth::SASL_FINAL, ok.server_final.as_bytes()).await?;
+    Ok(Authenticated {
+        scram_client_key: Some(ok.client_key),
+    })
+}
+
+#[cfg(test)]
+mod tests;

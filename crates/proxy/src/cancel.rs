@@ -1,0 +1,144 @@
+//! The cancel registry: weir's own BackendKeyData for each client, mapped to
+//! where that client's query is now. A cancel for a queued query is answered
+//! by weir and never reaches Postgres; one for a running query is forwarded
+//! to that server with the server's own key.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::Rng;
+use tokio::sync::Notify;
+use weir_metrics::{CancelOutcome, GlobalMetrics};
+
+use crate::server::cancel::CancelTarget;
+use crate::server::forward_cancel;
+
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug)]
+enum Where {
+    /// No query pending.
+    Idle,
+    /// Queued for a server; `cancelled` is set by a CancelRequest.
+    Waiting { cancelled: bool },
+    /// Running on a server.
+    Active(CancelTarget),
+}
+
+/// One client's entry.
+#[derive(Debug)]
+pub struct CancelSlot {
+    at: Mutex<Where>,
+    /// Wakes the client task when its queued query is cancelled.
+    pub wake: Notify,
+}
+
+impl CancelSlot {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Where> {
+        self.at.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn set_idle(&self) {
+        *self.lock() = Where::Idle;
+    }
+
+    pub fn set_waiting(&self) {
+        *self.lock() = Where::Waiting { cancelled: false };
+    }
+
+    /// True if a cancel came while waiting; the wait should end with 57014.
+    pub fn wait_cancelled(&self) -> bool {
+        matches!(*self.lock(), Where::Waiting { cancelled: true })
+    }
+
+    /// Moves from waiting to running. Returns false, staying put, if a cancel
+    /// arrived first: the query must then not run.
+    pub fn set_active(&self, target: CancelTarget) -> bool {
+        let mut at = self.lock();
+        if matches!(*at, Where::Waiting { cancelled: true }) {
+            return false;
+        }
+        *at = Where::Active(target);
+        true
+    }
+}
+
+/// All clients' keys.
+#[derive(Debug, Default)]
+pub struct CancelRegistry {
+    slots: Mutex<HashMap<i32, (i32, Arc<CancelSlot>)>>,
+    pub metrics: GlobalMetrics,
+}
+
+/// Removes a client's key when dropped.
+#[derive(Debug)]
+pub struct Registration {
+    registry: Arc<CancelRegistry>,
+    pub pid: i32,
+    pub secret: i32,
+    pub slot: Arc<CancelSlot>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.registry.slots.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.pid);
+    }
+}
+
+impl CancelRegistry {
+    pub fn new() -> Arc<Self> {
+        Arc::new(CancelRegistry::default())
+    }
+
+    /// Gives a new client a unique random key.
+    pub fn register(self: &Arc<Self>) -> Registration {
+        let slot = Arc::new(CancelSlot { at: Mutex::new(Where::Idle), wake: Notify::new() });
+        let mut rng = rand::thread_rng();
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let (pid, secret) = loop {
+            let pid = rng.gen_range(1..i32::MAX);
+            if !slots.contains_key(&pid) {
+                break (pid, rng.gen());
+            }
+        };
+        slots.insert(pid, (secret, slot.clone()));
+        Registration { registry: self.clone(), pid, secret, slot }
+    }
+
+    /// Handles a CancelRequest. Never blocks on Postgres.
+    pub fn cancel(&self, pid: i32, secret: i32) -> CancelOutcome {
+        let slot = {
+            let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+            match slots.get(&pid) {
+                Some((s, slot)) if *s == secret => slot.clone(),
+                _ => {
+                    self.metrics.record_cancel(CancelOutcome::Unknown);
+                    return CancelOutcome::Unknown;
+                }
+            }
+        };
+        let outcome = {
+            let mut at = slot.lock();
+            match &mut *at {
+                Where::Waiting { cancelled } => {
+                    *cancelled = true;
+                    slot.wake.notify_one();
+                    CancelOutcome::AnsweredLocally
+                }
+                Where::Active(target) => {
+                    let target = target.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = forward_cancel(target, FORWARD_TIMEOUT).await {
+                            tracing::warn!(error = %e, "forwarding a cancel request failed");
+                        }
+                    });
+                    CancelOutcome::Forwarded
+                }
+                Where::Idle => CancelOutcome::AnsweredLocally,
+            }
+        };
+        self.metrics.record_cancel(outcome);
+        outcome
+    }
+}

@@ -1,0 +1,53 @@
+//! `weir demo`: a throwaway Postgres with weir in front, ready for psql and
+//! with /metrics live, removed again on Ctrl-C.
+
+use std::net::{SocketAddr, TcpListener};
+
+use anyhow::Context;
+use weir::config::Config;
+use weir_testkit::{PgOptions, PgServer, SCRAM_PASS, SCRAM_USER};
+
+/// The preferred port, or any free one if it is taken.
+fn port_or_free(preferred: u16) -> u16 {
+    match TcpListener::bind(("127.0.0.1", preferred)) {
+        Ok(_) => preferred,
+        Err(_) => weir_testkit::free_port(),
+    }
+}
+
+pub fn run() -> anyhow::Result<()> {
+    super::init_logging(weir::config::LogFormat::Text);
+    eprintln!("starting a throwaway PostgreSQL...");
+    let pg = PgServer::start(PgOptions::default()).context("cannot start PostgreSQL")?;
+    let dir = pg.data_dir().parent().context("temp dir")?.to_path_buf();
+    let userlist = dir.join("weir-userlist.txt");
+    std::fs::write(&userlist, format!("\"{SCRAM_USER}\" \"{SCRAM_PASS}\"\n"))?;
+    let listen: SocketAddr = ([127, 0, 0, 1], port_or_free(6432)).into();
+    let metrics: SocketAddr = ([127, 0, 0, 1], port_or_free(9930)).into();
+    let toml = format!(
+        r#"[weir]
+listen_addr = "{listen}"
+auth_type = "scram-sha-256"
+auth_file = "{userlist}"
+pool_mode = "transaction"
+default_pool_size = 20
+query_wait_timeout = "5s"
+[metrics]
+listen_addr = "{metrics}"
+[databases.app]
+host = "127.0.0.1"
+port = {port}
+"#,
+        userlist = userlist.display(),
+        port = pg.port()
+    );
+    let cfg = Config::from_toml(&toml, &dir)?;
+    println!("weir demo is running. Connect with:\n");
+    println!("  psql \"postgres://{SCRAM_USER}:{SCRAM_PASS}@{listen}/app\"");
+    println!("  pgbench -i -s 1 \"postgres://{SCRAM_USER}:{SCRAM_PASS}@{listen}/app\"");
+    println!("  curl http://{metrics}/metrics");
+    println!("\nPostgres itself listens on 127.0.0.1:{}. Ctrl-C stops everything.", pg.port());
+    let result = super::runtime()?.block_on(super::serve(cfg, None));
+    drop(pg);
+    result
+}

@@ -1,0 +1,78 @@
+//! Why a client session ends or a request fails, each with a client-safe
+//! message and a SQLSTATE.
+
+use crate::auth::AuthError;
+use crate::pool::PoolError;
+use crate::protocol::{sqlstate, ProtocolError, SqlState};
+use crate::wire::WireError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("{0}")]
+    Protocol(#[from] ProtocolError),
+    #[error("client closed the connection")]
+    Gone,
+    #[error("i/o error: {0}")]
+    Io(std::io::Error),
+    #[error(transparent)]
+    Auth(#[from] AuthError),
+    #[error("database \"{0}\" does not exist")]
+    UnknownDatabase(String),
+    #[error("no PostgreSQL user name specified in startup packet")]
+    NoUser,
+    #[error("unsupported frontend protocol {0}.{1}: weir supports 3.0")]
+    UnsupportedProtocol(u16, u16),
+    #[error("{0}")]
+    BadStartupParameter(String),
+    #[error("sorry, too many clients already (max_client_conn)")]
+    TooManyClients,
+    #[error("client_login_timeout expired before login completed")]
+    LoginTimeout,
+    #[error("{0}")]
+    NoServer(#[from] PoolError),
+    #[error("the connection to the server was lost")]
+    ServerLost,
+    #[error("weir is shutting down")]
+    ShuttingDown,
+}
+
+impl From<WireError> for ClientError {
+    fn from(e: WireError) -> Self {
+        match e {
+            WireError::Eof => ClientError::Gone,
+            WireError::Io(e) => ClientError::Io(e),
+            WireError::Protocol(p) => ClientError::Protocol(p),
+        }
+    }
+}
+
+impl ClientError {
+    pub fn sqlstate(&self) -> SqlState {
+        match self {
+            ClientError::Protocol(p) => p.sqlstate(),
+            ClientError::Auth(a) => a.sqlstate(),
+            ClientError::UnknownDatabase(_) => sqlstate::INVALID_CATALOG_NAME,
+            ClientError::NoUser => sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
+            ClientError::UnsupportedProtocol(..) => sqlstate::FEATURE_NOT_SUPPORTED,
+            ClientError::BadStartupParameter(_) => sqlstate::PROTOCOL_VIOLATION,
+            ClientError::TooManyClients => sqlstate::TOO_MANY_CONNECTIONS,
+            ClientError::LoginTimeout => sqlstate::PROTOCOL_VIOLATION,
+            ClientError::NoServer(PoolError::WaitTimeout { .. }) => sqlstate::TOO_MANY_CONNECTIONS,
+            ClientError::NoServer(PoolError::Closed) | ClientError::ShuttingDown => sqlstate::ADMIN_SHUTDOWN,
+            ClientError::ServerLost => sqlstate::CONNECTION_FAILURE,
+            ClientError::Gone | ClientError::Io(_) => sqlstate::CONNECTION_FAILURE,
+        }
+    }
+
+    /// The client is gone, so there is nobody to tell.
+    pub fn is_silent(&self) -> bool {
+        matches!(self, ClientError::Gone | ClientError::Io(_) | ClientError::Auth(AuthError::Eof | AuthError::Io(_)))
+    }
+
+    pub fn client_message(&self) -> String {
+        match self {
+            ClientError::Auth(a) => a.client_message(),
+            other => other.to_string(),
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! A client's login: the startup packet (SSL/GSS refusal, cancel requests,
+//! protocol version), startup parameters, authentication against the
+//! auth_file, and the greeting (AuthenticationOk, ParameterStatus,
+//! BackendKeyData, ReadyForQuery) in one write.
+
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+use super::error::ClientError;
+use crate::config::Config;
+use crate::params::{self, ParamMap, TRACKED};
+use crate::protocol::{
+    messages,
+    startup::{self, StartupPacket},
+    tags::{auth, status},
+};
+use crate::wire;
+
+/// The byte that refuses SSLRequest and GSSENCRequest.
+const REFUSE_ENCRYPTION: u8 = b'N';
+
+/// Startup parameter with which a client declares its own deadline.
+pub const DEADLINE_PARAM: &str = "weir.client_deadline";
+
+/// The first packet that matters.
+pub enum First {
+    Cancel { pid: i32, secret: i32 },
+    Startup { minor: u16, params: Vec<(String, String)> },
+}
+
+/// Reads the startup packet, refusing SSL/GSS encryption with `N`.
+pub async fn read_startup(stream: &mut TcpStream, buf: &mut BytesMut) -> Result<First, ClientError> {
+    loop {
+        let packet = wire::read_startup_packet(stream, buf).await?;
+        match startup::parse(&packet)? {
+            StartupPacket::SslRequest | StartupPacket::GssEncRequest => {
+                if !buf.is_empty() {
+                    // Bytes sent before the answer to an encryption request
+                    // would be accepted as plaintext (CVE-2021-23222's class).
+                    return Err(crate::protocol::ProtocolError::TrailingBytes.into());
+                }
+                stream.write_all(&[REFUSE_ENCRYPTION]).await.map_err(ClientError::Io)?;
+            }
+            StartupPacket::Cancel { pid, secret } => return Ok(First::Cancel { pid, secret }),
+            StartupPacket::Startup { major: 3, minor, params } => return Ok(First::Startup { minor, params }),
+            StartupPacket::Startup { major, minor, .. } => return Err(ClientError::UnsupportedProtocol(major, minor)),
+        }
+    }
+}
+
+/// What a client asked for at startup.
+#[derive(Debug, Clone, Default)]
+pub struct Request {
+    pub user: String,
+    pub database: String,
+    /// Tracked parameters the client set.
+    pub params: ParamMap,
+    /// Other settings the client set (from `options` or plain parameters).
+    pub settings: ParamMap,
+    pub declared_deadline: Option<Duration>,
+    /// `_pq_.*` protocol options, which weir does not support.
+    pub protocol_options: Vec<String>,
+}
+
+/// Sorts the startup parameters. Nothing is silently lost: each is used,
+/// applied to servers, explicitly ignored by config, or refused.
+pub fn interpret(raw: Vec<(String, String)>, cfg: &Config) -> Result<Request, ClientError> {
+    let mut req = Request::default();
+    for (k, v) in raw {
+        match k.as_str() {
+            "user" => req.user = v,
+            "database" => req.database = v,
+            "options" => {
+                for (name, value) in params::parse_options(&v).map_err(ClientError::BadStartupParameter)? {
+                    take_setting(&mut req, &name, &value, cfg)?;
+                }
+            }
+            "replication" if v != "false" && v != "0" => {
+                return Err(ClientError::BadStartupParameter("replication connections are not supported by weir".into()))
+            }
+            "replication" => {}
+            _ if k.starts_with("_pq_.") => req.protocol_options.push(k),
+            _ => take_setting(&mut req, &k, &v, cfg)?,
+        }
+    }
+    if req.user.is_empty() {
+        return Err(ClientError::NoUser);
+    }
+    if req.database.is_empty() {
+        req.database = req.user.clone();
+    }
+    Ok(req)
+}
+
+fn take_setting(req: &mut Request, name: &str, value: &str, cfg: &Config) -> Result<(), ClientError> {
+    if name.eq_ignore_ascii_case(DEADLINE_PARAM) {
+        let d = humantime::parse_duration(value)
+            .map_err(|e| ClientError::BadStartupParameter(format!("invalid {DEADLINE_PARAM} \"{value}\": {e}")))?;
+        req.declared_deadline = Some(d);
+    } else if cfg.weir.ignore_startup_parameters.iter().any(|p| p.eq_ignore_ascii_case(name)) {
+    } else if TRACKED.iter().any(|t| t.eq_ignore_ascii_case(name)) {
+        req.params.set(canonical(name), value);
+    } else if name.starts_with("weir.") || !params::valid_name(name) {
+        return Err(ClientError::BadStartupParameter(format!("unsupported startup parameter: {name}")));
+    } else {
+        req.settings.set(name, value);
+    }
+    Ok(())
+}
+
+fn canonical(name: &str) -> &str {
+    TRACKED.iter().find(|t| t.eq_ignore_ascii_case(name)).copied().unwrap_or(name)
+}
+
+/// The client's tracked parameters: its own values over the server's defaults.
+pub fn client_params(req: &Request, server: &ParamMap) -> ParamMap {
+    let mut p = ParamMap::new();
+    for name in TRACKED {
+        if let Some(v) = req.params.get(name).or_else(|| server.get(name)) {
+            p.set(name, v);
+        }
+    }
+    p
+}
+
+/// AuthenticationOk, every ParameterStatus, BackendKeyData and ReadyForQuery.
+pub fn greeting(server: &ParamMap, client: &ParamMap, key: (i32, i32), minor: u16, protocol_options: &[String]) -> BytesMut {
+    let mut out = BytesMut::with_capacity(512);
+    if minor > 0 || !protocol_options.is_empty() {
+        let opts: Vec<&str> = protocol_options.iter().map(String::as_str).collect();
+        messages::negotiate_protocol_version(&mut out, 0, &opts);
+    }
+    messages::authentication(&mut out, auth::OK, &[]);
+    for (k, v) in server.iter() {
+        messages::parameter_status(&mut out, k, client.get(k).unwrap_or(v));
+    }
+    for (k, v) in client.iter() {
+        if server.get(k).is_none() {
+            messages::parameter_status(&mut out, k, v);
+        }
+    }
+    messages::backend_key_data(&mut out, key.0, key.1);
+    messages::ready_for_query(&mut out, status::IDLE);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> Config {
+        Config::from_toml("[weir]\nauth_type = \"trust\"\n[databases.app]\n", std::path::Path::new(".")).unwrap()
+    }
+
+    fn raw(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn sorts_parameters() {
+        let r = interpret(
+            raw(&[
+                ("user", "bob"),
+                ("application_name", "x"),
+                ("options", "-c weir.client_deadline=800ms -c search_path=s"),
+                ("extra_float_digits", "2"),
+                ("datestyle", "ISO"),
+            ]),
+            &cfg(),
+        )
+        .unwrap();
+        assert_eq!(r.database, "bob");
+        assert_eq!(r.declared_deadline, Some(Duration::from_millis(800)));
+        assert_eq!(r.params.get("application_name"), Some("x"));
+        assert_eq!(r.params.get("DateStyle"), Some("ISO"));
+        assert_eq!(r.settings.get("search_path"), Some("s"));
+        assert_eq!(r.settings.get("extra_float_digits"), None, "ignored by default config");
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_honour() {
+        assert!(matches!(interpret(raw(&[("database", "x")]), &cfg()), Err(ClientError::NoUser)));
+        let bad = interpret(raw(&[("user", "u"), ("weir.bogus", "1")]), &cfg());
+        assert!(matches!(bad, Err(ClientError::BadStartupParameter(_))));
+        let repl = interpret(raw(&[("user", "u"), ("replication", "database")]), &cfg());
+        assert!(matches!(repl, Err(ClientError::BadStartupParameter(_))));
+    }
+}

@@ -1,0 +1,129 @@
+//! One task per client: login, then the session loop. Each client runs in
+//! one tracing span `client{peer,user,db}`.
+
+pub mod error;
+pub mod login;
+pub mod session;
+pub mod transfer;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tracing::Instrument;
+use weir_metrics::ClientResult;
+
+use crate::app::Shared;
+use crate::config::Config;
+use crate::pool::PoolKey;
+use crate::protocol::messages::{self, Severity};
+pub use error::ClientError;
+use login::{First, Request};
+use session::Session;
+
+/// Serves one accepted client connection to the end.
+pub async fn serve(mut socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
+    let span = tracing::info_span!("client", %peer, user = tracing::field::Empty, db = tracing::field::Empty);
+    async move {
+        let cfg = shared.config.load();
+        if let Err(e) = run(&mut socket, &shared, &cfg).await {
+            if !e.is_silent() {
+                tracing::info!(error = %e, sqlstate = e.sqlstate().code(), "client refused or closed with an error");
+                let mut out = BytesMut::new();
+                messages::error_response(&mut out, Severity::Fatal, e.sqlstate(), &e.client_message());
+                let _ = socket.write_all(&out).await;
+            }
+        }
+        if cfg.weir.log_disconnections {
+            tracing::info!("client disconnected");
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+async fn run(socket: &mut TcpStream, shared: &Arc<Shared>, cfg: &Arc<Config>) -> Result<(), ClientError> {
+    let mut buf = BytesMut::with_capacity(8192);
+    let login_deadline = Instant::now() + cfg.weir.client_login_timeout;
+    let first = within(login_deadline, login::read_startup(socket, &mut buf)).await?;
+    let (minor, raw) = match first {
+        First::Cancel { pid, secret } => {
+            shared.cancels.cancel(pid, secret);
+            return Ok(());
+        }
+        First::Startup { minor, params } => (minor, params),
+    };
+    let req = login::interpret(raw, cfg)?;
+    let span = tracing::Span::current();
+    span.record("user", req.user.as_str());
+    span.record("db", req.database.as_str());
+    let session = within(login_deadline, authenticate(socket, &mut buf, shared, cfg, req, minor)).await;
+    let mut session = match session {
+        Ok(s) => s,
+        Err(e) => {
+            let result = if matches!(e, ClientError::Auth(_)) { ClientResult::AuthFailed } else { ClientResult::Refused };
+            shared.cancels.metrics.record_client_connection(result);
+            return Err(e);
+        }
+    };
+    shared.cancels.metrics.record_client_connection(ClientResult::Ok);
+    if cfg.weir.log_connections {
+        tracing::info!("client logged in");
+    }
+    session.run().await
+}
+
+async fn within<T>(
+    deadline: Instant,
+    f: impl std::future::Future<Output = Result<T, ClientError>>,
+) -> Result<T, ClientError> {
+    tokio::time::timeout_at(deadline.into(), f).await.map_err(|_| ClientError::LoginTimeout)?
+}
+
+/// Authenticates, finds the pool and greets the client.
+async fn authenticate<'a>(
+    socket: &'a mut TcpStream,
+    buf: &mut BytesMut,
+    shared: &Arc<Shared>,
+    cfg: &Arc<Config>,
+    req: Request,
+    minor: u16,
+) -> Result<Session<'a>, ClientError> {
+    let users = shared.users.load();
+    let secret = users.get(&req.user);
+    crate::auth::authenticate(socket, buf, cfg.weir.auth_type, &req.user, secret).await?;
+    let key = PoolKey { database: req.database.clone(), user: req.user.clone() };
+    let password = secret.and_then(|s| s.plain_password());
+    let pool = shared.pools.get_or_create(cfg, &key, password).ok_or_else(|| ClientError::UnknownDatabase(req.database.clone()))?;
+    let settings = pool.settings();
+    let budget = wait_budget(settings.query_wait_timeout, req.declared_deadline, cfg.weir.client_deadline_fraction);
+    let server_params = pool.server_params(Instant::now() + budget).await?;
+    let params = login::client_params(&req, &server_params);
+    let reg = shared.cancels.register();
+    let hello = login::greeting(&server_params, &params, (reg.pid, reg.secret), minor, &req.protocol_options);
+    socket.write_all(&hello).await.map_err(ClientError::Io)?;
+    Ok(Session::new(
+        socket,
+        std::mem::take(buf),
+        pool,
+        settings.pool_mode,
+        params,
+        req.settings,
+        reg,
+        budget,
+        cfg.weir.max_message_size as usize,
+        shared.shutdown.clone(),
+    ))
+}
+
+/// The wait budget: query_wait_timeout, or less when the client declared a
+/// deadline (a share of it, so weir answers before the client gives up).
+pub fn wait_budget(query_wait_timeout: Duration, declared: Option<Duration>, fraction: f64) -> Duration {
+    match declared {
+        Some(d) => query_wait_timeout.min(d.mul_f64(fraction)).max(Duration::from_millis(1)),
+        None => query_wait_timeout,
+    }
+}

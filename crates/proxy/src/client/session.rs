@@ -1,0 +1,268 @@
+//! A logged-in client's life: Idle (no server held) → Waiting (queued for a
+//! server, still watching the socket and the cancel registry) → Active
+//! (bytes flow) → back to Idle when the transaction ends, until the client
+//! leaves. A queued query whose client leaves or cancels is dropped, never run.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, BytesMut};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use weir_metrics::{CloseReason, DropReason};
+
+use super::error::ClientError;
+use super::transfer::{self, Ended};
+use crate::cancel::Registration;
+use crate::config::PoolMode;
+use crate::params::ParamMap;
+use crate::pool::{Lease, Pool, PoolError};
+use crate::protocol::{
+    messages::{self, Severity},
+    peek_header, scan_frames, sqlstate,
+    tags::{frontend as fe, status},
+};
+use crate::server::exchange;
+use crate::wire;
+
+/// While queued, read at most this much more from the client (to see it leave).
+const WAIT_READ_LIMIT: usize = 1 << 20;
+
+/// One client's session state.
+pub struct Session<'a> {
+    pub client: &'a mut TcpStream,
+    pub cbuf: BytesMut,
+    pub pool: Arc<Pool>,
+    pub mode: PoolMode,
+    pub params: ParamMap,
+    pub settings: ParamMap,
+    pub reg: Registration,
+    /// How long this client may wait for a server.
+    pub budget: Duration,
+    pub max_message: usize,
+    pub shutdown: tokio_util::sync::CancellationToken,
+    /// Client messages are being discarded up to the next Sync.
+    skipping: bool,
+}
+
+enum Wait {
+    Got(Lease),
+    Gone,
+    Cancelled,
+    Failed(PoolError),
+}
+
+impl<'a> Session<'a> {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        client: &'a mut TcpStream,
+        cbuf: BytesMut,
+        pool: Arc<Pool>,
+        mode: PoolMode,
+        params: ParamMap,
+        settings: ParamMap,
+        reg: Registration,
+        budget: Duration,
+        max_message: usize,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> Self {
+        Session { client, cbuf, pool, mode, params, settings, reg, budget, max_message, shutdown, skipping: false }
+    }
+
+    /// Runs until the client leaves.
+    pub async fn run(&mut self) -> Result<(), ClientError> {
+        loop {
+            if !self.next_request().await? {
+                return Ok(());
+            }
+            let lease = match self.wait_for_server().await? {
+                Wait::Got(lease) => lease,
+                Wait::Gone => {
+                    self.pool.metrics.record_dropped_query(DropReason::ClientGone);
+                    return Ok(());
+                }
+                Wait::Cancelled => {
+                    self.pool.metrics.record_dropped_query(DropReason::Cancelled);
+                    self.refuse_request(sqlstate::QUERY_CANCELED, "canceling statement due to user request").await?;
+                    continue;
+                }
+                Wait::Failed(e) => {
+                    self.pool.metrics.record_dropped_query(DropReason::WaitTimeout);
+                    tracing::info!(error = %e, "query dropped: no server in time");
+                    let err = ClientError::NoServer(e);
+                    self.refuse_request(err.sqlstate(), &err.client_message()).await?;
+                    continue;
+                }
+            };
+            if !self.serve(lease).await? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Waits, holding no server, until a request that needs one is buffered.
+    /// Returns false when the client leaves.
+    async fn next_request(&mut self) -> Result<bool, ClientError> {
+        loop {
+            if let Some((tag, total)) = peek_header(&self.cbuf, self.max_message)? {
+                let whole = self.cbuf.len() >= total;
+                if tag == fe::TERMINATE {
+                    return Ok(false);
+                }
+                if self.skipping || tag == fe::SYNC || tag == fe::FLUSH {
+                    if whole {
+                        self.cbuf.advance(total);
+                        self.answer_without_server(tag).await?;
+                        continue;
+                    }
+                } else {
+                    return Ok(true);
+                }
+            }
+            tokio::select! {
+                r = wire::fill(self.client, &mut self.cbuf) => match r {
+                    Ok(_) => {}
+                    Err(_) => return Ok(false),
+                },
+                _ = self.shutdown.cancelled() => {
+                    let err = ClientError::ShuttingDown;
+                    self.send_error(Severity::Fatal, err.sqlstate(), &err.client_message()).await;
+                    return Ok(false);
+                }
+            }
+        }
+    }
+
+    /// Sync (ending a skip, or alone) gets ReadyForQuery; Flush and skipped
+    /// messages get nothing.
+    async fn answer_without_server(&mut self, tag: u8) -> Result<(), ClientError> {
+        if tag == fe::SYNC {
+            self.skipping = false;
+            let mut out = BytesMut::new();
+            messages::ready_for_query(&mut out, status::IDLE);
+            self.client.write_all(&out).await.map_err(ClientError::Io)?;
+        }
+        Ok(())
+    }
+
+    /// Queues for a server while watching the client and the cancel registry.
+    async fn wait_for_server(&mut self) -> Result<Wait, ClientError> {
+        let slot = self.reg.slot.clone();
+        slot.set_waiting();
+        let deadline = Instant::now() + self.budget;
+        let pool = self.pool.clone();
+        let acquire = pool.acquire(deadline);
+        tokio::pin!(acquire);
+        let outcome = loop {
+            tokio::select! {
+                r = &mut acquire => break match r {
+                    Ok(lease) => Wait::Got(lease),
+                    Err(e) => Wait::Failed(e),
+                },
+                _ = slot.wake.notified() => if slot.wait_cancelled() { break Wait::Cancelled },
+                r = wire::fill(self.client, &mut self.cbuf), if self.cbuf.len() < WAIT_READ_LIMIT => {
+                    if r.is_err() || self.terminate_buffered() {
+                        break Wait::Gone;
+                    }
+                }
+            }
+        };
+        match outcome {
+            Wait::Got(lease) if !slot.set_active(lease.conn().cancel.clone()) => {
+                slot.set_idle();
+                Ok(Wait::Cancelled)
+            }
+            Wait::Got(lease) => Ok(Wait::Got(lease)),
+            other => {
+                slot.set_idle();
+                Ok(other)
+            }
+        }
+    }
+
+    fn terminate_buffered(&self) -> bool {
+        let mut seen = false;
+        let _ = scan_frames(&self.cbuf, self.max_message, |tag, _| {
+            seen = tag == fe::TERMINATE;
+            !seen
+        });
+        seen
+    }
+
+    /// Answers the buffered request with an error and skips the rest of it:
+    /// a simple Query ends there; an extended batch ends at its Sync.
+    async fn refuse_request(&mut self, code: crate::protocol::SqlState, message: &str) -> Result<(), ClientError> {
+        let Some((tag, total)) = peek_header(&self.cbuf, self.max_message)? else { return Ok(()) };
+        let mut out = BytesMut::new();
+        messages::error_response(&mut out, Severity::Error, code, message);
+        if tag == fe::QUERY || tag == fe::FUNCTION_CALL {
+            if self.cbuf.len() >= total {
+                self.cbuf.advance(total);
+            }
+            messages::ready_for_query(&mut out, status::IDLE);
+        } else {
+            self.skipping = true;
+        }
+        self.client.write_all(&out).await.map_err(ClientError::Io)
+    }
+
+    async fn send_error(&mut self, severity: Severity, code: crate::protocol::SqlState, message: &str) {
+        let mut out = BytesMut::new();
+        messages::error_response(&mut out, severity, code, message);
+        let _ = self.client.write_all(&out).await;
+    }
+
+    /// The active phase on one borrowed server. Returns false when the
+    /// session is over.
+    async fn serve(&mut self, mut lease: Lease) -> Result<bool, ClientError> {
+        let started = Instant::now();
+        let session_mode = self.mode == PoolMode::Session;
+        if session_mode {
+            lease.set_needs_reset();
+        }
+        if let Err(reason) = self.sync_params(&mut lease).await {
+            lease.close(reason);
+            return self.server_lost(false).await;
+        }
+        let conn = lease.conn_mut();
+        let ended = transfer::run(self.client, &mut self.cbuf, conn, &mut self.params, self.max_message, !session_mode).await;
+        self.reg.slot.set_idle();
+        match ended? {
+            Ended::Released => {
+                self.pool.metrics.record_transaction(started.elapsed());
+                drop(lease);
+                Ok(true)
+            }
+            Ended::ClientGone => {
+                drop(lease);
+                Ok(false)
+            }
+            Ended::ServerGone { told } => {
+                lease.close(CloseReason::ServerClosed);
+                self.server_lost(told).await
+            }
+        }
+    }
+
+    async fn server_lost(&mut self, told: bool) -> Result<bool, ClientError> {
+        if !told {
+            let err = ClientError::ServerLost;
+            self.send_error(Severity::Fatal, err.sqlstate(), &err.client_message()).await;
+        }
+        Err(ClientError::ServerLost)
+    }
+
+    /// Makes the server's session parameters match this client's.
+    async fn sync_params(&mut self, lease: &mut Lease) -> Result<(), CloseReason> {
+        let conn = lease.conn_mut();
+        let Some(sql) = ParamMap::sync_sql(&self.params, &self.settings, &conn.params, &conn.settings) else {
+            return Ok(());
+        };
+        exchange::run(conn, &sql).await?;
+        conn.settings = self.settings.clone();
+        for (k, v) in self.params.iter() {
+            conn.params.set(k, v);
+        }
+        Ok(())
+    }
+}

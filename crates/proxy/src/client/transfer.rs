@@ -1,0 +1,111 @@
+//! The active phase: bytes flow both ways between a client and the server it
+//! borrowed, with one read and one write per batch and no per-message
+//! allocation. Only message headers are looked at (through `Conversation`),
+//! to know when the server can go back to the pool.
+//!
+//! Every branch of the `select!` is cancel-safe: `read_buf` and `write` on a
+//! socket half either complete or leave the buffers as they were.
+
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::error::ClientError;
+use crate::params::ParamMap;
+use crate::server::ServerConn;
+
+/// Read no more from a side while this much of its output is unsent.
+const HIGH_WATER: usize = 256 * 1024;
+
+/// How long a departed client's last bytes may take to reach the server.
+const FLUSH_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How the active phase ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// The server owes nothing and no transaction is open (transaction mode).
+    Released,
+    /// The client closed its socket or sent Terminate.
+    ClientGone,
+    /// The server closed or broke; `told` is true if its FATAL reached the client.
+    ServerGone { told: bool },
+}
+
+/// Moves bytes until the server can be released (when `release` is true) or
+/// one side goes away. Client bytes not yet sent stay in `cbuf`.
+pub async fn run(
+    client: &mut TcpStream,
+    cbuf: &mut BytesMut,
+    server: &mut ServerConn,
+    client_params: &mut ParamMap,
+    max_message: usize,
+    release: bool,
+) -> Result<Ended, ClientError> {
+    let ServerConn { stream, rbuf: sbuf, conv, params: server_params, .. } = server;
+    let (mut cr, mut cw) = client.split();
+    let (mut sr, mut sw) = stream.split();
+    let mut c_out = Bytes::new();
+    let mut s_out = Bytes::new();
+    let mut settled = false;
+    let mut terminating = false;
+    let mut told = false;
+    loop {
+        if c_out.is_empty() && !cbuf.is_empty() && !terminating {
+            let out = conv.scan_client(cbuf, max_message)?;
+            c_out = cbuf.split_to(out.forward).freeze();
+            terminating = out.terminate;
+        }
+        if s_out.is_empty() && !sbuf.is_empty() {
+            let inb = conv.scan_server(sbuf, |k, v| {
+                server_params.set(k, v);
+                client_params.set(k, v);
+            })?;
+            s_out = sbuf.split_to(inb.forward).freeze();
+            settled |= inb.settled;
+            told |= inb.fatal;
+        }
+        if c_out.is_empty() && s_out.is_empty() {
+            if terminating {
+                return Ok(client_gone(&mut sw, &c_out).await);
+            }
+            if settled && release && conv.is_clean() {
+                return Ok(Ended::Released);
+            }
+            settled = false;
+        }
+        tokio::select! {
+            biased;
+            r = sw.write(&c_out), if !c_out.is_empty() => match r {
+                Ok(n) => c_out.advance(n),
+                Err(_) => return Ok(Ended::ServerGone { told }),
+            },
+            r = cw.write(&s_out), if !s_out.is_empty() => match r {
+                Ok(n) => s_out.advance(n),
+                Err(_) => return Ok(client_gone(&mut sw, &c_out).await),
+            },
+            r = sr.read_buf(sbuf), if sbuf.len() < HIGH_WATER => match r {
+                Ok(0) | Err(_) => {
+                    let _ = cw.write_all(&s_out).await;
+                    return Ok(Ended::ServerGone { told });
+                }
+                Ok(_) => {}
+            },
+            r = cr.read_buf(cbuf), if cbuf.len() < HIGH_WATER && !terminating => match r {
+                Ok(0) | Err(_) => return Ok(client_gone(&mut sw, &c_out).await),
+                Ok(_) => {}
+            },
+        }
+    }
+}
+
+/// The client left. Client bytes already counted as sent are sent, so the
+/// server's stream stays on a message boundary for recovery.
+async fn client_gone(sw: &mut tokio::net::tcp::WriteHalf<'_>, c_out: &[u8]) -> Ended {
+    if c_out.is_empty() {
+        return Ended::ClientGone;
+    }
+    match tokio::time::timeout(FLUSH_LIMIT, sw.write_all(c_out)).await {
+        Ok(Ok(())) => Ended::ClientGone,
+        _ => Ended::ServerGone { told: true },
+    }
+}

@@ -1,0 +1,64 @@
+//! Explicit defaults for every key. PgBouncer's defaults where weir agrees;
+//! where weir differs (liveness, connect timeouts), the comment says why.
+
+use std::time::Duration;
+
+use super::{AuthType, General, LogFormat, PoolMode};
+
+pub(super) fn host() -> String {
+    "127.0.0.1".into()
+}
+
+pub(super) fn port() -> u16 {
+    5432
+}
+
+impl Default for General {
+    fn default() -> Self {
+        General {
+            listen_addr: "127.0.0.1:6432".parse().expect("static address"),
+            auth_type: AuthType::Md5,
+            auth_file: None,
+            pool_mode: PoolMode::Transaction,
+            default_pool_size: 20,
+            min_pool_size: 0,
+            reserve_pool_size: 0,
+            reserve_pool_timeout: Duration::from_secs(5),
+            max_client_conn: 1000,
+            max_db_connections: 0,
+            server_reset_query: "DISCARD ALL".into(),
+            client_login_timeout: Duration::from_secs(10),
+            // PgBouncer's default. Set it below your application's deadline.
+            query_wait_timeout: Duration::from_secs(120),
+            client_deadline: None,
+            client_deadline_fraction: 0.8,
+            server_reset_timeout: Duration::from_secs(5),
+            // PgBouncer waits 15 s; a sidecar next to its database needs far less.
+            server_connect_timeout: Duration::from_secs(5),
+            server_login_retry: Duration::from_secs(2),
+            server_connect_concurrency: 8,
+            server_idle_timeout: Duration::from_secs(600),
+            server_lifetime: Duration::from_secs(3600),
+            server_check_delay: Duration::from_secs(30),
+            server_check_query: String::new(),
+            server_check_timeout: Duration::from_secs(2),
+            idle_transaction_timeout: None,
+            query_timeout: None,
+            // Dead paths are found in about 8 s (5 s idle + 3 probes 1 s apart),
+            // not Linux's 15 minutes.
+            tcp_keepalive: true,
+            tcp_keepidle: Duration::from_secs(5),
+            tcp_keepintvl: Duration::from_secs(1),
+            tcp_keepcnt: 3,
+            tcp_user_timeout: Some(Duration::from_secs(8)),
+            max_message_size: (1 << 30) - 1,
+            shutdown_timeout: Duration::from_secs(30),
+            log_format: LogFormat::Text,
+            log_connections: false,
+            log_disconnections: false,
+            admin_users: Vec::new(),
+            stats_users: Vec::new(),
+            ignore_startup_parameters: vec!["extra_float_digits".into()],
+        }
+    }
+}

@@ -1,0 +1,235 @@
+//! weir's configuration: the TOML shape (PgBouncer's key names where the
+//! meaning matches), explicit defaults, `validate()`, and loading. The live
+//! config is shared as `Arc<Config>` behind one swap cell (see `ConfigCell`).
+
+mod defaults;
+mod validate;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use serde::Deserialize;
+
+pub use validate::ConfigError;
+
+/// Client authentication method.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AuthType {
+    Trust,
+    Md5,
+    #[serde(rename = "scram-sha-256")]
+    ScramSha256,
+}
+
+/// When a server connection goes back to the pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolMode {
+    Session,
+    Transaction,
+}
+
+impl PoolMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PoolMode::Session => "session",
+            PoolMode::Transaction => "transaction",
+        }
+    }
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// The whole file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub weir: General,
+    #[serde(default)]
+    pub metrics: MetricsSection,
+    #[serde(default)]
+    pub databases: BTreeMap<String, Database>,
+    /// The folder relative paths are resolved against (the config file's folder).
+    #[serde(skip)]
+    pub base_dir: PathBuf,
+}
+
+/// The `[weir]` section.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct General {
+    pub listen_addr: SocketAddr,
+    pub auth_type: AuthType,
+    pub auth_file: Option<PathBuf>,
+    pub pool_mode: PoolMode,
+    pub default_pool_size: u32,
+    pub min_pool_size: u32,
+    pub reserve_pool_size: u32,
+    #[serde(with = "humantime_serde")]
+    pub reserve_pool_timeout: Duration,
+    pub max_client_conn: u32,
+    pub max_db_connections: u32,
+    pub server_reset_query: String,
+    #[serde(with = "humantime_serde")]
+    pub client_login_timeout: Duration,
+    /// How long a client may wait for a server before it gets an error.
+    #[serde(with = "humantime_serde")]
+    pub query_wait_timeout: Duration,
+    /// The deadline applications use; `query_wait_timeout` must sit below it.
+    #[serde(with = "humantime_serde")]
+    pub client_deadline: Option<Duration>,
+    /// Share of a client-declared deadline that weir spends waiting for a server.
+    pub client_deadline_fraction: f64,
+    #[serde(with = "humantime_serde")]
+    pub server_reset_timeout: Duration,
+    #[serde(with = "humantime_serde")]
+    pub server_connect_timeout: Duration,
+    /// The longest back-off between failed connect attempts.
+    #[serde(with = "humantime_serde")]
+    pub server_login_retry: Duration,
+    pub server_connect_concurrency: u32,
+    #[serde(with = "humantime_serde")]
+    pub server_idle_timeout: Duration,
+    #[serde(with = "humantime_serde")]
+    pub server_lifetime: Duration,
+    #[serde(with = "humantime_serde")]
+    pub server_check_delay: Duration,
+    pub server_check_query: String,
+    #[serde(with = "humantime_serde")]
+    pub server_check_timeout: Duration,
+    #[serde(with = "humantime_serde")]
+    pub idle_transaction_timeout: Option<Duration>,
+    #[serde(with = "humantime_serde")]
+    pub query_timeout: Option<Duration>,
+    pub tcp_keepalive: bool,
+    #[serde(with = "humantime_serde")]
+    pub tcp_keepidle: Duration,
+    #[serde(with = "humantime_serde")]
+    pub tcp_keepintvl: Duration,
+    pub tcp_keepcnt: u32,
+    #[serde(with = "humantime_serde")]
+    pub tcp_user_timeout: Option<Duration>,
+    /// Largest message a client may send, in bytes.
+    pub max_message_size: u32,
+    #[serde(with = "humantime_serde")]
+    pub shutdown_timeout: Duration,
+    pub log_format: LogFormat,
+    pub log_connections: bool,
+    pub log_disconnections: bool,
+    pub admin_users: Vec<String>,
+    pub stats_users: Vec<String>,
+    /// Startup parameters accepted from clients and dropped (PgBouncer's meaning).
+    pub ignore_startup_parameters: Vec<String>,
+}
+
+/// The `[metrics]` section.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsSection {
+    pub listen_addr: Option<SocketAddr>,
+}
+
+/// One `[databases.NAME]` entry: where clients asking for NAME are sent.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Database {
+    #[serde(default = "defaults::host")]
+    pub host: String,
+    #[serde(default = "defaults::port")]
+    pub port: u16,
+    pub dbname: Option<String>,
+    pub pool_size: Option<u32>,
+    pub min_pool_size: Option<u32>,
+    pub reserve_pool_size: Option<u32>,
+    pub pool_mode: Option<PoolMode>,
+    pub max_db_connections: Option<u32>,
+    #[serde(default, with = "humantime_serde")]
+    pub query_wait_timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub client_deadline: Option<Duration>,
+}
+
+/// The settings of one pool, resolved from `[weir]` and `[databases.X]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolSettings {
+    pub host: String,
+    pub port: u16,
+    pub dbname: String,
+    pub pool_mode: PoolMode,
+    pub pool_size: u32,
+    pub min_pool_size: u32,
+    pub reserve_pool_size: u32,
+    pub max_db_connections: u32,
+    pub query_wait_timeout: Duration,
+    pub client_deadline: Option<Duration>,
+}
+
+impl Config {
+    /// Parses TOML text; `base_dir` anchors relative paths.
+    pub fn from_toml(text: &str, base_dir: &Path) -> Result<Config, ConfigError> {
+        let mut cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        cfg.base_dir = base_dir.to_path_buf();
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Reads, parses and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read(path.to_path_buf(), e.to_string()))?;
+        let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        Config::from_toml(&text, &base)
+    }
+
+    /// The auth file's path, resolved against the config file's folder.
+    pub fn auth_file_path(&self) -> Option<PathBuf> {
+        self.weir.auth_file.as_ref().map(|p| self.base_dir.join(p))
+    }
+
+    /// Resolved settings for clients asking for database `name`.
+    pub fn pool_settings(&self, name: &str) -> Option<PoolSettings> {
+        let db = self.databases.get(name)?;
+        let g = &self.weir;
+        Some(PoolSettings {
+            host: db.host.clone(),
+            port: db.port,
+            dbname: db.dbname.clone().unwrap_or_else(|| name.to_owned()),
+            pool_mode: db.pool_mode.unwrap_or(g.pool_mode),
+            pool_size: db.pool_size.unwrap_or(g.default_pool_size),
+            min_pool_size: db.min_pool_size.unwrap_or(g.min_pool_size),
+            reserve_pool_size: db.reserve_pool_size.unwrap_or(g.reserve_pool_size),
+            max_db_connections: db.max_db_connections.unwrap_or(g.max_db_connections),
+            query_wait_timeout: db.query_wait_timeout.unwrap_or(g.query_wait_timeout),
+            client_deadline: db.client_deadline.or(g.client_deadline),
+        })
+    }
+}
+
+/// The one place the live config is swapped on reload.
+#[derive(Debug)]
+pub struct ConfigCell(ArcSwap<Config>);
+
+impl ConfigCell {
+    pub fn new(cfg: Config) -> Self {
+        ConfigCell(ArcSwap::from_pointee(cfg))
+    }
+    pub fn load(&self) -> Arc<Config> {
+        self.0.load_full()
+    }
+    pub fn store(&self, cfg: Config) {
+        self.0.store(Arc::new(cfg));
+    }
+}
+
+#[cfg(test)]
+mod tests;

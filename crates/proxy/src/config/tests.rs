@@ -1,0 +1,49 @@
+use super::*;
+
+const MINIMAL: &str = r#"
+[weir]
+listen_addr = "127.0.0.1:6432"
+auth_type = "trust"
+[databases.app]
+port = 5432
+"#;
+
+#[test]
+fn minimal_config_gets_defaults() {
+    let cfg = Config::from_toml(MINIMAL, Path::new("/etc/weir")).unwrap();
+    let s = cfg.pool_settings("app").unwrap();
+    assert_eq!(s.dbname, "app");
+    assert_eq!(s.pool_size, 20);
+    assert_eq!(s.pool_mode, PoolMode::Transaction);
+    assert_eq!(cfg.weir.server_reset_query, "DISCARD ALL");
+}
+
+#[test]
+fn unknown_keys_are_errors() {
+    let text = MINIMAL.replace("auth_type", "bogus_key = 1\nauth_type");
+    let err = Config::from_toml(&text, Path::new(".")).unwrap_err();
+    assert!(err.to_string().contains("bogus_key"), "{err}");
+}
+
+#[test]
+fn durations_parse_and_override_per_database() {
+    let text = format!("{MINIMAL}query_wait_timeout = \"250ms\"\npool_mode = \"session\"\n");
+    let cfg = Config::from_toml(&text, Path::new(".")).unwrap();
+    let s = cfg.pool_settings("app").unwrap();
+    assert_eq!(s.query_wait_timeout, Duration::from_millis(250));
+    assert_eq!(s.pool_mode, PoolMode::Session);
+}
+
+#[test]
+fn wait_timeout_must_sit_below_client_deadline() {
+    let text = format!("{MINIMAL}query_wait_timeout = \"1s\"\nclient_deadline = \"1s\"\n");
+    let err = Config::from_toml(&text, Path::new(".")).unwrap_err().to_string();
+    assert!(err.contains("must be below client_deadline"), "{err}");
+}
+
+#[test]
+fn relative_auth_file_resolves_against_config_folder() {
+    let text = MINIMAL.replace("auth_type = \"trust\"", "auth_type = \"md5\"\nauth_file = \"users.txt\"");
+    let cfg = Config::from_toml(&text, Path::new("/etc/weir")).unwrap();
+    assert_eq!(cfg.auth_file_path().unwrap(), PathBuf::from("/etc/weir/users.txt"));
+}

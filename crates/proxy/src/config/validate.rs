@@ -1,0 +1,81 @@
+//! `Config::validate()`: every check, each with an error that says what to change.
+
+use std::path::PathBuf;
+
+use super::Config;
+
+/// A config that cannot be used, with an explanation an operator can act on.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {0}: {1}")]
+    Read(PathBuf, String),
+    #[error("invalid TOML: {0}")]
+    Parse(String),
+    #[error("{key}: {why}")]
+    Invalid { key: String, why: String },
+}
+
+fn invalid(key: impl Into<String>, why: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid { key: key.into(), why: why.into() }
+}
+
+impl Config {
+    /// Checks every rule; returns the first violation.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let g = &self.weir;
+        if g.default_pool_size == 0 {
+            return Err(invalid("weir.default_pool_size", "must be at least 1"));
+        }
+        if g.max_client_conn == 0 {
+            return Err(invalid("weir.max_client_conn", "must be at least 1"));
+        }
+        if g.server_connect_concurrency == 0 {
+            return Err(invalid("weir.server_connect_concurrency", "must be at least 1"));
+        }
+        if !(g.client_deadline_fraction > 0.0 && g.client_deadline_fraction <= 1.0) {
+            return Err(invalid("weir.client_deadline_fraction", "must be in (0, 1]"));
+        }
+        if g.max_message_size < 1024 {
+            return Err(invalid("weir.max_message_size", "must be at least 1024 bytes"));
+        }
+        if g.auth_type != super::AuthType::Trust && g.auth_file.is_none() {
+            return Err(invalid("weir.auth_file", "is required unless auth_type = \"trust\""));
+        }
+        for name in self.databases.keys() {
+            self.validate_database(name)?;
+        }
+        Ok(())
+    }
+
+    fn validate_database(&self, name: &str) -> Result<(), ConfigError> {
+        let s = self.pool_settings(name).expect("key exists");
+        let key = |k: &str| format!("databases.{name}.{k}");
+        if name == "weir" || name == "pgbouncer" {
+            return Err(invalid(format!("databases.{name}"), "is reserved for the admin console"));
+        }
+        if s.pool_size == 0 {
+            return Err(invalid(key("pool_size"), "must be at least 1"));
+        }
+        if s.min_pool_size > s.pool_size {
+            return Err(invalid(key("min_pool_size"), format!("{} exceeds pool_size {}", s.min_pool_size, s.pool_size)));
+        }
+        if s.query_wait_timeout.is_zero() {
+            return Err(invalid(key("query_wait_timeout"), "must be above zero"));
+        }
+        if let Some(deadline) = s.client_deadline {
+            if s.query_wait_timeout >= deadline {
+                return Err(invalid(
+                    key("query_wait_timeout"),
+                    format!(
+                        "query_wait_timeout ({}) must be below client_deadline ({}): a query still queued when the \
+                         client's own deadline expires is abandoned by the client, and weir must answer it first so the \
+                         client gets a clear error instead of cancelling and disconnecting",
+                        humantime::format_duration(s.query_wait_timeout),
+                        humantime::format_duration(deadline)
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}

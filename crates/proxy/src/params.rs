@@ -1,0 +1,179 @@
+//! Session parameters: which ones weir tracks per client and per server, and
+//! the SET statement that makes a server match a client. Pure logic.
+
+/// Parameters Postgres reports with ParameterStatus and that a client may
+/// change; weir re-applies them when a server with other values is assigned.
+pub const TRACKED: &[&str] = &[
+    "application_name",
+    "client_encoding",
+    "DateStyle",
+    "TimeZone",
+    "IntervalStyle",
+    "standard_conforming_strings",
+];
+
+/// Name/value pairs in insertion order; small, so a Vec beats a map.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ParamMap(Vec<(String, String)>);
+
+impl ParamMap {
+    pub fn new() -> Self {
+        ParamMap(Vec::new())
+    }
+
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+
+    pub fn set(&mut self, name: &str, value: &str) {
+        match self.0.iter_mut().find(|(k, _)| k.eq_ignore_ascii_case(name)) {
+            Some((_, v)) if v == value => {}
+            Some((_, v)) => *v = value.to_owned(),
+            None => self.0.push((name.to_owned(), value.to_owned())),
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Appends the SET statements that make a server with `server` values
+    /// match `self` for the names `self` has.
+    pub fn push_sets(&self, server: &ParamMap, sql: &mut String) {
+        for (k, v) in self.iter() {
+            if server.get(k) != Some(v) {
+                sql.push_str(&set_statement(k, v));
+            }
+        }
+    }
+
+    /// Appends RESET for names the server has and `self` does not.
+    pub fn push_resets(&self, server: &ParamMap, sql: &mut String) {
+        for (k, _) in server.iter() {
+            if self.get(k).is_none() {
+                sql.push_str(&format!("RESET \"{}\";", k.replace('"', "\"\"")));
+            }
+        }
+    }
+
+    /// The SQL that makes a server's reported params and applied settings
+    /// match a client's, or None when nothing differs.
+    pub fn sync_sql(params: &ParamMap, settings: &ParamMap, server_params: &ParamMap, server_settings: &ParamMap) -> Option<String> {
+        let mut sql = String::new();
+        params.push_sets(server_params, &mut sql);
+        settings.push_sets(server_settings, &mut sql);
+        settings.push_resets(server_settings, &mut sql);
+        (!sql.is_empty()).then_some(sql)
+    }
+}
+
+/// True for names that are safe to splice into SQL as an identifier.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
+}
+
+/// `SET "name" TO 'value';` with the value quoted for any server setting of
+/// standard_conforming_strings.
+pub fn set_statement(name: &str, value: &str) -> String {
+    let quoted = if value.contains('\\') {
+        format!("E'{}'", value.replace('\\', "\\\\").replace('\'', "''"))
+    } else {
+        format!("'{}'", value.replace('\'', "''"))
+    };
+    format!("SET \"{}\" TO {};", name.replace('"', "\"\""), quoted)
+}
+
+/// Parses a startup `options` value into `-c name=value` settings.
+/// Returns an error message for anything else (weir refuses rather than loses it).
+pub fn parse_options(options: &str) -> Result<Vec<(String, String)>, String> {
+    let mut out = Vec::new();
+    let mut words = split_words(options).into_iter();
+    while let Some(w) = words.next() {
+        let setting = if w == "-c" {
+            words.next().ok_or_else(|| "\"-c\" without a setting in options".to_string())?
+        } else if let Some(rest) = w.strip_prefix("-c") {
+            rest.to_owned()
+        } else if let Some(rest) = w.strip_prefix("--") {
+            rest.to_owned()
+        } else {
+            return Err(format!("unsupported word \"{w}\" in options; only -c name=value is supported"));
+        };
+        let (k, v) = setting.split_once('=').ok_or_else(|| format!("option \"{setting}\" is not name=value"))?;
+        out.push((k.replace('-', "_"), v.to_owned()));
+    }
+    Ok(out)
+}
+
+/// Splits on unescaped spaces; a backslash escapes the next character (libpq's rule).
+fn split_words(s: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut cur = String::new();
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => cur.extend(chars.next()),
+            c if c.is_whitespace() => {
+                if !cur.is_empty() {
+                    words.push(std::mem::take(&mut cur));
+                }
+            }
+            c => cur.push(c),
+        }
+    }
+    if !cur.is_empty() {
+        words.push(cur);
+    }
+    words
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn diff_only_sets_what_differs() {
+        let mut client = ParamMap::new();
+        client.set("application_name", "a'b");
+        client.set("TimeZone", "UTC");
+        let mut server = ParamMap::new();
+        server.set("timezone", "UTC");
+        let none = ParamMap::new();
+        let sql = ParamMap::sync_sql(&client, &none, &server, &none).unwrap();
+        assert_eq!(sql, "SET \"application_name\" TO 'a''b';");
+        server.set("application_name", "a'b");
+        assert_eq!(ParamMap::sync_sql(&client, &none, &server, &none), None);
+        let mut leftover = ParamMap::new();
+        leftover.set("search_path", "x");
+        assert_eq!(ParamMap::sync_sql(&client, &none, &server, &leftover).unwrap(), "RESET \"search_path\";");
+    }
+
+    #[test]
+    fn options_parse_dash_c_forms() {
+        let o = parse_options("-c weir.client_deadline=800ms -csearch_path=a\\ b --work-mem=4MB").unwrap();
+        assert_eq!(
+            o,
+            vec![
+                ("weir.client_deadline".into(), "800ms".into()),
+                ("search_path".into(), "a b".into()),
+                ("work_mem".into(), "4MB".into())
+            ]
+        );
+        assert!(parse_options("-d 5").is_err());
+    }
+
+    #[test]
+    fn backslashes_use_escape_strings() {
+        assert_eq!(set_statement("x", "a\\b"), "SET \"x\" TO E'a\\\\b';");
+        assert!(!valid_name("a;drop"));
+    }
+}

@@ -1,0 +1,59 @@
+//! `Lease`: a client's loan of a server connection. Dropping it always gives
+//! the connection back to the pool, which recovers it if it is not clean, so
+//! no code path on the client side can lose or close a healthy server.
+
+use std::sync::Arc;
+
+use weir_metrics::CloseReason;
+
+use super::Pool;
+use crate::server::ServerConn;
+
+/// A server connection on loan to one client.
+#[derive(Debug)]
+pub struct Lease {
+    pool: Arc<Pool>,
+    conn: Option<ServerConn>,
+    /// Session mode: run server_reset_query before anyone else gets it.
+    needs_reset: bool,
+}
+
+impl Lease {
+    pub(super) fn new(pool: Arc<Pool>, conn: ServerConn) -> Self {
+        Lease { pool, conn: Some(conn), needs_reset: false }
+    }
+
+    pub fn conn(&self) -> &ServerConn {
+        self.conn.as_ref().expect("lease holds a connection until dropped")
+    }
+
+    pub fn conn_mut(&mut self) -> &mut ServerConn {
+        self.conn.as_mut().expect("lease holds a connection until dropped")
+    }
+
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    /// Marks the connection for server_reset_query when it comes back.
+    pub fn set_needs_reset(&mut self) {
+        self.needs_reset = true;
+    }
+
+    /// The server is broken (it died or spoke nonsense): close it, counted with
+    /// `reason`, and let the pool replace it.
+    pub fn close(mut self, reason: CloseReason) {
+        if let Some(conn) = self.conn.take() {
+            self.pool.lock().active -= 1;
+            self.pool.discard(conn, reason);
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            self.pool.give_back(conn, self.needs_reset);
+        }
+    }
+}

@@ -1,0 +1,288 @@
+//! The server pool of one (database, user): idle connections (LIFO), a FIFO of
+//! waiters, parallel bounded connects, recovery of connections a client left
+//! dirty, and upkeep. Server connections belong to the pool, never to a client:
+//! a client borrows one through a `Lease`.
+
+mod connector;
+mod lease;
+mod recovery;
+mod registry;
+mod state;
+mod upkeep;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+use weir_metrics::{CloseReason, PoolMetrics};
+
+use crate::config::PoolSettings;
+use crate::params::ParamMap;
+use crate::server::{ConnectSpec, ServerConn};
+
+pub use lease::Lease;
+pub use registry::{PoolKey, Pools};
+pub use state::PoolSnapshot;
+use state::State;
+
+/// Settings the pool needs beyond `PoolSettings`.
+#[derive(Debug, Clone)]
+pub struct PoolOptions {
+    pub settings: PoolSettings,
+    pub spec: ConnectSpec,
+    pub connect_concurrency: u32,
+    pub reserve_pool_timeout: Duration,
+    pub login_retry_max: Duration,
+    pub reset_query: Option<String>,
+    pub reset_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub lifetime: Duration,
+    pub check_delay: Duration,
+    pub check_query: String,
+    pub check_timeout: Duration,
+}
+
+/// Why a client got no server.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum PoolError {
+    #[error("no server connection became free within {waited:?}{}", last_error.as_ref().map(|e| format!(" (last connect error: {e})")).unwrap_or_default())]
+    WaitTimeout { waited: Duration, last_error: Option<String> },
+    #[error("the pool is shutting down")]
+    Closed,
+}
+
+/// One pool. Shared as `Arc<Pool>`.
+#[derive(Debug)]
+pub struct Pool {
+    pub key: PoolKey,
+    pub metrics: Arc<PoolMetrics>,
+    state: Mutex<State>,
+    db_servers: Arc<registry::DbCount>,
+}
+
+impl Pool {
+    pub(crate) fn new(key: PoolKey, opts: PoolOptions, db_servers: Arc<registry::DbCount>) -> Arc<Pool> {
+        let metrics = PoolMetrics::new(key.database.clone(), key.user.clone());
+        let pool = Arc::new(Pool { key, metrics, state: Mutex::new(State::new(opts)), db_servers });
+        upkeep::spawn(&pool);
+        pool
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Replaces the settings (config reload). Connections are kept.
+    pub fn reconfigure(self: &Arc<Self>, opts: PoolOptions) {
+        let mut st = self.lock();
+        st.opts = opts;
+        self.want_connects(&mut st);
+    }
+
+    /// The current settings.
+    pub fn settings(&self) -> PoolSettings {
+        self.lock().opts.settings.clone()
+    }
+
+    /// Borrows a server, waiting in FIFO order until `deadline`.
+    ///
+    /// Cancel-safe: dropping the future removes the waiter at once, and a
+    /// server handed over in that instant goes back to the pool.
+    pub async fn acquire(self: &Arc<Self>, deadline: Instant) -> Result<Lease, PoolError> {
+        let started = Instant::now();
+        loop {
+            let mut waiting = match self.checkout_or_enqueue() {
+                Ok(conn) => return Ok(self.lease(conn, started)),
+                Err(w) => w,
+            };
+            match tokio::time::timeout_at(deadline.into(), &mut waiting.rx).await {
+                Ok(Ok(conn)) => {
+                    waiting.settled = true;
+                    match self.vet(conn).await {
+                        Some(conn) => return Ok(self.lease(conn, started)),
+                        None => continue,
+                    }
+                }
+                Ok(Err(_)) => return Err(PoolError::Closed),
+                Err(_) => {
+                    let last_error = self.lock().last_error.clone();
+                    return Err(PoolError::WaitTimeout { waited: started.elapsed(), last_error });
+                }
+            }
+        }
+    }
+
+    fn lease(self: &Arc<Self>, conn: ServerConn, started: Instant) -> Lease {
+        self.metrics.record_client_wait(started.elapsed());
+        Lease::new(self.clone(), conn)
+    }
+
+    /// Takes a healthy idle server, or joins the queue (and starts connects).
+    fn checkout_or_enqueue(self: &Arc<Self>) -> Result<ServerConn, Waiting> {
+        let mut st = self.lock();
+        if !st.paused {
+            while let Some(mut conn) = st.idle.pop() {
+                if let Some(reason) = st.unusable(&mut conn) {
+                    drop(st);
+                    self.discard(conn, reason);
+                    st = self.lock();
+                    continue;
+                }
+                st.active += 1;
+                return Ok(conn);
+            }
+        }
+        let (tx, rx) = oneshot::channel();
+        let id = st.push_waiter(tx);
+        self.want_connects(&mut st);
+        Err(Waiting { pool: self.clone(), id, rx, settled: false })
+    }
+
+    /// A server handed to a waiter may have sat idle: check it if due.
+    async fn vet(self: &Arc<Self>, conn: ServerConn) -> Option<ServerConn> {
+        let (delay, query, timeout) = {
+            let st = self.lock();
+            (st.opts.check_delay, st.opts.check_query.clone(), st.opts.check_timeout)
+        };
+        if conn.last_used.elapsed() < delay {
+            return Some(conn);
+        }
+        match recovery::check(conn, &query, timeout).await {
+            Ok(conn) => Some(conn),
+            Err((conn, reason)) => {
+                self.lock().active -= 1;
+                self.discard(conn, reason);
+                None
+            }
+        }
+    }
+
+    /// Returns a borrowed server: clean ones go straight to the next waiter or
+    /// idle; anything else is recovered first.
+    pub(crate) fn give_back(self: &Arc<Self>, mut conn: ServerConn, needs_reset: bool) {
+        if needs_reset || !conn.conv.is_clean() || !conn.cancel.gate.is_open() {
+            let opts = {
+                let mut st = self.lock();
+                st.active -= 1;
+                st.recovering += 1;
+                st.opts.clone()
+            };
+            recovery::spawn(self.clone(), conn, opts, needs_reset);
+            return;
+        }
+        conn.last_used = Instant::now();
+        let mut st = self.lock();
+        st.active -= 1;
+        self.hand_over(&mut st, conn);
+    }
+
+    /// Called by recovery when it is done with a connection.
+    pub(crate) fn recovered(self: &Arc<Self>, result: Result<ServerConn, (ServerConn, CloseReason)>) {
+        let mut st = self.lock();
+        st.recovering -= 1;
+        match result {
+            Ok(mut conn) => {
+                conn.last_used = Instant::now();
+                self.hand_over(&mut st, conn);
+            }
+            Err((conn, reason)) => {
+                drop(st);
+                self.discard(conn, reason);
+            }
+        }
+    }
+
+    /// Gives `conn` to the oldest waiter still there, else parks it idle.
+    fn hand_over(self: &Arc<Self>, st: &mut State, mut conn: ServerConn) {
+        if !st.paused {
+            while let Some(w) = st.waiters.pop_front() {
+                match w.tx.send(conn) {
+                    Ok(()) => {
+                        st.active += 1;
+                        return;
+                    }
+                    Err(back) => conn = back,
+                }
+            }
+        }
+        if st.over_capacity() {
+            conn.close(CloseReason::PoolShrink);
+            return;
+        }
+        st.idle.push(conn);
+    }
+
+    /// Closes a connection the pool held, and refills if there is demand.
+    pub(crate) fn discard(self: &Arc<Self>, conn: ServerConn, reason: CloseReason) {
+        conn.close(reason);
+        let mut st = self.lock();
+        self.want_connects(&mut st);
+    }
+
+    /// Server parameters for a client's login; connects a server if none is known.
+    pub async fn server_params(self: &Arc<Self>, deadline: Instant) -> Result<ParamMap, PoolError> {
+        if let Some(p) = self.lock().server_params.clone() {
+            return Ok(p);
+        }
+        let lease = self.acquire(deadline).await?;
+        let params = lease.conn().params.clone();
+        self.lock().server_params.get_or_insert_with(|| params.clone());
+        drop(lease);
+        Ok(params)
+    }
+
+    /// Counters for the admin console and tests.
+    pub fn snapshot(&self) -> PoolSnapshot {
+        self.lock().snapshot()
+    }
+
+    pub fn pause(self: &Arc<Self>) {
+        self.lock().paused = true;
+    }
+
+    pub fn resume(self: &Arc<Self>) {
+        let mut st = self.lock();
+        st.paused = false;
+        while let Some(conn) = st.idle.pop() {
+            if st.waiters.is_empty() {
+                st.idle.push(conn);
+                break;
+            }
+            self.hand_over(&mut st, conn);
+        }
+        self.want_connects(&mut st);
+    }
+
+    /// Closes every idle connection (KILL, shutdown).
+    pub fn close_idle(self: &Arc<Self>, reason: CloseReason) {
+        let idle = std::mem::take(&mut self.lock().idle);
+        for conn in idle {
+            conn.close(reason);
+        }
+    }
+}
+
+/// A place in the queue. Dropping it leaves the queue at once.
+#[derive(Debug)]
+struct Waiting {
+    pool: Arc<Pool>,
+    id: u64,
+    rx: oneshot::Receiver<ServerConn>,
+    settled: bool,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        self.rx.close();
+        let handed = self.rx.try_recv().ok();
+        let mut st = self.pool.lock();
+        st.remove_waiter(self.id);
+        if let Some(conn) = handed {
+            st.active -= 1;
+            self.pool.hand_over(&mut st, conn);
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! All pools, keyed by (database, user), created on first use from the live
+//! config; plus the per-database server count behind `max_db_connections`.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU32;
+use std::sync::{Arc, Mutex};
+
+use super::{Pool, PoolOptions};
+use crate::config::{Config, PoolMode};
+use crate::server::{socket::Liveness, ConnectSpec};
+
+/// Which pool: the database name clients ask for, and the user.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PoolKey {
+    pub database: String,
+    pub user: String,
+}
+
+/// Server connections open or opening to one database, across users.
+#[derive(Debug, Default)]
+pub(crate) struct DbCount(pub Arc<AtomicU32>);
+
+/// The set of pools.
+#[derive(Debug, Default)]
+pub struct Pools {
+    pools: Mutex<HashMap<PoolKey, Arc<Pool>>>,
+    dbs: Mutex<HashMap<String, Arc<DbCount>>>,
+}
+
+impl Pools {
+    pub fn new() -> Self {
+        Pools::default()
+    }
+
+    /// The pool for `key`, created from `cfg` if it does not exist yet.
+    /// None when the database is not configured.
+    pub fn get_or_create(&self, cfg: &Config, key: &PoolKey, password: Option<&str>) -> Option<Arc<Pool>> {
+        if let Some(p) = self.pools.lock().unwrap_or_else(|e| e.into_inner()).get(key) {
+            return Some(p.clone());
+        }
+        let opts = PoolOptions::from_config(cfg, key, password)?;
+        let db = self.db_count(&key.database);
+        let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        Some(pools.entry(key.clone()).or_insert_with(|| Pool::new(key.clone(), opts, db)).clone())
+    }
+
+    fn db_count(&self, database: &str) -> Arc<DbCount> {
+        let mut dbs = self.dbs.lock().unwrap_or_else(|e| e.into_inner());
+        dbs.entry(database.to_owned()).or_default().clone()
+    }
+
+    /// Every pool, sorted by key.
+    pub fn all(&self) -> Vec<Arc<Pool>> {
+        let mut v: Vec<_> = self.pools.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+        v.sort_by(|a, b| a.key.cmp(&b.key));
+        v
+    }
+
+    pub fn get(&self, database: &str, user: &str) -> Option<Arc<Pool>> {
+        let key = PoolKey { database: database.into(), user: user.into() };
+        self.pools.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned()
+    }
+
+    /// Applies a new config to existing pools (their passwords stay).
+    pub fn reconfigure(&self, cfg: &Config) {
+        for pool in self.all() {
+            let password = pool.lock().opts.spec.password.clone();
+            if let Some(opts) = PoolOptions::from_config(cfg, &pool.key, password.as_deref()) {
+                pool.reconfigure(opts);
+            }
+        }
+    }
+}
+
+impl PoolOptions {
+    /// Resolves a pool's options from the config; None for unknown databases.
+    pub fn from_config(cfg: &Config, key: &PoolKey, password: Option<&str>) -> Option<PoolOptions> {
+        let settings = cfg.pool_settings(&key.database)?;
+        let g = &cfg.weir;
+        let spec = ConnectSpec {
+            host: settings.host.clone(),
+            port: settings.port,
+            user: key.user.clone(),
+            password: password.map(str::to_owned),
+            dbname: settings.dbname.clone(),
+            liveness: Liveness::from_config(g),
+            connect_timeout: g.server_connect_timeout,
+        };
+        let session = settings.pool_mode == PoolMode::Session;
+        Some(PoolOptions {
+            connect_concurrency: g.server_connect_concurrency.min(settings.pool_size + settings.reserve_pool_size).max(1),
+            reserve_pool_timeout: g.reserve_pool_timeout,
+            login_retry_max: g.server_login_retry,
+            reset_query: session.then(|| g.server_reset_query.clone()),
+            reset_timeout: g.server_reset_timeout,
+            idle_timeout: g.server_idle_timeout,
+            lifetime: g.server_lifetime,
+            check_delay: g.server_check_delay,
+            check_query: g.server_check_query.clone(),
+            check_timeout: g.server_check_timeout,
+            settings,
+            spec,
+        })
+    }
+}

@@ -1,0 +1,78 @@
+//! A pool's once-a-second upkeep: drop idle connections that Postgres closed
+//! or that passed server_idle_timeout / server_lifetime (with jitter), keep
+//! min_pool_size warm, and publish the state gauges.
+
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use weir_metrics::{ClientState, CloseReason, ServerState};
+
+use super::state::PoolSnapshot;
+use super::Pool;
+
+const PERIOD: Duration = Duration::from_millis(500);
+
+pub(super) fn spawn(pool: &Arc<Pool>) {
+    let weak = Arc::downgrade(pool);
+    tokio::spawn(async move {
+        let mut last = PoolSnapshot::default();
+        let mut tick = tokio::time::interval(PERIOD);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(pool) = Weak::upgrade(&weak) else { return };
+            sweep(&pool);
+            last = publish(&pool, last);
+        }
+    });
+}
+
+/// Closes idle connections that must go, oldest-used first, keeping min_pool_size.
+fn sweep(pool: &Arc<Pool>) {
+    let mut doomed = Vec::new();
+    {
+        let mut st = pool.lock();
+        let min = st.opts.settings.min_pool_size as usize;
+        let idle_timeout = st.opts.idle_timeout;
+        let mut i = 0;
+        while i < st.idle.len() {
+            let conn = &mut st.idle[i];
+            let reason = if conn.has_unexpected_input() {
+                Some(CloseReason::ServerClosed)
+            } else if Instant::now() >= conn.retire_at {
+                Some(CloseReason::Lifetime)
+            } else if conn.last_used.elapsed() >= idle_limit(idle_timeout, conn.id) {
+                Some(CloseReason::IdleTimeout)
+            } else {
+                None
+            };
+            let keep_for_min = reason == Some(CloseReason::IdleTimeout) && st.total() as usize <= min;
+            match reason {
+                Some(r) if !keep_for_min => doomed.push((st.idle.remove(i), r)),
+                _ => i += 1,
+            }
+        }
+    }
+    for (conn, reason) in doomed {
+        pool.discard(conn, reason);
+    }
+    let mut st = pool.lock();
+    pool.want_connects(&mut st);
+}
+
+/// server_idle_timeout spread over 85–100% per connection.
+fn idle_limit(timeout: Duration, id: u64) -> Duration {
+    timeout.mul_f64(0.85 + (id % 16) as f64 / 100.0)
+}
+
+fn publish(pool: &Arc<Pool>, last: PoolSnapshot) -> PoolSnapshot {
+    let now = pool.snapshot();
+    let m = &pool.metrics;
+    let d = |a: u32, b: u32| a as i64 - b as i64;
+    m.add_servers(ServerState::Idle, d(now.idle, last.idle));
+    m.add_servers(ServerState::Active, d(now.active + now.recovering, last.active + last.recovering));
+    m.add_servers(ServerState::Login, d(now.connecting, last.connecting));
+    m.add_clients(ClientState::Waiting, d(now.waiting, last.waiting));
+    m.set_maxwait(now.maxwait);
+    now
+}

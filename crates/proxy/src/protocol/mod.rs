@@ -1,0 +1,40 @@
+//! The PostgreSQL v3 wire protocol as weir needs it, with no I/O: tag and
+//! SQLSTATE constants, header-peeking framing, the startup packet, and the
+//! handful of messages weir writes itself.
+
+pub mod frame;
+pub mod messages;
+pub mod sqlstate;
+pub mod startup;
+pub mod tags;
+
+pub use frame::{decode_frame, peek_header, scan_frames, Frame, HEADER_LEN};
+pub use sqlstate::SqlState;
+
+/// Malformed input from a peer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    #[error("invalid message length {len} for message type {tag}")]
+    BadLength { tag: u8, len: i64 },
+    #[error("message of type {tag} is {len} bytes, over the limit of {max}")]
+    TooLong { tag: u8, len: usize, max: usize },
+    #[error("message is truncated")]
+    Truncated,
+    #[error("string is not NUL-terminated")]
+    Unterminated,
+    #[error("string is not valid UTF-8")]
+    BadUtf8,
+    #[error("unexpected bytes after the end of a message")]
+    TrailingBytes,
+    #[error("unexpected message type {0:#04x}")]
+    UnexpectedTag(u8),
+}
+
+impl ProtocolError {
+    pub fn sqlstate(&self) -> SqlState {
+        match self {
+            ProtocolError::TooLong { .. } => sqlstate::PROGRAM_LIMIT_EXCEEDED,
+            _ => sqlstate::PROTOCOL_VIOLATION,
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! Forwarding a CancelRequest to Postgres on a new connection, and the gate
+//! that keeps a server out of the pool while a cancel aimed at it is in flight
+//! (so a late cancel can never hit the next client's query).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::Notify;
+
+use crate::protocol::messages;
+
+/// Counts cancels in flight for one server connection.
+#[derive(Debug, Default)]
+pub struct CancelGate {
+    in_flight: AtomicUsize,
+    done: Notify,
+}
+
+impl CancelGate {
+    pub fn is_open(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) == 0
+    }
+
+    /// Waits until no cancel is in flight (or `limit` passes). Returns true if clear.
+    pub async fn wait_clear(&self, limit: Duration) -> bool {
+        let wait = async {
+            loop {
+                let notified = self.done.notified();
+                if self.is_open() {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        tokio::time::timeout(limit, wait).await.is_ok()
+    }
+}
+
+/// Where and how to cancel a server's running query.
+#[derive(Debug, Clone)]
+pub struct CancelTarget {
+    pub addr: SocketAddr,
+    pub pid: i32,
+    pub secret: i32,
+    pub gate: Arc<CancelGate>,
+}
+
+/// Sends a CancelRequest and waits for Postgres to close the socket, which it
+/// does after signalling the backend. The gate shuts when this is called (not
+/// when the future first runs) and stays shut until then, so the server cannot
+/// be lent to another client in between.
+pub fn forward_cancel(
+    target: CancelTarget,
+    limit: Duration,
+) -> impl std::future::Future<Output = std::io::Result<()>> {
+    target.gate.in_flight.fetch_add(1, Ordering::AcqRel);
+    let ticket = GateTicket(target.gate.clone());
+    async move {
+        let result = tokio::time::timeout(limit, send_cancel(target.addr, target.pid, target.secret)).await;
+        drop(ticket);
+        match result {
+            Ok(r) => r,
+            Err(_) => Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "cancel request timed out")),
+        }
+    }
+}
+
+/// Opens the gate again when the cancel is done, however the future ends.
+struct GateTicket(Arc<CancelGate>);
+
+impl Drop for GateTicket {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.0.done.notify_waiters();
+    }
+}
+
+async fn send_cancel(addr: SocketAddr, pid: i32, secret: i32) -> std::io::Result<()> {
+    let mut s = TcpStream::connect(addr).await?;
+    s.write_all(&messages::cancel_request(pid, secret)).await?;
+    let mut sink = [0u8; 64];
+    // Postgres answers nothing and closes once the backend has been signalled.
+    while s.read(&mut sink).await? > 0 {}
+    Ok(())
+}

@@ -1,0 +1,192 @@
+//! One server connection: connect with a bound on the whole handshake, apply
+//! socket options, log in, and carry the state the pool and sessions need.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use tokio::net::TcpStream;
+use weir_metrics::{CloseReason, ConnectFailure, PoolMetrics, ServerConnGuard};
+
+use super::cancel::{CancelGate, CancelTarget};
+use super::conversation::Conversation;
+use super::login::{login, LoginError, LoginParams};
+use super::socket::{self, Liveness};
+use crate::params::ParamMap;
+use crate::protocol::{sqlstate, SqlState};
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Everything needed to open one server connection.
+#[derive(Debug, Clone)]
+pub struct ConnectSpec {
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    pub password: Option<String>,
+    pub dbname: String,
+    pub liveness: Liveness,
+    pub connect_timeout: Duration,
+}
+
+/// Why a connect failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("connecting to the server timed out after {0:?}")]
+    Timeout(Duration),
+    #[error("could not connect to the server: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("server login failed: {0}")]
+    Login(#[from] LoginError),
+}
+
+impl ConnectError {
+    pub fn failure_label(&self) -> ConnectFailure {
+        match self {
+            ConnectError::Timeout(_) => ConnectFailure::Timeout,
+            ConnectError::Io(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => ConnectFailure::Refused,
+            ConnectError::Io(_) => ConnectFailure::Io,
+            ConnectError::Login(e) if e.is_auth_failure() => ConnectFailure::Auth,
+            ConnectError::Login(_) => ConnectFailure::Protocol,
+        }
+    }
+
+    /// The SQLSTATE a waiting client sees when this is why it got no server.
+    pub fn sqlstate(&self) -> SqlState {
+        match self {
+            ConnectError::Login(e) => e.sqlstate(),
+            _ => sqlstate::SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
+        }
+    }
+}
+
+/// A logged-in server connection. Owned by the pool; lent to one client at a time.
+#[derive(Debug)]
+pub struct ServerConn {
+    pub id: u64,
+    pub stream: TcpStream,
+    /// Bytes read from the server and not yet passed on.
+    pub rbuf: BytesMut,
+    pub conv: Conversation,
+    /// Reported parameters (ParameterStatus) as the server has them now.
+    pub params: ParamMap,
+    /// Unreported settings weir applied with SET for a client (from `options`).
+    pub settings: ParamMap,
+    pub cancel: CancelTarget,
+    pub created: Instant,
+    pub last_used: Instant,
+    /// When this connection retires (server_lifetime with jitter).
+    pub retire_at: Instant,
+    /// Holds this connection's place in its database's connection count.
+    pub slot: Option<CountSlot>,
+    guard: ServerConnGuard,
+}
+
+/// A place in a shared connection count, given back on drop.
+#[derive(Debug)]
+pub struct CountSlot(Arc<std::sync::atomic::AtomicU32>);
+
+impl CountSlot {
+    /// Takes a place if fewer than `limit` are taken (0 = no limit).
+    pub fn take(count: &Arc<std::sync::atomic::AtomicU32>, limit: u32) -> Option<CountSlot> {
+        let mut cur = count.load(Ordering::Relaxed);
+        loop {
+            if limit != 0 && cur >= limit {
+                return None;
+            }
+            match count.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return Some(CountSlot(count.clone())),
+                Err(now) => cur = now,
+            }
+        }
+    }
+}
+
+impl Drop for CountSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl ServerConn {
+    pub fn backend_pid(&self) -> i32 {
+        self.cancel.pid
+    }
+
+    /// Closes the connection, counting the close once with `reason`.
+    pub fn close(self, reason: CloseReason) {
+        tracing::debug!(server = self.id, pid = self.cancel.pid, reason = reason.as_label(), "closing server connection");
+        self.guard.close(reason);
+    }
+
+    /// The reason counted if this connection is dropped without `close`.
+    pub fn set_close_reason(&mut self, reason: CloseReason) {
+        self.guard.set_reason(reason);
+    }
+
+    /// The connection has unread bytes or EOF waiting without anyone having
+    /// asked: Postgres closed it (FATAL) or something is wrong. No syscall when
+    /// the reactor saw nothing.
+    pub fn has_unexpected_input(&mut self) -> bool {
+        if !self.rbuf.is_empty() {
+            return true;
+        }
+        let mut probe = [0u8; 1];
+        match self.stream.try_read(&mut probe) {
+            Ok(_) => true, // data or EOF
+            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+        }
+    }
+}
+
+/// Opens and logs in one server connection within `spec.connect_timeout`.
+pub async fn connect(spec: &ConnectSpec, metrics: &Arc<PoolMetrics>) -> Result<ServerConn, ConnectError> {
+    let started = Instant::now();
+    let result = tokio::time::timeout(spec.connect_timeout, open(spec)).await;
+    let (stream, rbuf, login) = match result {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => return Err(e),
+        Err(_) => return Err(ConnectError::Timeout(spec.connect_timeout)),
+    };
+    let addr = stream.peer_addr()?;
+    let guard = ServerConnGuard::opened(metrics.clone(), started.elapsed());
+    let mut params = ParamMap::new();
+    for (k, v) in &login.server_params {
+        params.set(k, v);
+    }
+    let now = Instant::now();
+    Ok(ServerConn {
+        id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+        stream,
+        rbuf,
+        conv: Conversation::default(),
+        params,
+        settings: ParamMap::new(),
+        cancel: cancel_target(addr, login.backend_pid, login.backend_secret),
+        created: now,
+        last_used: now,
+        retire_at: now + Duration::from_secs(3600),
+        slot: None,
+        guard,
+    })
+}
+
+fn cancel_target(addr: SocketAddr, pid: i32, secret: i32) -> CancelTarget {
+    CancelTarget { addr, pid, secret, gate: Arc::new(CancelGate::default()) }
+}
+
+async fn open(spec: &ConnectSpec) -> Result<(TcpStream, BytesMut, super::login::LoginResult), ConnectError> {
+    let mut stream = TcpStream::connect((spec.host.as_str(), spec.port)).await?;
+    socket::apply(&stream, &spec.liveness)?;
+    let mut buf = BytesMut::with_capacity(8192);
+    let params = LoginParams {
+        user: &spec.user,
+        password: spec.password.as_deref(),
+        database: &spec.dbname,
+        startup_params: &[],
+    };
+    let result = login(&mut stream, &mut buf, &params).await?;
+    Ok((stream, buf, result))
+}

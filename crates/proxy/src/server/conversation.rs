@@ -1,0 +1,301 @@
+//! Where a server connection stands in the protocol conversation, learned
+//! only from message headers as bytes pass through (no row is ever decoded):
+//! how many ReadyForQuery the server still owes, whether an extended-protocol
+//! batch is open, the transaction status, COPY IN, and half-passed messages.
+
+use crate::protocol::{
+    messages, peek_header,
+    tags::{backend as be, frontend as fe, status},
+    ProtocolError,
+};
+
+/// Client messages at most this long are forwarded only when whole, so a
+/// client that vanishes mid-message never leaves a runnable fragment behind.
+/// Longer ones (huge queries, COPY rows) stream through in pieces.
+pub const STREAM_THRESHOLD: usize = 64 * 1024;
+
+/// Largest message weir accepts from a server.
+pub const MAX_SERVER_MESSAGE: usize = 1 << 30;
+
+/// The protocol state of one server connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conversation {
+    /// ReadyForQuery messages the server still owes (one per Query, Sync, FunctionCall).
+    pub pending_rfq: u32,
+    /// Extended-protocol messages were sent since the last Sync.
+    pub in_batch: bool,
+    /// The status byte of the last ReadyForQuery.
+    pub status: u8,
+    /// The server is in COPY IN and expects CopyData/CopyDone/CopyFail.
+    pub copy_in: bool,
+    /// Bytes of a client message already partly sent to the server.
+    pub to_server_partial: usize,
+    /// Bytes of a server message already partly passed to the client.
+    pub from_server_partial: usize,
+}
+
+impl Default for Conversation {
+    fn default() -> Self {
+        Conversation {
+            pending_rfq: 0,
+            in_batch: false,
+            status: status::IDLE,
+            copy_in: false,
+            to_server_partial: 0,
+            from_server_partial: 0,
+        }
+    }
+}
+
+/// What a scan of client bytes found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Outbound {
+    /// Leading bytes that may be sent to the server now.
+    pub forward: usize,
+    /// A Terminate message starts right after `forward`.
+    pub terminate: bool,
+}
+
+/// What a scan of server bytes found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Inbound {
+    /// Leading bytes that may be passed to the client now.
+    pub forward: usize,
+    /// The last ReadyForQuery in `forward` settled everything the server owed.
+    pub settled: bool,
+    /// The server sent a FATAL error; it will close.
+    pub fatal: bool,
+}
+
+impl Conversation {
+    /// True when the server owes nothing, no batch or COPY is open and no
+    /// transaction is: the connection can go back to the pool as it is.
+    pub fn is_clean(&self) -> bool {
+        self.is_quiet() && self.status == status::IDLE
+    }
+
+    /// True when the server owes nothing and nothing is half-sent.
+    pub fn is_quiet(&self) -> bool {
+        self.pending_rfq == 0
+            && !self.in_batch
+            && !self.copy_in
+            && self.to_server_partial == 0
+            && self.from_server_partial == 0
+    }
+
+    /// A query the server has not answered yet is running or queued there.
+    pub fn query_in_flight(&self) -> bool {
+        self.pending_rfq > 0 || self.in_batch || self.to_server_partial > 0
+    }
+
+    /// Walks client bytes; notes each whole message (and the head of a long
+    /// one) as sent. Stops before a Terminate, which is never forwarded.
+    pub fn scan_client(&mut self, buf: &[u8], max_len: usize) -> Result<Outbound, ProtocolError> {
+        let mut at = self.take_partial_to_server(buf.len());
+        if self.to_server_partial > 0 {
+            return Ok(Outbound { forward: at, terminate: false });
+        }
+        while let Some((tag, total)) = peek_header(&buf[at..], max_len)? {
+            if tag == fe::TERMINATE {
+                return Ok(Outbound { forward: at, terminate: true });
+            }
+            let avail = buf.len() - at;
+            if avail < total {
+                if total > STREAM_THRESHOLD {
+                    self.note_client(tag);
+                    self.to_server_partial = total - avail;
+                    at = buf.len();
+                }
+                break;
+            }
+            self.note_client(tag);
+            at += total;
+        }
+        Ok(Outbound { forward: at, terminate: false })
+    }
+
+    fn take_partial_to_server(&mut self, avail: usize) -> usize {
+        let n = self.to_server_partial.min(avail);
+        self.to_server_partial -= n;
+        n
+    }
+
+    /// Records one client message as sent to the server.
+    pub fn note_client(&mut self, tag: u8) {
+        match tag {
+            fe::QUERY | fe::FUNCTION_CALL => self.pending_rfq += 1,
+            fe::SYNC => {
+                self.pending_rfq += 1;
+                self.in_batch = false;
+            }
+            fe::PARSE | fe::BIND | fe::DESCRIBE | fe::EXECUTE | fe::CLOSE | fe::FLUSH => self.in_batch = true,
+            fe::COPY_DONE | fe::COPY_FAIL => self.copy_in = false,
+            _ => {}
+        }
+    }
+
+    /// Walks server bytes. Small control messages are read whole (waiting for
+    /// the rest if needed); everything else streams. Stops right after a
+    /// ReadyForQuery that settles what the server owed, so bytes after it stay
+    /// with the connection. `on_param` sees every ParameterStatus.
+    pub fn scan_server(
+        &mut self,
+        buf: &[u8],
+        mut on_param: impl FnMut(&str, &str),
+    ) -> Result<Inbound, ProtocolError> {
+        let mut out = Inbound::default();
+        let n = self.from_server_partial.min(buf.len());
+        self.from_server_partial -= n;
+        let mut at = n;
+        if self.from_server_partial > 0 {
+            out.forward = at;
+            return Ok(out);
+        }
+        while let Some((tag, total)) = peek_header(&buf[at..], MAX_SERVER_MESSAGE)? {
+            let avail = buf.len() - at;
+            let inspect = matches!(
+                tag,
+                be::READY_FOR_QUERY | be::PARAMETER_STATUS | be::ERROR_RESPONSE | be::COPY_IN_RESPONSE | be::COPY_BOTH_RESPONSE
+            ) && total <= STREAM_THRESHOLD;
+            if avail < total {
+                if !inspect {
+                    self.from_server_partial = total - avail;
+                    at = buf.len();
+                }
+                break;
+            }
+            let msg = &buf[at..at + total];
+            at += total;
+            if inspect && self.note_server(tag, msg, &mut on_param, &mut out)? {
+                out.settled = true;
+                break;
+            }
+        }
+        out.forward = at;
+        Ok(out)
+    }
+
+    /// Notes one whole server control message; true when it settles the conversation.
+    fn note_server(
+        &mut self,
+        tag: u8,
+        msg: &[u8],
+        on_param: &mut impl FnMut(&str, &str),
+        out: &mut Inbound,
+    ) -> Result<bool, ProtocolError> {
+        let body = &msg[crate::protocol::HEADER_LEN..];
+        match tag {
+            be::READY_FOR_QUERY => {
+                self.status = *body.first().ok_or(ProtocolError::Truncated)?;
+                self.pending_rfq = self.pending_rfq.saturating_sub(1);
+                self.copy_in = false;
+                return Ok(self.pending_rfq == 0);
+            }
+            be::PARAMETER_STATUS => {
+                let (k, v) = messages::parse_parameter_status(body)?;
+                on_param(&k, &v);
+            }
+            be::ERROR_RESPONSE => {
+                let f = messages::parse_error_fields(body)?;
+                out.fatal |= f.severity == "FATAL" || f.severity == "PANIC";
+            }
+            be::COPY_IN_RESPONSE | be::COPY_BOTH_RESPONSE => self.copy_in = true,
+            _ => {}
+        }
+        Ok(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
+        let mut m = vec![tag];
+        m.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
+        m.extend_from_slice(body);
+        m
+    }
+
+    #[test]
+    fn simple_query_round_trip_settles() {
+        let mut c = Conversation::default();
+        let q = msg(fe::QUERY, b"select 1\0");
+        assert_eq!(c.scan_client(&q, 1 << 20).unwrap().forward, q.len());
+        assert_eq!(c.pending_rfq, 1);
+        let mut reply = msg(be::DATA_ROW, b"\0\x01\0\0\0\x011");
+        reply.extend(msg(be::READY_FOR_QUERY, b"I"));
+        reply.extend(msg(be::NOTICE_RESPONSE, b"\0"));
+        let inb = c.scan_server(&reply, |_, _| {}).unwrap();
+        assert!(inb.settled);
+        assert_eq!(inb.forward, reply.len() - 6);
+        assert!(c.is_clean());
+    }
+
+    #[test]
+    fn pipelined_syncs_settle_only_at_last_ready() {
+        let mut c = Conversation::default();
+        let mut batch = msg(fe::PARSE, b"\0select 1\0\0\0");
+        batch.extend(msg(fe::SYNC, b""));
+        batch.extend(msg(fe::BIND, b"\0\0\0\0\0\0\0\0"));
+        batch.extend(msg(fe::SYNC, b""));
+        c.scan_client(&batch, 1 << 20).unwrap();
+        assert_eq!(c.pending_rfq, 2);
+        let first = c.scan_server(&msg(be::READY_FOR_QUERY, b"I"), |_, _| {}).unwrap();
+        assert!(!first.settled);
+        let second = c.scan_server(&msg(be::READY_FOR_QUERY, b"T"), |_, _| {}).unwrap();
+        assert!(second.settled);
+        assert!(!c.is_clean(), "inside a transaction");
+        assert!(c.is_quiet());
+    }
+
+    #[test]
+    fn small_partial_client_message_is_held_back() {
+        let mut c = Conversation::default();
+        let q = msg(fe::EXECUTE, b"portal\0\0\0\0\0");
+        let out = c.scan_client(&q[..q.len() - 2], 1 << 20).unwrap();
+        assert_eq!(out.forward, 0);
+        assert!(c.is_clean());
+    }
+
+    #[test]
+    fn long_client_message_streams_and_is_tracked() {
+        let mut c = Conversation::default();
+        let body = vec![b'x'; STREAM_THRESHOLD + 10];
+        let q = msg(fe::QUERY, &body);
+        let out = c.scan_client(&q[..1000], 1 << 30).unwrap();
+        assert_eq!(out.forward, 1000);
+        assert_eq!(c.to_server_partial, q.len() - 1000);
+        let out = c.scan_client(&q[1000..], 1 << 30).unwrap();
+        assert_eq!(out.forward, q.len() - 1000);
+        assert_eq!(c.to_server_partial, 0);
+    }
+
+    #[test]
+    fn terminate_stops_the_scan() {
+        let mut c = Conversation::default();
+        let mut b = msg(fe::SYNC, b"");
+        b.extend(msg(fe::TERMINATE, b""));
+        assert_eq!(c.scan_client(&b, 100).unwrap(), Outbound { forward: 5, terminate: true });
+    }
+
+    #[test]
+    fn large_data_row_streams_without_buffering() {
+        let mut c = Conversation { pending_rfq: 1, ..Default::default() };
+        let row = msg(be::DATA_ROW, &vec![0u8; 100_000]);
+        let inb = c.scan_server(&row[..500], |_, _| {}).unwrap();
+        assert_eq!(inb.forward, 500);
+        assert_eq!(c.from_server_partial, row.len() - 500);
+    }
+
+    #[test]
+    fn parameter_status_and_fatal_are_seen() {
+        let mut c = Conversation { pending_rfq: 1, ..Default::default() };
+        let mut b = msg(be::PARAMETER_STATUS, b"TimeZone\0UTC\0");
+        b.extend(msg(be::ERROR_RESPONSE, b"SFATAL\0VFATAL\0C57P01\0Mbye\0\0"));
+        let mut seen = vec![];
+        let inb = c.scan_server(&b, |k, v| seen.push((k.to_owned(), v.to_owned()))).unwrap();
+        assert!(inb.fatal);
+        assert_eq!(seen, vec![("TimeZone".into(), "UTC".into())]);
+    }
+}

@@ -1,0 +1,590 @@
+//! weir's own login to a Postgres server, as its client: the startup
+//! message, the authentication exchange (trust, cleartext, md5,
+//! SCRAM-SHA-256), then ParameterStatus and BackendKeyData up to the first
+//! ReadyForQuery.
+
+use bytes::BytesMut;
+use postgres_protocol::authentication::md5_hash;
+use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
+use postgres_protocol::message::frontend;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+
+use crate::protocol::{messages, sqlstate, tags, Frame, SqlState};
+use crate::wire::{self, WireError};
+
+/// Largest message accepted from a server during login.
+const MAX_LOGIN_MESSAGE_LEN: usize = 1 << 20;
+/// The only SASL mechanism weir uses with servers.
+const SCRAM_SHA_256: &str = "SCRAM-SHA-256";
+
+/// What weir needs to log in.
+#[derive(Debug, Clone, Copy)]
+pub struct LoginParams<'a> {
+    pub user: &'a str,
+    pub password: Option<&'a str>,
+    pub database: &'a str,
+    /// Extra startup parameters (e.g. application_name), already filtered.
+    pub startup_params: &'a [(String, String)],
+}
+
+/// What the server told weir during login.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoginResult {
+    pub server_params: Vec<(String, String)>,
+    pub backend_pid: i32,
+    pub backend_secret: i32,
+}
+
+/// Why a login failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LoginError {
+    /// The server sent an ErrorResponse. `code` is empty if it sent no SQLSTATE.
+    #[error("server error {code}: {message}")]
+    Server { code: String, message: String },
+    #[error("the server asked for a password but none is configured")]
+    NoPassword,
+    #[error("server closed the connection during login")]
+    Eof,
+    #[error("i/o error during login: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("protocol error during login: {0}")]
+    Protocol(String),
+}
+
+/// SQLSTATEs a server's code is mapped onto when it is one weir names.
+const KNOWN_CODES: &[SqlState] = &[
+    sqlstate::INVALID_PASSWORD,
+    sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
+    sqlstate::INVALID_CATALOG_NAME,
+    sqlstate::TOO_MANY_CONNECTIONS,
+    sqlstate::CANNOT_CONNECT_NOW,
+    sqlstate::ADMIN_SHUTDOWN,
+    sqlstate::INSUFFICIENT_PRIVILEGE,
+    sqlstate::FEATURE_NOT_SUPPORTED,
+    sqlstate::PROTOCOL_VIOLATION,
+    sqlstate::INVALID_PARAMETER_VALUE,
+    sqlstate::PROGRAM_LIMIT_EXCEEDED,
+    sqlstate::CONNECTION_EXCEPTION,
+    sqlstate::CONNECTION_FAILURE,
+    sqlstate::SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
+    sqlstate::INTERNAL_ERROR,
+];
+
+impl LoginError {
+    /// The SQLSTATE to forward to clients. A server code weir has no constant
+    /// for becomes `08006`; `server_code()` gives the exact one.
+    pub fn sqlstate(&self) -> SqlState {
+        match self {
+            LoginError::Server { code, .. } => KNOWN_CODES
+                .iter()
+                .copied()
+                .find(|s| s.code() == code)
+                .unwrap_or(sqlstate::CONNECTION_FAILURE),
+            LoginError::NoPassword => sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
+            LoginError::Eof | LoginError::Io(_) => sqlstate::CONNECTION_FAILURE,
+            LoginError::Protocol(_) => sqlstate::PROTOCOL_VIOLATION,
+        }
+    }
+
+    /// The server's own SQLSTATE, when it sent one.
+    pub fn server_code(&self) -> Option<&str> {
+        match self {
+            LoginError::Server { code, .. } if !code.is_empty() => Some(code),
+            _ => None,
+        }
+    }
+
+    /// Whether the credentials were refused (or missing): retrying will not
+    /// help until the configuration changes.
+    pub fn is_auth_failure(&self) -> bool {
+        match self {
+            LoginError::Server { code, .. } => {
+                code == sqlstate::INVALID_PASSWORD.code()
+                    || code == sqlstate::INVALID_AUTHORIZATION_SPECIFICATION.code()
+            }
+            LoginError::NoPassword => true,
+            _ => false,
+        }
+    }
+
+    /// A message fit for a client: the server's text for `Server`.
+    pub fn client_message(&self) -> String {
+        match self {
+            LoginError::Server { message, .. } => message.clone(),
+            other => format!("server login failed: {other}"),
+        }
+    }
+}
+
+impl From<WireError> for LoginError {
+    fn from(e: WireError) -> Self {
+        match e {
+            WireError::Eof => LoginError::Eof,
+            WireError::Io(e) => LoginError::Io(e),
+            WireError::Protocol(p) => LoginError::Protocol(p.to_string()),
+        }
+    }
+}
+
+fn protocol(msg: impl Into<String>) -> LoginError {
+    LoginError::Protocol(msg.into())
+}
+
+/// Logs in on a freshly connected `stream`. Bytes the server sent after
+/// ReadyForQuery stay in `buf`.
+pub async fn login<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+    p: &LoginParams<'_>,
+) -> Result<LoginResult, LoginError> {
+    let mut out = BytesMut::with_capacity(256);
+    write_startup(&mut out, p)?;
+    flush(stream, &mut out).await?;
+    authenticate(stream, buf, &mut out, p).await?;
+    collect_until_ready(stream, buf).await
+}
+
+fn write_startup(out: &mut BytesMut, p: &LoginParams<'_>) -> Result<(), LoginError> {
+    let fixed = [("user", p.user), ("database", p.database)];
+    let extra = p
+        .startup_params
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()));
+    frontend::startup_message(fixed.into_iter().chain(extra), out)
+        .map_err(|e| protocol(format!("cannot encode startup message: {e}")))
+}
+
+async fn flush<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    out: &mut BytesMut,
+) -> Result<(), LoginError> {
+    stream.write_all(out).await?;
+    stream.flush().await?;
+    out.clear();
+    Ok(())
+}
+
+/// Reads the next frame, handling ErrorResponse and skipping NoticeResponse.
+async fn next_frame<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+) -> Result<Frame, LoginError> {
+    loop {
+        let frame = wire::read_frame(stream, buf, MAX_LOGIN_MESSAGE_LEN).await?;
+        match frame.tag {
+            tags::backend::NOTICE_RESPONSE => continue,
+            tags::backend::ERROR_RESPONSE => return Err(server_error(frame.body())),
+            _ => return Ok(frame),
+        }
+    }
+}
+
+fn server_error(body: &[u8]) -> LoginError {
+    match messages::parse_error_fields(body) {
+        Ok(f) => LoginError::Server {
+            code: f.code,
+            message: f.message,
+        },
+        Err(e) => protocol(format!("malformed ErrorResponse: {e}")),
+    }
+}
+
+/// Splits an Authentication body into its request code and payload.
+fn auth_request(frame: &Frame) -> Result<(i32, &[u8]), LoginError> {
+    if frame.tag != tags::backend::AUTHENTICATION {
+        return Err(protocol(format!(
+            "expected an authentication request, got message type {:?}",
+            char::from(frame.tag)
+        )));
+    }
+    let Some((code, payload)) = frame.body().split_first_chunk::<4>() else {
+        return Err(protocol("truncated authentication request"));
+    };
+    Ok((i32::from_be_bytes(*code), payload))
+}
+
+/// Runs the authentication exchange up to AuthenticationOk.
+async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+    out: &mut BytesMut,
+    p: &LoginParams<'_>,
+) -> Result<(), LoginError> {
+    let mut scram: Option<ScramSha256> = None;
+    let mut scram_finished = false;
+    loop {
+        let frame = next_frame(stream, buf).await?;
+        let (code, payload) = auth_request(&frame)?;
+        match code {
+            tags::auth::OK if scram.is_some() && !scram_finished => {
+                return Err(protocol("server skipped the SCRAM final message"));
+            }
+            tags::auth::OK => return Ok(()),
+            tags::auth::CLEARTEXT_PASSWORD => {
+                frontend::password_message(password(p)?.as_bytes(), out).map_err(encode_error)?;
+            }
+            tags::auth::MD5_PASSWORD => {
+                let salt: [u8; 4] = payload
+                    .try_into()
+                    .map_err(|_| protocol("bad MD5 salt length"))?;
+                let hash = md5_hash(p.user.as_bytes(), password(p)?.as_bytes(), salt);
+                frontend::password_message(hash.as_bytes(), out).map_err(encode_error)?;
+            }
+            tags::auth::SASL if scram.is_none() => {
+                scram = Some(start_scram(payload, password(p)?, out)?);
+            }
+            tags::auth::SASL_CONTINUE => {
+                let s = scram
+                    .as_mut()
+                    .ok_or_else(|| protocol("unexpected SASLContinue"))?;
+                s.update(payload)
+                    .map_err(|e| protocol(format!("SCRAM: {e}")))?;
+                frontend::sasl_response(s.message(), out).map_err(encode_error)?;
+            }
+            tags::auth::SASL_FINAL if !scram_finished => {
+                let s = scram
+                    .as_mut()
+                    .ok_or_else(|| protocol("unexpected SASLFinal"))?;
+                s.finish(payload)
+                    .map_err(|e| protocol(format!("SCRAM server verification failed: {e}")))?;
+                scram_finished = true;
+                continue;
+            }
+            other => {
+                return Err(protocol(format!(
+                    "unsupported or unexpected authentication request {other}"
+                )))
+            }
+        }
+        flush(stream, out).await?;
+    }
+}
+
+fn password<'a>(p: &LoginParams<'a>) -> Result<&'a str, LoginError> {
+    p.password.ok_or(LoginError::NoPassword)
+}
+
+fn encode_error(e: std::io::Error) -> LoginError {
+    protocol(format!("cannot encode password message: {e}"))
+}
+
+/// Checks the offered mechanisms and writes the SASLInitialResponse.
+fn start_scram(
+    mechanisms: &[u8],
+    password: &str,
+    out: &mut BytesMut,
+) -> Result<ScramSha256, LoginError> {
+    let offered = mechanisms.split(|&b| b == 0).take_while(|m| !m.is_empty());
+    if !offered.into_iter().any(|m| m == SCRAM_SHA_256.as_bytes()) {
+        return Err(protocol(format!(
+            "server offers no {SCRAM_SHA_256} authentication"
+        )));
+    }
+    let scram = ScramSha256::new(password.as_bytes(), ChannelBinding::unsupported());
+    frontend::sasl_initial_response(SCRAM_SHA_256, scram.message(), out).map_err(encode_error)?;
+    Ok(scram)
+}
+
+/// After AuthenticationOk: ParameterStatus and BackendKeyData until ReadyForQuery.
+async fn collect_until_ready<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+) -> Result<LoginResult, LoginError> {
+    let mut result = LoginResult::default();
+    loop {
+        let frame = next_frame(stream, buf).await?;
+        match frame.tag {
+            tags::backend::PARAMETER_STATUS => {
+                let param = messages::parse_parameter_status(frame.body())
+                    .map_err(|e| protocol(format!("malformed ParameterStatus: {e}")))?;
+                result.server_params.push(param);
+            }
+            tags::backend::BACKEND_KEY_DATA => {
+                let body: [u8; 8] = frame
+                    .body()
+                    .try_into()
+                    .map_err(|_| protocol("malformed BackendKeyData"))?;
+                result.backend_pid = i32::from_be_bytes([body[0], body[1], body[2], body[3]]);
+                result.backend_secret = i32::from_be_bytes([body[4], body[5], body[6], body[7]]);
+            }
+            tags::backend::READY_FOR_QUERY => return Ok(result),
+            t => {
+                return Err(protocol(format!(
+                    "unexpected message type {:?} during login",
+                    char::from(t)
+                )))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::{ScramSecret, ScramServer};
+    use crate::protocol::startup::{self, StartupPacket};
+    use bytes::BufMut;
+    use tokio::io::DuplexStream;
+
+    /// A scripted server: reads the startup packet, then runs `script`.
+    async fn run<F, Fut>(p: LoginParams<'_>, script: F) -> Result<LoginResult, LoginError>
+    where
+        F: FnOnce(DuplexStream, BytesMut, Vec<(String, String)>) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let (mut c, mut s) = tokio::io::duplex(1 << 16);
+        let server = async move {
+            let mut buf = BytesMut::new();
+            let packet = wire::read_startup_packet(&mut s, &mut buf).await.unwrap();
+            let StartupPacket::Startup { params, .. } = startup::parse(&packet).unwrap() else {
+                panic!("not a startup")
+            };
+            script(s, buf, params).await;
+        };
+        let client = async move {
+            let mut buf = BytesMut::new();
+            login(&mut c, &mut buf, &p).await
+        };
+        tokio::join!(client, server).0
+    }
+
+    async fn write(s: &mut DuplexStream, build: impl FnOnce(&mut BytesMut)) {
+        let mut out = BytesMut::new();
+        build(&mut out);
+        s.write_all(&out).await.unwrap();
+    }
+
+    fn ready(out: &mut BytesMut) {
+        messages::authentication(out, tags::auth::OK, &[]);
+        messages::parameter_status(out, "server_version", "17.0");
+        messages::error_response(
+            out,
+            messages::Severity::Notice,
+            sqlstate::INTERNAL_ERROR,
+            "hello",
+        );
+        messages::parameter_status(out, "client_encoding", "UTF8");
+        messages::backend_key_data(out, 4242, -7);
+        messages::ready_for_query(out, tags::status::IDLE);
+    }
+
+    fn params<'a>(password: Option<&'a str>, extra: &'a [(String, String)]) -> LoginParams<'a> {
+        LoginParams {
+            user: "alice",
+            password,
+            database: "db",
+            startup_params: extra,
+        }
+    }
+
+    fn expect_ready(r: Result<LoginResult, LoginError>) {
+        let r = r.unwrap();
+        assert_eq!(r.backend_pid, 4242);
+        assert_eq!(r.backend_secret, -7);
+        let want = [("server_version", "17.0"), ("client_encoding", "UTF8")];
+        assert_eq!(
+            r.server_params,
+            want.map(|(k, v)| (k.to_owned(), v.to_owned()))
+        );
+    }
+
+    async fn read_password(s: &mut DuplexStream, buf: &mut BytesMut) -> Vec<u8> {
+        let f = wire::read_frame(s, buf, 1 << 16).await.unwrap();
+        assert_eq!(f.tag, tags::frontend::PASSWORD);
+        f.body().to_vec()
+    }
+
+    #[tokio::test]
+    async fn trust_collects_params_key_and_ready() {
+        let extra = [("application_name".to_owned(), "app".to_owned())];
+        let r = run(params(None, &extra), |mut s, _, startup| async move {
+            let want = [
+                ("user", "alice"),
+                ("database", "db"),
+                ("application_name", "app"),
+            ];
+            assert_eq!(startup, want.map(|(k, v)| (k.to_owned(), v.to_owned())));
+            write(&mut s, ready).await;
+        })
+        .await;
+        expect_ready(r);
+    }
+
+    #[tokio::test]
+    async fn md5_and_cleartext_send_the_right_password() {
+        let r = run(params(Some("pw"), &[]), |mut s, mut buf, _| async move {
+            write(&mut s, |o| {
+                messages::authentication(o, tags::auth::MD5_PASSWORD, &[1, 2, 3, 4])
+            })
+            .await;
+            let got = read_password(&mut s, &mut buf).await;
+            let want = md5_hash(b"alice", b"pw", [1, 2, 3, 4]);
+            assert_eq!(got, [want.as_bytes(), b"\0"].concat());
+            write(&mut s, ready).await;
+        })
+        .await;
+        expect_ready(r);
+        let r = run(params(Some("pw"), &[]), |mut s, mut buf, _| async move {
+            write(&mut s, |o| {
+                messages::authentication(o, tags::auth::CLEARTEXT_PASSWORD, &[])
+            })
+            .await;
+            assert_eq!(read_password(&mut s, &mut buf).await, b"pw\0");
+            write(&mut s, ready).await;
+        })
+        .await;
+        expect_ready(r);
+    }
+
+    #[tokio::test]
+    async fn scram_against_weirs_own_server() {
+        let r = run(params(Some("pw"), &[]), |mut s, mut buf, _| async move {
+            let mut server = ScramServer::new(ScramSecret::from_password("pw"));
+            write(&mut s, |o| {
+                messages::authentication(
+                    o,
+                    tags::auth::SASL,
+                    b"SCRAM-SHA-256-PLUS\0SCRAM-SHA-256\0\0",
+                )
+            })
+            .await;
+            let initial = read_password(&mut s, &mut buf).await;
+            let client_first = &initial[b"SCRAM-SHA-256\0".len() + 4..];
+            let first = server.handle_client_first(client_first).unwrap();
+            write(&mut s, |o| {
+                messages::authentication(o, tags::auth::SASL_CONTINUE, first.as_bytes())
+            })
+            .await;
+            let ok = server
+                .handle_client_final(&read_password(&mut s, &mut buf).await)
+                .unwrap();
+            write(&mut s, |o| {
+                messages::authentication(o, tags::auth::SASL_FINAL, ok.server_final.as_bytes())
+            })
+            .await;
+            write(&mut s, ready).await;
+        })
+        .await;
+        expect_ready(r);
+    }
+
+    /// A server that does not know the password: after the client-final it
+    /// sends a forged SASLFinal or skips straight to AuthenticationOk.
+    async fn impostor(mut s: DuplexStream, mut buf: BytesMut, forge_final: bool) {
+        let mut server = ScramServer::new(ScramSecret::from_password("other"));
+        write(&mut s, |o| {
+            messages::authentication(o, tags::auth::SASL, b"SCRAM-SHA-256\0\0")
+        })
+        .await;
+        let initial = read_password(&mut s, &mut buf).await;
+        let first = server
+            .handle_client_first(&initial[b"SCRAM-SHA-256\0".len() + 4..])
+            .unwrap();
+        write(&mut s, |o| {
+            messages::authentication(o, tags::auth::SASL_CONTINUE, first.as_bytes())
+        })
+        .await;
+        let _ = read_password(&mut s, &mut buf).await;
+        if forge_final {
+            let forged = b"v=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
+            write(&mut s, |o| {
+                messages::authentication(o, tags::auth::SASL_FINAL, forged)
+            })
+            .await;
+        }
+        write(&mut s, |o| messages::authentication(o, tags::auth::OK, &[])).await;
+    }
+
+    #[tokio::test]
+    async fn scram_rejects_forged_server_final_and_skipped_final() {
+        for forge_final in [true, false] {
+            let r = run(params(Some("pw"), &[]), |s, buf, _| {
+                impostor(s, buf, forge_final)
+            })
+            .await;
+            assert!(matches!(r, Err(LoginError::Protocol(_))), "{r:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn error_response_without_sqlstate() {
+        let r = run(params(Some("pw"), &[]), |mut s, _, _| async move {
+            write(&mut s, |o| {
+                o.put_u8(tags::backend::ERROR_RESPONSE);
+                o.put_i32(4 + b"SFATAL\0Mboom\0\0".len() as i32);
+                o.put_slice(b"SFATAL\0Mboom\0\0");
+            })
+            .await;
+        })
+        .await;
+        let e = r.unwrap_err();
+        assert!(
+            matches!(&e, LoginError::Server { code, message } if code.is_empty() && message == "boom"),
+            "{e:?}"
+        );
+        assert_eq!(e.sqlstate(), sqlstate::CONNECTION_FAILURE);
+        assert_eq!(e.server_code(), None);
+        assert!(!e.is_auth_failure());
+    }
+
+    #[tokio::test]
+    async fn auth_failures_are_recognised() {
+        let r = run(params(Some("pw"), &[]), |mut s, mut buf, _| async move {
+            write(&mut s, |o| {
+                messages::authentication(o, tags::auth::CLEARTEXT_PASSWORD, &[])
+            })
+            .await;
+            let _ = read_password(&mut s, &mut buf).await;
+            write(&mut s, |o| {
+                messages::error_response(
+                    o,
+                    messages::Severity::Fatal,
+                    sqlstate::INVALID_PASSWORD,
+                    "no",
+                )
+            })
+            .await;
+        })
+        .await;
+        let e = r.unwrap_err();
+        assert!(e.is_auth_failure());
+        assert_eq!(e.sqlstate(), sqlstate::INVALID_PASSWORD);
+        assert_eq!(e.server_code(), Some("28P01"));
+        assert_eq!(e.client_message(), "no");
+
+        let r = run(params(None, &[]), |mut s, _, _| async move {
+            write(&mut s, |o| {
+                messages::authentication(o, tags::auth::MD5_PASSWORD, &[0; 4])
+            })
+            .await;
+        })
+        .await;
+        let e = r.unwrap_err();
+        assert!(
+            matches!(e, LoginError::NoPassword) && e.is_auth_failure(),
+            "{e:?}"
+        );
+    }
+
+    /// AuthenticationGSS, which weir does not support.
+    const AUTH_GSS: i32 = 7;
+
+    #[tokio::test]
+    async fn unexpected_messages_and_eof_are_errors() {
+        let r = run(params(Some("pw"), &[]), |mut s, _, _| async move {
+            write(&mut s, |o| messages::authentication(o, AUTH_GSS, &[])).await;
+        })
+        .await;
+        assert!(matches!(r, Err(LoginError::Protocol(_))), "{r:?}");
+        let r = run(params(Some("pw"), &[]), |mut s, _, _| async move {
+            write(&mut s, |o| messages::authentication(o, tags::auth::OK, &[])).await;
+            write(&mut s, |o| messages::query(o, "x")).await;
+        })
+        .await;
+        assert!(matches!(r, Err(LoginError::Protocol(_))), "{r:?}");
+        let r = run(params(Some("pw"), &[]), |s, _, _| async move { drop(s) }).await;
+        let e = r.unwrap_err();
+        assert!(matches!(e, LoginError::Eof | LoginError::Io(_)), "{e:?}");
+        assert_eq!(e.sqlstate(), sqlstate::CONNECTION_FAILURE);
+    }
+}

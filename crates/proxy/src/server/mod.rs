@@ -1,0 +1,15 @@
+//! Server connections: weir's logins to Postgres, socket options for fast
+//! dead-peer detection, the per-connection protocol conversation state, and
+//! cancel forwarding. A `ServerConn` never belongs to a client; the pool
+//! lends it out.
+
+pub mod cancel;
+pub mod conn;
+pub mod conversation;
+pub mod exchange;
+pub mod login;
+pub mod socket;
+
+pub use cancel::{forward_cancel, CancelGate};
+pub use conn::{connect, ConnectError, ConnectSpec, CountSlot, ServerConn};
+pub use conversation::Conversation;
