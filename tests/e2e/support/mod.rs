@@ -1,1 +1,189 @@
+//! The end-to-end harness: a throwaway PostgreSQL, optionally a fault relay,
+//! and weir running in-process in front of them, plus client helpers.
+//! Every test builds its own `Harness`; dropping it tears everything down.
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_postgres::{Client, NoTls};
+use weir::{Config, Weir};
+pub use weir_testkit::{
+    PgOptions, PgServer, Relay, StopMode, APP_DB, MD5_PASS, MD5_USER, SCRAM_PASS, SCRAM_USER, TRUST_PASS, TRUST_USER,
+};
+
+/// How to set up weir for one test.
+#[derive(Debug, Clone)]
+pub struct Opts {
+    pub pool_size: u32,
+    pub pool_mode: &'static str,
+    pub auth_type: &'static str,
+    /// Extra TOML lines for the `[weir]` section.
+    pub general: String,
+    /// Extra TOML lines for `[databases.app]`.
+    pub database: String,
+    /// Put a fault relay between weir and Postgres.
+    pub relay: bool,
+    pub pg: PgOptions,
+}
+
+impl Default for Opts {
+    fn default() -> Self {
+        Opts {
+            pool_size: 5,
+            pool_mode: "transaction",
+            auth_type: "md5",
+            general: String::new(),
+            database: String::new(),
+            relay: false,
+            pg: PgOptions::default(),
+        }
+    }
+}
+
+/// A running Postgres with weir in front.
+pub struct Harness {
+    pub weir: Option<Weir>,
+    pub relay: Option<Relay>,
+    pub pg: Arc<PgServer>,
+    pub dir: PathBuf,
+    pub opts: Opts,
+}
+
+impl Harness {
+    pub async fn start(opts: Opts) -> Harness {
+        let pg_opts = opts.pg.clone();
+        let pg = tokio::task::spawn_blocking(move || PgServer::start(pg_opts)).await.unwrap().expect("start postgres");
+        Harness::start_with(Arc::new(pg), opts).await
+    }
+
+    /// weir (and a relay, if asked) in front of an already running Postgres.
+    pub async fn start_with(pg: Arc<PgServer>, opts: Opts) -> Harness {
+        let pg_addr: SocketAddr = format!("127.0.0.1:{}", pg.port()).parse().unwrap();
+        let relay = if opts.relay { Some(Relay::start(pg_addr).await.expect("start relay")) } else { None };
+        let server_addr = relay.as_ref().map(|r| r.addr()).unwrap_or(pg_addr);
+        let dir = pg.data_dir().parent().unwrap().join(format!("weir-{}", rand::random::<u32>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("userlist.txt"),
+            format!(
+                "\"{SCRAM_USER}\" \"{SCRAM_PASS}\"\n\"{MD5_USER}\" \"{MD5_PASS}\"\n\"{TRUST_USER}\" \"{TRUST_PASS}\"\n\"admin\" \"admin_pass\"\n"
+            ),
+        )
+        .unwrap();
+        let cfg = Config::from_toml(&config_text(&opts, server_addr), &dir).expect("valid test config");
+        let weir = Weir::start(cfg).await.expect("start weir");
+        Harness { weir: Some(weir), relay, pg, dir, opts }
+    }
+
+    pub fn weir(&self) -> &Weir {
+        self.weir.as_ref().expect("weir is running")
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.weir().local_addr()
+    }
+
+    /// A libpq-style connection string to weir.
+    pub fn url(&self, user: &str, password: &str) -> String {
+        format!("postgres://{user}:{password}@{}/{APP_DB}", self.addr())
+    }
+
+    /// A libpq-style connection string straight to Postgres.
+    pub fn direct_url(&self, user: &str, password: &str) -> String {
+        format!("postgres://{user}:{password}@127.0.0.1:{}/{APP_DB}", self.pg.port())
+    }
+
+    /// A tokio-postgres client through weir as scram_user.
+    pub async fn client(&self) -> Client {
+        connect(&self.url(SCRAM_USER, SCRAM_PASS)).await.expect("connect through weir")
+    }
+
+    /// A tokio-postgres client straight to Postgres as the superuser.
+    pub async fn direct(&self) -> Client {
+        connect(&format!("postgres://postgres@127.0.0.1:{}/{APP_DB}", self.pg.port())).await.expect("connect to postgres")
+    }
+
+    /// Runs SQL as the superuser through psql, straight to Postgres.
+    pub fn psql(&self, sql: &str) -> String {
+        self.pg.psql(APP_DB, sql).expect("psql")
+    }
+
+    /// The pool for app/scram_user, once a client has used it.
+    pub fn pool(&self) -> Arc<weir::pool::Pool> {
+        self.pool_for(SCRAM_USER)
+    }
+
+    pub fn pool_for(&self, user: &str) -> Arc<weir::pool::Pool> {
+        self.weir().shared().pools.get(APP_DB, user).expect("pool exists")
+    }
+
+    /// Backend pids of weir's server connections (by application_name-free
+    /// match on user, excluding this query's own backend).
+    pub fn server_pids(&self, user: &str) -> Vec<i32> {
+        let out = self.psql(&format!(
+            "select pid from pg_stat_activity where usename = '{user}' and pid <> pg_backend_pid() order by pid"
+        ));
+        out.lines().filter(|l| !l.is_empty()).map(|l| l.trim().parse().unwrap()).collect()
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Connects with tokio-postgres and drives the connection in the background.
+pub async fn connect(url: &str) -> Result<Client, tokio_postgres::Error> {
+    let (client, conn) = tokio_postgres::connect(url, NoTls).await?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(client)
+}
+
+fn config_text(o: &Opts, server: SocketAddr) -> String {
+    format!(
+        r#"[weir]
+listen_addr = "127.0.0.1:0"
+auth_type = "{auth}"
+auth_file = "userlist.txt"
+pool_mode = "{mode}"
+default_pool_size = {size}
+server_login_retry = "200ms"
+admin_users = ["admin"]
+{general}
+[databases.app]
+host = "127.0.0.1"
+port = {port}
+{database}
+"#,
+        auth = o.auth_type,
+        mode = o.pool_mode,
+        size = o.pool_size,
+        general = o.general,
+        port = server.port(),
+        database = o.database,
+    )
+}
+
+/// Polls `f` every 20 ms until it returns true or `limit` passes.
+pub async fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = tokio::time::Instant::now() + limit;
+    loop {
+        if f() {
+            return true;
+        }
+        if tokio::time::Instant::now() >= end {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The SQLSTATE of a tokio-postgres error, if the server (or weir) sent one.
+pub fn sqlstate(e: &tokio_postgres::Error) -> Option<String> {
+    e.as_db_error().map(|d| d.code().code().to_owned())
+}
