@@ -1,0 +1,24 @@
+//! `weir-bench`: benchmarks that print tables. Never pass/fail timing tests.
+//!
+//! - `suite`  — pgbench workloads against direct Postgres, weir and PgBouncer (issue 7)
+//! - `storm`  — the incident's load shape: short deadlines, queued cancels (issue 3)
+//! - `refill` — the pool refill curve after a mass termination (issue 4)
+#![forbid(unsafe_code)]
+
+mod refill;
+mod storm;
+mod suite;
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let rest = args.get(1..).unwrap_or(&[]);
+    match args.first().map(String::as_str) {
+        Some("suite") => suite::run(rest),
+        Some("storm") => storm::run(rest),
+        Some("refill") => refill::run(rest),
+        _ => {
+            eprintln!("usage: weir-bench suite|storm|refill [options]");
+            std::process::exit(2);
+        }
+    }
+}

@@ -1,0 +1,5 @@
+//! The `storm` benchmark (being built; see the issue it belongs to).
+
+pub fn run(_args: &[String]) -> anyhow::Result<()> {
+    anyhow::bail!("the storm benchmark is not built yet")
+}
