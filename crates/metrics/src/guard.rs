@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::close::CloseReason;
-use crate::pool::PoolMetrics;
+use crate::pool::{PoolMetrics, ServerInfo};
 
 /// Lives exactly as long as one successfully opened server connection.
 ///
@@ -26,6 +26,8 @@ pub struct ServerConnGuard {
     pool: Arc<PoolMetrics>,
     reason: CloseReason,
     opened_at: Instant,
+    /// Its entry in the pool's live server table, once described.
+    live: Option<u64>,
 }
 
 impl ServerConnGuard {
@@ -36,7 +38,17 @@ impl ServerConnGuard {
             pool,
             reason: CloseReason::Dropped,
             opened_at: Instant::now(),
+            live: None,
         }
+    }
+
+    /// Lists the connection in its pool's live server table (`SHOW SERVERS`)
+    /// until the close is counted. A second call replaces the first entry.
+    pub fn describe(&mut self, info: ServerInfo) {
+        if let Some(id) = self.live.take() {
+            self.pool.remove_live(id);
+        }
+        self.live = Some(self.pool.add_live(info));
     }
 
     /// Counts the close with `reason` and consumes the guard.
@@ -67,6 +79,9 @@ impl ServerConnGuard {
 
 impl Drop for ServerConnGuard {
     fn drop(&mut self) {
+        if let Some(id) = self.live.take() {
+            self.pool.remove_live(id);
+        }
         self.pool.record_close(self.reason);
     }
 }
@@ -153,6 +168,23 @@ mod tests {
         assert!(task.await.unwrap_err().is_cancelled());
         assert_eq!(p.closed(CloseReason::ClientGoneUnclean), 1);
         assert_eq!(p.closed_total(), 1);
+    }
+
+    #[test]
+    fn described_servers_are_listed_until_closed() {
+        let p = pool("live");
+        let mut g = ServerConnGuard::opened(Arc::clone(&p), Duration::ZERO);
+        let info = ServerInfo {
+            pid: 42,
+            addr: "127.0.0.1:5432".parse().unwrap(),
+            local_addr: None,
+            connected_at: std::time::SystemTime::now(),
+        };
+        g.describe(info.clone());
+        g.describe(info.clone());
+        assert_eq!(p.live_servers(), vec![info]);
+        g.close(CloseReason::Admin);
+        assert!(p.live_servers().is_empty());
     }
 
     #[test]

@@ -10,9 +10,10 @@
 //! [`ServerConnGuard`](crate::ServerConnGuard), which guarantees exactly one
 //! close per open.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use crate::close::{CloseReason, ConnectFailure, DropReason};
 use crate::handles::PoolHandles;
@@ -48,7 +49,10 @@ pub struct PoolMetrics {
     connect_failures: [AtomicU64; ConnectFailure::COUNT],
     dropped: [AtomicU64; DropReason::COUNT],
     transactions: AtomicU64,
+    xact_time_us: AtomicU64,
     queries: AtomicU64,
+    assignments: AtomicU64,
+    wait_time_us: AtomicU64,
     client_parses: AtomicU64,
     server_parses: AtomicU64,
     pinned: AtomicU64,
@@ -57,7 +61,29 @@ pub struct PoolMetrics {
     servers: [AtomicI64; ServerState::COUNT],
     clients: [AtomicI64; ClientState::COUNT],
     maxwait_us: AtomicU64,
+    live: Mutex<BTreeMap<u64, ServerInfo>>,
+    next_live: AtomicU64,
     h: PoolHandles,
+}
+
+/// What the admin console shows about one open server connection
+/// (`SHOW SERVERS`). Registered through
+/// [`ServerConnGuard::describe`](crate::ServerConnGuard::describe) and removed
+/// when the guard counts the close.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerInfo {
+    /// The backend's process id (its BackendKeyData).
+    pub pid: i32,
+    /// The server's address.
+    pub addr: std::net::SocketAddr,
+    /// weir's end of the connection.
+    pub local_addr: Option<std::net::SocketAddr>,
+    /// When the connection was opened (wall clock).
+    pub connected_at: SystemTime,
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 impl std::fmt::Debug for PoolMetrics {
@@ -86,7 +112,10 @@ impl PoolMetrics {
             connect_failures: zeroed(),
             dropped: zeroed(),
             transactions: AtomicU64::new(0),
+            xact_time_us: AtomicU64::new(0),
             queries: AtomicU64::new(0),
+            assignments: AtomicU64::new(0),
+            wait_time_us: AtomicU64::new(0),
             client_parses: AtomicU64::new(0),
             server_parses: AtomicU64::new(0),
             pinned: AtomicU64::new(0),
@@ -95,6 +124,8 @@ impl PoolMetrics {
             servers: zeroed_i(),
             clients: zeroed_i(),
             maxwait_us: AtomicU64::new(0),
+            live: Mutex::new(BTreeMap::new()),
+            next_live: AtomicU64::new(1),
             h,
         });
         register(&pool);
@@ -145,6 +176,7 @@ impl PoolMetrics {
     /// A transaction completed after `duration`.
     pub fn record_transaction(&self, duration: Duration) {
         self.transactions.fetch_add(1, R);
+        self.xact_time_us.fetch_add(micros(duration), R);
         self.h.transactions.increment(1);
         self.h.transaction_duration.record(duration.as_secs_f64());
     }
@@ -155,8 +187,11 @@ impl PoolMetrics {
         self.h.queries.increment(1);
     }
 
-    /// A client waited `wait` for a server connection (histogram only).
+    /// A client was assigned a server after waiting `wait` (histogram, plus
+    /// the assignment count and total wait time for `SHOW STATS`).
     pub fn record_client_wait(&self, wait: Duration) {
+        self.assignments.fetch_add(1, R);
+        self.wait_time_us.fetch_add(micros(wait), R);
         self.h.client_wait.record(wait.as_secs_f64());
     }
 
@@ -253,6 +288,47 @@ impl PoolMetrics {
     /// Queries forwarded.
     pub fn queries(&self) -> u64 {
         self.queries.load(R)
+    }
+
+    /// Total duration of completed transactions.
+    pub fn transaction_time(&self) -> Duration {
+        Duration::from_micros(self.xact_time_us.load(R))
+    }
+
+    /// Times a client was assigned a server connection.
+    pub fn server_assignments(&self) -> u64 {
+        self.assignments.load(R)
+    }
+
+    /// Total time clients waited for a server connection.
+    pub fn wait_time(&self) -> Duration {
+        Duration::from_micros(self.wait_time_us.load(R))
+    }
+
+    /// The open server connections described so far, oldest first.
+    pub fn live_servers(&self) -> Vec<ServerInfo> {
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    pub(crate) fn add_live(&self, info: ServerInfo) -> u64 {
+        let id = self.next_live.fetch_add(1, R);
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, info);
+        id
+    }
+
+    pub(crate) fn remove_live(&self, id: u64) {
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
     }
 
     /// Client Parse messages.
@@ -377,6 +453,11 @@ mod tests {
         assert_eq!(p.dropped_queries(DropReason::WaitTimeout), 1);
         assert_eq!(p.dropped_queries_total(), 1);
         assert_eq!((p.transactions(), p.queries()), (1, 2));
+        assert_eq!(p.transaction_time(), Duration::from_millis(3));
+        assert_eq!(
+            (p.server_assignments(), p.wait_time()),
+            (1, Duration::from_millis(1))
+        );
         assert_eq!(
             (p.client_parses(), p.server_parses(), p.pinned()),
             (1, 1, 1)
