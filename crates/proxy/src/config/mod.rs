@@ -3,6 +3,8 @@
 //! config is shared as `Arc<Config>` behind one swap cell (see `ConfigCell`).
 
 mod defaults;
+pub mod keys;
+pub mod migrate;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -12,12 +14,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 pub use validate::ConfigError;
 
 /// Client authentication method.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum AuthType {
     Trust,
@@ -27,7 +29,7 @@ pub enum AuthType {
 }
 
 /// When a server connection goes back to the pool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PoolMode {
     Session,
@@ -44,7 +46,7 @@ impl PoolMode {
 }
 
 /// Log output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     Text,
@@ -52,7 +54,7 @@ pub enum LogFormat {
 }
 
 /// The whole file.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     pub weir: General,
@@ -66,7 +68,7 @@ pub struct Config {
 }
 
 /// The `[weir]` section.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct General {
     pub listen_addr: SocketAddr,
@@ -134,14 +136,14 @@ pub struct General {
 }
 
 /// The `[metrics]` section.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsSection {
     pub listen_addr: Option<SocketAddr>,
 }
 
 /// One `[databases.NAME]` entry: where clients asking for NAME are sent.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Database {
     #[serde(default = "defaults::host")]

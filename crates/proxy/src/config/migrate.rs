@@ -1,0 +1,492 @@
+//! `weir migrate-config`: turns a `pgbouncer.ini` into an equivalent
+//! `weir.toml`, with a warning for each setting that cannot be carried over.
+//! Pure text in, text out. Same-named keys map directly, their TOML type taken
+//! from weir's own defaults; PgBouncer's bare seconds become `"Ns"` strings
+//! (`tcp_user_timeout` is in milliseconds there); `0` meaning "disabled" is
+//! handled key by key.
+
+use std::fmt::Write as _;
+
+use super::keys;
+use super::General;
+
+/// The generated config and what could not be carried over.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Migration {
+    pub toml: String,
+    pub warnings: Vec<String>,
+}
+
+/// PgBouncer keys measured in seconds that weir stores as durations.
+const SECONDS: &[&str] = &[
+    "reserve_pool_timeout",
+    "server_check_delay",
+    "server_lifetime",
+    "server_idle_timeout",
+    "server_connect_timeout",
+    "server_login_retry",
+    "client_login_timeout",
+    "query_wait_timeout",
+    "query_timeout",
+    "idle_transaction_timeout",
+    "tcp_keepidle",
+    "tcp_keepintvl",
+];
+
+/// Keys where PgBouncer's `0` means "off" and weir's optional key is left unset.
+const ZERO_IS_UNSET: &[&str] = &["query_timeout", "idle_transaction_timeout", "tcp_user_timeout"];
+
+/// Keys where PgBouncer's `0` means "off" (or "OS default") and weir has no
+/// such setting: weir's default is kept, with the reason.
+const ZERO_KEEPS_DEFAULT: &[(&str, &str)] = &[
+    ("server_idle_timeout", "weir always closes idle servers eventually"),
+    ("server_lifetime", "weir does not use a server connection only once"),
+    ("client_login_timeout", "weir always bounds the login"),
+    ("query_wait_timeout", "weir always bounds the wait for a server"),
+    ("server_connect_timeout", "weir always bounds the connect"),
+    ("tcp_keepidle", "weir sets keepalive timing itself"),
+    ("tcp_keepintvl", "weir sets keepalive timing itself"),
+];
+
+/// PgBouncer settings weir has no equivalent for, and why.
+const UNSUPPORTED: &[(&str, &str)] = &[
+    ("client_tls_", "weir does not speak TLS; terminate TLS in front of it or use a private network"),
+    ("server_tls_", "weir does not speak TLS to Postgres"),
+    ("auth_query", "weir authenticates clients against auth_file only"),
+    ("auth_user", "weir authenticates clients against auth_file only"),
+    ("auth_dbname", "weir authenticates clients against auth_file only"),
+    ("auth_hba_file", "weir has no hba file; it listens where listen_addr says"),
+    ("unix_socket_", "weir listens on TCP only"),
+    ("logfile", "weir logs to stderr; let the supervisor collect it"),
+    ("syslog", "weir logs to stderr; let the supervisor collect it"),
+    ("syslog_", "weir logs to stderr; let the supervisor collect it"),
+    ("pidfile", "weir does not daemonize"),
+    ("user", "weir does not switch users; run it as the user it should be"),
+    ("stats_period", "weir computes rates over 1 s, 10 s and 60 s windows (see /metrics)"),
+    ("log_stats", "statistics are on /metrics and SHOW STATS"),
+    ("peer_id", "weir has no peering"),
+];
+
+/// Reads `pgbouncer.ini` text and writes the equivalent weir config.
+pub fn from_pgbouncer_ini(text: &str) -> Migration {
+    let mut m = Mapper::default();
+    for line in parse_ini(text) {
+        match line {
+            IniLine::Entry { section, key, value, line } => m.entry(&section, &key, &value, line),
+            IniLine::Other { warning } => m.warnings.push(warning),
+        }
+    }
+    m.finish()
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum IniLine {
+    Entry { section: String, key: String, value: String, line: usize },
+    Other { warning: String },
+}
+
+fn parse_ini(text: &str) -> Vec<IniLine> {
+    let mut section = String::new();
+    let mut out = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = strip_comment(raw).trim();
+        if line.is_empty() {
+            continue;
+        }
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            section = name.trim().to_ascii_lowercase();
+        } else if line.starts_with("%include") {
+            out.push(IniLine::Other { warning: format!("line {}: {line}: merge the included file by hand", i + 1) });
+        } else if let Some((k, v)) = line.split_once('=') {
+            let (key, value) = (k.trim().to_owned(), unquote(v.trim()).to_owned());
+            out.push(IniLine::Entry { section: section.clone(), key, value, line: i + 1 });
+        } else {
+            out.push(IniLine::Other { warning: format!("line {}: cannot read \"{line}\"; skipped", i + 1) });
+        }
+    }
+    out
+}
+
+/// Cuts a `;` or `#` comment: at the start of a line, or after whitespace
+/// outside quotes.
+fn strip_comment(line: &str) -> &str {
+    let mut quote = None;
+    let mut prev_space = true;
+    for (i, c) in line.char_indices() {
+        match (quote, c) {
+            (None, '\'' | '"') => quote = Some(c),
+            (Some(q), c) if c == q => quote = None,
+            (None, ';' | '#') if prev_space => return &line[..i],
+            _ => {}
+        }
+        prev_space = c.is_whitespace();
+    }
+    line
+}
+
+fn unquote(v: &str) -> &str {
+    for q in ['"', '\''] {
+        if let Some(inner) = v.strip_prefix(q).and_then(|v| v.strip_suffix(q)) {
+            return inner;
+        }
+    }
+    v
+}
+
+#[derive(Debug, Default)]
+struct Mapper {
+    general: Vec<(String, String)>,
+    listen_host: Option<String>,
+    listen_port: Option<String>,
+    databases: Vec<(String, Vec<(String, String)>)>,
+    warnings: Vec<String>,
+}
+
+impl Mapper {
+    fn entry(&mut self, section: &str, key: &str, value: &str, line: usize) {
+        match section {
+            "pgbouncer" => self.setting(key, value, line),
+            "databases" => self.database(key, value, line),
+            "users" => self.warn(line, format!("[users] {key}: per-user settings are not supported by weir")),
+            other => self.warn(line, format!("[{other}] {key}: section not supported by weir")),
+        }
+    }
+
+    fn warn(&mut self, line: usize, msg: String) {
+        self.warnings.push(format!("line {line}: {msg}"));
+    }
+
+    fn set(&mut self, key: &str, toml_value: String) {
+        self.general.retain(|(k, _)| k != key);
+        self.general.push((key.to_owned(), toml_value));
+    }
+
+    /// One `[pgbouncer]` setting.
+    fn setting(&mut self, key: &str, value: &str, line: usize) {
+        let result = match key {
+            "listen_addr" => self.listen_addr(value),
+            "listen_port" => {
+                self.listen_port = Some(value.to_owned());
+                Ok(())
+            }
+            "auth_type" => self.auth_type(value),
+            "pool_mode" => self.pool_mode(value),
+            "max_packet_size" => int(value).map(|v| self.set("max_message_size", v)),
+            "tcp_user_timeout" => self.duration(key, value, 0.001),
+            k if SECONDS.contains(&k) => self.duration(key, value, 1.0),
+            k if keys::general_keys().contains(&k) => self.same_named(key, value),
+            _ => Err(unsupported(key)),
+        };
+        if let Err(why) = result {
+            self.warn(line, format!("{key} = {value}: {why}"));
+        }
+    }
+
+    fn listen_addr(&mut self, value: &str) -> Result<(), String> {
+        let mut addrs = value.split(',').map(str::trim);
+        let first = addrs.next().unwrap_or_default();
+        self.listen_host = Some(if first == "*" { "0.0.0.0".to_owned() } else { first.to_owned() });
+        match addrs.next() {
+            Some(_) => Err(format!("weir listens on one address; using {first}")),
+            None => Ok(()),
+        }
+    }
+
+    fn auth_type(&mut self, value: &str) -> Result<(), String> {
+        match value {
+            "trust" | "md5" | "scram-sha-256" => {
+                self.set("auth_type", quoted(value));
+                Ok(())
+            }
+            "any" => Err("\"any\" has no weir equivalent (there is no forced user); use trust".into()),
+            other => Err(format!("weir supports trust, md5 and scram-sha-256, not {other}; weir's default md5 is kept")),
+        }
+    }
+
+    fn pool_mode(&mut self, value: &str) -> Result<(), String> {
+        match value {
+            "session" | "transaction" => {
+                self.set("pool_mode", quoted(value));
+                Ok(())
+            }
+            _ => Err("weir supports session and transaction pooling; weir's default transaction is kept".into()),
+        }
+    }
+
+    /// A duration in PgBouncer units of `unit` seconds.
+    fn duration(&mut self, key: &str, value: &str, unit: f64) -> Result<(), String> {
+        let n: f64 = value.parse().map_err(|_| format!("not a number of {}", if unit < 1.0 { "ms" } else { "seconds" }))?;
+        if n < 0.0 || !n.is_finite() {
+            return Err("not a valid duration".into());
+        }
+        if n == 0.0 {
+            if ZERO_IS_UNSET.contains(&key) {
+                return Ok(());
+            }
+            if let Some((_, why)) = ZERO_KEEPS_DEFAULT.iter().find(|(k, _)| *k == key) {
+                return Err(format!("0 (off) has no weir equivalent: {why}; weir's default is kept"));
+            }
+        }
+        self.set(key, quoted(&seconds(n * unit)));
+        Ok(())
+    }
+
+    /// A key with the same name in weir; the TOML type is that of weir's default.
+    fn same_named(&mut self, key: &str, value: &str) -> Result<(), String> {
+        let defaults = toml::Value::try_from(General::default()).ok();
+        let default = defaults.as_ref().and_then(|d| d.get(key));
+        let v = match default {
+            Some(toml::Value::Integer(_)) => int(value)?,
+            Some(toml::Value::Float(_)) => value.parse::<f64>().map_err(|_| "not a number".to_string())?.to_string(),
+            Some(toml::Value::Boolean(_)) => boolean(value)?,
+            Some(toml::Value::Array(_)) => list(value),
+            _ => quoted(value),
+        };
+        self.set(key, v);
+        Ok(())
+    }
+
+    /// One `[databases]` line: `name = host=... port=... dbname=...`.
+    fn database(&mut self, name: &str, value: &str, line: usize) {
+        if name == "*" {
+            self.warn(line, "[databases] * (fallback database): weir has none; list each database".into());
+            return;
+        }
+        let mut out = Vec::new();
+        for (k, v) in conninfo(value) {
+            match self.database_key(&k, &v) {
+                Ok(Some(kv)) => out.push(kv),
+                Ok(None) => {}
+                Err(why) => self.warn(line, format!("[databases] {name}: {k}={v}: {why}")),
+            }
+        }
+        self.databases.push((name.to_owned(), out));
+    }
+
+    fn database_key(&self, k: &str, v: &str) -> Result<Option<(String, String)>, String> {
+        let kv = |key: &str, val: String| Ok(Some((key.to_owned(), val)));
+        match k {
+            "host" if v.starts_with('/') => Err("unix sockets are not supported; weir connects over TCP".into()),
+            "host" if v.contains(',') => Err("weir connects to one host per database".into()),
+            "host" => kv("host", quoted(v)),
+            "port" | "pool_size" | "min_pool_size" | "max_db_connections" => kv(k, int(v)?),
+            "reserve_pool" | "reserve_pool_size" => kv("reserve_pool_size", int(v)?),
+            "dbname" => kv("dbname", quoted(v)),
+            "pool_mode" if v == "session" || v == "transaction" => kv("pool_mode", quoted(v)),
+            "pool_mode" => Err("weir supports session and transaction pooling".into()),
+            "user" | "password" | "auth_user" => {
+                Err("weir has no forced user: clients log in to Postgres as themselves with their auth_file password".into())
+            }
+            _ => Err("not supported by weir".into()),
+        }
+    }
+
+    fn finish(mut self) -> Migration {
+        if self.listen_host.is_some() || self.listen_port.is_some() {
+            let host = self.listen_host.take().unwrap_or_else(|| "127.0.0.1".into());
+            let port = self.listen_port.take().unwrap_or_else(|| "6432".into());
+            let host = if host.contains(':') && !host.starts_with('[') { format!("[{host}]") } else { host };
+            self.general.insert(0, ("listen_addr".into(), quoted(&format!("{host}:{port}"))));
+        }
+        let auth_type = self.general.iter().find(|(k, _)| k == "auth_type").map(|(_, v)| v.as_str());
+        if auth_type != Some("\"trust\"") && !self.general.iter().any(|(k, _)| k == "auth_file") {
+            self.warnings.push("auth_file is not set: weir needs one unless auth_type = \"trust\"; add it".into());
+        }
+        Migration { toml: self.render(), warnings: self.warnings }
+    }
+
+    fn render(&self) -> String {
+        let mut out = String::from(
+            "# Generated by `weir migrate-config` from a pgbouncer.ini.\n\
+             # Keys not set there take weir's defaults; config/weir.toml documents every key.\n\n[weir]\n",
+        );
+        for (k, v) in &self.general {
+            let _ = writeln!(out, "{k} = {v}");
+        }
+        out.push_str("\n[metrics]\n# listen_addr = \"127.0.0.1:9930\"   # Prometheus /metrics, /healthz, /readyz\n");
+        for (name, kvs) in &self.databases {
+            let _ = writeln!(out, "\n[databases.{}]", toml_key(name));
+            for (k, v) in kvs {
+                let _ = writeln!(out, "{k} = {v}");
+            }
+        }
+        out
+    }
+}
+
+fn unsupported(key: &str) -> String {
+    match UNSUPPORTED.iter().find(|(k, _)| key == *k || (k.ends_with('_') && key.starts_with(k))) {
+        Some((_, why)) => format!("not supported: {why}"),
+        None => "not supported by weir".into(),
+    }
+}
+
+/// libpq-style `key=value key='quoted value'` pairs.
+fn conninfo(s: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut chars = s.chars().peekable();
+    loop {
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        let key: String = std::iter::from_fn(|| chars.next_if(|c| *c != '=' && !c.is_whitespace())).collect();
+        if key.is_empty() {
+            return out;
+        }
+        while chars.next_if(|c| c.is_whitespace() || *c == '=').is_some() {}
+        let mut value = String::new();
+        if chars.next_if_eq(&'\'').is_some() {
+            while let Some(c) = chars.next() {
+                match c {
+                    '\\' => value.extend(chars.next()),
+                    '\'' => break,
+                    c => value.push(c),
+                }
+            }
+        } else {
+            value.extend(std::iter::from_fn(|| chars.next_if(|c| !c.is_whitespace())));
+        }
+        out.push((key, value));
+    }
+}
+
+fn int(v: &str) -> Result<String, String> {
+    v.parse::<u64>().map(|n| n.to_string()).map_err(|_| "not a whole number".into())
+}
+
+fn boolean(v: &str) -> Result<String, String> {
+    match v.to_ascii_lowercase().as_str() {
+        "1" | "yes" | "on" | "true" => Ok("true".into()),
+        "0" | "no" | "off" | "false" => Ok("false".into()),
+        _ => Err("not a boolean (0 or 1)".into()),
+    }
+}
+
+fn list(v: &str) -> String {
+    let items: Vec<String> = v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(quoted).collect();
+    format!("[{}]", items.join(", "))
+}
+
+fn quoted(s: &str) -> String {
+    toml::Value::String(s.to_owned()).to_string()
+}
+
+fn toml_key(name: &str) -> String {
+    if !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+        name.to_owned()
+    } else {
+        quoted(name)
+    }
+}
+
+/// Seconds as a humantime string: whole seconds as `"Ns"`, else milliseconds.
+fn seconds(s: f64) -> String {
+    if s.fract() == 0.0 {
+        format!("{}s", s as u64)
+    } else {
+        format!("{}ms", (s * 1000.0).round() as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{AuthType, Config, PoolMode};
+    use std::time::Duration;
+
+    const SAMPLE: &str = r#"
+; a typical production pgbouncer.ini
+[databases]
+app = host=10.0.0.5 port=5433 dbname=app_prod pool_size=40 reserve_pool=5
+reports = host=10.0.0.6 dbname='reports db' pool_mode=session user=reporter
+* = host=10.0.0.7
+
+[pgbouncer]
+listen_addr = *
+listen_port = 6543
+auth_type = scram-sha-256
+auth_file = /etc/pgbouncer/userlist.txt
+pool_mode = transaction
+max_client_conn = 2000
+default_pool_size = 25
+query_wait_timeout = 5 ; must sit below your client's own deadline
+server_idle_timeout = 0
+query_timeout = 0
+server_login_retry = 0.5
+tcp_user_timeout = 9000
+tcp_keepalive = 1
+log_connections = 0
+admin_users = admin, ops
+ignore_startup_parameters = extra_float_digits,search_path
+client_tls_sslmode = require
+logfile = /var/log/pgbouncer.log
+stats_period = 60
+frobnicate = 3
+
+[users]
+reporter = pool_mode=session
+"#;
+
+    #[test]
+    fn sample_migrates_to_a_valid_config() {
+        let m = from_pgbouncer_ini(SAMPLE);
+        let cfg = Config::from_toml(&m.toml, std::path::Path::new("/etc/weir")).unwrap_or_else(|e| panic!("{e}\n{}", m.toml));
+        let g = &cfg.weir;
+        assert_eq!(g.listen_addr.to_string(), "0.0.0.0:6543");
+        assert_eq!(g.auth_type, AuthType::ScramSha256);
+        assert_eq!(g.max_client_conn, 2000);
+        assert_eq!(g.default_pool_size, 25);
+        assert_eq!(g.query_wait_timeout, Duration::from_secs(5));
+        assert_eq!(g.server_login_retry, Duration::from_millis(500));
+        assert_eq!(g.tcp_user_timeout, Some(Duration::from_secs(9)));
+        assert_eq!(g.query_timeout, None);
+        assert!(g.tcp_keepalive && !g.log_connections);
+        assert_eq!(g.admin_users, vec!["admin", "ops"]);
+        assert_eq!(g.ignore_startup_parameters, vec!["extra_float_digits", "search_path"]);
+        let app = cfg.pool_settings("app").unwrap();
+        assert_eq!((app.host.as_str(), app.port, app.dbname.as_str()), ("10.0.0.5", 5433, "app_prod"));
+        assert_eq!((app.pool_size, app.reserve_pool_size), (40, 5));
+        let reports = cfg.pool_settings("reports").unwrap();
+        assert_eq!((reports.dbname.as_str(), reports.pool_mode), ("reports db", PoolMode::Session));
+        assert_eq!(cfg.databases.len(), 2);
+    }
+
+    #[test]
+    fn each_setting_that_cannot_move_is_warned_about() {
+        let m = from_pgbouncer_ini(SAMPLE);
+        let warned = |needle: &str| m.warnings.iter().any(|w| w.contains(needle));
+        for needle in [
+            "server_idle_timeout",
+            "client_tls_sslmode",
+            "logfile",
+            "stats_period",
+            "frobnicate",
+            "user=reporter",
+            "* (fallback",
+            "[users] reporter",
+        ] {
+            assert!(warned(needle), "no warning about {needle}: {:#?}", m.warnings);
+        }
+        assert!(!warned("query_timeout"), "0 = off maps to unset: {:#?}", m.warnings);
+        assert!(!warned("max_client_conn"));
+        assert_eq!(m.warnings.len(), 8, "{:#?}", m.warnings);
+    }
+
+    #[test]
+    fn missing_auth_file_and_odd_lines_are_reported() {
+        let m = from_pgbouncer_ini("[pgbouncer]\nauth_type = md5\n%include other.ini\nnonsense\n[databases]\nx-y = host=/tmp port=5432\n");
+        assert!(m.warnings.iter().any(|w| w.contains("auth_file is not set")));
+        assert!(m.warnings.iter().any(|w| w.contains("%include")));
+        assert!(m.warnings.iter().any(|w| w.contains("nonsense")));
+        assert!(m.warnings.iter().any(|w| w.contains("unix sockets")));
+        assert!(m.toml.contains("[databases.x-y]"));
+    }
+
+    #[test]
+    fn conninfo_handles_quotes_and_spaces() {
+        let kv = conninfo(" host = db  dbname='a \\'b\\' c' port=1 ");
+        assert_eq!(kv, vec![("host".into(), "db".into()), ("dbname".into(), "a 'b' c".into()), ("port".into(), "1".into())]);
+        assert_eq!(strip_comment("a = 'x;y' ; note"), "a = 'x;y' ");
+        assert_eq!(strip_comment("password=abc#def"), "password=abc#def");
+        assert_eq!(seconds(0.25), "250ms");
+        assert_eq!(toml_key("my db"), "\"my db\"");
+    }
+}
