@@ -4,6 +4,7 @@
 //! everything may use `config`, `params`, `wire` and the `weir-metrics` crate.
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod app;
 pub mod auth;
 pub mod cancel;

@@ -5,14 +5,15 @@ use bytes::{BufMut, BytesMut};
 
 use super::{frame::read_cstr, sqlstate::SqlState, tags::backend as tag, ProtocolError};
 
-fn begin(buf: &mut BytesMut, t: u8) -> usize {
+/// Starts a tagged message; `finish` fills in its length.
+pub(crate) fn begin(buf: &mut BytesMut, t: u8) -> usize {
     buf.put_u8(t);
     let at = buf.len();
     buf.put_i32(0);
     at
 }
 
-fn finish(buf: &mut BytesMut, at: usize) {
+pub(crate) fn finish(buf: &mut BytesMut, at: usize) {
     let len = (buf.len() - at) as i32;
     buf[at..at + 4].copy_from_slice(&len.to_be_bytes());
 }

@@ -28,3 +28,7 @@ pub const PROGRAM_LIMIT_EXCEEDED: SqlState = SqlState("54000");
 pub const INTERNAL_ERROR: SqlState = SqlState("XX000");
 pub const IDLE_IN_TRANSACTION_SESSION_TIMEOUT: SqlState = SqlState("25P03");
 pub const INSUFFICIENT_PRIVILEGE: SqlState = SqlState("42501");
+pub const OBJECT_NOT_IN_PREREQUISITE_STATE: SqlState = SqlState("55000");
+pub const CONFIG_FILE_ERROR: SqlState = SqlState("F0000");
+/// The code of a plain NoticeResponse.
+pub const SUCCESSFUL_COMPLETION: SqlState = SqlState("00000");

@@ -1,0 +1,112 @@
+//! The console commands that change weir: PAUSE, RESUME, KILL, RELOAD and
+//! SHUTDOWN, with PgBouncer's semantics. PAUSE holds new transactions and
+//! returns once the servers in use are released (they are then closed, as
+//! PgBouncer does before a database restart); RESUME releases the held
+//! clients. KILL disconnects a database's clients, closes its servers and
+//! leaves it paused until RESUME.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use weir_metrics::CloseReason;
+
+use super::Notices;
+use crate::app::{quiesce, Shared};
+use crate::protocol::{sqlstate, SqlState};
+
+/// A command that was refused or failed, with the SQLSTATE to report.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct AdminError {
+    pub code: SqlState,
+    pub message: String,
+}
+
+impl AdminError {
+    pub fn new(code: SqlState, message: impl Into<String>) -> Self {
+        AdminError { code, message: message.into() }
+    }
+}
+
+type Outcome = Result<Notices, AdminError>;
+
+fn notice(text: impl Into<String>) -> (SqlState, String) {
+    (sqlstate::SUCCESSFUL_COMPLETION, text.into())
+}
+
+/// A database name must be configured (or have a pool) to be paused or killed.
+fn known(shared: &Shared, db: &str) -> Result<(), AdminError> {
+    let configured = shared.config.load().databases.contains_key(db);
+    if configured || shared.pools.all().iter().any(|p| p.key.database == db) {
+        Ok(())
+    } else {
+        Err(AdminError::new(sqlstate::INVALID_CATALOG_NAME, format!("no such database: {db}")))
+    }
+}
+
+/// PAUSE [db]: waits until no server of the paused pools is in use, closing
+/// each as it comes back (reason admin).
+pub async fn pause(shared: &Arc<Shared>, db: Option<&str>) -> Outcome {
+    if let Some(db) = db {
+        known(shared, db)?;
+    }
+    let pools = shared.set_paused(db, true);
+    let busy: u32 = pools.iter().map(|p| p.snapshot().active).sum();
+    tracing::info!(database = db.unwrap_or("*"), servers_in_use = busy, "PAUSE: waiting for servers in use to be released");
+    quiesce(&pools, CloseReason::Admin, None).await;
+    Ok(vec![notice(format!("paused {}; RESUME releases it", db.unwrap_or("all databases")))])
+}
+
+/// RESUME [db].
+pub fn resume(shared: &Arc<Shared>, db: Option<&str>) -> Outcome {
+    if let Some(db) = db {
+        known(shared, db)?;
+        if shared.paused_databases().iter().any(|d| d == "*") {
+            let msg = "every database is paused (PAUSE without a name); RESUME without a name releases them";
+            return Err(AdminError::new(sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE, msg));
+        }
+    }
+    let pools = shared.set_paused(db, false);
+    tracing::info!(database = db.unwrap_or("*"), pools = pools.len(), "RESUME");
+    Ok(Vec::new())
+}
+
+/// KILL db: its clients are disconnected at once (a running query is
+/// cancelled and its server recovered), then its servers are closed.
+pub async fn kill(shared: &Arc<Shared>, db: &str) -> Outcome {
+    known(shared, db)?;
+    let pools = shared.set_paused(Some(db), true);
+    let n = shared.registry.kill_database(Some(db), "terminating connection due to administrator command (KILL)");
+    tracing::info!(database = db, clients = n, "KILL");
+    let cfg = shared.config.load();
+    let settle = cfg.weir.server_reset_timeout.max(cfg.weir.server_connect_timeout) + Duration::from_secs(1);
+    let mut notices = vec![notice(format!("disconnected {n} client(s) of {db}; {db} stays paused until RESUME {db}"))];
+    if !quiesce(&pools, CloseReason::Admin, Some(settle)).await {
+        notices.push((sqlstate::WARNING, format!("some server connections of {db} were still busy after {settle:?}")));
+    }
+    Ok(notices)
+}
+
+/// RELOAD: the config file and auth_file, without dropping clients. A file
+/// that does not validate changes nothing.
+pub fn reload(shared: &Arc<Shared>) -> Outcome {
+    match shared.reload_from_disk() {
+        Ok(notes) => {
+            tracing::info!(notes = notes.len(), "config reloaded (RELOAD)");
+            notes.iter().for_each(|n| tracing::warn!("{n}"));
+            Ok(notes.into_iter().map(|n| (sqlstate::WARNING, n)).collect())
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "RELOAD failed; keeping the old config");
+            Err(AdminError::new(sqlstate::CONFIG_FILE_ERROR, format!("RELOAD failed, the old config stays in effect: {e}")))
+        }
+    }
+}
+
+/// SHUTDOWN: drain as on SIGTERM. The console client itself is told to go
+/// right after this command completes.
+pub fn shutdown(shared: &Arc<Shared>) -> Outcome {
+    let shared = shared.clone();
+    tokio::spawn(async move { shared.drain().await });
+    Ok(vec![notice("weir is draining: no new clients; running transactions may finish")])
+}

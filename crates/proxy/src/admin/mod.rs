@@ -1,0 +1,266 @@
+//! The admin console: a client that asks for the virtual database `weir`
+//! (or `pgbouncer`, so existing scripts and pgbouncer_exporter keep working)
+//! and is listed in `admin_users` or `stats_users` gets PgBouncer's console
+//! commands over the simple query protocol. No server is involved. Users
+//! authenticate against the auth_file like any client; stats users may only
+//! SHOW.
+
+pub mod command;
+mod control;
+pub mod result;
+pub mod show;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::BytesMut;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use weir_metrics::ClientResult;
+
+use crate::app::Shared;
+use crate::cancel::Registration;
+use crate::client::login::{self, Request};
+use crate::client::registry::NewClient;
+use crate::client::{close_after_error, count_login, ClientError};
+use crate::config::Config;
+use crate::params::ParamMap;
+use crate::protocol::messages::{self, Severity};
+use crate::protocol::tags::{frontend as fe, status};
+use crate::protocol::{frame::read_cstr, sqlstate, Frame, ProtocolError, SqlState};
+use crate::wire::{self, WireError};
+use command::Command;
+pub use control::AdminError;
+
+/// Database names that reach the console instead of a pool.
+pub const CONSOLE_DATABASES: &[&str] = &["weir", "pgbouncer"];
+
+/// Whether clients asking for `database` get the console.
+pub fn is_console_db(database: &str) -> bool {
+    CONSOLE_DATABASES.contains(&database)
+}
+
+/// What the console may do for a user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// admin_users: every command.
+    Admin,
+    /// stats_users: SHOW only.
+    Stats,
+}
+
+impl Role {
+    pub fn of(cfg: &Config, user: &str) -> Option<Role> {
+        if cfg.weir.admin_users.iter().any(|u| u == user) {
+            Some(Role::Admin)
+        } else if cfg.weir.stats_users.iter().any(|u| u == user) {
+            Some(Role::Stats)
+        } else {
+            None
+        }
+    }
+}
+
+/// A console client's startup, as read by the client task.
+#[derive(Debug)]
+pub struct Login {
+    pub req: Request,
+    pub minor: u16,
+    pub peer: SocketAddr,
+    pub local: Option<SocketAddr>,
+    pub deadline: Instant,
+}
+
+/// Serves one console client: login, then commands until it leaves.
+pub async fn serve(
+    socket: &mut TcpStream,
+    mut buf: BytesMut,
+    shared: &Arc<Shared>,
+    cfg: &Arc<Config>,
+    login: Login,
+) -> Result<(), ClientError> {
+    let greeted = tokio::time::timeout_at(login.deadline.into(), greet(socket, &mut buf, shared, cfg, &login)).await;
+    let greeted = greeted.map_err(|_| ClientError::LoginTimeout).and_then(|r| r);
+    // A user refused the console (None) has been counted and told already.
+    if !matches!(greeted, Ok(None)) {
+        count_login(shared, &greeted);
+    }
+    let Some((role, key)) = greeted? else { return Ok(()) };
+    if cfg.weir.log_connections {
+        tracing::info!(role = ?role, "admin console login");
+    }
+    let _listed = shared.registry.register(NewClient {
+        user: login.req.user.clone(),
+        database: login.req.database.clone(),
+        peer: login.peer,
+        local: login.local,
+        application_name: login.req.params.get("application_name").unwrap_or_default().to_owned(),
+        key_pid: key.pid,
+        slot: None,
+    });
+    let max_message = cfg.weir.max_message_size as usize;
+    Console { socket, buf, shared: shared.clone(), role, max_message, skipping: false }.run().await
+}
+
+/// Authenticates and greets; None when the user may not use the console
+/// (it has been told so).
+async fn greet(
+    socket: &mut TcpStream,
+    buf: &mut BytesMut,
+    shared: &Arc<Shared>,
+    cfg: &Arc<Config>,
+    login: &Login,
+) -> Result<Option<(Role, Registration)>, ClientError> {
+    let user = &login.req.user;
+    let users = shared.users.load();
+    crate::auth::authenticate(socket, buf, cfg.weir.auth_type, user, users.get(user)).await?;
+    let Some(role) = Role::of(cfg, user) else {
+        shared.cancels.metrics.record_client_connection(ClientResult::Refused);
+        let msg = format!("user \"{user}\" may not use the admin console: list it in admin_users or stats_users");
+        tracing::info!("{msg}");
+        let mut out = BytesMut::new();
+        messages::error_response(&mut out, Severity::Fatal, sqlstate::INSUFFICIENT_PRIVILEGE, &msg);
+        if socket.write_all(&out).await.is_ok() {
+            close_after_error(socket).await;
+        }
+        return Ok(None);
+    };
+    let server = console_params();
+    let params = login::client_params(&login.req, &server);
+    let key = shared.cancels.register();
+    let hello = login::greeting(&server, &params, (key.pid, key.secret), login.minor, &login.req.protocol_options);
+    socket.write_all(&hello).await.map_err(ClientError::Io)?;
+    Ok(Some((role, key)))
+}
+
+/// The parameters the console reports, as PgBouncer's console does.
+fn console_params() -> ParamMap {
+    let mut p = ParamMap::new();
+    p.set("server_version", concat!(env!("CARGO_PKG_VERSION"), "/weir"));
+    p.set("server_encoding", "UTF8");
+    p.set("client_encoding", "UTF8");
+    p.set("DateStyle", "ISO");
+    p.set("TimeZone", "UTC");
+    p.set("integer_datetimes", "on");
+    p.set("standard_conforming_strings", "on");
+    p
+}
+
+/// One logged-in console client.
+struct Console<'a> {
+    socket: &'a mut TcpStream,
+    buf: BytesMut,
+    shared: Arc<Shared>,
+    role: Role,
+    max_message: usize,
+    /// Extended-protocol messages are being discarded up to the next Sync.
+    skipping: bool,
+}
+
+impl Console<'_> {
+    async fn run(&mut self) -> Result<(), ClientError> {
+        loop {
+            let frame = tokio::select! {
+                f = wire::read_frame(self.socket, &mut self.buf, self.max_message) => match f {
+                    Ok(f) => f,
+                    Err(WireError::Eof) => return Ok(()),
+                    Err(e) => return Err(e.into()),
+                },
+                _ = self.shared.shutdown.cancelled() => return Err(ClientError::ShuttingDown),
+            };
+            let mut out = BytesMut::new();
+            match frame.tag {
+                fe::QUERY => self.query(&frame, &mut out).await?,
+                fe::TERMINATE => return Ok(()),
+                fe::SYNC => {
+                    self.skipping = false;
+                    messages::ready_for_query(&mut out, status::IDLE);
+                }
+                fe::FLUSH => {}
+                fe::PARSE | fe::BIND | fe::DESCRIBE | fe::EXECUTE | fe::CLOSE if !self.skipping => {
+                    self.skipping = true;
+                    let msg = "the admin console takes simple queries only (no extended protocol)";
+                    messages::error_response(&mut out, Severity::Error, sqlstate::FEATURE_NOT_SUPPORTED, msg);
+                }
+                fe::PARSE | fe::BIND | fe::DESCRIBE | fe::EXECUTE | fe::CLOSE => {}
+                other => return Err(ProtocolError::UnexpectedTag(other).into()),
+            }
+            if !out.is_empty() {
+                self.socket.write_all(&out).await.map_err(ClientError::Io)?;
+            }
+        }
+    }
+
+    /// Runs every command in a simple Query; stops at the first error.
+    async fn query(&mut self, frame: &Frame, out: &mut BytesMut) -> Result<(), ClientError> {
+        let mut body = frame.body();
+        let sql = read_cstr(&mut body)?.to_owned();
+        match command::parse(&sql) {
+            Ok(cmds) if cmds.is_empty() => result::empty_query(out),
+            Ok(cmds) => {
+                for cmd in cmds {
+                    if let Err(e) = self.command(&cmd, out).await? {
+                        tracing::info!(command = ?cmd, error = %e, "admin command refused");
+                        messages::error_response(out, Severity::Error, e.code, &e.message);
+                        break;
+                    }
+                }
+            }
+            Err(e) => messages::error_response(out, Severity::Error, sqlstate::SYNTAX_ERROR, &e.0),
+        }
+        messages::ready_for_query(out, status::IDLE);
+        Ok(())
+    }
+
+    /// One command. The outer error ends the session (the client left while
+    /// PAUSE waited); the inner one is reported and the session goes on.
+    async fn command(&mut self, cmd: &Command, out: &mut BytesMut) -> Result<Result<(), AdminError>, ClientError> {
+        if cmd.needs_admin() && self.role != Role::Admin {
+            return Ok(Err(AdminError::new(
+                sqlstate::INSUFFICIENT_PRIVILEGE,
+                format!("permission denied: {} needs a user listed in admin_users (this user is a stats user)", cmd.tag()),
+            )));
+        }
+        if cmd.needs_admin() {
+            tracing::info!(command = ?cmd, "admin command");
+        }
+        let shared = self.shared.clone();
+        let done = match cmd {
+            Command::Show(what) => {
+                show::show(*what, &self.shared).encode(out, cmd.tag());
+                return Ok(Ok(()));
+            }
+            Command::Pause(db) => self.watching(control::pause(&shared, db.as_deref())).await?,
+            Command::Kill(db) => self.watching(control::kill(&shared, db)).await?,
+            Command::Resume(db) => control::resume(&shared, db.as_deref()),
+            Command::Reload => control::reload(&shared),
+            Command::Shutdown => control::shutdown(&shared),
+        };
+        Ok(done.map(|notices| {
+            for (code, text) in notices {
+                let severity = if code == sqlstate::SUCCESSFUL_COMPLETION { Severity::Notice } else { Severity::Warning };
+                messages::error_response(out, severity, code, &text);
+            }
+            result::command_complete(out, cmd.tag());
+        }))
+    }
+
+    /// Awaits a command that may take long while watching the client: if it
+    /// leaves (or weir starts draining), the wait ends.
+    async fn watching<T>(&mut self, work: impl std::future::Future<Output = T>) -> Result<T, ClientError> {
+        tokio::pin!(work);
+        loop {
+            tokio::select! {
+                done = &mut work => return Ok(done),
+                r = wire::fill(self.socket, &mut self.buf), if self.buf.len() < self.max_message => {
+                    r?;
+                }
+                _ = self.shared.shutdown.cancelled() => return Err(ClientError::ShuttingDown),
+            }
+        }
+    }
+}
+
+/// Notices sent before a command's CommandComplete.
+pub type Notices = Vec<(SqlState, String)>;
