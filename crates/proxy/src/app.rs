@@ -1,9 +1,12 @@
-//! The running proxy: shared state, the accept loop, `max_client_conn`, and
-//! graceful shutdown through one cancellation token.
+//! The running proxy: shared state, the accept loop, `max_client_conn`,
+//! readiness, PAUSE bookkeeping, config reload, and the lifecycle: draining
+//! (SIGTERM, SHUTDOWN) through the `shutdown` token and stopping (SIGINT).
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -12,14 +15,18 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use weir_metrics::ClientResult;
+use weir_metrics::{ClientResult, CloseReason};
 
 use crate::auth::UserList;
 use crate::cancel::CancelRegistry;
+use crate::client::registry::ClientRegistry;
 use crate::client::{self, ClientError};
-use crate::config::{Config, ConfigCell};
-use crate::pool::Pools;
+use crate::config::{Config, ConfigCell, ConfigError};
+use crate::pool::{Pool, PoolKey, Pools};
 use crate::protocol::messages::{self, Severity};
+
+/// How often the client gauges are refreshed from the client registry.
+const GAUGE_PERIOD: Duration = Duration::from_millis(500);
 
 /// State every client task shares.
 #[derive(Debug)]
@@ -28,8 +35,28 @@ pub struct Shared {
     pub users: ArcSwap<UserList>,
     pub pools: Pools,
     pub cancels: Arc<CancelRegistry>,
+    /// Client connections open (logged in or not), for max_client_conn.
     pub clients: AtomicUsize,
+    /// Logged-in clients (SHOW CLIENTS, KILL, the drain).
+    pub registry: Arc<ClientRegistry>,
+    /// Cancelled when the drain starts: no new clients, idle clients leave.
     pub shutdown: CancellationToken,
+    /// Cancelled when the drain (or a stop) is complete.
+    pub stopped: CancellationToken,
+    /// Every client task (and the accept loop).
+    pub tracker: TaskTracker,
+    config_path: Mutex<Option<PathBuf>>,
+    paused: Mutex<Paused>,
+    listening: AtomicBool,
+    draining: AtomicBool,
+    reload_lock: Mutex<()>,
+}
+
+/// What PAUSE/KILL left paused: everything, or some databases.
+#[derive(Debug, Default)]
+struct Paused {
+    all: bool,
+    databases: BTreeSet<String>,
 }
 
 /// Why weir could not start.
@@ -43,12 +70,22 @@ pub enum StartError {
     Metrics(#[from] weir_metrics::MetricsError),
 }
 
+/// Why a reload was not applied (the old config stays).
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("weir was started without a config file, so there is nothing to reload")]
+    NoConfigFile,
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("{0}")]
+    AuthFile(String),
+}
+
 /// A running weir.
 #[derive(Debug)]
 pub struct Weir {
     shared: Arc<Shared>,
     addr: SocketAddr,
-    tracker: TaskTracker,
     exporter: Option<weir_metrics::Exporter>,
 }
 
@@ -63,26 +100,26 @@ pub fn load_users(cfg: &Config) -> Result<UserList, StartError> {
 impl Weir {
     /// Binds the listener (and the metrics endpoint) and starts accepting.
     pub async fn start(cfg: Config) -> Result<Weir, StartError> {
+        let cell: Arc<OnceLock<Weak<Shared>>> = Arc::new(OnceLock::new());
         let exporter = match cfg.metrics.listen_addr {
-            Some(addr) => Some(weir_metrics::install(addr, Arc::new(|| true))?),
+            Some(addr) => {
+                let cell = cell.clone();
+                let ready = Arc::new(move || cell.get().and_then(Weak::upgrade).is_some_and(|s| s.is_ready()));
+                Some(weir_metrics::install(addr, ready)?)
+            }
             None => None,
         };
         weir_metrics::set_build_info(env!("CARGO_PKG_VERSION"));
         let users = load_users(&cfg)?;
         let listener = TcpListener::bind(cfg.weir.listen_addr).await.map_err(|e| StartError::Listen(cfg.weir.listen_addr, e))?;
         let addr = listener.local_addr().map_err(|e| StartError::Listen(cfg.weir.listen_addr, e))?;
-        let shared = Arc::new(Shared {
-            config: ConfigCell::new(cfg),
-            users: ArcSwap::from_pointee(users),
-            pools: Pools::new(),
-            cancels: CancelRegistry::new(),
-            clients: AtomicUsize::new(0),
-            shutdown: CancellationToken::new(),
-        });
-        let tracker = TaskTracker::new();
-        tracker.spawn(accept_loop(listener, shared.clone(), tracker.clone()));
+        let shared = Arc::new(Shared::new(cfg, users));
+        let _ = cell.set(Arc::downgrade(&shared));
+        shared.listening.store(true, Ordering::SeqCst);
+        shared.tracker.spawn(accept_loop(listener, shared.clone()));
+        spawn_client_gauges(&shared);
         tracing::info!(%addr, "weir is listening");
-        Ok(Weir { shared, addr, tracker, exporter })
+        Ok(Weir { shared, addr, exporter })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -97,35 +134,223 @@ impl Weir {
         &self.shared
     }
 
-    /// Applies a new config (and reloads the auth_file) without dropping clients.
-    pub fn reload(&self, cfg: Config) -> Result<(), StartError> {
-        let users = load_users(&cfg)?;
-        self.shared.users.store(Arc::new(users));
-        self.shared.pools.reconfigure(&cfg);
-        self.shared.config.store(cfg);
-        Ok(())
+    /// The file RELOAD and SIGHUP re-read.
+    pub fn set_config_path(&self, path: PathBuf) {
+        *self.shared.config_path.lock().unwrap_or_else(|e| e.into_inner()) = Some(path);
     }
 
-    /// Stops accepting, lets running transactions finish for up to
-    /// `shutdown_timeout`, then closes everything.
+    /// Applies a new config (and reloads the auth_file) without dropping
+    /// clients. Returns notes about settings that need a restart.
+    pub fn reload(&self, cfg: Config) -> Result<Vec<String>, ReloadError> {
+        self.shared.reload(cfg)
+    }
+
+    /// Drains (see `Shared::drain`) and returns when it is done.
     pub async fn shutdown(self) {
-        let limit = self.shared.config.load().weir.shutdown_timeout;
-        self.shared.shutdown.cancel();
-        self.tracker.close();
-        if tokio::time::timeout(limit, self.tracker.wait()).await.is_err() {
-            tracing::warn!("shutdown_timeout passed with clients still connected");
-        }
-        for pool in self.shared.pools.all() {
-            pool.close_idle(weir_metrics::CloseReason::Shutdown);
-        }
+        self.shared.drain().await;
     }
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, tracker: TaskTracker) {
+impl Shared {
+    fn new(cfg: Config, users: UserList) -> Shared {
+        Shared {
+            config: ConfigCell::new(cfg),
+            users: ArcSwap::from_pointee(users),
+            pools: Pools::new(),
+            cancels: CancelRegistry::new(),
+            clients: AtomicUsize::new(0),
+            registry: ClientRegistry::new(),
+            shutdown: CancellationToken::new(),
+            stopped: CancellationToken::new(),
+            tracker: TaskTracker::new(),
+            config_path: Mutex::new(None),
+            paused: Mutex::new(Paused::default()),
+            listening: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+            reload_lock: Mutex::new(()),
+        }
+    }
+
+    /// The pool for `key`, created if needed; a new pool of a paused
+    /// database starts paused.
+    pub fn pool_for(&self, cfg: &Config, key: &PoolKey, password: Option<&str>) -> Option<Arc<Pool>> {
+        let pool = self.pools.get_or_create(cfg, key, password)?;
+        if self.is_paused(&key.database) {
+            pool.pause();
+        }
+        Some(pool)
+    }
+
+    pub fn is_paused(&self, database: &str) -> bool {
+        let p = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+        p.all || p.databases.contains(database)
+    }
+
+    /// Every database name PAUSE or KILL left paused ("*" for all).
+    pub fn paused_databases(&self) -> Vec<String> {
+        let p = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+        p.all.then(|| "*".to_owned()).into_iter().chain(p.databases.iter().cloned()).collect()
+    }
+
+    /// Marks `database` (or everything, for None) paused or resumed, and
+    /// pauses or resumes the pools that exist. Returns the pools touched.
+    pub fn set_paused(&self, database: Option<&str>, paused: bool) -> Vec<Arc<Pool>> {
+        {
+            let mut p = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+            match (database, paused) {
+                (None, true) => p.all = true,
+                (None, false) => *p = Paused::default(),
+                (Some(db), true) => {
+                    p.databases.insert(db.to_owned());
+                }
+                (Some(db), false) => {
+                    p.databases.remove(db);
+                }
+            }
+        }
+        let pools: Vec<_> = self.pools.all().into_iter().filter(|p| database.is_none_or(|d| p.key.database == d)).collect();
+        for pool in &pools {
+            if paused {
+                pool.pause();
+            } else if !self.is_paused(&pool.key.database) {
+                pool.resume();
+            }
+        }
+        pools
+    }
+
+    /// Ready for clients: listening, not draining, and either a server
+    /// connection has been made or no pool is waiting or failing to connect.
+    pub fn is_ready(&self) -> bool {
+        if !self.listening.load(Ordering::SeqCst) || self.shutdown.is_cancelled() {
+            return false;
+        }
+        let pools = self.pools.all();
+        pools.iter().any(|p| p.metrics.opened() > 0)
+            || pools.iter().all(|p| p.snapshot().waiting == 0 && p.metrics.connect_failures_total() == 0)
+    }
+
+    /// Re-reads the config file and applies it (RELOAD, SIGHUP).
+    pub fn reload_from_disk(&self) -> Result<Vec<String>, ReloadError> {
+        let path = self.config_path.lock().unwrap_or_else(|e| e.into_inner()).clone().ok_or(ReloadError::NoConfigFile)?;
+        let cfg = Config::load(&path)?;
+        self.reload(cfg)
+    }
+
+    /// Applies a validated config and its auth_file without dropping clients.
+    /// Settings that need a restart keep their running values; the returned
+    /// notes say which ones changed.
+    pub fn reload(&self, mut cfg: Config) -> Result<Vec<String>, ReloadError> {
+        let _one_at_a_time = self.reload_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let users = load_users(&cfg).map_err(|e| ReloadError::AuthFile(e.to_string()))?;
+        let old = self.config.load();
+        let mut notes = Vec::new();
+        let mut keep = |key: &str, changed: bool| {
+            if changed {
+                notes.push(format!("{key} changed in the file but needs a restart; the running value is kept"));
+            }
+        };
+        keep("listen_addr", cfg.weir.listen_addr != old.weir.listen_addr);
+        keep("log_format", cfg.weir.log_format != old.weir.log_format);
+        keep("metrics.listen_addr", cfg.metrics.listen_addr != old.metrics.listen_addr);
+        cfg.weir.listen_addr = old.weir.listen_addr;
+        cfg.weir.log_format = old.weir.log_format;
+        cfg.metrics.listen_addr = old.metrics.listen_addr;
+        self.users.store(Arc::new(users));
+        self.pools.reconfigure(&cfg);
+        self.config.store(cfg);
+        Ok(notes)
+    }
+
+    /// True once a drain or stop has begun.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// Drains, as for SIGTERM: stops accepting (the listener closes and
+    /// /readyz turns 503), idle clients get FATAL 57P01, running transactions
+    /// may finish for up to `shutdown_timeout`; then the remaining clients are
+    /// disconnected and every server connection is closed (reason shutdown).
+    /// A second call waits for the first.
+    pub async fn drain(self: &Arc<Self>) {
+        if self.draining.swap(true, Ordering::SeqCst) {
+            return self.stopped.cancelled().await;
+        }
+        let cfg = self.config.load();
+        let limit = cfg.weir.shutdown_timeout;
+        tracing::info!(clients = self.registry.len(), shutdown_timeout = ?limit, "draining: not accepting; waiting for running transactions");
+        self.shutdown.cancel();
+        self.tracker.close();
+        if tokio::time::timeout(limit, self.tracker.wait()).await.is_err() {
+            let n = self.registry.kill_database(None, "weir is shutting down: shutdown_timeout expired");
+            tracing::warn!(clients = n, "shutdown_timeout passed; disconnecting the remaining clients");
+            let _ = tokio::time::timeout(Duration::from_secs(2), self.tracker.wait()).await;
+        }
+        let settle = cfg.weir.server_reset_timeout.max(cfg.weir.server_connect_timeout) + Duration::from_millis(500);
+        if !quiesce(&self.pools.all(), CloseReason::Shutdown, Some(settle)).await {
+            tracing::warn!("some server connections were still busy when the drain ended");
+        }
+        tracing::info!("drained");
+        self.stopped.cancel();
+    }
+
+    /// Stops at once (SIGINT): no drain; idle server connections are closed.
+    pub fn stop_now(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+        self.shutdown.cancel();
+        for pool in self.pools.all() {
+            pool.pause();
+            pool.close_idle(CloseReason::Shutdown);
+        }
+        self.stopped.cancel();
+    }
+}
+
+/// Pauses `pools` and closes their server connections with `reason` as they
+/// become idle, until none is lent, being recovered or connecting, or until
+/// `limit` (None: no limit). Returns true when they all closed. Cancel-safe.
+pub async fn quiesce(pools: &[Arc<Pool>], reason: CloseReason, limit: Option<Duration>) -> bool {
+    pools.iter().for_each(|p| p.pause());
+    let deadline = limit.map(|l| tokio::time::Instant::now() + l);
+    loop {
+        let mut busy = false;
+        for pool in pools {
+            pool.close_idle(reason);
+            let s = pool.snapshot();
+            busy |= s.active + s.recovering + s.connecting > 0;
+        }
+        if !busy {
+            return true;
+        }
+        if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Keeps the idle/active client gauges in step with the registry.
+fn spawn_client_gauges(shared: &Arc<Shared>) {
+    let weak = Arc::downgrade(shared);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(GAUGE_PERIOD);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(shared) = weak.upgrade() else { return };
+            if shared.stopped.is_cancelled() {
+                return;
+            }
+            shared.registry.publish_gauges(&shared.pools);
+        }
+    });
+}
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     loop {
         let accepted = tokio::select! {
             r = listener.accept() => r,
-            _ = shared.shutdown.cancelled() => return,
+            _ = shared.shutdown.cancelled() => break,
         };
         let (socket, peer) = match accepted {
             Ok(a) => a,
@@ -140,15 +365,19 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, tracker: TaskTr
         if shared.clients.fetch_add(1, Ordering::AcqRel) >= max {
             shared.clients.fetch_sub(1, Ordering::AcqRel);
             shared.cancels.metrics.record_client_connection(ClientResult::Refused);
-            tracker.spawn(refuse(socket, peer));
+            shared.tracker.spawn(refuse(socket, peer));
             continue;
         }
-        let shared = shared.clone();
-        tracker.spawn(async move {
-            client::serve(socket, peer, shared.clone()).await;
-            shared.clients.fetch_sub(1, Ordering::AcqRel);
+        let task_shared = shared.clone();
+        shared.tracker.spawn(async move {
+            client::serve(socket, peer, task_shared.clone()).await;
+            task_shared.clients.fetch_sub(1, Ordering::AcqRel);
         });
     }
+    // The listener closes here: new connections are refused from now on.
+    shared.listening.store(false, Ordering::SeqCst);
+    drop(listener);
+    tracing::info!("stopped accepting clients");
 }
 
 /// Answers a client over max_client_conn with 53300 and closes gracefully,
@@ -162,5 +391,61 @@ async fn refuse(mut socket: TcpStream, peer: SocketAddr) {
     let _ = tokio::time::timeout(Duration::from_millis(100), socket.read(&mut sink)).await;
     let _ = socket.write_all(&out).await;
     let _ = socket.shutdown().await;
-    let _ = tokio::time::timeout(Duration::from_millis(200), async { while let Ok(n) = socket.read(&mut sink).await { if n == 0 { break; } } }).await;
+    let _ = tokio::time::timeout(Duration::from_millis(200), async {
+        while let Ok(n) = socket.read(&mut sink).await {
+            if n == 0 {
+                break;
+            }
+        }
+    })
+    .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shared() -> Shared {
+        let cfg = Config::from_toml("[weir]\nauth_type = \"trust\"\n[databases.app]\n", std::path::Path::new(".")).unwrap();
+        Shared::new(cfg, UserList::default())
+    }
+
+    #[tokio::test]
+    async fn pause_bookkeeping() {
+        let s = shared();
+        assert!(!s.is_paused("app"));
+        s.set_paused(Some("app"), true);
+        assert!(s.is_paused("app") && !s.is_paused("other"));
+        s.set_paused(None, true);
+        assert!(s.is_paused("other"));
+        assert_eq!(s.paused_databases(), vec!["*", "app"]);
+        s.set_paused(None, false);
+        assert!(!s.is_paused("app"));
+    }
+
+    #[tokio::test]
+    async fn reload_keeps_restart_only_settings() {
+        let s = shared();
+        let next = Config::from_toml(
+            "[weir]\nauth_type = \"trust\"\nlisten_addr = \"127.0.0.1:7000\"\ndefault_pool_size = 3\n[databases.app]\n",
+            std::path::Path::new("."),
+        )
+        .unwrap();
+        let notes = s.reload(next).unwrap();
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        let live = s.config.load();
+        assert_eq!((live.weir.listen_addr.port(), live.weir.default_pool_size), (6432, 3));
+        assert!(matches!(s.reload_from_disk(), Err(ReloadError::NoConfigFile)));
+    }
+
+    #[tokio::test]
+    async fn not_ready_before_listening_or_while_draining() {
+        let s = Arc::new(shared());
+        assert!(!s.is_ready());
+        s.listening.store(true, Ordering::SeqCst);
+        assert!(s.is_ready(), "no pools yet: idle and healthy");
+        s.stop_now();
+        assert!(!s.is_ready());
+        s.drain().await;
+    }
 }

@@ -62,6 +62,23 @@ impl CancelSlot {
         *at = Where::Active(target);
         true
     }
+
+    /// Where the client stands, for SHOW CLIENTS and the client gauges.
+    pub fn client_state(&self) -> weir_metrics::ClientState {
+        match *self.lock() {
+            Where::Idle => weir_metrics::ClientState::Idle,
+            Where::Waiting { .. } => weir_metrics::ClientState::Waiting,
+            Where::Active(_) => weir_metrics::ClientState::Active,
+        }
+    }
+
+    /// The backend pid of the server the client is using, if any.
+    pub fn server_pid(&self) -> Option<i32> {
+        match &*self.lock() {
+            Where::Active(target) => Some(target.pid),
+            _ => None,
+        }
+    }
 }
 
 /// All clients' keys.

@@ -104,6 +104,13 @@ impl<'a> Session<'a> {
     /// Returns false when the client leaves.
     async fn next_request(&mut self) -> Result<bool, ClientError> {
         loop {
+            // Draining: a client between transactions starts no new one,
+            // even if its next request is already buffered.
+            if self.shutdown.is_cancelled() {
+                let err = ClientError::ShuttingDown;
+                self.send_error(Severity::Fatal, err.sqlstate(), &err.client_message()).await;
+                return Ok(false);
+            }
             if let Some((tag, total)) = peek_header(&self.cbuf, self.max_message)? {
                 let whole = self.cbuf.len() >= total;
                 if tag == fe::TERMINATE {
@@ -124,11 +131,7 @@ impl<'a> Session<'a> {
                     Ok(_) => {}
                     Err(_) => return Ok(false),
                 },
-                _ = self.shutdown.cancelled() => {
-                    let err = ClientError::ShuttingDown;
-                    self.send_error(Severity::Fatal, err.sqlstate(), &err.client_message()).await;
-                    return Ok(false);
-                }
+                _ = self.shutdown.cancelled() => {}
             }
         }
     }

@@ -18,8 +18,9 @@ impl Pool {
         let total = st.total();
         let waiting = st.live_waiters() as u32;
         let spare = st.idle.len() as u32 + st.connecting;
+        // A paused pool (PAUSE, KILL, drain) opens nothing, as PgBouncer's.
         let for_waiters = if st.paused { 0 } else { waiting.saturating_sub(spare) };
-        let for_min = st.opts.settings.min_pool_size.saturating_sub(total);
+        let for_min = if st.paused { 0 } else { st.opts.settings.min_pool_size.saturating_sub(total) };
         let want = for_waiters.max(for_min);
         let room = st.limit().saturating_sub(total);
         let slots = st.opts.connect_concurrency.saturating_sub(st.connecting);

@@ -4,6 +4,7 @@
 //! a client borrows one through a `Lease`.
 
 mod connector;
+mod inspect;
 mod lease;
 mod recovery;
 mod registry;
@@ -20,6 +21,7 @@ use crate::config::PoolSettings;
 use crate::params::ParamMap;
 use crate::server::{ConnectSpec, ServerConn};
 
+pub use inspect::IdleServer;
 pub use lease::Lease;
 pub use registry::{PoolKey, Pools};
 pub use state::PoolSnapshot;

@@ -121,6 +121,11 @@ impl ServerConn {
         self.guard.close(reason);
     }
 
+    /// The metrics of the pool this connection belongs to.
+    pub fn metrics(&self) -> &Arc<PoolMetrics> {
+        self.guard.pool()
+    }
+
     /// The reason counted if this connection is dropped without `close`.
     pub fn set_close_reason(&mut self, reason: CloseReason) {
         self.guard.set_reason(reason);
@@ -151,7 +156,13 @@ pub async fn connect(spec: &ConnectSpec, metrics: &Arc<PoolMetrics>) -> Result<S
         Err(_) => return Err(ConnectError::Timeout(spec.connect_timeout)),
     };
     let addr = stream.peer_addr()?;
-    let guard = ServerConnGuard::opened(metrics.clone(), started.elapsed());
+    let mut guard = ServerConnGuard::opened(metrics.clone(), started.elapsed());
+    guard.describe(weir_metrics::ServerInfo {
+        pid: login.backend_pid,
+        addr,
+        local_addr: stream.local_addr().ok(),
+        connected_at: std::time::SystemTime::now(),
+    });
     let mut params = ParamMap::new();
     for (k, v) in &login.server_params {
         params.set(k, v);

@@ -1,0 +1,201 @@
+//! The registry of logged-in clients, for `SHOW CLIENTS`, `KILL`, the drain
+//! at shutdown and the `weir_pool_clients` gauge. A client is listed from
+//! login until its `ClientGuard` drops; where it stands (idle, waiting,
+//! active) is read from its cancel slot, which the session keeps current.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Instant, SystemTime};
+
+use tokio_util::sync::CancellationToken;
+use weir_metrics::ClientState;
+
+use crate::cancel::CancelSlot;
+use crate::pool::Pools;
+
+/// What is known about one logged-in client.
+#[derive(Debug)]
+pub struct ClientEntry {
+    pub id: u64,
+    pub user: String,
+    pub database: String,
+    pub peer: SocketAddr,
+    pub local: Option<SocketAddr>,
+    pub application_name: String,
+    pub connected_at: SystemTime,
+    pub since: Instant,
+    /// The BackendKeyData pid weir gave this client.
+    pub key_pid: i32,
+    /// An admin console client (not in any pool).
+    pub console: bool,
+    slot: Option<Arc<CancelSlot>>,
+    kill: CancellationToken,
+    kill_reason: OnceLock<&'static str>,
+}
+
+impl ClientEntry {
+    /// Idle, waiting or active (console clients are always active).
+    pub fn state(&self) -> ClientState {
+        self.slot.as_ref().map_or(ClientState::Active, |s| s.client_state())
+    }
+
+    /// The backend pid of the server this client is using, if any.
+    pub fn server_pid(&self) -> Option<i32> {
+        self.slot.as_ref().and_then(|s| s.server_pid())
+    }
+
+    /// Asks the client's task to disconnect it, telling it `why`.
+    pub fn kill(&self, why: &'static str) {
+        let _ = self.kill_reason.set(why);
+        self.kill.cancel();
+    }
+
+    /// Resolves with the reason once the client has been killed.
+    pub async fn killed(&self) -> &'static str {
+        self.kill.cancelled().await;
+        self.kill_reason.get().copied().unwrap_or("terminating connection due to administrator command")
+    }
+}
+
+/// The details a client registers with.
+#[derive(Debug, Clone)]
+pub struct NewClient {
+    pub user: String,
+    pub database: String,
+    pub peer: SocketAddr,
+    pub local: Option<SocketAddr>,
+    pub application_name: String,
+    pub key_pid: i32,
+    pub slot: Option<Arc<CancelSlot>>,
+}
+
+/// All logged-in clients.
+#[derive(Debug, Default)]
+pub struct ClientRegistry {
+    next: AtomicU64,
+    clients: Mutex<BTreeMap<u64, Arc<ClientEntry>>>,
+}
+
+/// Keeps a client listed; dropping it removes the entry.
+#[derive(Debug)]
+pub struct ClientGuard {
+    registry: Arc<ClientRegistry>,
+    pub entry: Arc<ClientEntry>,
+}
+
+impl Drop for ClientGuard {
+    fn drop(&mut self) {
+        self.registry.lock().remove(&self.entry.id);
+    }
+}
+
+impl ClientRegistry {
+    pub fn new() -> Arc<Self> {
+        Arc::new(ClientRegistry::default())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<ClientEntry>>> {
+        self.clients.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Lists a client until the returned guard drops.
+    pub fn register(self: &Arc<Self>, c: NewClient) -> ClientGuard {
+        let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        let entry = Arc::new(ClientEntry {
+            id,
+            console: c.slot.is_none(),
+            user: c.user,
+            database: c.database,
+            peer: c.peer,
+            local: c.local,
+            application_name: c.application_name,
+            connected_at: SystemTime::now(),
+            since: Instant::now(),
+            key_pid: c.key_pid,
+            slot: c.slot,
+            kill: CancellationToken::new(),
+            kill_reason: OnceLock::new(),
+        });
+        self.lock().insert(id, entry.clone());
+        ClientGuard { registry: self.clone(), entry }
+    }
+
+    /// Every listed client, oldest first.
+    pub fn all(&self) -> Vec<Arc<ClientEntry>> {
+        self.lock().values().cloned().collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Kills the pooled clients of `database` (every pooled client when None).
+    /// Returns how many were told to go.
+    pub fn kill_database(&self, database: Option<&str>, why: &'static str) -> usize {
+        let doomed: Vec<_> = self.all().into_iter().filter(|c| !c.console && database.is_none_or(|d| c.database == d)).collect();
+        doomed.iter().for_each(|c| c.kill(why));
+        doomed.len()
+    }
+
+    /// Sets the idle and active client gauges of every pool from the listed
+    /// clients. (The waiting gauge comes from each pool's own queue.)
+    pub fn publish_gauges(&self, pools: &Pools) {
+        let clients = self.all();
+        for pool in pools.all() {
+            let mine = clients.iter().filter(|c| !c.console && c.database == pool.key.database && c.user == pool.key.user);
+            let (mut idle, mut active) = (0i64, 0i64);
+            for c in mine {
+                match c.state() {
+                    ClientState::Idle => idle += 1,
+                    ClientState::Active => active += 1,
+                    ClientState::Waiting => {}
+                }
+            }
+            let m = &pool.metrics;
+            m.add_clients(ClientState::Idle, idle - m.clients(ClientState::Idle));
+            m.add_clients(ClientState::Active, active - m.clients(ClientState::Active));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn client(db: &str, slot: Option<Arc<CancelSlot>>) -> NewClient {
+        NewClient {
+            user: "u".into(),
+            database: db.into(),
+            peer: "127.0.0.1:1".parse().unwrap(),
+            local: None,
+            application_name: String::new(),
+            key_pid: 1,
+            slot,
+        }
+    }
+
+    #[tokio::test]
+    async fn registers_kills_and_forgets() {
+        let reg = ClientRegistry::new();
+        let cancels = crate::cancel::CancelRegistry::new();
+        let key = cancels.register();
+        let a = reg.register(client("a", Some(key.slot.clone())));
+        let b = reg.register(client("b", Some(key.slot.clone())));
+        let console = reg.register(client("weir", None));
+        assert_eq!(reg.len(), 3);
+        assert_eq!(a.entry.state(), ClientState::Idle);
+        assert_eq!(console.entry.state(), ClientState::Active);
+        assert_eq!(reg.kill_database(Some("a"), "bye"), 1);
+        assert_eq!(a.entry.killed().await, "bye");
+        assert!(!b.entry.kill.is_cancelled());
+        assert_eq!(reg.kill_database(None, "all"), 2, "console clients are not pooled clients");
+        drop(a);
+        assert_eq!(reg.all().iter().map(|c| c.database.as_str()).collect::<Vec<_>>(), vec!["b", "weir"]);
+    }
+}
