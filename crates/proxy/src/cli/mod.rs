@@ -1,5 +1,6 @@
 //! Command-line entry points: `weir --config PATH`, `weir check-config PATH`,
-//! `weir demo`. Signals: SIGHUP reloads, SIGTERM drains, SIGINT stops.
+//! `weir migrate-config INI`, `weir demo`. Signals: SIGHUP reloads, SIGTERM
+//! drains, SIGINT stops.
 
 mod demo;
 
@@ -13,6 +14,7 @@ use weir::Weir;
 const USAGE: &str = "usage:
   weir --config PATH            run the proxy
   weir check-config PATH        validate a config file and explain each error
+  weir migrate-config INI       print a weir.toml equivalent to a pgbouncer.ini
   weir demo                     throwaway Postgres with weir in front, until Ctrl-C
   weir --version";
 
@@ -21,6 +23,7 @@ pub fn main() -> ExitCode {
     let result = match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
         ["--config" | "-c", path] | ["run", "--config" | "-c", path] => run_file(Path::new(path)),
         ["check-config", path] => check_config(Path::new(path)),
+        ["migrate-config", path] => migrate_config(Path::new(path)),
         ["demo"] => demo::run(),
         ["--version" | "-V"] => {
             println!("weir {}", env!("CARGO_PKG_VERSION"));
@@ -55,7 +58,8 @@ fn run_file(path: &Path) -> anyhow::Result<()> {
 
 pub(crate) fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("WEIR_LOG").unwrap_or_else(|_| "info".into());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     let _ = match format {
         LogFormat::Json => builder.json().try_init(),
         LogFormat::Text => builder.try_init(),
@@ -66,33 +70,81 @@ pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the tokio runtime")
 }
 
-/// Runs until SIGTERM (drain) or SIGINT (stop); SIGHUP reloads `path`.
+/// How the signal loop ended.
+enum Stop {
+    /// SIGTERM or the admin command SHUTDOWN.
+    Drain(&'static str),
+    /// SIGINT.
+    Now,
+}
+
+/// Runs until SIGTERM or SHUTDOWN (drain) or SIGINT (stop); SIGHUP reloads
+/// `path`. A second SIGTERM or a SIGINT during the drain stops at once.
 pub(crate) async fn serve(cfg: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
-    let weir = Weir::start(cfg).await?;
     let mut hup = signal(SignalKind::hangup())?;
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
-    loop {
+    let weir = Weir::start(cfg).await?;
+    if let Some(p) = path {
+        weir.set_config_path(p);
+    }
+    let shared = weir.shared().clone();
+    let stop = loop {
         tokio::select! {
-            _ = hup.recv() => reload(&weir, path.as_deref()),
-            _ = term.recv() => {
-                tracing::info!("SIGTERM: draining");
-                weir.shutdown().await;
-                return Ok(());
-            }
-            _ = int.recv() => {
-                tracing::info!("SIGINT: stopping");
-                return Ok(());
+            _ = hup.recv() => reload(&shared),
+            _ = term.recv() => break Stop::Drain("SIGTERM"),
+            _ = int.recv() => break Stop::Now,
+            _ = shared.shutdown.cancelled() => break Stop::Drain("SHUTDOWN"),
+        }
+    };
+    match stop {
+        Stop::Now => {
+            tracing::info!("SIGINT: stopping");
+            shared.stop_now();
+        }
+        Stop::Drain(why) => {
+            tracing::info!("{why}: draining");
+            tokio::select! {
+                _ = weir.shutdown() => {}
+                _ = term.recv() => {
+                    tracing::warn!("second SIGTERM during the drain: stopping now");
+                    shared.stop_now();
+                }
+                _ = int.recv() => {
+                    tracing::warn!("SIGINT during the drain: stopping now");
+                    shared.stop_now();
+                }
             }
         }
     }
+    tracing::info!("weir stopped");
+    Ok(())
 }
 
-fn reload(weir: &Weir, path: Option<&Path>) {
-    let Some(path) = path else { return };
-    match Config::load(path).map_err(anyhow::Error::from).and_then(|c| weir.reload(c).map_err(Into::into)) {
-        Ok(()) => tracing::info!(path = %path.display(), "config reloaded"),
-        Err(e) => tracing::error!(error = %e, "config reload failed; keeping the old config"),
+/// SIGHUP: re-reads the config file and auth_file; a file that does not
+/// validate changes nothing.
+fn reload(shared: &weir::app::Shared) {
+    match shared.reload_from_disk() {
+        Ok(notes) => {
+            notes.iter().for_each(|n| tracing::warn!("{n}"));
+            tracing::info!("config reloaded (SIGHUP)");
+        }
+        Err(e) => tracing::error!(error = %e, "config reload (SIGHUP) failed; keeping the old config"),
     }
+}
+
+/// `weir migrate-config pgbouncer.ini`: the weir.toml on stdout, a warning
+/// on stderr for each setting that could not be carried over.
+fn migrate_config(path: &Path) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let m = weir::config::migrate::from_pgbouncer_ini(&text);
+    print!("{}", m.toml);
+    for w in &m.warnings {
+        eprintln!("weir migrate-config: warning: {}: {w}", path.display());
+    }
+    if !m.warnings.is_empty() {
+        eprintln!("weir migrate-config: {} setting(s) not carried over; check with `weir check-config`", m.warnings.len());
+    }
+    Ok(())
 }
