@@ -2,6 +2,8 @@
 //! and weir running in-process in front of them, plus client helpers.
 //! Every test builds its own `Harness`; dropping it tears everything down.
 
+pub mod process;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -1,0 +1,205 @@
+//! The admin console through psql and tokio-postgres, against the built weir
+//! binary: every SHOW renders, stats users may only look, PAUSE holds new
+//! queries until RESUME, KILL disconnects and closes, RELOAD keeps a bad file
+//! out.
+
+use std::time::{Duration, Instant};
+
+use weir_e2e::process::{metric, rows, WeirProcess, ADMIN_PASS, ADMIN_USER, STATS_PASS, STATS_USER};
+use weir_e2e::{connect, eventually, sqlstate, PgOptions, PgServer, SCRAM_PASS, SCRAM_USER};
+
+async fn pg() -> PgServer {
+    tokio::task::spawn_blocking(|| PgServer::start(PgOptions::default())).await.unwrap().expect("start postgres")
+}
+
+/// The SHOW POOLS row of app/scram_user.
+async fn pool_row(w: &WeirProcess) -> std::collections::HashMap<String, String> {
+    let out = w.admin("SHOW POOLS").await.unwrap();
+    rows(&out).into_iter().find(|r| r["database"] == "app" && r["user"] == SCRAM_USER).expect("pool row")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_show_renders_in_psql() {
+    let pg = pg().await;
+    let w = WeirProcess::start(&pg, "", "").await;
+    let c = connect(&format!("{}?application_name=e2e_app", w.url(SCRAM_USER, SCRAM_PASS))).await.unwrap();
+    c.batch_execute("begin; select 1; commit").await.unwrap();
+    c.simple_query("select 2").await.unwrap();
+
+    let pools = pool_row(&w).await;
+    assert_eq!(pools["pool_mode"], "transaction");
+    assert_eq!(pools["cl_idle"], "1", "{pools:?}");
+    assert_eq!(pools["cl_waiting"], "0");
+    assert!(pools["sv_idle"].parse::<u32>().unwrap() + pools["sv_used"].parse::<u32>().unwrap() >= 1, "{pools:?}");
+    for col in ["cl_active", "sv_active", "sv_tested", "sv_login", "maxwait", "maxwait_us", "opens_per_sec", "closes_per_sec", "dropped"] {
+        assert!(pools.contains_key(col), "SHOW POOLS lacks {col}");
+    }
+
+    let stats = rows(&w.admin("SHOW STATS").await.unwrap());
+    let app = stats.iter().find(|r| r["database"] == "app").expect("stats row");
+    assert!(app["total_xact_count"].parse::<u64>().unwrap() >= 2, "{app:?}");
+    assert!(app["total_query_count"].parse::<u64>().unwrap() >= 2, "{app:?}");
+    assert!(app["total_server_opened"].parse::<u64>().unwrap() >= 1, "{app:?}");
+
+    let clients = rows(&w.admin("SHOW CLIENTS").await.unwrap());
+    let me = clients.iter().find(|r| r["application_name"] == "e2e_app").expect("the client is listed");
+    assert_eq!((me["user"].as_str(), me["database"].as_str(), me["state"].as_str()), (SCRAM_USER, "app", "idle"));
+    assert!(clients.iter().any(|r| r["database"] == "weir" && r["user"] == ADMIN_USER), "the console client itself");
+
+    let servers = rows(&w.admin("SHOW SERVERS").await.unwrap());
+    let pids = pg.psql("app", "select pid from pg_stat_activity where usename = 'scram_user'").unwrap();
+    assert!(!servers.is_empty());
+    for s in &servers {
+        assert!(pids.contains(&s["remote_pid"]), "{s:?} not in {pids}");
+        assert!(matches!(s["state"].as_str(), "idle" | "used"), "{s:?}");
+    }
+
+    let dbs = rows(&w.admin("SHOW DATABASES").await.unwrap());
+    let app_db = dbs.iter().find(|r| r["name"] == "app").expect("database row");
+    assert_eq!((app_db["port"].clone(), app_db["paused"].as_str()), (pg.port().to_string(), "0"));
+
+    let config = rows(&w.admin("show config;").await.unwrap());
+    let size = config.iter().find(|r| r["key"] == "default_pool_size").expect("config row");
+    assert_eq!((size["value"].as_str(), size["default"].as_str(), size["changeable"].as_str()), ("20", "20", "yes"));
+
+    let lists = rows(&w.admin("SHOW LISTS").await.unwrap());
+    let item = |name: &str| lists.iter().find(|r| r["list"] == name).map(|r| r["items"].clone()).unwrap();
+    assert_eq!((item("databases"), item("pools"), item("used_clients")), ("1".into(), "1".into(), "1".into()));
+
+    assert!(w.admin("SHOW VERSION").await.unwrap().contains("weir "));
+    assert!(w.admin("SHOW HELP").await.unwrap().contains("PAUSE [db]"));
+    // PgBouncer's name for the console works too, and aligned output renders.
+    let aligned = w.psql(ADMIN_USER, ADMIN_PASS, "pgbouncer", "SHOW POOLS").await.unwrap();
+    assert!(aligned.contains("cl_active|cl_waiting"), "{aligned}");
+    let err = w.admin("SHOW PUDDLES").await.unwrap_err();
+    assert!(err.contains("unknown SHOW") && err.contains("POOLS"), "{err}");
+    drop(c);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_errors_carry_sqlstates_and_stats_users_may_only_show() {
+    let pg = pg().await;
+    let w = WeirProcess::start(&pg, "", "").await;
+    let stats = connect(&w.url_for(STATS_USER, STATS_PASS, "weir")).await.unwrap();
+    let shown = stats.simple_query("SHOW POOLS").await.unwrap();
+    assert!(!shown.is_empty(), "a stats user may SHOW");
+    for cmd in ["PAUSE", "RESUME", "RELOAD", "KILL app", "SHUTDOWN"] {
+        let e = stats.simple_query(cmd).await.unwrap_err();
+        assert_eq!(sqlstate(&e).as_deref(), Some("42501"), "{cmd}: {e}");
+    }
+    let err = w.psql(STATS_USER, STATS_PASS, "weir", "PAUSE").await.unwrap_err();
+    assert!(err.contains("permission denied") && err.contains("admin_users"), "{err}");
+
+    let admin = connect(&w.url_for(ADMIN_USER, ADMIN_PASS, "weir")).await.unwrap();
+    let e = admin.simple_query("SELECT 1").await.unwrap_err();
+    assert_eq!(sqlstate(&e).as_deref(), Some("42601"));
+    assert!(e.as_db_error().unwrap().message().contains("SHOW {POOLS|"), "{e}");
+    let e = admin.simple_query("PAUSE nosuchdb").await.unwrap_err();
+    assert_eq!(sqlstate(&e).as_deref(), Some("3D000"));
+    assert!(admin.simple_query("show version").await.is_ok(), "the session goes on after errors");
+
+    let e = connect(&w.url_for(SCRAM_USER, SCRAM_PASS, "weir")).await.unwrap_err();
+    assert_eq!(sqlstate(&e).as_deref(), Some("42501"), "a pooled user is not a console user: {e}");
+    let e = connect(&w.url_for(ADMIN_USER, "wrong", "weir")).await.unwrap_err();
+    assert_eq!(sqlstate(&e).as_deref(), Some("28P01"), "console users authenticate: {e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_holds_new_queries_and_resume_releases_them() {
+    let pg = pg().await;
+    let w = WeirProcess::start(&pg, "", "").await;
+    let busy = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
+    let idle = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
+    idle.simple_query("select 1").await.unwrap();
+
+    // PAUSE waits for the running query to finish, then returns.
+    let running = tokio::spawn(async move {
+        busy.simple_query("select pg_sleep(1)").await.unwrap();
+        (Instant::now(), busy)
+    });
+    assert!(
+        eventually(Duration::from_secs(5), || pg
+            .psql("app", "select count(*) from pg_stat_activity where query = 'select pg_sleep(1)' and state = 'active'")
+            .unwrap()
+            .trim()
+            == "1")
+        .await
+    );
+    w.admin("PAUSE app").await.unwrap();
+    let paused_at = Instant::now();
+    let (finished_at, _busy) = running.await.unwrap();
+    assert!(finished_at <= paused_at, "PAUSE returned before the running query finished");
+    let row = pool_row(&w).await;
+    assert_eq!((row["paused"].as_str(), row["sv_active"].as_str(), row["sv_idle"].as_str()), ("1", "0", "0"), "{row:?}");
+    assert!(
+        metric(&w.metrics(), "weir_server_connections_closed_total", &[("reason", "admin")]) >= 1.0,
+        "PAUSE closes the released servers"
+    );
+
+    // A new query waits while paused...
+    let held = tokio::spawn(async move { idle.simple_query("select 42").await.map(|_| Instant::now()) });
+    let waiting = async {
+        loop {
+            if pool_row(&w).await["cl_waiting"] == "1" {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("the new query is queued while paused");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!held.is_finished(), "a query ran while the pool was paused");
+    // ...and RESUME releases it.
+    let resumed_at = Instant::now();
+    w.admin("RESUME app").await.unwrap();
+    let ran_at = tokio::time::timeout(Duration::from_secs(10), held).await.expect("released after RESUME").unwrap().unwrap();
+    assert!(ran_at >= resumed_at);
+    assert_eq!(pool_row(&w).await["paused"], "0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_disconnects_the_database_and_keeps_it_paused_until_resume() {
+    let pg = pg().await;
+    let w = WeirProcess::start(&pg, "", "").await;
+    let victim = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
+    victim.simple_query("select 1").await.unwrap();
+    let before = metric(&w.metrics(), "weir_server_connections_closed_total", &[("reason", "admin")]);
+
+    let out = w.admin("KILL app").await.unwrap();
+    assert!(out.contains("KILL"), "{out}");
+    assert!(victim.simple_query("select 1").await.is_err(), "the killed client is disconnected");
+    let row = pool_row(&w).await;
+    assert_eq!((row["sv_idle"].as_str(), row["sv_active"].as_str(), row["paused"].as_str()), ("0", "0", "1"), "{row:?}");
+    assert!(metric(&w.metrics(), "weir_server_connections_closed_total", &[("reason", "admin")]) > before);
+    let left = pg.psql("app", "select count(*) from pg_stat_activity where usename = 'scram_user'").unwrap();
+    assert_eq!(left.trim(), "0", "KILL closed the servers");
+
+    // A new client may log in, but its query waits until RESUME.
+    let next = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
+    let q = tokio::spawn(async move { next.simple_query("select 7").await.is_ok() });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!q.is_finished(), "the database stays paused after KILL");
+    w.admin("RESUME app").await.unwrap();
+    assert!(tokio::time::timeout(Duration::from_secs(10), q).await.unwrap().unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_applies_a_valid_file_and_keeps_a_bad_one_out() {
+    let pg = pg().await;
+    let w = WeirProcess::start(&pg, "", "pool_size = 3").await;
+    let c = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
+    c.simple_query("select 1").await.unwrap();
+    assert_eq!(pool_row(&w).await["pool_size"], "3");
+
+    w.write_config("default_pool_size = 0", "");
+    let admin = connect(&w.url_for(ADMIN_USER, ADMIN_PASS, "weir")).await.unwrap();
+    let e = admin.simple_query("RELOAD").await.unwrap_err();
+    assert_eq!(sqlstate(&e).as_deref(), Some("F0000"));
+    assert!(e.as_db_error().unwrap().message().contains("default_pool_size"), "says why: {e}");
+    assert_eq!(pool_row(&w).await["pool_size"], "3", "the old config stays");
+
+    w.write_config("", "pool_size = 6");
+    admin.simple_query("RELOAD").await.unwrap();
+    assert_eq!(pool_row(&w).await["pool_size"], "6");
+    c.simple_query("select 2").await.expect("the client survives reloads");
+}
