@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use weir_metrics::{ClientState, Window};
+use weir_metrics::Window;
 
 use super::command::{Show, SYNOPSIS};
 use super::result::{float, int, text, Cell, Kind, ResultSet};
@@ -48,20 +48,6 @@ fn addr_cells(addr: Option<SocketAddr>) -> [Cell; 2] {
     }
 }
 
-/// Idle and active pooled clients per (database, user).
-fn client_counts(shared: &Shared) -> HashMap<(String, String), (i64, i64)> {
-    let mut counts: HashMap<(String, String), (i64, i64)> = HashMap::new();
-    for c in shared.registry.all().iter().filter(|c| !c.console) {
-        let e = counts.entry((c.database.clone(), c.user.clone())).or_default();
-        match c.state() {
-            ClientState::Idle => e.0 += 1,
-            ClientState::Active => e.1 += 1,
-            ClientState::Waiting => {}
-        }
-    }
-    counts
-}
-
 /// sv_used: idle connections due for server_check_query before their next use.
 fn used_servers(pool: &Pool, check_delay: Duration) -> usize {
     pool.idle_servers().iter().filter(|s| s.idle_for >= check_delay).count()
@@ -92,7 +78,7 @@ fn pools(shared: &Arc<Shared>) -> ResultSet {
         ("dropped", Int),
     ]);
     let cfg = shared.config.load();
-    let counts = client_counts(shared);
+    let counts = shared.registry.idle_and_active();
     for pool in shared.pools.all() {
         let s = pool.snapshot();
         let m = &pool.metrics;

@@ -3,7 +3,7 @@
 //! login until its `ClientGuard` drops; where it stands (idle, waiting,
 //! active) is read from its cancel slot, which the session keeps current.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -143,20 +143,27 @@ impl ClientRegistry {
         doomed.len()
     }
 
+    /// Idle and active pooled clients per (database, user), in one pass.
+    /// (Waiting clients are counted by each pool's own queue.)
+    pub fn idle_and_active(&self) -> HashMap<(String, String), (i64, i64)> {
+        let mut counts: HashMap<(String, String), (i64, i64)> = HashMap::new();
+        for c in self.all().iter().filter(|c| !c.console) {
+            let e = counts.entry((c.database.clone(), c.user.clone())).or_default();
+            match c.state() {
+                ClientState::Idle => e.0 += 1,
+                ClientState::Active => e.1 += 1,
+                ClientState::Waiting => {}
+            }
+        }
+        counts
+    }
+
     /// Sets the idle and active client gauges of every pool from the listed
     /// clients. (The waiting gauge comes from each pool's own queue.)
     pub fn publish_gauges(&self, pools: &Pools) {
-        let clients = self.all();
+        let counts = self.idle_and_active();
         for pool in pools.all() {
-            let mine = clients.iter().filter(|c| !c.console && c.database == pool.key.database && c.user == pool.key.user);
-            let (mut idle, mut active) = (0i64, 0i64);
-            for c in mine {
-                match c.state() {
-                    ClientState::Idle => idle += 1,
-                    ClientState::Active => active += 1,
-                    ClientState::Waiting => {}
-                }
-            }
+            let (idle, active) = counts.get(&(pool.key.database.clone(), pool.key.user.clone())).copied().unwrap_or_default();
             let m = &pool.metrics;
             m.add_clients(ClientState::Idle, idle - m.clients(ClientState::Idle));
             m.add_clients(ClientState::Active, active - m.clients(ClientState::Active));
