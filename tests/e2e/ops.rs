@@ -98,6 +98,23 @@ async fn metrics_move_under_load_and_count_server_closes_by_reason() {
     }
 }
 
+/// /readyz: ready when idle and healthy, not ready while no server can be
+/// reached, ready again once one has been opened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_follows_whether_servers_can_be_reached() {
+    let pg = pg().await;
+    let w = WeirProcess::start(&pg, "", "").await;
+    assert_eq!(w.http_get("/readyz").0, 200);
+    pg.stop().unwrap();
+    assert!(connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.is_err(), "no server, no login");
+    assert!(eventually(Duration::from_secs(5), || w.http_get("/readyz").0 == 503).await, "not ready while connects fail");
+    assert_eq!(w.http_get("/healthz").0, 200, "alive all the same");
+    pg.start_again().unwrap();
+    let c = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.expect("connects once Postgres is back");
+    c.simple_query("select 1").await.unwrap();
+    assert_eq!(w.http_get("/readyz").0, 200);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_requests_are_counted() {
     let pg = pg().await;

@@ -63,6 +63,9 @@ label_enum! {
         ResetFailed => "reset_failed",
         /// A query exceeded `query_timeout`.
         QueryTimeout => "query_timeout",
+        /// The server owed an answer, stayed silent, and a liveness probe on a
+        /// fresh connection found the path or the backend dead.
+        Unresponsive => "unresponsive",
         /// Closed by an admin command (KILL, RECONNECT, …).
         Admin => "admin",
         /// weir is shutting down.
@@ -168,7 +171,7 @@ mod tests {
             ClientResult::index,
             ClientResult::as_label,
         );
-        assert_eq!(CloseReason::COUNT, 13);
+        assert_eq!(CloseReason::COUNT, 14);
         assert_eq!(
             CloseReason::ClientGoneUnclean.to_string(),
             "client_gone_unclean"

@@ -32,6 +32,9 @@ pub enum ClientError {
     NoServer(#[from] PoolError),
     #[error("the connection to the server was lost")]
     ServerLost,
+    /// query_timeout, idle_transaction_timeout or a dead server found by the watchdog.
+    #[error(transparent)]
+    Watchdog(#[from] super::watchdog::WatchdogError),
     #[error("weir is shutting down")]
     ShuttingDown,
 }
@@ -58,6 +61,8 @@ impl ClientError {
             ClientError::TooManyClients => sqlstate::TOO_MANY_CONNECTIONS,
             ClientError::LoginTimeout => sqlstate::PROTOCOL_VIOLATION,
             ClientError::NoServer(PoolError::WaitTimeout { .. }) => sqlstate::TOO_MANY_CONNECTIONS,
+            ClientError::NoServer(PoolError::ServerDown { code, .. }) => *code,
+            ClientError::Watchdog(w) => w.sqlstate(),
             ClientError::NoServer(PoolError::Closed) | ClientError::ShuttingDown => sqlstate::ADMIN_SHUTDOWN,
             ClientError::ServerLost => sqlstate::CONNECTION_FAILURE,
             ClientError::Gone | ClientError::Io(_) => sqlstate::CONNECTION_FAILURE,

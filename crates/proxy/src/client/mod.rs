@@ -5,6 +5,7 @@ pub mod error;
 pub mod login;
 pub mod session;
 pub mod transfer;
+pub mod watchdog;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -5,12 +5,17 @@
 //!
 //! Every branch of the `select!` is cancel-safe: `read_buf` and `write` on a
 //! socket half either complete or leave the buffers as they were.
+//!
+//! Beside the bytes runs the watchdog (`watchdog.rs`): query_timeout, the
+//! silent-server probe and idle_transaction_timeout. When it fires, the
+//! server is marked broken (or left to recovery) and the client gets its error.
 
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::error::ClientError;
+use super::watchdog::Watchdog;
 use crate::params::ParamMap;
 use crate::server::ServerConn;
 
@@ -41,7 +46,8 @@ pub async fn run(
     max_message: usize,
     release: bool,
 ) -> Result<Ended, ClientError> {
-    let ServerConn { stream, rbuf: sbuf, conv, params: server_params, .. } = server;
+    let mut wd = Watchdog::new(server);
+    let ServerConn { stream, rbuf: sbuf, conv, params: server_params, broken, .. } = server;
     let (mut cr, mut cw) = client.split();
     let (mut sr, mut sw) = stream.split();
     let mut c_out = Bytes::new();
@@ -56,6 +62,7 @@ pub async fn run(
             terminating = out.terminate;
         }
         if s_out.is_empty() && !sbuf.is_empty() {
+            let owed = conv.pending_rfq;
             let inb = conv.scan_server(sbuf, |k, v| {
                 server_params.set(k, v);
                 client_params.set(k, v);
@@ -63,6 +70,9 @@ pub async fn run(
             s_out = sbuf.split_to(inb.forward).freeze();
             settled |= inb.settled;
             told |= inb.fatal;
+            if conv.pending_rfq < owed {
+                wd.answered();
+            }
         }
         if c_out.is_empty() && s_out.is_empty() {
             if terminating {
@@ -73,6 +83,7 @@ pub async fn run(
             }
             settled = false;
         }
+        wd.update(conv, sbuf.len() < HIGH_WATER, c_out.is_empty() && !terminating);
         tokio::select! {
             biased;
             r = sw.write(&c_out), if !c_out.is_empty() => match r {
@@ -88,12 +99,16 @@ pub async fn run(
                     let _ = cw.write_all(&s_out).await;
                     return Ok(Ended::ServerGone { told });
                 }
-                Ok(_) => {}
+                Ok(_) => wd.heard(),
             },
             r = cr.read_buf(cbuf), if cbuf.len() < HIGH_WATER && !terminating => match r {
                 Ok(0) | Err(_) => return Ok(client_gone(&mut sw, &c_out).await),
-                Ok(_) => {}
+                Ok(_) => wd.client_spoke(),
             },
+            e = wd.alarm(), if wd.armed() => {
+                *broken = e.close_reason();
+                return Err(e.into());
+            }
         }
     }
 }

@@ -42,6 +42,9 @@ impl Default for General {
             server_check_delay: Duration::from_secs(30),
             server_check_query: String::new(),
             server_check_timeout: Duration::from_secs(2),
+            // PgBouncer has no equivalent: a server owing an answer that stays
+            // silent this long is probed on a fresh connection (server::watch).
+            server_check_silence: Duration::from_secs(5),
             idle_transaction_timeout: None,
             query_timeout: None,
             // Dead paths are found in about 8 s (5 s idle + 3 probes 1 s apart),

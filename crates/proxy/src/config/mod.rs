@@ -110,6 +110,10 @@ pub struct General {
     pub server_check_query: String,
     #[serde(with = "humantime_serde")]
     pub server_check_timeout: Duration,
+    /// A server that owes an answer and has sent nothing for this long gets an
+    /// out-of-band liveness probe (see `server::watch`); "0s" turns it off.
+    #[serde(with = "humantime_serde")]
+    pub server_check_silence: Duration,
     #[serde(with = "humantime_serde")]
     pub idle_transaction_timeout: Option<Duration>,
     #[serde(with = "humantime_serde")]

@@ -2,6 +2,17 @@
 //! needs, bounded by `server_connect_concurrency`, the pool limit and
 //! `max_db_connections`; failures back off with jitter. A connect always
 //! lands in the pool, whether or not the waiter that caused it is still there.
+//!
+//! Demand is the live waiters not covered by idle or connecting servers, or
+//! the shortfall below `min_pool_size`, whichever is larger. The limit is
+//! `pool_size`, plus `reserve_pool_size` once the oldest waiter has waited
+//! `reserve_pool_timeout` (PgBouncer's meaning); a timer wakes the connector at
+//! that moment, and at the end of a back-off. A database at
+//! `max_db_connections` is retried by the pool's upkeep every 500 ms.
+//!
+//! While Postgres cannot be reached, queued clients keep waiting for their
+//! `query_wait_timeout` (a connect may still succeed), but a client logging in
+//! to a pool that has never connected gets the connect error at once.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -9,7 +20,9 @@ use std::time::{Duration, Instant};
 use rand::Rng;
 
 use super::state::State;
-use super::Pool;
+use super::{Pool, PoolError};
+use crate::params::ParamMap;
+use crate::protocol::sqlstate;
 use crate::server::{self, ConnectError, CountSlot, ServerConn};
 
 impl Pool {
@@ -22,41 +35,49 @@ impl Pool {
         let for_waiters = if st.paused { 0 } else { waiting.saturating_sub(spare) };
         let for_min = if st.paused { 0 } else { st.opts.settings.min_pool_size.saturating_sub(total) };
         let want = for_waiters.max(for_min);
-        let room = st.limit().saturating_sub(total);
-        let slots = st.opts.connect_concurrency.saturating_sub(st.connecting);
-        let n = want.min(room).min(slots);
-        if n == 0 {
+        if want == 0 {
             return;
         }
         if let Some(at) = st.retry_at.filter(|at| *at > Instant::now()) {
-            self.schedule_retry(st, at);
+            self.wake_at(st, at);
             return;
         }
-        for _ in 0..n {
+        let room = st.limit().saturating_sub(total);
+        if room < want {
+            if let Some(at) = reserve_due_at(st) {
+                self.wake_at(st, at);
+            }
+        }
+        let slots = st.opts.connect_concurrency.saturating_sub(st.connecting);
+        for _ in 0..want.min(room).min(slots) {
             let Some(slot) = CountSlot::take(&self.db_servers.0, st.opts.settings.max_db_connections) else {
                 break;
             };
             st.connecting += 1;
             let pool = self.clone();
-            let spec = st.opts.spec.clone();
+            let spec = Arc::new(st.opts.spec.clone());
             tokio::spawn(async move {
-                let result = server::connect(&spec, &pool.metrics).await;
+                let result = server::connect(spec, &pool.metrics).await;
                 pool.connected(result, slot);
             });
         }
     }
 
-    fn schedule_retry(self: &Arc<Self>, st: &mut State, at: Instant) {
-        if st.retry_scheduled {
+    /// Runs `want_connects` again at `at` (the end of a back-off, or when the
+    /// reserve opens), unless a wake-up at or before `at` is already set.
+    fn wake_at(self: &Arc<Self>, st: &mut State, at: Instant) {
+        if st.wake_at.is_some_and(|w| w <= at && w > Instant::now()) {
             return;
         }
-        st.retry_scheduled = true;
+        st.wake_at = Some(at);
         let pool = Arc::downgrade(self);
         tokio::spawn(async move {
             tokio::time::sleep_until(at.into()).await;
             if let Some(pool) = pool.upgrade() {
                 let mut st = pool.lock();
-                st.retry_scheduled = false;
+                if st.wake_at == Some(at) {
+                    st.wake_at = None;
+                }
                 pool.want_connects(&mut st);
             }
         });
@@ -70,6 +91,7 @@ impl Pool {
                 st.failures = 0;
                 st.retry_at = None;
                 st.last_error = None;
+                st.last_error_code = None;
                 conn.slot = Some(slot);
                 conn.retire_at = conn.created + jittered(st.opts.lifetime);
                 if st.server_params.is_none() {
@@ -84,10 +106,58 @@ impl Pool {
                 st.failures += 1;
                 st.retry_at = Some(Instant::now() + backoff(st.failures, st.opts.login_retry_max));
                 st.last_error = Some(e.to_string());
+                st.last_error_code = Some(e.sqlstate());
+                st.connect_failed.notify_waiters();
             }
         }
         self.want_connects(&mut st);
     }
+
+    /// Server parameters for a client's login. A pool that has never
+    /// connected opens a server to learn them; if that fails, or the last
+    /// attempt failed and the pool is still backing off, the client gets the
+    /// connect error at once instead of waiting out its budget (PgBouncer's
+    /// server_login_retry rule). After the back-off, the next login tries again.
+    pub async fn server_params(self: &Arc<Self>, deadline: Instant) -> Result<ParamMap, PoolError> {
+        let failed = self.lock().connect_failed.clone();
+        let notified = failed.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        {
+            let st = self.lock();
+            if let Some(p) = st.server_params.clone() {
+                return Ok(p);
+            }
+            if st.retry_at.is_some_and(|at| at > Instant::now()) {
+                return Err(down(&st));
+            }
+        }
+        tokio::select! {
+            lease = self.acquire(deadline) => {
+                let lease = lease?;
+                let params = lease.conn().params.clone();
+                self.lock().server_params.get_or_insert_with(|| params.clone());
+                Ok(params)
+            }
+            _ = notified => Err(down(&self.lock())),
+        }
+    }
+}
+
+fn down(st: &State) -> PoolError {
+    PoolError::ServerDown {
+        error: st.last_error.clone().unwrap_or_else(|| "server connect failed".into()),
+        code: st.last_error_code.unwrap_or(sqlstate::SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION),
+    }
+}
+
+/// When the reserve opens for the oldest waiter, if it has not yet.
+fn reserve_due_at(st: &State) -> Option<Instant> {
+    if st.opts.settings.reserve_pool_size == 0 {
+        return None;
+    }
+    let at = st.waiters.front()?.since + st.opts.reserve_pool_timeout;
+    (at > Instant::now()).then_some(at)
 }
 
 /// `d` shortened by up to 15% at random, so a pool's connections do not all

@@ -18,7 +18,6 @@ use tokio::sync::oneshot;
 use weir_metrics::{CloseReason, PoolMetrics};
 
 use crate::config::PoolSettings;
-use crate::params::ParamMap;
 use crate::server::{ConnectSpec, ServerConn};
 
 pub use inspect::IdleServer;
@@ -49,6 +48,10 @@ pub struct PoolOptions {
 pub enum PoolError {
     #[error("no server connection became free within {waited:?}{}", last_error.as_ref().map(|e| format!(" (last connect error: {e})")).unwrap_or_default())]
     WaitTimeout { waited: Duration, last_error: Option<String> },
+    /// A brand-new pool could not connect: the login gets the connect error
+    /// at once instead of waiting out its budget.
+    #[error("cannot connect to the server: {error}")]
+    ServerDown { error: String, code: crate::protocol::SqlState },
     #[error("the pool is shutting down")]
     Closed,
 }
@@ -92,31 +95,33 @@ impl Pool {
     /// server handed over in that instant goes back to the pool.
     pub async fn acquire(self: &Arc<Self>, deadline: Instant) -> Result<Lease, PoolError> {
         let started = Instant::now();
+        let timed_out = || {
+            let last_error = self.lock().last_error.clone();
+            PoolError::WaitTimeout { waited: started.elapsed(), last_error }
+        };
         loop {
-            let mut waiting = match self.checkout_or_enqueue() {
-                Ok(conn) => return Ok(self.lease(conn, started)),
-                Err(w) => w,
-            };
-            match tokio::time::timeout_at(deadline.into(), &mut waiting.rx).await {
-                Ok(Ok(conn)) => {
-                    waiting.settled = true;
-                    match self.vet(conn).await {
-                        Some(conn) => return Ok(self.lease(conn, started)),
-                        None => continue,
+            let conn = match self.checkout_or_enqueue() {
+                Ok(conn) => conn,
+                Err(mut waiting) => match tokio::time::timeout_at(deadline.into(), &mut waiting.rx).await {
+                    Ok(Ok(conn)) => {
+                        waiting.settled = true;
+                        conn
                     }
+                    Ok(Err(_)) => return Err(PoolError::Closed),
+                    Err(_) => return Err(timed_out()),
+                },
+            };
+            // Held as a Lease from here: if this future is dropped mid-check,
+            // the connection goes back to the pool through recovery.
+            match tokio::time::timeout_at(deadline.into(), self.vet(Lease::new(self.clone(), conn))).await {
+                Ok(Some(lease)) => {
+                    self.metrics.record_client_wait(started.elapsed());
+                    return Ok(lease);
                 }
-                Ok(Err(_)) => return Err(PoolError::Closed),
-                Err(_) => {
-                    let last_error = self.lock().last_error.clone();
-                    return Err(PoolError::WaitTimeout { waited: started.elapsed(), last_error });
-                }
+                Ok(None) => continue,
+                Err(_) => return Err(timed_out()),
             }
         }
-    }
-
-    fn lease(self: &Arc<Self>, conn: ServerConn, started: Instant) -> Lease {
-        self.metrics.record_client_wait(started.elapsed());
-        Lease::new(self.clone(), conn)
     }
 
     /// Takes a healthy idle server, or joins the queue (and starts connects).
@@ -140,20 +145,21 @@ impl Pool {
         Err(Waiting { pool: self.clone(), id, rx, settled: false })
     }
 
-    /// A server handed to a waiter may have sat idle: check it if due.
-    async fn vet(self: &Arc<Self>, conn: ServerConn) -> Option<ServerConn> {
+    /// A server about to be lent (from idle or handed to a waiter) may have
+    /// sat idle past server_check_delay: run server_check_query on it first,
+    /// within server_check_timeout. A failed check closes it.
+    async fn vet(self: &Arc<Self>, mut lease: Lease) -> Option<Lease> {
         let (delay, query, timeout) = {
             let st = self.lock();
             (st.opts.check_delay, st.opts.check_query.clone(), st.opts.check_timeout)
         };
-        if conn.last_used.elapsed() < delay {
-            return Some(conn);
+        if lease.conn().last_used.elapsed() < delay {
+            return Some(lease);
         }
-        match recovery::check(conn, &query, timeout).await {
-            Ok(conn) => Some(conn),
-            Err((conn, reason)) => {
-                self.lock().active -= 1;
-                self.discard(conn, reason);
+        match recovery::check(lease.conn_mut(), &query, timeout).await {
+            Ok(()) => Some(lease),
+            Err(reason) => {
+                lease.close(reason);
                 None
             }
         }
@@ -162,6 +168,11 @@ impl Pool {
     /// Returns a borrowed server: clean ones go straight to the next waiter or
     /// idle; anything else is recovered first.
     pub(crate) fn give_back(self: &Arc<Self>, mut conn: ServerConn, needs_reset: bool) {
+        if let Some(reason) = conn.broken {
+            self.lock().active -= 1;
+            self.discard(conn, reason);
+            return;
+        }
         if needs_reset || !conn.conv.is_clean() || !conn.cancel.gate.is_open() {
             let opts = {
                 let mut st = self.lock();
@@ -219,18 +230,6 @@ impl Pool {
         conn.close(reason);
         let mut st = self.lock();
         self.want_connects(&mut st);
-    }
-
-    /// Server parameters for a client's login; connects a server if none is known.
-    pub async fn server_params(self: &Arc<Self>, deadline: Instant) -> Result<ParamMap, PoolError> {
-        if let Some(p) = self.lock().server_params.clone() {
-            return Ok(p);
-        }
-        let lease = self.acquire(deadline).await?;
-        let params = lease.conn().params.clone();
-        self.lock().server_params.get_or_insert_with(|| params.clone());
-        drop(lease);
-        Ok(params)
     }
 
     /// Counters for the admin console and tests.

@@ -89,13 +89,9 @@ fn copy_fail(buf: &mut BytesMut, why: &str) {
 
 
 /// Runs the server check query before an idle-too-long server is lent out.
-pub(super) async fn check(
-    mut conn: ServerConn,
-    query: &str,
-    limit: Duration,
-) -> Result<ServerConn, (ServerConn, CloseReason)> {
-    match tokio::time::timeout(limit, run(&mut conn, query)).await {
-        Ok(Ok(())) if conn.conv.is_clean() => Ok(conn),
-        _ => Err((conn, CloseReason::CheckFailed)),
+pub(super) async fn check(conn: &mut ServerConn, query: &str, limit: Duration) -> Result<(), CloseReason> {
+    match tokio::time::timeout(limit, run(conn, query)).await {
+        Ok(Ok(())) if conn.conv.is_clean() => Ok(()),
+        _ => Err(CloseReason::CheckFailed),
     }
 }

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use super::{Pool, PoolOptions};
 use crate::config::{Config, PoolMode};
-use crate::server::{socket::Liveness, ConnectSpec};
+use crate::server::{socket::Liveness, watch::Watch, ConnectSpec};
 
 /// Which pool: the database name clients ask for, and the user.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -85,6 +85,7 @@ impl PoolOptions {
             dbname: settings.dbname.clone(),
             liveness: Liveness::from_config(g),
             connect_timeout: g.server_connect_timeout,
+            watch: Watch::from_config(g),
         };
         let session = settings.pool_mode == PoolMode::Session;
         Some(PoolOptions {

@@ -33,8 +33,13 @@ pub(super) struct State {
     pub paused: bool,
     pub failures: u32,
     pub retry_at: Option<Instant>,
-    pub retry_scheduled: bool,
+    /// When the connector's wake-up timer is set to fire (retry or reserve).
+    pub wake_at: Option<Instant>,
     pub last_error: Option<String>,
+    /// The SQLSTATE a client sees for `last_error`.
+    pub last_error_code: Option<crate::protocol::SqlState>,
+    /// Woken whenever a connect fails (logins of a brand-new pool wait on it).
+    pub connect_failed: std::sync::Arc<tokio::sync::Notify>,
     pub server_params: Option<ParamMap>,
 }
 
@@ -64,8 +69,10 @@ impl State {
             paused: false,
             failures: 0,
             retry_at: None,
-            retry_scheduled: false,
+            wake_at: None,
             last_error: None,
+            last_error_code: None,
+            connect_failed: Default::default(),
             server_params: None,
         }
     }

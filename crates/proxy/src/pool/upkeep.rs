@@ -1,6 +1,10 @@
-//! A pool's once-a-second upkeep: drop idle connections that Postgres closed
-//! or that passed server_idle_timeout / server_lifetime (with jitter), keep
-//! min_pool_size warm, and publish the state gauges.
+//! A pool's upkeep every 500 ms: drop idle connections that Postgres closed
+//! (EOF or a FATAL waiting unread: a restart, pg_terminate_backend) or that
+//! passed server_idle_timeout / server_lifetime (each spread over 85–100% per
+//! connection, so a pool does not expire all at once), keep min_pool_size
+//! warm, retry connects held back by max_db_connections, point idle
+//! connections at the current settings after a reload, and publish the
+//! state gauges.
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -34,6 +38,7 @@ fn sweep(pool: &Arc<Pool>) {
         let mut st = pool.lock();
         let min = st.opts.settings.min_pool_size as usize;
         let idle_timeout = st.opts.idle_timeout;
+        refresh_specs(&mut st);
         let mut i = 0;
         while i < st.idle.len() {
             let conn = &mut st.idle[i];
@@ -58,6 +63,18 @@ fn sweep(pool: &Arc<Pool>) {
     }
     let mut st = pool.lock();
     pool.want_connects(&mut st);
+}
+
+/// After a reload, idle connections take the pool's current connect spec,
+/// so the watchdog settings it carries apply from their next loan.
+fn refresh_specs(st: &mut super::state::State) {
+    let Some(stale) = st.idle.iter().position(|c| *c.spec != st.opts.spec) else { return };
+    let spec = Arc::new(st.opts.spec.clone());
+    for conn in &mut st.idle[stale..] {
+        if *conn.spec != *spec {
+            conn.spec = spec.clone();
+        }
+    }
 }
 
 /// server_idle_timeout spread over 85–100% per connection.

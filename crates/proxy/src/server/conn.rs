@@ -1,5 +1,7 @@
 //! One server connection: connect with a bound on the whole handshake, apply
-//! socket options, log in, and carry the state the pool and sessions need.
+//! socket options, log in, and carry the state the pool and sessions need
+//! (including the spec it was opened with, for watchdog probes, and whether
+//! someone found it broken).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,13 +16,14 @@ use super::cancel::{CancelGate, CancelTarget};
 use super::conversation::Conversation;
 use super::login::{login, LoginError, LoginParams};
 use super::socket::{self, Liveness};
+use super::watch::Watch;
 use crate::params::ParamMap;
 use crate::protocol::{sqlstate, SqlState};
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Everything needed to open one server connection.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectSpec {
     pub host: String,
     pub port: u16,
@@ -29,6 +32,8 @@ pub struct ConnectSpec {
     pub dbname: String,
     pub liveness: Liveness,
     pub connect_timeout: Duration,
+    /// Watchdog settings for conversations on connections opened with this spec.
+    pub watch: Watch,
 }
 
 /// Why a connect failed.
@@ -81,6 +86,11 @@ pub struct ServerConn {
     pub retire_at: Instant,
     /// Holds this connection's place in its database's connection count.
     pub slot: Option<CountSlot>,
+    /// What it was opened with (the pool's upkeep refreshes it after a reload).
+    pub spec: Arc<ConnectSpec>,
+    /// Set by whoever found the connection unusable (a watchdog): the pool
+    /// closes it with this reason instead of recovering it.
+    pub broken: Option<CloseReason>,
     guard: ServerConnGuard,
 }
 
@@ -117,7 +127,12 @@ impl ServerConn {
 
     /// Closes the connection, counting the close once with `reason`.
     pub fn close(self, reason: CloseReason) {
-        tracing::debug!(server = self.id, pid = self.cancel.pid, reason = reason.as_label(), "closing server connection");
+        tracing::debug!(
+            server = self.id,
+            pid = self.cancel.pid,
+            reason = reason.as_label(),
+            "closing server connection"
+        );
         self.guard.close(reason);
     }
 
@@ -132,24 +147,27 @@ impl ServerConn {
     }
 
     /// The connection has unread bytes or EOF waiting without anyone having
-    /// asked: Postgres closed it (FATAL) or something is wrong. No syscall when
-    /// the reactor saw nothing.
+    /// asked: Postgres closed it (FATAL) or something is wrong. Asks the
+    /// kernel (a non-blocking MSG_PEEK) rather than the reactor, whose
+    /// readiness may lag behind a FATAL that has just arrived.
     pub fn has_unexpected_input(&mut self) -> bool {
         if !self.rbuf.is_empty() {
             return true;
         }
-        let mut probe = [0u8; 1];
-        match self.stream.try_read(&mut probe) {
+        let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+        match socket2::SockRef::from(&self.stream).peek(&mut probe) {
             Ok(_) => true, // data or EOF
             Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
         }
     }
 }
 
-/// Opens and logs in one server connection within `spec.connect_timeout`.
-pub async fn connect(spec: &ConnectSpec, metrics: &Arc<PoolMetrics>) -> Result<ServerConn, ConnectError> {
+/// Opens and logs in one server connection within `spec.connect_timeout`:
+/// TCP connect, socket options, startup, authentication and the first
+/// ReadyForQuery all count against it.
+pub async fn connect(spec: Arc<ConnectSpec>, metrics: &Arc<PoolMetrics>) -> Result<ServerConn, ConnectError> {
     let started = Instant::now();
-    let result = tokio::time::timeout(spec.connect_timeout, open(spec)).await;
+    let result = tokio::time::timeout(spec.connect_timeout, open(&spec)).await;
     let (stream, rbuf, login) = match result {
         Ok(Ok(v)) => v,
         Ok(Err(e)) => return Err(e),
@@ -180,6 +198,8 @@ pub async fn connect(spec: &ConnectSpec, metrics: &Arc<PoolMetrics>) -> Result<S
         last_used: now,
         retire_at: now + Duration::from_secs(3600),
         slot: None,
+        spec,
+        broken: None,
         guard,
     })
 }
@@ -188,7 +208,9 @@ fn cancel_target(addr: SocketAddr, pid: i32, secret: i32) -> CancelTarget {
     CancelTarget { addr, pid, secret, gate: Arc::new(CancelGate::default()) }
 }
 
-async fn open(spec: &ConnectSpec) -> Result<(TcpStream, BytesMut, super::login::LoginResult), ConnectError> {
+/// TCP connect, socket options and login, unbounded (callers bound it).
+/// Bytes the server sent after ReadyForQuery stay in the returned buffer.
+pub(super) async fn open(spec: &ConnectSpec) -> Result<(TcpStream, BytesMut, super::login::LoginResult), ConnectError> {
     let mut stream = TcpStream::connect((spec.host.as_str(), spec.port)).await?;
     socket::apply(&stream, &spec.liveness)?;
     let mut buf = BytesMut::with_capacity(8192);

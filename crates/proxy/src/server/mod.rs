@@ -1,7 +1,7 @@
 //! Server connections: weir's logins to Postgres, socket options for fast
-//! dead-peer detection, the per-connection protocol conversation state, and
-//! cancel forwarding. A `ServerConn` never belongs to a client; the pool
-//! lends it out.
+//! dead-peer detection, the per-connection protocol conversation state,
+//! cancel forwarding, and the liveness probe behind the watchdog. A
+//! `ServerConn` never belongs to a client; the pool lends it out.
 
 pub mod cancel;
 pub mod conn;
@@ -9,6 +9,7 @@ pub mod conversation;
 pub mod exchange;
 pub mod login;
 pub mod socket;
+pub mod watch;
 
 pub use cancel::{forward_cancel, CancelGate};
 pub use conn::{connect, ConnectError, ConnectSpec, CountSlot, ServerConn};

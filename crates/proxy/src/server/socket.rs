@@ -42,3 +42,38 @@ pub fn apply(stream: &TcpStream, l: &Liveness) -> std::io::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The options really land on the socket, with the defaults' values.
+    #[tokio::test]
+    async fn keepalive_and_user_timeout_are_set() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let stream = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let l = Liveness::from_config(&crate::config::General::default());
+        apply(&stream, &l).unwrap();
+        let sock = SockRef::from(&stream);
+        assert!(stream.nodelay().unwrap());
+        assert!(sock.keepalive().unwrap());
+        assert_eq!(sock.keepalive_time().unwrap(), l.keepidle);
+        assert_eq!(sock.keepalive_interval().unwrap(), l.keepintvl);
+        assert_eq!(sock.keepalive_retries().unwrap(), l.keepcnt);
+        #[cfg(target_os = "linux")]
+        assert_eq!(sock.tcp_user_timeout().unwrap(), l.user_timeout);
+        // Defaults detect a dead path within ~10 s, not Linux's ~15 min.
+        let worst = l.keepidle + l.keepintvl * l.keepcnt;
+        assert!(worst <= std::time::Duration::from_secs(10), "{worst:?}");
+        assert!(l.user_timeout.is_some_and(|t| t <= std::time::Duration::from_secs(10)));
+    }
+
+    #[tokio::test]
+    async fn keepalive_can_be_turned_off() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let stream = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let l = Liveness { keepalive: false, user_timeout: None, ..Liveness::from_config(&Default::default()) };
+        apply(&stream, &l).unwrap();
+        assert!(!SockRef::from(&stream).keepalive().unwrap());
+    }
+}

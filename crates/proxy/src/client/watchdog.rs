@@ -1,0 +1,294 @@
+//! The watchdog of the active phase: three clocks that run beside the
+//! forwarding loop (`transfer.rs`) and end a conversation no socket option
+//! would end.
+//!
+//! * **query_timeout** (off by default). The clock starts when the server
+//!   begins to owe a ReadyForQuery and restarts at each one it sends. When it
+//!   runs out, weir sends Postgres a CancelRequest with the server's own key,
+//!   exactly as a client would: Postgres answers 57014 and the client keeps
+//!   its connection and its server. If the query has still not ended after a
+//!   further `server_check_timeout` (the path is frozen, or the backend
+//!   ignores the cancel), the client gets 08006 and the server connection is
+//!   closed with reason `query_timeout`. PgBouncer instead drops the client
+//!   at the first deadline.
+//! * **server_check_silence** (5 s by default; PgBouncer has none). While the
+//!   server owes an answer, weir is reading, and no byte arrives, the silence
+//!   clock runs. When it runs out, an out-of-band probe asks Postgres on a
+//!   fresh connection whether our backend is still working (see
+//!   `server::watch`). A slow query passes and the clock restarts; a dead
+//!   path, dead server or finished backend whose answer never came gives the
+//!   client 08006 and closes the connection with reason `unresponsive`.
+//!   Waiting on the client (COPY IN, or a client too slow to read so that
+//!   weir stopped reading) never counts as silence.
+//! * **idle_transaction_timeout** (off by default). A client that leaves a
+//!   transaction open (status T or E) and sends nothing for this long is
+//!   disconnected with 25P03, like PgBouncer does; the server is not lost:
+//!   the lease goes back through recovery, which rolls it back.
+//!
+//! Timers cost nothing on the byte path: one `Sleep` per conversation,
+//! re-armed only when it fires early or a nearer deadline appears.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::time::Sleep;
+use weir_metrics::CloseReason;
+
+use crate::protocol::{sqlstate, tags::status, SqlState};
+use crate::server::cancel::CancelTarget;
+use crate::server::watch::{self, Verdict, Watch};
+use crate::server::{forward_cancel, ConnectSpec, Conversation, ServerConn};
+
+/// Why the watchdog ended a conversation.
+#[derive(Debug, thiserror::Error)]
+pub enum WatchdogError {
+    #[error(
+        "query_timeout: the query ran longer than {}, and the server did not answer a cancel request within {} either; the connection to the server was closed",
+        humantime::format_duration(*limit),
+        humantime::format_duration(*grace)
+    )]
+    QueryTimeout { limit: Duration, grace: Duration },
+    #[error("the server stopped answering: no data for {} while a query was in flight, and {why}", humantime::format_duration(*silence))]
+    Unresponsive { silence: Duration, why: String },
+    #[error("idle transaction timeout: the transaction was left open and idle for more than {}", humantime::format_duration(*.0))]
+    IdleTransaction(Duration),
+}
+
+impl WatchdogError {
+    pub fn sqlstate(&self) -> SqlState {
+        match self {
+            WatchdogError::QueryTimeout { .. } | WatchdogError::Unresponsive { .. } => sqlstate::CONNECTION_FAILURE,
+            WatchdogError::IdleTransaction(_) => sqlstate::IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
+        }
+    }
+
+    /// How the server connection must be closed; None when it can be recovered.
+    pub fn close_reason(&self) -> Option<CloseReason> {
+        match self {
+            WatchdogError::QueryTimeout { .. } => Some(CloseReason::QueryTimeout),
+            WatchdogError::Unresponsive { .. } => Some(CloseReason::Unresponsive),
+            WatchdogError::IdleTransaction(_) => None,
+        }
+    }
+}
+
+type Probe = Pin<Box<dyn Future<Output = Verdict> + Send>>;
+
+/// The clocks of one conversation (one call of `transfer::run`).
+pub struct Watchdog {
+    watch: Watch,
+    spec: Arc<ConnectSpec>,
+    cancel: CancelTarget,
+    /// Query clock: since the server began owing, or last sent a ReadyForQuery.
+    query_since: Option<Instant>,
+    cancelled_at: Option<Instant>,
+    /// Silence clock: since the last server byte while an answer is owed.
+    silent_since: Option<Instant>,
+    probe: Option<Probe>,
+    /// Idle-in-transaction clock: since the client last sent anything.
+    idle_since: Option<Instant>,
+    timer: Option<Pin<Box<Sleep>>>,
+    timer_at: Option<Instant>,
+}
+
+impl Watchdog {
+    pub fn new(server: &ServerConn) -> Self {
+        Watchdog {
+            watch: server.spec.watch,
+            spec: server.spec.clone(),
+            cancel: server.cancel.clone(),
+            query_since: None,
+            cancelled_at: None,
+            silent_since: None,
+            probe: None,
+            idle_since: None,
+            timer: None,
+            timer_at: None,
+        }
+    }
+
+    /// Starts or stops the clocks from where the conversation stands.
+    /// `reading`: weir is reading from the server (not held back by a slow
+    /// client). `client_quiet`: no client bytes are on their way to the server.
+    pub fn update(&mut self, conv: &Conversation, reading: bool, client_quiet: bool) {
+        let owing = conv.pending_rfq > 0 && !conv.copy_in;
+        if !owing {
+            self.query_since = None;
+            self.cancelled_at = None;
+        } else if self.query_since.is_none() && self.watch.query_timeout.is_some() {
+            self.query_since = Some(Instant::now());
+        }
+        if !(owing && reading) {
+            self.silent_since = None;
+            self.probe = None;
+        } else if self.silent_since.is_none() && self.watch.silence.is_some() {
+            self.silent_since = Some(Instant::now());
+        }
+        let idle_in_tx = client_quiet && conv.is_quiet() && conv.status != status::IDLE;
+        if !idle_in_tx {
+            self.idle_since = None;
+        } else if self.idle_since.is_none() && self.watch.idle_transaction.is_some() {
+            self.idle_since = Some(Instant::now());
+        }
+    }
+
+    /// The server sent bytes: it is alive.
+    pub fn heard(&mut self) {
+        if self.silent_since.is_some() {
+            self.silent_since = Some(Instant::now());
+            self.probe = None;
+        }
+    }
+
+    /// The server sent a ReadyForQuery: the next query gets a fresh clock.
+    pub fn answered(&mut self) {
+        if self.query_since.is_some() {
+            self.query_since = Some(Instant::now());
+            self.cancelled_at = None;
+        }
+    }
+
+    /// The client sent bytes.
+    pub fn client_spoke(&mut self) {
+        if self.idle_since.is_some() {
+            self.idle_since = Some(Instant::now());
+        }
+    }
+
+    /// True when some clock runs or a probe is out.
+    pub fn armed(&self) -> bool {
+        self.query_since.is_some() || self.silent_since.is_some() || self.idle_since.is_some()
+    }
+
+    /// Resolves when a clock ends the conversation. Cancel-safe: the timer
+    /// and a probe in flight live in `self`, so dropping this loses nothing.
+    pub async fn alarm(&mut self) -> WatchdogError {
+        loop {
+            if let Some(e) = self.check(Instant::now()) {
+                return e;
+            }
+            let next = self.next_deadline();
+            self.arm(next);
+            let Watchdog { timer, timer_at, probe, .. } = self;
+            let sleep = async {
+                match (timer.as_mut(), next) {
+                    (Some(t), Some(_)) => t.as_mut().await,
+                    _ => std::future::pending().await,
+                }
+            };
+            let verdict = match probe.as_mut() {
+                Some(p) => tokio::select! {
+                    v = p.as_mut() => Some(v),
+                    _ = sleep => None,
+                },
+                None => {
+                    sleep.await;
+                    None
+                }
+            };
+            match verdict {
+                None => *timer_at = None,
+                Some(v) => {
+                    *probe = None;
+                    if let Some(e) = self.judge(v) {
+                        return e;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Acts on deadlines that have passed: sends the cancel, starts a probe,
+    /// or returns the error that ends the conversation.
+    fn check(&mut self, now: Instant) -> Option<WatchdogError> {
+        if let (Some(since), Some(limit)) = (self.query_since, self.watch.query_timeout) {
+            match self.cancelled_at {
+                None if now >= since + limit => {
+                    tracing::info!(pid = self.cancel.pid, "query_timeout: cancelling the query");
+                    tokio::spawn(forward_cancel(self.cancel.clone(), self.watch.cancel_grace));
+                    self.cancelled_at = Some(now);
+                }
+                Some(at) if now >= at + self.watch.cancel_grace => {
+                    return Some(WatchdogError::QueryTimeout { limit, grace: self.watch.cancel_grace });
+                }
+                _ => {}
+            }
+        }
+        if let (Some(since), Some(limit)) = (self.silent_since, self.watch.silence) {
+            if self.probe.is_none() && now >= since + limit {
+                tracing::info!(pid = self.cancel.pid, "server silent while owing an answer: probing it");
+                let (spec, pid) = (self.spec.clone(), self.cancel.pid);
+                self.probe = Some(Box::pin(async move { watch::probe(&spec, pid).await }));
+            }
+        }
+        if let (Some(since), Some(limit)) = (self.idle_since, self.watch.idle_transaction) {
+            if now >= since + limit {
+                return Some(WatchdogError::IdleTransaction(limit));
+            }
+        }
+        None
+    }
+
+    fn judge(&mut self, verdict: Verdict) -> Option<WatchdogError> {
+        match verdict {
+            Verdict::Alive => {
+                tracing::debug!(pid = self.cancel.pid, "silent server is still working");
+                self.silent_since = Some(Instant::now());
+                None
+            }
+            Verdict::Dead(why) => {
+                tracing::warn!(pid = self.cancel.pid, %why, "server connection is dead");
+                Some(WatchdogError::Unresponsive { silence: self.watch.silence.unwrap_or_default(), why })
+            }
+        }
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        let query = match (self.query_since, self.watch.query_timeout, self.cancelled_at) {
+            (Some(_), _, Some(at)) => Some(at + self.watch.cancel_grace),
+            (Some(since), Some(limit), None) => Some(since + limit),
+            _ => None,
+        };
+        let silence = match (self.silent_since, self.watch.silence, &self.probe) {
+            (Some(since), Some(limit), None) => Some(since + limit),
+            _ => None,
+        };
+        let idle = self.idle_since.zip(self.watch.idle_transaction).map(|(s, l)| s + l);
+        [query, silence, idle].into_iter().flatten().min()
+    }
+
+    /// Points the timer at `next` unless it already fires at or before it
+    /// (it then fires early and is re-armed: clocks that move on every byte
+    /// cost no timer reset).
+    fn arm(&mut self, next: Option<Instant>) {
+        let Some(at) = next else { return };
+        if self.timer_at.is_some_and(|t| t <= at) {
+            return;
+        }
+        self.timer_at = Some(at);
+        match self.timer.as_mut() {
+            Some(t) => t.as_mut().reset(at.into()),
+            None => self.timer = Some(Box::pin(tokio::time::sleep_until(at.into()))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_carry_the_right_codes_and_reasons() {
+        let q = WatchdogError::QueryTimeout { limit: Duration::from_secs(1), grace: Duration::from_secs(2) };
+        assert_eq!(q.sqlstate(), sqlstate::CONNECTION_FAILURE);
+        assert_eq!(q.close_reason(), Some(CloseReason::QueryTimeout));
+        assert!(q.to_string().contains("query_timeout"));
+        let i = WatchdogError::IdleTransaction(Duration::from_secs(1));
+        assert_eq!(i.sqlstate(), sqlstate::IDLE_IN_TRANSACTION_SESSION_TIMEOUT);
+        assert_eq!(i.close_reason(), None, "the server is rolled back and kept");
+        let u = WatchdogError::Unresponsive { silence: Duration::from_secs(5), why: "x".into() };
+        assert_eq!(u.close_reason(), Some(CloseReason::Unresponsive));
+    }
+}

@@ -1,0 +1,165 @@
+//! Application-level liveness of a server connection that owes an answer:
+//! the settings (`Watch`) and the out-of-band probe that tells a silent but
+//! busy server from a dead path.
+//!
+//! Socket options (keepalive, TCP_USER_TIMEOUT, see `socket.rs`) catch a path
+//! that drops packets, because the kernel's own probes go unanswered. They
+//! cannot catch a path whose far end still ACKs but forwards nothing (a stuck
+//! userspace relay, load balancer or pooler in between): the kernel sees a
+//! healthy, quiet connection, exactly like a long query. So when a server that
+//! owes a response has sent no byte for `server_check_silence`, weir asks
+//! Postgres itself, on a fresh connection over the same address:
+//!
+//! 1. connect and log in as the pool's user, within `server_connect_timeout`;
+//!    a timeout or I/O error means the path or the server is dead;
+//! 2. `SELECT 1 FROM pg_stat_activity WHERE pid = <our backend> AND state =
+//!    'active' AND wait_event IS DISTINCT FROM 'ClientWrite'`: a row means the
+//!    backend is still working on our query (it is just slow); no row means it
+//!    is gone, has finished (its answer was lost on the way) or is stuck
+//!    writing to a path that does not drain, and the connection is dead.
+//!
+//! An ErrorResponse during the probe's login (too many connections, a
+//! password problem) proves the server answers but not that our backend is
+//! alive or dead, so it counts as alive: weir never kills a working query on a
+//! guess. Probes use no pool slot and are not counted as server connections.
+
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::io::AsyncWriteExt;
+
+use super::conn::{open, ConnectError, ConnectSpec};
+use super::login::LoginError;
+use crate::protocol::{messages, tags::backend as be};
+use crate::wire::{self, WireError};
+
+/// Largest message the probe accepts.
+const PROBE_MAX_MESSAGE: usize = 1 << 20;
+
+/// Watchdog settings for conversations on a server connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Watch {
+    /// `query_timeout`: cancel a query that runs longer (None = off).
+    pub query_timeout: Option<Duration>,
+    /// How long a cancelled query may take to end before the connection is
+    /// declared frozen (`server_check_timeout`).
+    pub cancel_grace: Duration,
+    /// `server_check_silence`: probe a server owing an answer that has been
+    /// silent this long (None = off).
+    pub silence: Option<Duration>,
+    /// `idle_transaction_timeout` (None = off).
+    pub idle_transaction: Option<Duration>,
+}
+
+impl Watch {
+    pub fn from_config(g: &crate::config::General) -> Self {
+        let nonzero = |d: Option<Duration>| d.filter(|d| !d.is_zero());
+        Watch {
+            query_timeout: nonzero(g.query_timeout),
+            cancel_grace: g.server_check_timeout,
+            silence: nonzero(Some(g.server_check_silence)),
+            idle_transaction: nonzero(g.idle_transaction_timeout),
+        }
+    }
+}
+
+/// What a probe found out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// The backend is still working on our query, or nothing could be proved.
+    Alive,
+    /// The path or the backend is dead; the reason is for logs and the client.
+    Dead(String),
+}
+
+/// Checks, on a new connection, whether backend `pid` is still working.
+pub async fn probe(spec: &ConnectSpec, pid: i32) -> Verdict {
+    match tokio::time::timeout(spec.connect_timeout, ask(spec, pid)).await {
+        Err(_) => {
+            Verdict::Dead(format!("a fresh connection to the server did not answer within {:?}", spec.connect_timeout))
+        }
+        Ok(Err(ProbeError::Connect(ConnectError::Login(LoginError::Server { message, .. })))) => {
+            tracing::debug!(pid, %message, "liveness probe refused by the server; assuming alive");
+            Verdict::Alive
+        }
+        Ok(Err(e)) => Verdict::Dead(format!("a fresh connection to the server failed: {e}")),
+        Ok(Ok(true)) => Verdict::Alive,
+        Ok(Ok(false)) => Verdict::Dead(format!("backend {pid} is no longer working on the query")),
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ProbeError {
+    #[error("{0}")]
+    Connect(#[from] ConnectError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Wire(#[from] WireError),
+}
+
+/// Logs in and asks whether `pid` is active; true if it is.
+async fn ask(spec: &ConnectSpec, pid: i32) -> Result<bool, ProbeError> {
+    let (mut stream, mut buf, _) = open(spec).await?;
+    let mut out = BytesMut::new();
+    messages::query(&mut out, &active_sql(pid));
+    stream.write_all(&out).await?;
+    let mut rows = 0;
+    let mut failed = false;
+    loop {
+        let frame = wire::read_frame(&mut stream, &mut buf, PROBE_MAX_MESSAGE).await?;
+        match frame.tag {
+            be::DATA_ROW => rows += 1,
+            be::ERROR_RESPONSE => failed = true,
+            be::READY_FOR_QUERY => break,
+            _ => {}
+        }
+    }
+    out.clear();
+    messages::terminate(&mut out);
+    let _ = stream.write_all(&out).await;
+    // A check query that errors proves nothing about our backend.
+    Ok(rows > 0 || failed)
+}
+
+fn active_sql(pid: i32) -> String {
+    format!(
+        "SELECT 1 FROM pg_catalog.pg_stat_activity WHERE pid = {pid} AND state = 'active' \
+         AND wait_event IS DISTINCT FROM 'ClientWrite'"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_durations_turn_checks_off() {
+        let mut g = crate::config::General {
+            server_check_silence: Duration::ZERO,
+            query_timeout: Some(Duration::ZERO),
+            ..Default::default()
+        };
+        let w = Watch::from_config(&g);
+        assert_eq!(w.silence, None);
+        assert_eq!(w.query_timeout, None);
+        g.server_check_silence = Duration::from_secs(5);
+        assert_eq!(Watch::from_config(&g).silence, Some(Duration::from_secs(5)));
+    }
+
+    #[tokio::test]
+    async fn unreachable_server_is_dead() {
+        let port = weir_testkit::free_port();
+        let spec = ConnectSpec {
+            host: "127.0.0.1".into(),
+            port,
+            user: "u".into(),
+            password: None,
+            dbname: "d".into(),
+            liveness: super::super::socket::Liveness::from_config(&crate::config::General::default()),
+            connect_timeout: Duration::from_secs(2),
+            watch: Watch::default(),
+        };
+        assert!(matches!(probe(&spec, 1).await, Verdict::Dead(_)));
+    }
+}
