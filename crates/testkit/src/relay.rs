@@ -9,8 +9,11 @@
 //! * **freeze** — no byte moves in either direction on any connection (current or
 //!   new); sockets stay open; new connections are accepted but upstream is not
 //!   dialled. A chunk already read when the freeze hits is held, not delivered.
-//! * **thaw** — everything resumes: held chunks are delivered, pending
-//!   connections dial upstream.
+//! * **freeze_existing** — like freeze, but only for the connections accepted
+//!   so far; later ones flow normally (a path that died under old connections
+//!   while new ones get through, e.g. a NAT that dropped its mappings).
+//! * **thaw** — everything resumes (after either kind of freeze): held chunks
+//!   are delivered, pending connections dial upstream.
 //! * **reset_all** — every current connection (both sides) is closed with RST.
 //! * **refuse** — new connections are accepted and immediately RST-closed;
 //!   they are counted by [`Relay::connections_refused`], not `connections_accepted`.
@@ -29,6 +32,19 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
 const CHUNK: usize = 16 * 1024;
+
+/// Which connections are frozen: all, or those with an id below `below`.
+#[derive(Debug, Clone, Copy, Default)]
+struct Freeze {
+    all: bool,
+    below: u64,
+}
+
+impl Freeze {
+    fn applies(&self, id: u64) -> bool {
+        self.all || id < self.below
+    }
+}
 
 /// Handle to a running relay. Cheap to clone; the relay (accept loop and all
 /// connection tasks) shuts down when the last clone is dropped.
@@ -54,7 +70,8 @@ struct Shared {
     connect_delay_ns: AtomicU64,
     latency_ns: AtomicU64,
     refuse: AtomicBool,
-    frozen: watch::Sender<bool>,
+    frozen: watch::Sender<Freeze>,
+    next_id: AtomicU64,
     reset_gen: watch::Sender<u64>,
     shutdown: watch::Sender<bool>,
     accepted: AtomicUsize,
@@ -89,7 +106,8 @@ impl Relay {
             connect_delay_ns: AtomicU64::new(0),
             latency_ns: AtomicU64::new(0),
             refuse: AtomicBool::new(false),
-            frozen: watch::Sender::new(false),
+            frozen: watch::Sender::new(Freeze::default()),
+            next_id: AtomicU64::new(1),
             reset_gen: watch::Sender::new(0),
             shutdown: watch::Sender::new(false),
             accepted: AtomicUsize::new(0),
@@ -133,12 +151,20 @@ impl Relay {
 
     /// Silently stops all forwarding (current and new connections) without closing anything.
     pub fn freeze(&self) {
-        self.shared.frozen.send_replace(true);
+        self.shared.frozen.send_modify(|f| f.all = true);
     }
 
-    /// Undoes [`Self::freeze`]: held data is delivered and forwarding resumes.
+    /// Silently stops forwarding on the connections accepted so far (including
+    /// ones still dialling upstream); connections accepted later are not affected.
+    pub fn freeze_existing(&self) {
+        let below = self.shared.next_id.load(Ordering::SeqCst);
+        self.shared.frozen.send_modify(|f| f.below = below);
+    }
+
+    /// Undoes [`Self::freeze`] and [`Self::freeze_existing`]: held data is
+    /// delivered and forwarding resumes.
     pub fn thaw(&self) {
-        self.shared.frozen.send_replace(false);
+        self.shared.frozen.send_replace(Freeze::default());
     }
 
     /// Closes every current connection (client and upstream side) with RST.
@@ -207,7 +233,8 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
         shared.accepted.fetch_add(1, Ordering::SeqCst);
         // Subscribe before spawning so a reset_all() issued right after accept still applies.
         let reset_rx = shared.reset_gen.subscribe();
-        conns.spawn(handle_conn(shared.clone(), client, reset_rx));
+        let id = shared.next_id.fetch_add(1, Ordering::SeqCst);
+        conns.spawn(handle_conn(shared.clone(), client, reset_rx, id));
     }
 }
 
@@ -225,7 +252,12 @@ impl Drop for CountGuard<'_> {
     }
 }
 
-async fn handle_conn(shared: Arc<Shared>, client: TcpStream, mut reset_rx: watch::Receiver<u64>) {
+async fn handle_conn(
+    shared: Arc<Shared>,
+    client: TcpStream,
+    mut reset_rx: watch::Receiver<u64>,
+    id: u64,
+) {
     shared.open.fetch_add(1, Ordering::SeqCst);
     let _open = CountGuard(&shared.open);
     let _ = client.set_nodelay(true);
@@ -240,7 +272,7 @@ async fn handle_conn(shared: Arc<Shared>, client: TcpStream, mut reset_rx: watch
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
         }
-        let _ = frozen_rx.wait_for(|f| !*f).await;
+        let _ = frozen_rx.wait_for(|f| !f.applies(id)).await;
         TcpStream::connect(shared.upstream).await
     };
     let server = tokio::select! {
@@ -264,8 +296,8 @@ async fn handle_conn(shared: Arc<Shared>, client: TcpStream, mut reset_rx: watch
         let (mut sr, mut sw) = server.split();
         let pumps = async {
             tokio::try_join!(
-                pump(&shared, &mut cr, &mut sw),
-                pump(&shared, &mut sr, &mut cw)
+                pump(&shared, id, &mut cr, &mut sw),
+                pump(&shared, id, &mut sr, &mut cw)
             )
         };
         tokio::select! {
@@ -282,17 +314,18 @@ async fn handle_conn(shared: Arc<Shared>, client: TcpStream, mut reset_rx: watch
 /// Forwards one direction until EOF (then half-closes the writer) or error.
 async fn pump(
     shared: &Shared,
+    id: u64,
     r: &mut tokio::net::tcp::ReadHalf<'_>,
     w: &mut tokio::net::tcp::WriteHalf<'_>,
 ) -> std::io::Result<()> {
     let mut frozen = shared.frozen.subscribe();
     let mut buf = vec![0u8; CHUNK];
     loop {
-        let _ = frozen.wait_for(|f| !*f).await;
+        let _ = frozen.wait_for(|f| !f.applies(id)).await;
         // `read` is cancel-safe: if a freeze arrives while blocked, nothing is lost.
         let n = tokio::select! {
             r = r.read(&mut buf) => r?,
-            _ = frozen.wait_for(|f| *f) => continue,
+            _ = frozen.wait_for(|f| f.applies(id)) => continue,
         };
         if n == 0 {
             let _ = w.shutdown().await;
@@ -303,7 +336,7 @@ async fn pump(
             tokio::time::sleep(latency).await;
         }
         // Hold the chunk if we got frozen meanwhile.
-        let _ = frozen.wait_for(|f| !*f).await;
+        let _ = frozen.wait_for(|f| !f.applies(id)).await;
         w.write_all(&buf[..n]).await?;
     }
 }
@@ -437,6 +470,32 @@ mod tests {
         // Dropping the relay closes its connections.
         drop(relay);
         assert!(closes_soon(&mut c4).await);
+        echo_task.abort();
+    }
+
+    #[tokio::test]
+    async fn freeze_existing_spares_new_connections() {
+        let (echo, echo_task) = echo_server().await;
+        let relay = Relay::start(echo).await.unwrap();
+        let mut old = timeout(T, TcpStream::connect(relay.addr()))
+            .await
+            .unwrap()
+            .unwrap();
+        roundtrip(&mut old, b"before").await;
+        relay.freeze_existing();
+        timeout(T, old.write_all(b"x")).await.unwrap().unwrap();
+        let mut one = [0u8; 1];
+        assert!(timeout(Duration::from_millis(300), old.read(&mut one))
+            .await
+            .is_err());
+        let mut new = timeout(T, TcpStream::connect(relay.addr()))
+            .await
+            .unwrap()
+            .unwrap();
+        roundtrip(&mut new, b"fresh").await;
+        relay.thaw();
+        timeout(T, old.read_exact(&mut one)).await.unwrap().unwrap();
+        assert_eq!(&one, b"x");
         echo_task.abort();
     }
 
