@@ -3,6 +3,7 @@
 
 pub mod error;
 pub mod login;
+pub mod prepared;
 pub mod session;
 pub mod transfer;
 pub mod watchdog;

@@ -12,6 +12,7 @@ use tokio::net::TcpStream;
 use weir_metrics::{CloseReason, DropReason};
 
 use super::error::ClientError;
+use super::prepared::Stage;
 use super::transfer::{self, Ended};
 use crate::cancel::Registration;
 use crate::config::PoolMode;
@@ -43,6 +44,8 @@ pub struct Session<'a> {
     pub shutdown: tokio_util::sync::CancellationToken,
     /// Client messages are being discarded up to the next Sync.
     skipping: bool,
+    /// Named prepared statements and pinning (transaction mode).
+    prepared: Stage,
 }
 
 enum Wait {
@@ -66,7 +69,9 @@ impl<'a> Session<'a> {
         max_message: usize,
         shutdown: tokio_util::sync::CancellationToken,
     ) -> Self {
-        Session { client, cbuf, pool, mode, params, settings, reg, budget, max_message, shutdown, skipping: false }
+        let transaction = mode == PoolMode::Transaction;
+        let prepared = Stage::new(transaction, pool.settings().max_prepared_statements, pool.metrics.clone());
+        Session { client, cbuf, pool, mode, params, settings, reg, budget, max_message, shutdown, skipping: false, prepared }
     }
 
     /// Runs until the client leaves.
@@ -228,7 +233,15 @@ impl<'a> Session<'a> {
             return self.server_lost(false).await;
         }
         let conn = lease.conn_mut();
-        let ended = transfer::run(self.client, &mut self.cbuf, conn, &mut self.params, self.max_message, !session_mode).await;
+        self.prepared.begin(&mut conn.statements, &conn.conv);
+        let ended =
+            transfer::run(self.client, &mut self.cbuf, conn, &mut self.params, self.max_message, !session_mode, &mut self.prepared)
+                .await;
+        self.prepared.end(&mut lease.conn_mut().statements);
+        if self.prepared.pinned().is_some() {
+            // LISTEN, locks, cursors... stay on it: reset before anyone else gets it.
+            lease.set_needs_reset();
+        }
         self.reg.slot.set_idle();
         match ended? {
             Ended::Released => {

@@ -15,6 +15,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::error::ClientError;
+use super::prepared::Stage;
 use super::watchdog::Watchdog;
 use crate::params::ParamMap;
 use crate::server::ServerConn;
@@ -45,9 +46,10 @@ pub async fn run(
     client_params: &mut ParamMap,
     max_message: usize,
     release: bool,
+    prepared: &mut Stage,
 ) -> Result<Ended, ClientError> {
     let mut wd = Watchdog::new(server);
-    let ServerConn { stream, rbuf: sbuf, conv, params: server_params, broken, .. } = server;
+    let ServerConn { stream, rbuf: sbuf, conv, params: server_params, broken, statements, .. } = server;
     let (mut cr, mut cw) = client.split();
     let (mut sr, mut sw) = stream.split();
     let mut c_out = Bytes::new();
@@ -57,7 +59,8 @@ pub async fn run(
     let mut told = false;
     loop {
         if c_out.is_empty() && !cbuf.is_empty() && !terminating {
-            let out = conv.scan_client(cbuf, max_message)?;
+            let ready = prepared.outbound(cbuf, conv, statements, max_message)?;
+            let out = conv.scan_client(&cbuf[..ready], max_message)?;
             c_out = cbuf.split_to(out.forward).freeze();
             terminating = out.terminate;
         }
@@ -67,18 +70,22 @@ pub async fn run(
                 server_params.set(k, v);
                 client_params.set(k, v);
             })?;
-            s_out = sbuf.split_to(inb.forward).freeze();
+            s_out = prepared.inbound(sbuf.split_to(inb.forward).freeze(), statements);
             settled |= inb.settled;
             told |= inb.fatal;
             if conv.pending_rfq < owed {
                 wd.answered();
             }
         }
+        if let Some(owed) = s_out.is_empty().then(|| prepared.synthetic()).flatten() {
+            s_out = owed.bytes;
+            settled |= owed.settled;
+        }
         if c_out.is_empty() && s_out.is_empty() {
             if terminating {
                 return Ok(client_gone(&mut sw, &c_out).await);
             }
-            if settled && release && conv.is_clean() {
+            if settled && release && prepared.pinned().is_none() && conv.is_clean() {
                 return Ok(Ended::Released);
             }
             settled = false;

@@ -55,6 +55,8 @@ impl Default for General {
             tcp_keepcnt: 3,
             tcp_user_timeout: Some(Duration::from_secs(8)),
             max_message_size: (1 << 30) - 1,
+            // PgBouncer's current default.
+            max_prepared_statements: 200,
             shutdown_timeout: Duration::from_secs(30),
             log_format: LogFormat::Text,
             log_connections: false,

@@ -128,6 +128,9 @@ pub struct General {
     pub tcp_user_timeout: Option<Duration>,
     /// Largest message a client may send, in bytes.
     pub max_message_size: u32,
+    /// Named prepared statements kept per server connection in transaction
+    /// mode (PgBouncer's key); 0 turns prepared-statement tracking off.
+    pub max_prepared_statements: u32,
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
     pub log_format: LogFormat,
@@ -179,6 +182,7 @@ pub struct PoolSettings {
     pub max_db_connections: u32,
     pub query_wait_timeout: Duration,
     pub client_deadline: Option<Duration>,
+    pub max_prepared_statements: u32,
 }
 
 impl Config {
@@ -217,6 +221,7 @@ impl Config {
             max_db_connections: db.max_db_connections.unwrap_or(g.max_db_connections),
             query_wait_timeout: db.query_wait_timeout.unwrap_or(g.query_wait_timeout),
             client_deadline: db.client_deadline.or(g.client_deadline),
+            max_prepared_statements: g.max_prepared_statements,
         })
     }
 }

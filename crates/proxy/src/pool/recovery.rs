@@ -47,6 +47,8 @@ async fn recover(conn: &mut ServerConn, reset_query: Option<&str>) -> Result<(),
         run(conn, q).await?;
         // RESET ALL inside the reset query dropped what weir had SET.
         conn.settings = crate::params::ParamMap::new();
+        // DISCARD ALL / DEALLOCATE ALL in it may have dropped weir's statements.
+        conn.statements.mark_all_uncertain();
     }
     if !conn.cancel.gate.wait_clear(CANCEL_TIMEOUT).await {
         return Err(CloseReason::ResetFailed);

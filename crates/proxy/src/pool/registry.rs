@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex};
 
 use super::{Pool, PoolOptions};
-use crate::config::{Config, PoolMode};
+use crate::config::Config;
 use crate::server::{socket::Liveness, watch::Watch, ConnectSpec};
 
 /// Which pool: the database name clients ask for, and the user.
@@ -87,12 +87,13 @@ impl PoolOptions {
             connect_timeout: g.server_connect_timeout,
             watch: Watch::from_config(g),
         };
-        let session = settings.pool_mode == PoolMode::Session;
         Some(PoolOptions {
             connect_concurrency: g.server_connect_concurrency.min(settings.pool_size + settings.reserve_pool_size).max(1),
             reserve_pool_timeout: g.reserve_pool_timeout,
             login_retry_max: g.server_login_retry,
-            reset_query: session.then(|| g.server_reset_query.clone()),
+            // Run only on connections marked for it: every one in session mode,
+            // pinned sessions' in transaction mode.
+            reset_query: Some(g.server_reset_query.clone()),
             reset_timeout: g.server_reset_timeout,
             idle_timeout: g.server_idle_timeout,
             lifetime: g.server_lifetime,

@@ -2,6 +2,7 @@
 //! SQLSTATE constants, header-peeking framing, the startup packet, and the
 //! handful of messages weir writes itself.
 
+pub mod extended;
 pub mod frame;
 pub mod messages;
 pub mod sqlstate;

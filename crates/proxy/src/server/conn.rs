@@ -16,6 +16,7 @@ use super::cancel::{CancelGate, CancelTarget};
 use super::conversation::Conversation;
 use super::login::{login, LoginError, LoginParams};
 use super::socket::{self, Liveness};
+use super::statements::ServerStatements;
 use super::watch::Watch;
 use crate::params::ParamMap;
 use crate::protocol::{sqlstate, SqlState};
@@ -91,6 +92,8 @@ pub struct ServerConn {
     /// Set by whoever found the connection unusable (a watchdog): the pool
     /// closes it with this reason instead of recovering it.
     pub broken: Option<CloseReason>,
+    /// weir's prepared statements on this server (transaction mode).
+    pub statements: ServerStatements,
     guard: ServerConnGuard,
 }
 
@@ -200,6 +203,7 @@ pub async fn connect(spec: Arc<ConnectSpec>, metrics: &Arc<PoolMetrics>) -> Resu
         slot: None,
         spec,
         broken: None,
+        statements: ServerStatements::default(),
         guard,
     })
 }

@@ -32,6 +32,9 @@ pub struct Conversation {
     pub to_server_partial: usize,
     /// Bytes of a server message already partly passed to the client.
     pub from_server_partial: usize,
+    /// Syncs sent since the last Execute (and before any CopyDone/CopyFail):
+    /// if that Execute starts COPY FROM STDIN, Postgres ignores them.
+    pub syncs_after_execute: Option<u32>,
 }
 
 impl Default for Conversation {
@@ -43,6 +46,7 @@ impl Default for Conversation {
             copy_in: false,
             to_server_partial: 0,
             from_server_partial: 0,
+            syncs_after_execute: None,
         }
     }
 }
@@ -123,13 +127,28 @@ impl Conversation {
     /// Records one client message as sent to the server.
     pub fn note_client(&mut self, tag: u8) {
         match tag {
-            fe::QUERY | fe::FUNCTION_CALL => self.pending_rfq += 1,
+            fe::QUERY | fe::FUNCTION_CALL => {
+                self.pending_rfq += 1;
+                self.syncs_after_execute = None;
+            }
+            // Postgres ignores Sync during COPY IN.
+            fe::SYNC if self.copy_in => {}
             fe::SYNC => {
                 self.pending_rfq += 1;
                 self.in_batch = false;
+                if let Some(n) = &mut self.syncs_after_execute {
+                    *n += 1;
+                }
             }
-            fe::PARSE | fe::BIND | fe::DESCRIBE | fe::EXECUTE | fe::CLOSE | fe::FLUSH => self.in_batch = true,
-            fe::COPY_DONE | fe::COPY_FAIL => self.copy_in = false,
+            fe::EXECUTE => {
+                self.in_batch = true;
+                self.syncs_after_execute = Some(0);
+            }
+            fe::PARSE | fe::BIND | fe::DESCRIBE | fe::CLOSE | fe::FLUSH => self.in_batch = true,
+            fe::COPY_DONE | fe::COPY_FAIL => {
+                self.copy_in = false;
+                self.syncs_after_execute = None;
+            }
             _ => {}
         }
     }
@@ -199,7 +218,15 @@ impl Conversation {
                 let f = messages::parse_error_fields(body)?;
                 out.fatal |= f.severity == "FATAL" || f.severity == "PANIC";
             }
-            be::COPY_IN_RESPONSE | be::COPY_BOTH_RESPONSE => self.copy_in = true,
+            be::COPY_IN_RESPONSE | be::COPY_BOTH_RESPONSE => {
+                self.copy_in = true;
+                // Syncs pipelined behind an extended-protocol COPY were ignored:
+                // the batch stays open until the Sync after CopyDone.
+                if let Some(n) = self.syncs_after_execute.take().filter(|&n| n > 0) {
+                    self.pending_rfq = self.pending_rfq.saturating_sub(n);
+                    self.in_batch = true;
+                }
+            }
             _ => {}
         }
         Ok(false)
@@ -269,6 +296,23 @@ mod tests {
         let out = c.scan_client(&q[1000..], 1 << 30).unwrap();
         assert_eq!(out.forward, q.len() - 1000);
         assert_eq!(c.to_server_partial, 0);
+    }
+
+    #[test]
+    fn syncs_pipelined_behind_an_extended_copy_are_not_owed() {
+        let mut c = Conversation::default();
+        let batch = [msg(fe::BIND, b"\0\0\0\0\0\0\0"), msg(fe::EXECUTE, b"\0\0\0\0\0"), msg(fe::SYNC, b"")].concat();
+        c.scan_client(&batch, 1 << 20).unwrap();
+        assert_eq!(c.pending_rfq, 1);
+        let replies = [msg(be::BIND_COMPLETE, b""), msg(be::COPY_IN_RESPONSE, b"\0\0\0")].concat();
+        c.scan_server(&replies, |_, _| {}).unwrap();
+        assert_eq!((c.pending_rfq, c.copy_in, c.in_batch), (0, true, true));
+        let rest = [msg(fe::COPY_DATA, b"1\n"), msg(fe::SYNC, b""), msg(fe::COPY_DONE, b""), msg(fe::SYNC, b"")].concat();
+        c.scan_client(&rest, 1 << 20).unwrap();
+        assert_eq!(c.pending_rfq, 1, "only the Sync after CopyDone is answered");
+        let done = [msg(be::COMMAND_COMPLETE, b"COPY 1\0"), msg(be::READY_FOR_QUERY, b"I")].concat();
+        assert!(c.scan_server(&done, |_, _| {}).unwrap().settled);
+        assert!(c.is_clean());
     }
 
     #[test]

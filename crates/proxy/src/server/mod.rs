@@ -9,6 +9,7 @@ pub mod conversation;
 pub mod exchange;
 pub mod login;
 pub mod socket;
+pub mod statements;
 pub mod watch;
 
 pub use cancel::{forward_cancel, CancelGate};

@@ -1,0 +1,244 @@
+//! Protocol-level named prepared statements in transaction mode, and the
+//! session features that cannot survive it. Owns one client's view:
+//!
+//! * the client's statements: its name → weir's statement (`weir_<hash>` of
+//!   the query text and parameter types, so identical statements of
+//!   different clients share one server-side statement);
+//! * the outbound rewrite (`outbound.rs`): Parse/Bind/Describe/Close use
+//!   weir's names; a statement missing on the current server is prepared
+//!   first; evicted ones are closed; DEALLOCATE/DISCARD are followed;
+//! * the queue of replies the server owes for what was sent, and the
+//!   inbound filter (`inbound.rs`) that swallows replies to weir's own
+//!   messages and synthesizes the ones the client expects in their place;
+//! * pinning: a client that used LISTEN, a session advisory lock, WITH HOLD
+//!   cursors, SQL PREPARE or temporary tables keeps its server connection.
+//!
+//! A client that never names a statement is never tracked: its bytes pass
+//! through untouched, apart from a look at the head of each query's text.
+
+mod inbound;
+mod outbound;
+mod sql;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use sha2::{Digest, Sha256};
+use weir_metrics::PoolMetrics;
+
+use crate::protocol::{extended, tags::status};
+use crate::server::statements::ServerStatements;
+use crate::server::Conversation;
+
+pub use sql::{classify, Sql};
+
+/// One client statement as weir prepares it on servers.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Statement {
+    /// weir's server-side name.
+    pub weir: Arc<str>,
+    /// The Parse message that prepares it under weir's name.
+    pub parse: Bytes,
+}
+
+impl Statement {
+    /// weir's statement for a query text and raw parameter-type section.
+    pub fn new(query: &[u8], param_types: &[u8]) -> Statement {
+        let mut h = Sha256::new();
+        h.update(query);
+        h.update([0u8]);
+        h.update(param_types);
+        let digest = h.finalize();
+        let hex: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
+        let weir: Arc<str> = Arc::from(format!("weir_{hex}"));
+        let mut parse = BytesMut::new();
+        extended::parse(&mut parse, &weir, query, param_types);
+        Statement { weir, parse: parse.freeze() }
+    }
+}
+
+/// A reply (or group of replies) the server owes, or one weir owes the client.
+#[derive(Debug)]
+enum Expect {
+    /// A Parse sent to the server. `pass`: the client sent it and gets its
+    /// ParseComplete. `weir`: the server-side name it prepares. `client`:
+    /// the client's statement it stands for.
+    Parse {
+        pass: bool,
+        weir: Option<Arc<str>>,
+        client: Option<(Vec<u8>, Arc<Statement>)>,
+    },
+    Bind,
+    Describe,
+    Execute,
+    /// A Close sent to the server; `evicted` names a statement weir closes.
+    Close {
+        pass: bool,
+        evicted: Option<Arc<str>>,
+    },
+    Sync,
+    /// A simple Query or FunctionCall: answered up to ReadyForQuery.
+    Query,
+    /// The client's Parse of a statement already on the server: weir answers.
+    FakeParse {
+        client: Vec<u8>,
+        stmt: Arc<Statement>,
+    },
+    /// The client's Close of one of its statements: weir answers.
+    FakeClose {
+        client: Vec<u8>,
+        stmt: Arc<Statement>,
+    },
+    /// The client's `DEALLOCATE name` of one of its statements: weir answers.
+    FakeDeallocate {
+        client: Vec<u8>,
+        stmt: Arc<Statement>,
+    },
+    /// A notice weir adds before the next reply.
+    Notice(Bytes),
+    /// The client's CopyDone or CopyFail: no reply of its own; bounds the
+    /// Syncs Postgres ignores during COPY IN.
+    CopyEnd,
+}
+
+impl Expect {
+    fn is_synthetic(&self) -> bool {
+        matches!(
+            self,
+            Expect::FakeParse { .. }
+                | Expect::FakeClose { .. }
+                | Expect::FakeDeallocate { .. }
+                | Expect::Notice(_)
+                | Expect::CopyEnd
+        )
+    }
+}
+
+/// One client's prepared-statement and pinning state.
+#[derive(Debug)]
+pub struct Stage {
+    /// Transaction mode: weir looks at what the client sends.
+    enabled: bool,
+    /// max_prepared_statements; 0 leaves named statements alone.
+    max: usize,
+    /// Replies are tracked (the client used a named statement or needs a notice).
+    tracking: bool,
+    /// Why the client keeps its server connection, once it must.
+    pinned: Option<&'static str>,
+    statements: HashMap<Vec<u8>, Arc<Statement>>,
+    expect: VecDeque<Expect>,
+    /// Bytes of a client message being streamed through, not yet seen.
+    pass_remaining: usize,
+    /// Bytes of a server message being streamed through, not yet seen.
+    reply_partial: usize,
+    /// Transaction status of the last ReadyForQuery the client got.
+    status: u8,
+    metrics: Arc<PoolMetrics>,
+}
+
+impl Stage {
+    /// `enabled` is true in transaction mode; `max` is max_prepared_statements.
+    pub fn new(enabled: bool, max: u32, metrics: Arc<PoolMetrics>) -> Stage {
+        Stage {
+            enabled,
+            max: if enabled { max as usize } else { 0 },
+            tracking: false,
+            pinned: None,
+            statements: HashMap::new(),
+            expect: VecDeque::new(),
+            pass_remaining: 0,
+            reply_partial: 0,
+            status: status::IDLE,
+            metrics,
+        }
+    }
+
+    /// Why this client keeps its server connection, if it must.
+    pub fn pinned(&self) -> Option<&'static str> {
+        self.pinned
+    }
+
+    /// Statements the client has prepared (as it names them).
+    pub fn client_statements(&self) -> usize {
+        self.statements.len()
+    }
+
+    /// A server connection was just lent to this client.
+    pub fn begin(&mut self, server: &mut ServerStatements, conv: &Conversation) {
+        server.begin_lease();
+        self.expect.clear();
+        self.reply_partial = 0;
+        self.status = conv.status;
+    }
+
+    /// The lease ends. Whatever weir sent and never saw answered (the client
+    /// or server left mid-batch) leaves those statements uncertain.
+    pub fn end(&mut self, server: &mut ServerStatements) {
+        for e in self.expect.drain(..) {
+            match e {
+                Expect::Parse { weir: Some(w), .. } | Expect::Close { evicted: Some(w), .. } => {
+                    server.mark_uncertain(w)
+                }
+                _ => {}
+            }
+        }
+        self.reply_partial = 0;
+        self.pass_remaining = 0;
+    }
+
+    fn pin(&mut self, why: &'static str) {
+        if self.pinned.is_none() {
+            tracing::info!(reason = why, "client pinned to its server connection for the rest of its session");
+            self.metrics.record_pinned();
+            self.pinned = Some(why);
+        }
+    }
+
+    /// A skipped or failed message: undo what weir assumed it would do.
+    fn undo(&mut self, e: Expect, server: &mut ServerStatements) {
+        match e {
+            Expect::Parse { weir, client, .. } => {
+                if let Some(w) = weir {
+                    server.remove(&w);
+                }
+                if let Some((name, stmt)) = client {
+                    self.forget_if_same(&name, &stmt);
+                }
+            }
+            Expect::FakeParse { client, stmt } => self.forget_if_same(&client, &stmt),
+            Expect::FakeClose { client, stmt } | Expect::FakeDeallocate { client, stmt } => {
+                self.statements.entry(client).or_insert(stmt);
+            }
+            Expect::Close { evicted: Some(w), .. } => server.mark_uncertain(w),
+            _ => {}
+        }
+    }
+
+    fn forget_if_same(&mut self, name: &[u8], stmt: &Arc<Statement>) {
+        if self.statements.get(name).is_some_and(|s| Arc::ptr_eq(s, stmt)) {
+            self.statements.remove(name);
+        }
+    }
+}
+
+/// A copy-on-write edit of a byte region: nothing is copied until the first
+/// change, then unchanged spans are copied around the changes.
+#[derive(Debug, Default)]
+struct Rewrite {
+    out: Option<BytesMut>,
+    /// Source bytes already accounted for in `out`.
+    copied: usize,
+}
+
+impl Rewrite {
+    /// Replaces `len` source bytes at `at` (at or after earlier splices) with `with`.
+    fn splice(&mut self, src: &[u8], at: usize, len: usize, with: &[u8]) {
+        let out = self.out.get_or_insert_with(|| BytesMut::with_capacity(src.len() + 256));
+        out.extend_from_slice(&src[self.copied..at]);
+        out.extend_from_slice(with);
+        self.copied = at + len;
+    }
+}

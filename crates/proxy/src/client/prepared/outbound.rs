@@ -1,0 +1,388 @@
+//! The client → server half: walks whole client messages (the head of long
+//! ones) before they are sent, rewrites statement names to weir's, prepares
+//! statements the current server lacks, closes evicted ones, answers the
+//! client's own Parse/Close/DEALLOCATE of statements weir keeps, and queues
+//! what the server will owe for each message sent.
+
+use std::sync::Arc;
+
+use bytes::BytesMut;
+
+use super::sql::{classify, Sql, INSPECT_LIMIT};
+use super::{Expect, Rewrite, Stage, Statement};
+use crate::protocol::{
+    extended::{self, TARGET_STATEMENT},
+    messages::{self, Severity},
+    peek_header, sqlstate,
+    tags::frontend as fe,
+    ProtocolError, HEADER_LEN,
+};
+use crate::server::conversation::STREAM_THRESHOLD;
+use crate::server::statements::ServerStatements;
+use crate::server::Conversation;
+
+/// Named Parse messages up to this size are tracked (they must fit in the
+/// client buffer whole); a longer one passes through and pins the session.
+pub const MAX_TRACKED_PARSE: usize = 128 * 1024;
+
+/// What to do with the message at hand.
+enum Step {
+    /// Handled whole; go on after it.
+    Next,
+    /// Its head was handled; the rest streams through as it comes.
+    Stream,
+    /// More bytes are needed (or the server must settle first).
+    Wait,
+    /// Tracking just started: handle the same message again, tracked.
+    Again,
+}
+
+/// One message at the cursor: its tag, its bytes at hand, its full length.
+struct Msg<'a> {
+    tag: u8,
+    bytes: &'a [u8],
+    total: usize,
+    at: usize,
+}
+
+impl Msg<'_> {
+    fn whole(&self) -> bool {
+        self.bytes.len() >= self.total
+    }
+
+    fn body(&self) -> &[u8] {
+        &self.bytes[HEADER_LEN..]
+    }
+
+    /// Enough of a long message's head to classify its query text.
+    fn head_ready(&self) -> bool {
+        self.whole() || self.bytes.len() >= HEADER_LEN + INSPECT_LIMIT + 256
+    }
+}
+
+impl Stage {
+    /// Rewrites the client messages at the front of `cbuf` for the server
+    /// this client holds and returns how many leading bytes are ready to send
+    /// (all of them are sent before the next call).
+    pub fn outbound(
+        &mut self,
+        cbuf: &mut BytesMut,
+        conv: &Conversation,
+        server: &mut ServerStatements,
+        max_message: usize,
+    ) -> Result<usize, ProtocolError> {
+        if !self.enabled {
+            return Ok(cbuf.len());
+        }
+        let src: &[u8] = cbuf;
+        let mut rw = Rewrite::default();
+        let mut at = self.pass_remaining.min(src.len());
+        self.pass_remaining -= at;
+        if self.pass_remaining > 0 {
+            return Ok(src.len());
+        }
+        // Whether the server is in COPY IN when the message at hand reaches it.
+        let mut copy_in = conv.copy_in;
+        while let Some((tag, total)) = peek_header(&src[at..], max_message)? {
+            let avail = src.len() - at;
+            let m = Msg { tag, bytes: &src[at..at + avail.min(total)], total, at };
+            if !m.whole() && total <= STREAM_THRESHOLD {
+                break;
+            }
+            let step = if self.tracking {
+                self.tracked(&m, src, &mut copy_in, server, &mut rw)?
+            } else {
+                self.untracked(&m, conv, server)?
+            };
+            match step {
+                Step::Wait => break,
+                Step::Again => continue,
+                Step::Stream => {
+                    self.pass_remaining = total - avail;
+                    at = src.len();
+                    break;
+                }
+                Step::Next if tag == fe::TERMINATE => {
+                    at += total;
+                    break;
+                }
+                Step::Next => at += total,
+            }
+        }
+        let Some(mut out) = rw.out.take() else { return Ok(at) };
+        let ready = out.len() + (at - rw.copied);
+        out.extend_from_slice(&src[rw.copied..]);
+        if out.capacity() < cbuf.capacity() {
+            out.reserve(cbuf.capacity() - out.len());
+        }
+        *cbuf = out;
+        Ok(ready)
+    }
+
+    /// A client not (yet) tracked: only look at query text; start tracking
+    /// when it names a statement or needs a notice, once the server is settled.
+    fn untracked(
+        &mut self,
+        m: &Msg<'_>,
+        conv: &Conversation,
+        server: &mut ServerStatements,
+    ) -> Result<Step, ProtocolError> {
+        let text = match m.tag {
+            fe::QUERY if m.head_ready() => m.body(),
+            fe::PARSE if m.head_ready() => {
+                let name = extended::parse_name(m.body())?;
+                if !name.is_empty() && self.max > 0 {
+                    return Ok(self.start_tracking(m, conv));
+                }
+                &m.body()[name.len() + 1..]
+            }
+            fe::QUERY | fe::PARSE => return Ok(Step::Wait),
+            _ => return Ok(next_or_stream(m)),
+        };
+        match classify(text) {
+            Sql::Pins(why) => self.pin(why),
+            Sql::DropsAll => server.mark_all_uncertain(),
+            Sql::SessionSet(_) if self.pinned.is_none() => return Ok(self.start_tracking(m, conv)),
+            Sql::SessionSet(_) => {}
+            Sql::Other | Sql::Deallocate(_) => {}
+        }
+        Ok(next_or_stream(m))
+    }
+
+    /// Tracking starts at a point where the server owes no ReadyForQuery, so
+    /// every reply from then on answers a message weir queued.
+    fn start_tracking(&mut self, m: &Msg<'_>, conv: &Conversation) -> Step {
+        let settled = conv.pending_rfq == 0 && conv.to_server_partial == 0 && conv.from_server_partial == 0;
+        if m.at > 0 || !settled {
+            return Step::Wait;
+        }
+        tracing::debug!("tracking prepared statements for this client");
+        self.tracking = true;
+        self.expect.clear();
+        self.reply_partial = 0;
+        self.status = conv.status;
+        Step::Again
+    }
+
+    fn tracked(
+        &mut self,
+        m: &Msg<'_>,
+        src: &[u8],
+        copy_in: &mut bool,
+        server: &mut ServerStatements,
+        rw: &mut Rewrite,
+    ) -> Result<Step, ProtocolError> {
+        let step = match m.tag {
+            fe::PARSE => return self.on_parse(m, src, server, rw),
+            fe::BIND => return self.on_bind(m, src, server, rw),
+            fe::DESCRIBE => return self.on_describe(m, src, server, rw),
+            fe::CLOSE => return self.on_close(m, src, rw),
+            fe::QUERY => return self.on_query(m, src, server, rw),
+            fe::EXECUTE => Expect::Execute,
+            // Postgres ignores Sync during COPY IN.
+            fe::SYNC if *copy_in => return Ok(Step::Next),
+            fe::SYNC => Expect::Sync,
+            fe::COPY_DONE | fe::COPY_FAIL => {
+                *copy_in = false;
+                Expect::CopyEnd
+            }
+            fe::FUNCTION_CALL => Expect::Query,
+            _ => return Ok(next_or_stream(m)),
+        };
+        self.expect.push_back(step);
+        Ok(next_or_stream(m))
+    }
+
+    fn on_parse(
+        &mut self,
+        m: &Msg<'_>,
+        src: &[u8],
+        server: &mut ServerStatements,
+        rw: &mut Rewrite,
+    ) -> Result<Step, ProtocolError> {
+        let name = extended::parse_name(m.body())?;
+        if name.is_empty() || self.max == 0 {
+            if !m.head_ready() {
+                return Ok(Step::Wait);
+            }
+            self.look_at(&m.body()[name.len() + 1..], server);
+            self.expect.push_back(Expect::Parse { pass: true, weir: None, client: None });
+            return Ok(next_or_stream(m));
+        }
+        if !m.whole() {
+            if m.total <= MAX_TRACKED_PARSE {
+                return Ok(Step::Wait);
+            }
+            self.pin("prepared statement text over 128 KiB");
+            self.expect.push_back(Expect::Parse { pass: true, weir: None, client: None });
+            return Ok(Step::Stream);
+        }
+        let Ok(p) = extended::read_parse(m.body()) else {
+            self.expect.push_back(Expect::Parse { pass: true, weir: None, client: None });
+            return Ok(Step::Next);
+        };
+        self.look_at(p.query, server);
+        let name = p.name.to_vec();
+        let stmt = Arc::new(Statement::new(p.query, p.param_types));
+        self.statements.insert(name.clone(), stmt.clone());
+        self.metrics.record_client_parse();
+        if server.contains(&stmt.weir) {
+            server.touch(&stmt.weir);
+            rw.splice(src, m.at, m.total, &[]);
+            self.expect.push_back(Expect::FakeParse { client: name, stmt });
+            return Ok(Step::Next);
+        }
+        let mut pre = BytesMut::new();
+        self.prelude(&stmt.weir, server, &mut pre);
+        pre.extend_from_slice(&stmt.parse);
+        rw.splice(src, m.at, m.total, &pre);
+        self.metrics.record_server_parse();
+        self.expect.push_back(Expect::Parse { pass: true, weir: Some(stmt.weir.clone()), client: Some((name, stmt)) });
+        Ok(Step::Next)
+    }
+
+    fn on_bind(
+        &mut self,
+        m: &Msg<'_>,
+        src: &[u8],
+        server: &mut ServerStatements,
+        rw: &mut Rewrite,
+    ) -> Result<Step, ProtocolError> {
+        let Some(head) = extended::read_bind_head(m.bytes)? else {
+            return Ok(if m.whole() { self.pass(m, Expect::Bind) } else { Step::Wait });
+        };
+        let Some(stmt) = self.statements.get(head.statement).cloned() else {
+            return Ok(self.pass(m, Expect::Bind));
+        };
+        self.ensure(&stmt, src, m.at, server, rw);
+        let mut new_head = BytesMut::new();
+        extended::bind_head(&mut new_head, m.total, &head, &stmt.weir);
+        rw.splice(src, m.at, head.rest_at, &new_head);
+        Ok(self.pass(m, Expect::Bind))
+    }
+
+    fn on_describe(
+        &mut self,
+        m: &Msg<'_>,
+        src: &[u8],
+        server: &mut ServerStatements,
+        rw: &mut Rewrite,
+    ) -> Result<Step, ProtocolError> {
+        let stmt = match extended::read_target(m.body()) {
+            Ok((TARGET_STATEMENT, name)) => self.statements.get(name).cloned(),
+            _ => None,
+        };
+        if let Some(stmt) = stmt {
+            self.ensure(&stmt, src, m.at, server, rw);
+            let mut msg = BytesMut::new();
+            extended::target(&mut msg, fe::DESCRIBE, TARGET_STATEMENT, &stmt.weir);
+            rw.splice(src, m.at, m.total, &msg);
+        }
+        Ok(self.pass(m, Expect::Describe))
+    }
+
+    fn on_close(&mut self, m: &Msg<'_>, src: &[u8], rw: &mut Rewrite) -> Result<Step, ProtocolError> {
+        if let Ok((TARGET_STATEMENT, name)) = extended::read_target(m.body()) {
+            if let Some(stmt) = self.statements.remove(name) {
+                // The server-side statement stays: other clients may share it.
+                rw.splice(src, m.at, m.total, &[]);
+                self.expect.push_back(Expect::FakeClose { client: name.to_vec(), stmt });
+                return Ok(Step::Next);
+            }
+        }
+        Ok(self.pass(m, Expect::Close { pass: true, evicted: None }))
+    }
+
+    fn on_query(
+        &mut self,
+        m: &Msg<'_>,
+        src: &[u8],
+        server: &mut ServerStatements,
+        rw: &mut Rewrite,
+    ) -> Result<Step, ProtocolError> {
+        if !m.head_ready() {
+            return Ok(Step::Wait);
+        }
+        if let (true, Sql::Deallocate(name)) = (m.whole(), classify(m.body())) {
+            if let Some(stmt) = self.statements.remove(&name) {
+                rw.splice(src, m.at, m.total, &[]);
+                self.expect.push_back(Expect::FakeDeallocate { client: name, stmt });
+                return Ok(Step::Next);
+            }
+        }
+        self.look_at(m.body(), server);
+        Ok(self.pass(m, Expect::Query))
+    }
+
+    /// Acts on what a tracked query's text means for pooling.
+    fn look_at(&mut self, text: &[u8], server: &mut ServerStatements) {
+        match classify(text) {
+            Sql::Pins(why) => self.pin(why),
+            Sql::DropsAll => {
+                self.statements.clear();
+                server.mark_all_uncertain();
+            }
+            Sql::SessionSet(param) if self.pinned.is_none() => {
+                let mut notice = BytesMut::new();
+                messages::error_response(&mut notice, Severity::Warning, sqlstate::WARNING, &set_warning(&param));
+                self.expect.push_back(Expect::Notice(notice.freeze()));
+            }
+            _ => {}
+        }
+    }
+
+    fn pass(&mut self, m: &Msg<'_>, e: Expect) -> Step {
+        self.expect.push_back(e);
+        next_or_stream(m)
+    }
+
+    /// Makes sure `stmt` is prepared on the server before the message at `at`.
+    fn ensure(
+        &mut self,
+        stmt: &Arc<Statement>,
+        src: &[u8],
+        at: usize,
+        server: &mut ServerStatements,
+        rw: &mut Rewrite,
+    ) {
+        if server.contains(&stmt.weir) {
+            server.touch(&stmt.weir);
+            return;
+        }
+        let mut pre = BytesMut::new();
+        self.prelude(&stmt.weir, server, &mut pre);
+        pre.extend_from_slice(&stmt.parse);
+        rw.splice(src, at, 0, &pre);
+        self.metrics.record_server_parse();
+        self.expect.push_back(Expect::Parse { pass: false, weir: Some(stmt.weir.clone()), client: None });
+    }
+
+    /// Closes what must go before `weir` is prepared: the same name if it may
+    /// linger, and whatever the cache evicts to make room.
+    fn prelude(&mut self, weir: &Arc<str>, server: &mut ServerStatements, pre: &mut BytesMut) {
+        if server.take_uncertain(weir) {
+            extended::target(pre, fe::CLOSE, TARGET_STATEMENT, weir);
+            self.expect.push_back(Expect::Close { pass: false, evicted: None });
+        }
+        for old in server.insert(weir.clone(), self.max) {
+            extended::target(pre, fe::CLOSE, TARGET_STATEMENT, &old);
+            self.expect.push_back(Expect::Close { pass: false, evicted: Some(old) });
+        }
+    }
+}
+
+fn next_or_stream(m: &Msg<'_>) -> Step {
+    if m.whole() {
+        Step::Next
+    } else {
+        Step::Stream
+    }
+}
+
+fn set_warning(param: &str) -> String {
+    format!(
+        "SET {param} outside a transaction block stays on this server connection only: with transaction pooling \
+         later transactions may run on another connection, and another client may inherit it. Use SET LOCAL \
+         inside the transaction, or pass the setting in the connection's options"
+    )
+}
