@@ -24,6 +24,9 @@ pub enum ClientError {
     UnsupportedProtocol(u16, u16),
     #[error("{0}")]
     BadStartupParameter(String),
+    /// Postgres refused a startup setting or parameter value the client sent.
+    #[error("{message}")]
+    RefusedSetting { code: SqlState, message: String },
     #[error("sorry, too many clients already (max_client_conn)")]
     TooManyClients,
     #[error("client_login_timeout expired before login completed")]
@@ -58,6 +61,7 @@ impl ClientError {
             ClientError::NoUser => sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
             ClientError::UnsupportedProtocol(..) => sqlstate::FEATURE_NOT_SUPPORTED,
             ClientError::BadStartupParameter(_) => sqlstate::PROTOCOL_VIOLATION,
+            ClientError::RefusedSetting { code, .. } => *code,
             ClientError::TooManyClients => sqlstate::TOO_MANY_CONNECTIONS,
             ClientError::LoginTimeout => sqlstate::PROTOCOL_VIOLATION,
             ClientError::NoServer(PoolError::WaitTimeout { .. }) => sqlstate::TOO_MANY_CONNECTIONS,

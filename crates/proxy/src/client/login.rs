@@ -3,7 +3,8 @@
 //! auth_file, and the greeting (AuthenticationOk, ParameterStatus,
 //! BackendKeyData, ReadyForQuery) in one write.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
@@ -12,11 +13,13 @@ use tokio::net::TcpStream;
 use super::error::ClientError;
 use crate::config::Config;
 use crate::params::{self, ParamMap, TRACKED};
+use crate::pool::Pool;
 use crate::protocol::{
-    messages,
+    messages, sqlstate,
     startup::{self, StartupPacket},
     tags::{auth, status},
 };
+use crate::server::exchange;
 use crate::wire;
 
 /// The byte that refuses SSLRequest and GSSENCRequest.
@@ -124,6 +127,53 @@ pub fn client_params(req: &Request, server: &ParamMap) -> ParamMap {
         }
     }
     p
+}
+
+/// Tracked parameters that take any value, so need no check at login.
+const ANY_VALUE: &[&str] = &["application_name"];
+
+/// Applies the client's startup settings and parameter values on a server
+/// once, at login, so a name or value Postgres refuses is refused now, with
+/// Postgres's own SQLSTATE and message (as Postgres does at connection
+/// start), instead of failing silently on every later server. Costs one
+/// round trip on a pooled server, and only when the client asked for
+/// something other than the server's defaults. The client's tracked
+/// parameters take the server's spelling (DateStyle "ISO" is "ISO, MDY").
+pub async fn check_startup_settings(
+    pool: &Arc<Pool>,
+    deadline: Instant,
+    params: &mut ParamMap,
+    settings: &ParamMap,
+    server_defaults: &ParamMap,
+) -> Result<(), ClientError> {
+    let needs_check = !settings.is_empty()
+        || params.iter().any(|(k, v)| !ANY_VALUE.contains(&k) && server_defaults.get(k) != Some(v));
+    if !needs_check {
+        return Ok(());
+    }
+    let mut lease = pool.acquire(deadline).await?;
+    let conn = lease.conn_mut();
+    let Some(sql) = ParamMap::sync_sql(params, settings, &conn.params, &conn.settings) else { return Ok(()) };
+    match exchange::run_checked(conn, &sql).await {
+        Err(reason) => {
+            lease.close(reason);
+            Err(ClientError::ServerLost)
+        }
+        Ok(Some(refused)) => Err(ClientError::RefusedSetting {
+            code: sqlstate::lookup(&refused.code).unwrap_or(sqlstate::INVALID_PARAMETER_VALUE),
+            message: refused.message,
+        }),
+        Ok(None) => {
+            conn.settings = settings.clone();
+            let names: Vec<String> = params.iter().map(|(k, _)| k.to_owned()).collect();
+            for k in names {
+                if let Some(v) = conn.params.get(&k) {
+                    params.set(&k, v);
+                }
+            }
+            Ok(())
+        }
+    }
 }
 
 /// AuthenticationOk, every ParameterStatus, BackendKeyData and ReadyForQuery.

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tracing::Instrument;
 use weir_metrics::ClientResult;
@@ -36,7 +36,9 @@ pub async fn serve(mut socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>)
                 tracing::info!(error = %e, sqlstate = e.sqlstate().code(), "client refused or closed with an error");
                 let mut out = BytesMut::new();
                 messages::error_response(&mut out, Severity::Fatal, e.sqlstate(), &e.client_message());
-                let _ = socket.write_all(&out).await;
+                if socket.write_all(&out).await.is_ok() {
+                    close_after_error(&mut socket).await;
+                }
             }
         }
         if cfg.weir.log_disconnections {
@@ -45,6 +47,26 @@ pub async fn serve(mut socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>)
     }
     .instrument(span)
     .await
+}
+
+/// How long a refused client's unread bytes are drained after its FATAL.
+const ERROR_LINGER: Duration = Duration::from_millis(500);
+
+/// Closes after a FATAL without losing it to a reset: closing a socket with
+/// unread input sends RST, which can discard the error before the client
+/// reads it. So FIN first, then read and drop what the client still sends
+/// until it closes too (or briefly).
+pub async fn close_after_error(socket: &mut TcpStream) {
+    let _ = socket.shutdown().await;
+    let mut sink = [0u8; 4096];
+    let drain = async {
+        while let Ok(n) = socket.read(&mut sink).await {
+            if n == 0 {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(ERROR_LINGER, drain).await;
 }
 
 async fn run(socket: &mut TcpStream, shared: &Arc<Shared>, cfg: &Arc<Config>) -> Result<(), ClientError> {
@@ -102,8 +124,10 @@ async fn authenticate<'a>(
     let pool = shared.pools.get_or_create(cfg, &key, password).ok_or_else(|| ClientError::UnknownDatabase(req.database.clone()))?;
     let settings = pool.settings();
     let budget = wait_budget(settings.query_wait_timeout, req.declared_deadline, cfg.weir.client_deadline_fraction);
-    let server_params = pool.server_params(Instant::now() + budget).await?;
-    let params = login::client_params(&req, &server_params);
+    let deadline = Instant::now() + budget;
+    let server_params = pool.server_params(deadline).await?;
+    let mut params = login::client_params(&req, &server_params);
+    login::check_startup_settings(&pool, deadline, &mut params, &req.settings, &server_params).await?;
     let reg = shared.cancels.register();
     let hello = login::greeting(&server_params, &params, (reg.pid, reg.secret), minor, &req.protocol_options);
     socket.write_all(&hello).await.map_err(ClientError::Io)?;

@@ -120,6 +120,31 @@ pub fn cancel_request(pid: i32, secret: i32) -> [u8; 16] {
     p
 }
 
+/// An untagged StartupMessage: `version` is `(major << 16) | minor`
+/// (`tags::startup::PROTOCOL_3_0` for 3.0), then name/value pairs.
+pub fn startup_message(buf: &mut BytesMut, version: i32, params: &[(&str, &str)]) {
+    let at = buf.len();
+    buf.put_i32(0);
+    buf.put_i32(version);
+    for (name, value) in params {
+        buf.put_slice(name.as_bytes());
+        buf.put_u8(0);
+        buf.put_slice(value.as_bytes());
+        buf.put_u8(0);
+    }
+    buf.put_u8(0);
+    let len = (buf.len() - at) as i32;
+    buf[at..at + 4].copy_from_slice(&len.to_be_bytes());
+}
+
+/// An untagged SSLRequest or GSSENCRequest (`code` from `tags::startup`).
+pub fn encryption_request(code: i32) -> [u8; 8] {
+    let mut p = [0u8; 8];
+    p[..4].copy_from_slice(&8i32.to_be_bytes());
+    p[4..].copy_from_slice(&code.to_be_bytes());
+    p
+}
+
 /// Fields of an ErrorResponse or NoticeResponse body that weir cares about.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ErrorFields {
@@ -170,6 +195,17 @@ mod tests {
         assert_eq!(len + 1, buf.len());
         let f = parse_error_fields(&buf[5..]).unwrap();
         assert_eq!((f.severity.as_str(), f.code.as_str(), f.message.as_str()), ("FATAL", "28P01", "nope"));
+    }
+
+    #[test]
+    fn startup_message_parses_back() {
+        use crate::protocol::startup::{parse, StartupPacket};
+        use crate::protocol::tags::startup as code;
+        let mut buf = BytesMut::new();
+        startup_message(&mut buf, code::PROTOCOL_3_0, &[("user", "u"), ("database", "d")]);
+        let StartupPacket::Startup { major, minor, params } = parse(&buf).unwrap() else { panic!() };
+        assert_eq!((major, minor, params.len()), (3, 0, 2));
+        assert_eq!(parse(&encryption_request(code::SSL_REQUEST)).unwrap(), StartupPacket::SslRequest);
     }
 
     #[test]

@@ -32,10 +32,9 @@ pub enum ProtocolError {
 }
 
 impl ProtocolError {
+    /// Every malformed input is a protocol violation, as Postgres reports an
+    /// over-long message or startup packet ("invalid message length").
     pub fn sqlstate(&self) -> SqlState {
-        match self {
-            ProtocolError::TooLong { .. } => sqlstate::PROGRAM_LIMIT_EXCEEDED,
-            _ => sqlstate::PROTOCOL_VIOLATION,
-        }
+        sqlstate::PROTOCOL_VIOLATION
     }
 }

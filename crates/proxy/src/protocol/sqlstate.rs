@@ -34,3 +34,43 @@ pub const OBJECT_NOT_IN_PREREQUISITE_STATE: SqlState = SqlState("55000");
 pub const CONFIG_FILE_ERROR: SqlState = SqlState("F0000");
 /// The code of a plain NoticeResponse.
 pub const SUCCESSFUL_COMPLETION: SqlState = SqlState("00000");
+pub const UNDEFINED_OBJECT: SqlState = SqlState("42704");
+pub const CANT_CHANGE_RUNTIME_PARAM: SqlState = SqlState("55P02");
+
+/// Every code above, for mapping a code a server sent onto a constant.
+const ALL: &[SqlState] = &[
+    CONNECTION_EXCEPTION,
+    CONNECTION_FAILURE,
+    SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
+    PROTOCOL_VIOLATION,
+    FEATURE_NOT_SUPPORTED,
+    INVALID_AUTHORIZATION_SPECIFICATION,
+    INVALID_PASSWORD,
+    INVALID_CATALOG_NAME,
+    TOO_MANY_CONNECTIONS,
+    QUERY_CANCELED,
+    ADMIN_SHUTDOWN,
+    CANNOT_CONNECT_NOW,
+    INVALID_PARAMETER_VALUE,
+    SYNTAX_ERROR,
+    PROGRAM_LIMIT_EXCEEDED,
+    INTERNAL_ERROR,
+    IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
+    INSUFFICIENT_PRIVILEGE,
+    UNDEFINED_OBJECT,
+    CANT_CHANGE_RUNTIME_PARAM,
+];
+
+/// The named constant for a code a server sent, if weir names it.
+pub fn lookup(code: &str) -> Option<SqlState> {
+    ALL.iter().copied().find(|s| s.code() == code)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn lookup_finds_named_codes_only() {
+        assert_eq!(super::lookup("42704"), Some(super::UNDEFINED_OBJECT));
+        assert_eq!(super::lookup("99999"), None);
+    }
+}

@@ -6,9 +6,11 @@ use bytes::{Buf, BytesMut};
 use tokio::io::AsyncWriteExt;
 use weir_metrics::CloseReason;
 
+use super::conversation::MAX_SERVER_MESSAGE;
 use super::ServerConn;
-use crate::protocol::{messages, tags::frontend as fe};
-use crate::wire;
+use crate::protocol::messages::{self, ErrorFields};
+use crate::protocol::tags::{backend as be, frontend as fe};
+use crate::wire::{self, WireError};
 
 /// Writes bytes weir made itself to the server.
 pub async fn write(conn: &mut ServerConn, bytes: &[u8]) -> Result<(), CloseReason> {
@@ -44,6 +46,46 @@ pub async fn drain(conn: &mut ServerConn) -> Result<(), CloseReason> {
         }
     }
     Ok(())
+}
+
+/// Sends one simple query on a quiet connection and reads its whole answer,
+/// returning the first ErrorResponse (the statement Postgres refused), if any.
+/// ParameterStatus updates `conn.params`; ReadyForQuery sets the status.
+pub async fn run_checked(conn: &mut ServerConn, sql: &str) -> Result<Option<ErrorFields>, CloseReason> {
+    let mut out = BytesMut::new();
+    messages::query(&mut out, sql);
+    write(conn, &out).await?;
+    let mut first_error = None;
+    loop {
+        let read = wire::read_frame(&mut conn.stream, &mut conn.rbuf, MAX_SERVER_MESSAGE);
+        let frame = read.await.map_err(read_failure)?;
+        let body = frame.body();
+        match frame.tag {
+            be::ERROR_RESPONSE => {
+                let f = messages::parse_error_fields(body).map_err(|_| CloseReason::ProtocolError)?;
+                if f.severity == "FATAL" || f.severity == "PANIC" {
+                    return Err(CloseReason::ServerError);
+                }
+                first_error.get_or_insert(f);
+            }
+            be::PARAMETER_STATUS => {
+                let (k, v) = messages::parse_parameter_status(body).map_err(|_| CloseReason::ProtocolError)?;
+                conn.params.set(&k, &v);
+            }
+            be::READY_FOR_QUERY => {
+                conn.conv.status = *body.first().ok_or(CloseReason::ProtocolError)?;
+                return Ok(first_error);
+            }
+            _ => {}
+        }
+    }
+}
+
+fn read_failure(e: WireError) -> CloseReason {
+    match e {
+        WireError::Protocol(_) => CloseReason::ProtocolError,
+        _ => CloseReason::ServerClosed,
+    }
 }
 
 async fn fill(conn: &mut ServerConn) -> Result<(), CloseReason> {

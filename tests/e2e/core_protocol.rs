@@ -1,0 +1,318 @@
+//! The client side of the protocol over raw sockets, where drivers are too
+//! polite to go: bogus lengths, unsupported protocol versions, oversized
+//! startup packets, SSLRequest and GSSENCRequest, bytes pipelined after an
+//! encryption request, startup parameters weir cannot honour, and
+//! client_login_timeout. Each bad input gets a FATAL ErrorResponse with the
+//! right SQLSTATE, then the connection closes; nobody else is harmed.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use weir::protocol::messages::{self, ErrorFields};
+use weir::protocol::tags::{backend as be, startup as code};
+use weir::wire::{self, WireError};
+use weir_e2e::{Harness, Opts, APP_DB, SCRAM_USER};
+
+const READ_LIMIT: Duration = Duration::from_secs(5);
+
+async fn bounded<T>(limit_secs: u64, f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(limit_secs), f).await.expect("test exceeded its time limit")
+}
+
+/// weir with auth_type trust, so raw sockets can log in without a password exchange.
+async fn trust_harness(general: &str) -> Harness {
+    Harness::start(Opts { auth_type: "trust", general: general.into(), ..Default::default() }).await
+}
+
+/// A StartupMessage for protocol `major.minor` with `params`.
+fn startup_v(major: i32, minor: i32, params: &[(&str, &str)]) -> BytesMut {
+    let mut buf = BytesMut::new();
+    messages::startup_message(&mut buf, (major << 16) | minor, params);
+    buf
+}
+
+fn startup(params: &[(&str, &str)]) -> BytesMut {
+    startup_v(3, 0, params)
+}
+
+struct Raw {
+    s: TcpStream,
+    buf: BytesMut,
+}
+
+impl Raw {
+    async fn connect(h: &Harness) -> Raw {
+        Raw { s: TcpStream::connect(h.addr()).await.unwrap(), buf: BytesMut::new() }
+    }
+
+    async fn send(&mut self, bytes: &[u8]) {
+        self.s.write_all(bytes).await.unwrap();
+    }
+
+    /// The next message, or None at EOF.
+    async fn next(&mut self) -> Option<(u8, Bytes)> {
+        let read = wire::read_frame(&mut self.s, &mut self.buf, 1 << 20);
+        match tokio::time::timeout(READ_LIMIT, read).await.expect("weir answered in time") {
+            Ok(f) => Some((f.tag, f.bytes.slice(weir::protocol::HEADER_LEN..))),
+            Err(WireError::Eof) => None,
+            Err(e) => panic!("reading from weir: {e}"),
+        }
+    }
+
+    /// Reads until an ErrorResponse, which must be FATAL and followed by EOF.
+    async fn expect_fatal(&mut self) -> ErrorFields {
+        loop {
+            let (tag, body) = self.next().await.expect("an ErrorResponse before EOF");
+            if tag == be::ERROR_RESPONSE {
+                let f = messages::parse_error_fields(&body).unwrap();
+                assert_eq!(f.severity, "FATAL", "{f:?}");
+                assert!(self.next().await.is_none(), "connection closed after the FATAL");
+                return f;
+            }
+        }
+    }
+
+    /// Reads the login answer up to ReadyForQuery; returns the tags seen and
+    /// the ParameterStatus values.
+    async fn expect_login_ok(&mut self) -> (Vec<u8>, Vec<(String, String)>) {
+        let (mut tags, mut params) = (Vec::new(), Vec::new());
+        loop {
+            let (tag, body) = self.next().await.expect("login answer");
+            assert_ne!(tag, be::ERROR_RESPONSE, "{:?}", messages::parse_error_fields(&body));
+            tags.push(tag);
+            if tag == be::PARAMETER_STATUS {
+                params.push(messages::parse_parameter_status(&body).unwrap());
+            }
+            if tag == be::READY_FOR_QUERY {
+                return (tags, params);
+            }
+        }
+    }
+
+    /// Runs a simple query; returns the first column of the first DataRow.
+    async fn query_one(&mut self, sql: &str) -> String {
+        let mut out = BytesMut::new();
+        messages::query(&mut out, sql);
+        self.send(&out).await;
+        let mut value = None;
+        loop {
+            let (tag, body) = self.next().await.expect("query answer");
+            match tag {
+                be::DATA_ROW if value.is_none() => {
+                    let len = i32::from_be_bytes([body[2], body[3], body[4], body[5]]) as usize;
+                    value = Some(String::from_utf8(body[6..6 + len].to_vec()).unwrap());
+                }
+                be::ERROR_RESPONSE => panic!("{:?}", messages::parse_error_fields(&body)),
+                be::READY_FOR_QUERY => return value.expect("a row"),
+                _ => {}
+            }
+        }
+    }
+}
+
+fn user_params() -> [(&'static str, &'static str); 2] {
+    [("user", SCRAM_USER), ("database", APP_DB)]
+}
+
+/// A startup packet whose length is shorter than its header is a protocol violation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bogus_startup_length_gets_08p01() {
+    bounded(60, async {
+        let h = trust_harness("").await;
+        for bogus in [&[0u8, 0, 0, 5, 0][..], &[0xff, 0xff, 0xff, 0xf0, 0, 0, 0, 0][..]] {
+            let mut c = Raw::connect(&h).await;
+            c.send(bogus).await;
+            let f = c.expect_fatal().await;
+            assert_eq!(f.code, "08P01", "{f:?}");
+        }
+        let mut ok = Raw::connect(&h).await;
+        ok.send(&startup(&user_params())).await;
+        ok.expect_login_ok().await;
+        assert_eq!(ok.query_one("select 'unharmed'").await, "unharmed");
+    })
+    .await
+}
+
+/// After login, a message with a negative length is a protocol violation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn negative_message_length_after_login_gets_08p01() {
+    bounded(60, async {
+        let h = trust_harness("").await;
+        let mut c = Raw::connect(&h).await;
+        c.send(&startup(&user_params())).await;
+        c.expect_login_ok().await;
+        assert_eq!(c.query_one("select 1").await, "1");
+        c.send(b"Q\xff\xff\xff\xfe").await;
+        let f = c.expect_fatal().await;
+        assert_eq!(f.code, "08P01", "{f:?}");
+        // The pool lost nothing: another client is served at once.
+        let mut other = Raw::connect(&h).await;
+        other.send(&startup(&user_params())).await;
+        other.expect_login_ok().await;
+        assert_eq!(other.query_one("select 2").await, "2");
+    })
+    .await
+}
+
+/// A message over max_message_size is refused before weir buffers it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_message_is_refused() {
+    bounded(60, async {
+        let h = trust_harness("max_message_size = 65536").await;
+        let mut c = Raw::connect(&h).await;
+        c.send(&startup(&user_params())).await;
+        c.expect_login_ok().await;
+        let mut q = vec![b'Q'];
+        q.extend_from_slice(&(1_000_000i32).to_be_bytes());
+        c.send(&q).await;
+        let f = c.expect_fatal().await;
+        assert_eq!(f.code, "08P01", "{f:?}");
+        assert!(f.message.contains("65536"), "{f:?}");
+    })
+    .await
+}
+
+/// Protocol 2.0 and 4.0 get a clear FATAL; 3.x with x > 0 gets
+/// NegotiateProtocolVersion and a 3.0 session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protocol_versions() {
+    bounded(60, async {
+        let h = trust_harness("").await;
+        for major in [2, 4] {
+            let mut c = Raw::connect(&h).await;
+            c.send(&startup_v(major, 0, &user_params())).await;
+            let f = c.expect_fatal().await;
+            assert_eq!(f.code, "0A000", "{f:?}");
+            assert!(f.message.contains(&format!("protocol {major}.0")), "{f:?}");
+        }
+        let mut c = Raw::connect(&h).await;
+        let mut params = user_params().to_vec();
+        params.push(("_pq_.some_option", "on"));
+        c.send(&startup_v(3, 7, &params)).await;
+        let (tag, body) = c.next().await.unwrap();
+        assert_eq!(tag, be::NEGOTIATE_PROTOCOL_VERSION);
+        assert_eq!(&body[..8], &[0, 0, 0, 0, 0, 0, 0, 1], "newest minor 0, one unknown option");
+        assert_eq!(&body[8..], b"_pq_.some_option\0");
+        c.expect_login_ok().await;
+        assert_eq!(c.query_one("select 'v3.0'").await, "v3.0");
+    })
+    .await
+}
+
+/// A startup packet over Postgres's 10000-byte limit is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_startup_packet_is_refused() {
+    bounded(60, async {
+        let h = trust_harness("").await;
+        let long = "x".repeat(12_000);
+        let mut c = Raw::connect(&h).await;
+        c.send(&startup(&[("user", SCRAM_USER), ("application_name", &long)])).await;
+        let f = c.expect_fatal().await;
+        assert_eq!(f.code, "08P01", "{f:?}");
+        assert!(f.message.contains("10000"), "{f:?}");
+    })
+    .await
+}
+
+/// client_login_timeout: a client that connects and says nothing is told
+/// and closed, within about a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_client_is_closed_by_client_login_timeout() {
+    bounded(60, async {
+        let h = trust_harness("client_login_timeout = \"300ms\"").await;
+        let started = Instant::now();
+        let mut silent = Raw::connect(&h).await;
+        let f = silent.expect_fatal().await;
+        let took = started.elapsed();
+        assert_eq!(f.code, "08P01", "{f:?}");
+        assert!(f.message.contains("client_login_timeout"), "{f:?}");
+        assert!(took >= Duration::from_millis(250) && took < Duration::from_millis(1500), "closed after {took:?}");
+
+        // Halfway through a login counts too: startup sent, password never.
+        let h = Harness::start(Opts { general: "client_login_timeout = \"300ms\"".into(), ..Default::default() }).await;
+        let started = Instant::now();
+        let mut half = Raw::connect(&h).await;
+        half.send(&startup(&user_params())).await;
+        let (tag, _) = half.next().await.unwrap();
+        assert_eq!(tag, be::AUTHENTICATION, "asked for a password");
+        half.expect_fatal().await;
+        assert!(started.elapsed() < Duration::from_millis(1500), "closed after {:?}", started.elapsed());
+    })
+    .await
+}
+
+/// SSLRequest and GSSENCRequest are answered 'N'; the login then proceeds
+/// in plaintext on the same socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn encryption_requests_are_refused_then_plaintext_login() {
+    bounded(60, async {
+        let h = trust_harness("").await;
+        let mut c = Raw::connect(&h).await;
+        for request in [code::GSSENC_REQUEST, code::SSL_REQUEST] {
+            c.send(&messages::encryption_request(request)).await;
+            let mut answer = [0u8; 1];
+            tokio::time::timeout(READ_LIMIT, c.s.read_exact(&mut answer)).await.unwrap().unwrap();
+            assert_eq!(answer[0], b'N');
+        }
+        c.send(&startup(&user_params())).await;
+        let (tags, _) = c.expect_login_ok().await;
+        assert_eq!(tags.first(), Some(&be::AUTHENTICATION));
+        assert!(tags.contains(&be::BACKEND_KEY_DATA) && tags.contains(&be::PARAMETER_STATUS), "{tags:?}");
+        assert_eq!(c.query_one("select 'plain'").await, "plain");
+    })
+    .await
+}
+
+/// Bytes sent right after an SSLRequest, before its answer, would be
+/// taken as plaintext by a careless server (CVE-2021-23222's class): refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_pipelined_after_ssl_request_are_refused() {
+    bounded(60, async {
+        let h = trust_harness("").await;
+        let mut both = messages::encryption_request(code::SSL_REQUEST).to_vec();
+        both.extend_from_slice(&startup(&user_params()));
+        let mut c = Raw::connect(&h).await;
+        c.send(&both).await;
+        let f = c.expect_fatal().await;
+        assert_eq!(f.code, "08P01", "{f:?}");
+    })
+    .await
+}
+
+/// Startup parameters weir cannot honour are refused, never dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_parameters_weir_cannot_honour_are_refused() {
+    bounded(60, async {
+        let h = trust_harness("").await;
+        let cases: [(&[(&str, &str)], &str, &str); 4] = [
+            (&[("database", APP_DB)], "28000", "user"),
+            (&[("user", SCRAM_USER), ("bad;name", "1")], "08P01", "bad;name"),
+            (&[("user", SCRAM_USER), ("replication", "database")], "08P01", "replication"),
+            (&[("user", SCRAM_USER), ("database", APP_DB), ("no_such_setting", "1")], "42704", "no_such_setting"),
+        ];
+        for (params, want_code, mention) in cases {
+            let mut c = Raw::connect(&h).await;
+            c.send(&startup(params)).await;
+            let f = c.expect_fatal().await;
+            assert_eq!(f.code, want_code, "{params:?}: {f:?}");
+            assert!(f.message.contains(mention), "{params:?}: {f:?}");
+        }
+        // A bad TimeZone value is Postgres's to judge, and it says so.
+        let mut c = Raw::connect(&h).await;
+        c.send(&startup(&[("user", SCRAM_USER), ("database", APP_DB), ("TimeZone", "Nowhere/Land")])).await;
+        let f = c.expect_fatal().await;
+        assert_eq!(f.code, "22023", "{f:?}");
+        // Accepted ones are applied and reported back in Postgres's spelling.
+        let mut c = Raw::connect(&h).await;
+        let params = [("user", SCRAM_USER), ("database", APP_DB), ("DateStyle", "iso"), ("statement_timeout", "1234")];
+        c.send(&startup(&params)).await;
+        let (_, reported) = c.expect_login_ok().await;
+        assert!(reported.contains(&("DateStyle".into(), "ISO, MDY".into())), "{reported:?}");
+        assert_eq!(c.query_one("show datestyle").await, "ISO, MDY");
+        assert_eq!(c.query_one("show statement_timeout").await, "1234ms");
+    })
+    .await
+}
