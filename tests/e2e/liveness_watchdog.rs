@@ -10,7 +10,10 @@ mod util;
 
 use std::time::{Duration, Instant};
 
-use util::{connect_within, describe, direct_db_url, exclusive, harness_with_direct_db, one, pid, watched_client};
+use util::{
+    clients, connect_within, describe, direct_db_url, exclusive, harness_with_direct_db, one, pid, run_each,
+    watched_client,
+};
 use weir_e2e::{eventually, sqlstate, Harness, Opts, MD5_PASS, MD5_USER, SCRAM_PASS, SCRAM_USER};
 use weir_metrics::CloseReason;
 
@@ -57,6 +60,34 @@ async fn frozen_path_with_a_query_in_flight_fails_only_that_client() {
         relay.thaw();
         let fresh = h.client().await;
         pid(&fresh).await.expect("a replacement serves after the thaw");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_path_under_many_queries_costs_a_few_probes() {
+    exclusive(60, async {
+        let general = "server_check_silence = \"1s\"\nserver_connect_timeout = \"1s\"";
+        let h = Harness::start(relayed(10, general)).await;
+        let relay = h.relay.as_ref().unwrap();
+        let clients = clients(&h.url(SCRAM_USER, SCRAM_PASS), 10).await;
+        let t0 = Instant::now();
+        let queries = run_each(clients.into_iter().map(Box::new), "select pg_sleep(5)");
+        assert!(eventually(Duration::from_secs(5), || h.pool().snapshot().active == 10).await);
+        running(&h, "pg_sleep(5)").await;
+        let before = relay.connections_accepted();
+        relay.freeze();
+        for q in queries {
+            let e = q.await.unwrap().expect_err("every query on the dead path fails");
+            assert_eq!(sqlstate(&e).as_deref(), Some("08006"), "{}", describe(&e));
+        }
+        let took = t0.elapsed();
+        let probes = relay.connections_accepted() - before;
+        println!("10 queries on a dead path: all failed after {took:?}, with {probes} probe connections");
+        assert!(took < Duration::from_millis(3500), "{took:?}");
+        assert!(probes <= 4, "probes are bounded and a dead address is remembered: {probes}");
+        assert_eq!(h.pool().metrics.closed(CloseReason::Unresponsive), 10);
+        relay.thaw();
     })
     .await;
 }

@@ -185,6 +185,19 @@ mod tests {
     }
 
     #[test]
+    fn connect_concurrency_is_capped_at_pool_size_plus_reserve() {
+        let toml =
+            "[weir]\nauth_type = \"trust\"\n[databases.small]\npool_size = 3\nreserve_pool_size = 1\n[databases.big]\n";
+        let cfg = crate::config::Config::from_toml(toml, std::path::Path::new(".")).unwrap();
+        let opts = |db: &str| {
+            let key = super::super::PoolKey { database: db.into(), user: "u".into() };
+            super::super::PoolOptions::from_config(&cfg, &key, None).unwrap()
+        };
+        assert_eq!(opts("small").connect_concurrency, 4, "never more than pool_size + reserve");
+        assert_eq!(opts("big").connect_concurrency, 8, "server_connect_concurrency's default");
+    }
+
+    #[test]
     fn jitter_stays_within_fifteen_percent() {
         for _ in 0..100 {
             let d = jittered(Duration::from_secs(100));

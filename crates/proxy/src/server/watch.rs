@@ -22,8 +22,14 @@
 //! password problem) proves the server answers but not that our backend is
 //! alive or dead, so it counts as alive: weir never kills a working query on a
 //! guess. Probes use no pool slot and are not counted as server connections.
+//!
+//! A path that dies under many busy connections would otherwise send a herd
+//! of probe logins at the server at once: at most `MAX_PROBES` run at a time
+//! in the process, and an address whose probe could not even connect is
+//! taken as dead, without another attempt, for `server_connect_timeout`.
 
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
@@ -35,6 +41,13 @@ use crate::wire::{self, WireError};
 
 /// Largest message the probe accepts.
 const PROBE_MAX_MESSAGE: usize = 1 << 20;
+
+/// Probes in flight at once, process-wide.
+const MAX_PROBES: usize = 4;
+static PROBES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_PROBES);
+
+/// Addresses whose last probe could not connect: (host, port, when, why).
+static DEAD_PATHS: Mutex<Vec<(String, u16, Instant, String)>> = Mutex::new(Vec::new());
 
 /// Watchdog settings for conversations on a server connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -74,18 +87,38 @@ pub enum Verdict {
 
 /// Checks, on a new connection, whether backend `pid` is still working.
 pub async fn probe(spec: &ConnectSpec, pid: i32) -> Verdict {
+    let _permit = PROBES.acquire().await.expect("the probe semaphore is never closed");
+    if let Some(why) = recently_dead(spec) {
+        return Verdict::Dead(why);
+    }
     match tokio::time::timeout(spec.connect_timeout, ask(spec, pid)).await {
-        Err(_) => {
-            Verdict::Dead(format!("a fresh connection to the server did not answer within {:?}", spec.connect_timeout))
-        }
+        Err(_) => path_dead(
+            spec,
+            format!("a fresh connection to the server did not answer within {:?}", spec.connect_timeout),
+        ),
         Ok(Err(ProbeError::Connect(ConnectError::Login(LoginError::Server { message, .. })))) => {
             tracing::debug!(pid, %message, "liveness probe refused by the server; assuming alive");
             Verdict::Alive
         }
+        Ok(Err(ProbeError::Connect(e))) => path_dead(spec, format!("a fresh connection to the server failed: {e}")),
         Ok(Err(e)) => Verdict::Dead(format!("a fresh connection to the server failed: {e}")),
         Ok(Ok(true)) => Verdict::Alive,
         Ok(Ok(false)) => Verdict::Dead(format!("backend {pid} is no longer working on the query")),
     }
+}
+
+/// Why the address's last probe failed, if that was within server_connect_timeout.
+fn recently_dead(spec: &ConnectSpec) -> Option<String> {
+    let mut dead = DEAD_PATHS.lock().unwrap_or_else(|e| e.into_inner());
+    dead.retain(|(_, _, at, _)| at.elapsed() < spec.connect_timeout);
+    dead.iter().find(|(h, p, _, _)| *h == spec.host && *p == spec.port).map(|(_, _, _, why)| why.clone())
+}
+
+fn path_dead(spec: &ConnectSpec, why: String) -> Verdict {
+    let mut dead = DEAD_PATHS.lock().unwrap_or_else(|e| e.into_inner());
+    dead.retain(|(h, p, _, _)| !(*h == spec.host && *p == spec.port));
+    dead.push((spec.host.clone(), spec.port, Instant::now(), why.clone()));
+    Verdict::Dead(why)
 }
 
 #[derive(Debug, thiserror::Error)]
