@@ -19,3 +19,28 @@ fi
 if ! command -v runuser >/dev/null && ! command -v su >/dev/null; then
     apt_install util-linux
 fi
+
+# The driver matrix (tests/e2e/drivers.rs, programs in tests/drivers/):
+# pgjdbc and pgx v4 from Debian (with Java and Go), psycopg 3 and asyncpg from
+# PyPI, node-postgres from npm (pinned by tests/drivers/node/package-lock.json).
+root="$(cd "$(dirname "$0")/.." && pwd)"
+if [ ! -f /usr/share/java/postgresql.jar ] || ! command -v javac >/dev/null; then
+    echo "installing pgjdbc"
+    apt_install libpostgresql-jdbc-java default-jdk-headless
+fi
+if ! command -v go >/dev/null || [ ! -d /usr/share/gocode/src/github.com/jackc/pgx/v4 ]; then
+    echo "installing go and pgx v4"
+    apt_install golang-go golang-github-jackc-pgx-v4-dev
+fi
+if ! python3 -c "import psycopg, asyncpg" >/dev/null 2>&1; then
+    echo "installing psycopg 3 and asyncpg"
+    pip_args=(-q install "psycopg[binary]>=3.2" "asyncpg>=0.29")
+    python3 -m pip "${pip_args[@]}" || python3 -m pip "${pip_args[@]}" --break-system-packages
+fi
+if ! command -v npm >/dev/null; then
+    apt_install nodejs npm
+fi
+if [ ! -d "$root/tests/drivers/node/node_modules/pg" ]; then
+    echo "installing node-postgres"
+    (cd "$root/tests/drivers/node" && npm ci --no-audit --no-fund --loglevel=error)
+fi
