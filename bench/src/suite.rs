@@ -1,5 +1,100 @@
-//! The `suite` benchmark (being built; see the issue it belongs to).
+//! The `suite` benchmark (issue 7): pgbench workloads against direct
+//! Postgres, weir (the release binary, in a subprocess) and PgBouncer (when
+//! Debian's `pgbouncer` is installed), interleaved round by round, medians
+//! reported; a large-result stream; 10,000 idle clients. Writes
+//! `bench/results/results.md` (+ `.json`, and a PNG chart when matplotlib is
+//! importable) and prints the table. Never pass/fail: it prints figures.
+//!
+//! Submodules: `opts` (flags), `env` (fd limit, binaries, temp dir),
+//! `procstat` (/proc CPU and RSS), `targets` (starting weir and PgBouncer),
+//! `pgbench` (running and parsing pgbench), `workloads` (the list and the
+//! interleaved runner), `stream`, `idle`, `report`.
 
-pub fn run(_args: &[String]) -> anyhow::Result<()> {
-    anyhow::bail!("the suite benchmark is not built yet")
+mod env;
+mod idle;
+mod opts;
+mod pgbench;
+mod procstat;
+mod report;
+mod report_targets;
+mod stream;
+mod targets;
+mod workloads;
+
+use std::time::Instant;
+
+use anyhow::Context;
+use weir_testkit::{PgOptions, PgServer};
+
+pub use opts::Opts;
+use targets::{Kind, Target};
+
+/// Postgres `max_connections`: enough for direct pgbench at -c 1000.
+const PG_MAX_CONNECTIONS: u32 = 1100;
+
+pub fn run(args: &[String]) -> anyhow::Result<()> {
+    let opts = Opts::parse(args)?;
+    env::ensure_fd_limit(opts.fd_limit_wanted())?;
+    let started = Instant::now();
+    let weir_bin = env::weir_binary(&opts)?;
+    let pgbouncer_bin = if opts.want(Kind::PgBouncer) {
+        env::find_pgbouncer()
+    } else {
+        None
+    };
+    if opts.want(Kind::PgBouncer) && pgbouncer_bin.is_none() {
+        eprintln!("\n*** PgBouncer not installed: skipped (apt-get install -y pgbouncer) ***\n");
+    }
+    let work = env::WorkDir::create()?;
+
+    eprintln!(
+        "== starting a throwaway Postgres (max_connections {})",
+        pg_max_connections(&opts)
+    );
+    let pg = PgServer::start(PgOptions {
+        max_connections: pg_max_connections(&opts),
+        log_connections: false,
+        extra_conf: vec![],
+    })
+    .context("starting the throwaway Postgres")?;
+    pgbench::init(&pg, opts.scale)?;
+
+    let mut targets = vec![];
+    if opts.want(Kind::Direct) {
+        targets.push(Target::direct(pg.port()));
+    }
+    if opts.want(Kind::Weir) {
+        targets.push(Target::start_weir(&weir_bin, &work, pg.port())?);
+    }
+    if let Some(bin) = &pgbouncer_bin {
+        targets.push(Target::start_pgbouncer(bin, &work, pg.port())?);
+    }
+    for t in &targets {
+        pgbench::warm_up(t)?;
+    }
+
+    let mut results = report::Results::new(&opts, &pg, pgbouncer_bin.as_deref(), &targets);
+    for w in workloads::list(&opts) {
+        results
+            .rows
+            .push(workloads::run(&w, &targets, &opts, &work)?);
+    }
+    if opts.stream_mb > 0 {
+        results.stream = Some(stream::run(&targets, &opts)?);
+    }
+    if opts.idle > 0 {
+        results.idle = Some(idle::run(&targets, opts.idle)?);
+    }
+    results.elapsed = started.elapsed();
+    drop(targets);
+    drop(pg);
+    report::write(&results, &opts)
+}
+
+fn pg_max_connections(opts: &Opts) -> u32 {
+    if opts.quick {
+        100
+    } else {
+        PG_MAX_CONNECTIONS
+    }
 }

@@ -1,0 +1,105 @@
+//! Issue 7's targets, each checked as a ratio from this run and stated with
+//! its figures: (target, figures, met).
+
+use super::report::Results;
+use super::targets::Kind;
+use super::workloads::{Cell, Row};
+
+type Check = (String, String, bool);
+
+pub fn check(r: &Results) -> Vec<Check> {
+    let mut out = vec![];
+    for (id, want) in [
+        ("S-c10-simple", 1.15),
+        ("S-c10-extended", 1.15),
+        ("S-c100-simple", 1.15),
+        ("S-c100-extended", 1.15),
+        ("S-c1000-simple", 1.0),
+        ("S-c1000-extended", 1.0),
+    ] {
+        if let Some((w, b, row)) = pair(r, id) {
+            let ratio = w.tps / b.tps;
+            out.push((
+                format!("`{}` TPS ≥ {want:.2}× PgBouncer", row.workload.title),
+                format!("{:.0} vs {:.0} = {ratio:.2}×", w.tps, b.tps),
+                w.failure.is_none() && ratio >= want,
+            ));
+        }
+    }
+    for id in [
+        "S-c10-simple",
+        "S-c10-extended",
+        "S-c100-simple",
+        "S-c100-extended",
+        "S-c1000-simple",
+        "tpcb-c10",
+    ] {
+        if let Some((w, b, row)) = pair(r, id) {
+            if let (Some(wc), Some(bc)) = (w.cpu_us_per_txn, b.cpu_us_per_txn) {
+                let ratio = wc / bc;
+                out.push((
+                    format!("`{}` proxy CPU/txn ≤ 0.8× PgBouncer", row.workload.title),
+                    format!("{wc:.1} µs vs {bc:.1} µs = {ratio:.2}×"),
+                    ratio <= 0.8,
+                ));
+            }
+        }
+    }
+    if let Some(row) = find(r, "S-c1-simple") {
+        if let (Some(d), Some(w), Some(b)) = (
+            ok(row.cell(Kind::Direct)),
+            ok(row.cell(Kind::Weir)),
+            ok(row.cell(Kind::PgBouncer)),
+        ) {
+            let (wa, ba) = (
+                (w.avg_ms - d.avg_ms) * 1000.0,
+                (b.avg_ms - d.avg_ms) * 1000.0,
+            );
+            out.push((
+                "added latency over direct at `-c 1` ≤ PgBouncer's".into(),
+                format!(
+                    "weir +{wa:.1} µs, PgBouncer +{ba:.1} µs (direct {:.1} µs)",
+                    d.avg_ms * 1000.0
+                ),
+                wa <= ba,
+            ));
+        }
+    }
+    if let Some((w, b, _)) = pair(r, "S-C-c10") {
+        out.push((
+            "`-C -c 10` connection rate ≥ PgBouncer's".into(),
+            format!("{:.0} vs {:.0} = {:.2}×", w.tps, b.tps, w.tps / b.tps),
+            w.tps >= b.tps,
+        ));
+    }
+    if let Some(cells) = &r.idle {
+        let get = |k| cells.iter().find(|c| c.kind == k);
+        if let (Some(w), Some(b)) = (get(Kind::Weir), get(Kind::PgBouncer)) {
+            out.push((
+                "memory per idle client ≤ PgBouncer's".into(),
+                format!(
+                    "{:.0} B vs {:.0} B",
+                    w.bytes_per_client(),
+                    b.bytes_per_client()
+                ),
+                w.bytes_per_client() <= b.bytes_per_client(),
+            ));
+        }
+    }
+    out
+}
+
+fn find<'a>(r: &'a Results, id: &str) -> Option<&'a Row> {
+    r.rows.iter().find(|row| row.workload.id == id)
+}
+
+fn ok(c: Option<&Cell>) -> Option<&Cell> {
+    c.filter(|c| c.skipped.is_none() && c.tps > 0.0)
+}
+
+fn pair<'a>(r: &'a Results, id: &str) -> Option<(&'a Cell, &'a Cell, &'a Row)> {
+    let row = find(r, id)?;
+    let w = ok(row.cell(Kind::Weir))?;
+    let b = ok(row.cell(Kind::PgBouncer))?;
+    Some((w, b, row))
+}

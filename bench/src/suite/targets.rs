@@ -1,0 +1,242 @@
+//! The three things pgbench talks to: Postgres directly, weir (the release
+//! binary in a subprocess) and PgBouncer (as `postgres` when we are root).
+//! Both proxies get the same setup: pool 20, transaction mode, md5 client
+//! auth from a userlist, md5 server login, connection logging off.
+
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use weir_testkit::{MD5_PASS, MD5_USER};
+
+use super::env::{is_root, WorkDir};
+use super::procstat;
+
+pub const POOL_SIZE: u32 = 20;
+const MAX_CLIENT_CONN: u32 = 30_000;
+const START_LIMIT: Duration = Duration::from_secs(15);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Direct,
+    Weir,
+    PgBouncer,
+}
+
+impl Kind {
+    pub fn label(self) -> &'static str {
+        match self {
+            Kind::Direct => "direct",
+            Kind::Weir => "weir",
+            Kind::PgBouncer => "PgBouncer",
+        }
+    }
+}
+
+/// A running target.
+pub struct Target {
+    pub kind: Kind,
+    pub port: u16,
+    /// The proxy process (None for direct).
+    child: Option<Child>,
+    /// The pid to measure (PgBouncer's own, not runuser's).
+    pub pid: Option<u32>,
+    log: Option<PathBuf>,
+}
+
+impl Target {
+    pub fn direct(port: u16) -> Target {
+        Target {
+            kind: Kind::Direct,
+            port,
+            child: None,
+            pid: None,
+            log: None,
+        }
+    }
+
+    pub fn start_weir(bin: &Path, work: &WorkDir, pg_port: u16) -> anyhow::Result<Target> {
+        let port = weir_testkit::free_port();
+        let dir = work.path();
+        write_userlist(dir)?;
+        let toml = format!(
+            "[weir]\nlisten_addr = \"127.0.0.1:{port}\"\nauth_type = \"md5\"\nauth_file = \"userlist.txt\"\n\
+             pool_mode = \"transaction\"\ndefault_pool_size = {POOL_SIZE}\nmax_client_conn = {MAX_CLIENT_CONN}\n\
+             log_connections = false\nlog_disconnections = false\n\n\
+             [databases.app]\nhost = \"127.0.0.1\"\nport = {pg_port}\n"
+        );
+        std::fs::write(dir.join("weir.toml"), toml)?;
+        let log = dir.join("weir.log");
+        let child = Command::new(bin)
+            .arg("--config")
+            .arg(dir.join("weir.toml"))
+            .env("WEIR_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let pid = child.id();
+        let mut t = Target {
+            kind: Kind::Weir,
+            port,
+            child: Some(child),
+            pid: Some(pid),
+            log: Some(log),
+        };
+        t.wait_listening()?;
+        eprintln!("== weir {} listening on {port} (pid {pid})", bin.display());
+        Ok(t)
+    }
+
+    pub fn start_pgbouncer(bin: &Path, work: &WorkDir, pg_port: u16) -> anyhow::Result<Target> {
+        let port = weir_testkit::free_port();
+        let dir = work.path().join("pgbouncer");
+        std::fs::create_dir_all(&dir)?;
+        write_userlist(&dir)?;
+        let pidfile = dir.join("pgbouncer.pid");
+        let ini = format!(
+            "[databases]\napp = host=127.0.0.1 port={pg_port} dbname=app\n\n[pgbouncer]\n\
+             listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
+             auth_type = md5\nauth_file = {userlist}\npool_mode = transaction\n\
+             default_pool_size = {POOL_SIZE}\nmax_client_conn = {MAX_CLIENT_CONN}\n\
+             log_connections = 0\nlog_disconnections = 0\nlog_pooler_errors = 1\n\
+             ignore_startup_parameters = extra_float_digits\npidfile = {pidfile}\n",
+            userlist = dir.join("userlist.txt").display(),
+            pidfile = pidfile.display(),
+        );
+        std::fs::write(dir.join("pgbouncer.ini"), ini)?;
+        work.give_to_postgres()?;
+        let log = dir.join("pgbouncer.log");
+        let mut cmd = if is_root() {
+            // runuser's PAM session resets the soft open-files limit; raise it back.
+            let mut c = Command::new("runuser");
+            c.args([
+                "-u",
+                "postgres",
+                "--",
+                "sh",
+                "-c",
+                "ulimit -Sn \"$(ulimit -Hn)\"; exec \"$0\" \"$@\"",
+            ])
+            .arg(bin);
+            c
+        } else {
+            Command::new(bin)
+        };
+        let child = cmd
+            .arg(dir.join("pgbouncer.ini"))
+            .current_dir(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let mut t = Target {
+            kind: Kind::PgBouncer,
+            port,
+            child: Some(child),
+            pid: None,
+            log: Some(log),
+        };
+        t.wait_listening()?;
+        let pid = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .with_context(|| format!("reading {}", pidfile.display()))?;
+        t.pid = Some(pid);
+        eprintln!(
+            "== PgBouncer {} listening on {port} (pid {pid})",
+            bin.display()
+        );
+        Ok(t)
+    }
+
+    fn wait_listening(&mut self) -> anyhow::Result<()> {
+        let end = Instant::now() + START_LIMIT;
+        loop {
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                // PgBouncer writes its pidfile right after binding.
+                std::thread::sleep(Duration::from_millis(100));
+                return Ok(());
+            }
+            if let Some(child) = &mut self.child {
+                if let Some(status) = child.try_wait()? {
+                    bail!(
+                        "{} exited at start ({status}):\n{}",
+                        self.kind.label(),
+                        self.log_tail()
+                    );
+                }
+            }
+            if Instant::now() > end {
+                bail!(
+                    "{} did not listen within {START_LIMIT:?}:\n{}",
+                    self.kind.label(),
+                    self.log_tail()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn log_tail(&self) -> String {
+        let text = self
+            .log
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    pub fn label(&self) -> &'static str {
+        self.kind.label()
+    }
+
+    pub fn cpu_secs(&self) -> Option<f64> {
+        self.pid.and_then(procstat::cpu_secs)
+    }
+
+    pub fn rss_kib(&self) -> Option<u64> {
+        self.pid.and_then(procstat::rss_kib)
+    }
+
+    pub fn peak_rss_kib(&self) -> Option<u64> {
+        self.pid.and_then(procstat::peak_rss_kib)
+    }
+
+    pub fn reset_peak(&self) {
+        if let Some(pid) = self.pid {
+            procstat::reset_peak(pid);
+        }
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let Some(child) = &mut self.child else { return };
+        if let Some(pid) = self.pid {
+            let _ = Command::new("kill")
+                .args(["-INT", &pid.to_string()])
+                .stderr(Stdio::null())
+                .status();
+        }
+        let end = Instant::now() + Duration::from_secs(5);
+        while matches!(child.try_wait(), Ok(None)) && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+fn write_userlist(dir: &Path) -> anyhow::Result<()> {
+    std::fs::write(
+        dir.join("userlist.txt"),
+        format!("\"{MD5_USER}\" \"{MD5_PASS}\"\n"),
+    )?;
+    Ok(())
+}

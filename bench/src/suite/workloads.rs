@@ -1,0 +1,275 @@
+//! The pgbench workloads and the interleaved runner: for each workload,
+//! round after round, every target in turn (direct, weir, PgBouncer, direct,
+//! weir, …), so machine drift hits all alike; medians per target.
+
+use super::env::WorkDir;
+use super::opts::Opts;
+use super::pgbench::{self, Outcome, Protocol, Spec};
+use super::targets::{Kind, Target};
+
+/// One row of the table.
+#[derive(Debug, Clone)]
+pub struct Workload {
+    pub id: String,
+    pub title: String,
+    pub spec: Spec,
+    /// Direct Postgres is not run (the reason goes in the table).
+    pub skip_direct: Option<&'static str>,
+}
+
+/// Medians over the rounds for one target.
+#[derive(Debug, Clone, Default)]
+pub struct Cell {
+    pub tps: f64,
+    pub avg_ms: f64,
+    pub p99_ms: f64,
+    /// Proxy CPU per transaction in µs (None for direct).
+    pub cpu_us_per_txn: Option<f64>,
+    /// Proxy CPU as a share of one core while the workload ran.
+    pub cpu_share: Option<f64>,
+    pub peak_rss_kib: Option<u64>,
+    pub failure: Option<String>,
+    pub skipped: Option<&'static str>,
+}
+
+/// A workload's results, one cell per target kind.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub workload: Workload,
+    pub cells: Vec<(Kind, Cell)>,
+}
+
+impl Row {
+    pub fn cell(&self, kind: Kind) -> Option<&Cell> {
+        self.cells.iter().find(|(k, _)| *k == kind).map(|(_, c)| c)
+    }
+}
+
+pub fn list(opts: &Opts) -> Vec<Workload> {
+    let (long, short) = (opts.duration, opts.short_duration());
+    let s = |clients, protocol, secs| Spec {
+        select_only: true,
+        clients,
+        protocol,
+        connect_each: false,
+        secs,
+    };
+    let w = |id: &str, title: &str, spec: Spec, _headline: bool| Workload {
+        id: id.into(),
+        title: title.into(),
+        spec,
+        skip_direct: None,
+    };
+    if opts.quick {
+        return vec![w(
+            "S-c10-simple",
+            "-S -c 10, simple",
+            s(10, Protocol::Simple, long),
+            true,
+        )];
+    }
+    let mut all = vec![
+        w(
+            "S-c10-simple",
+            "-S -c 10, simple",
+            s(10, Protocol::Simple, long),
+            true,
+        ),
+        w(
+            "S-c10-extended",
+            "-S -c 10, extended",
+            s(10, Protocol::Extended, long),
+            true,
+        ),
+        w(
+            "S-c10-prepared",
+            "-S -c 10, prepared",
+            s(10, Protocol::Prepared, short),
+            false,
+        ),
+        w(
+            "S-c100-simple",
+            "-S -c 100, simple",
+            s(100, Protocol::Simple, long),
+            true,
+        ),
+        w(
+            "S-c100-extended",
+            "-S -c 100, extended",
+            s(100, Protocol::Extended, long),
+            true,
+        ),
+        w(
+            "S-c1000-simple",
+            "-S -c 1000, simple",
+            s(1000, Protocol::Simple, short),
+            false,
+        ),
+        w(
+            "S-c1000-extended",
+            "-S -c 1000, extended",
+            s(1000, Protocol::Extended, short),
+            false,
+        ),
+        w(
+            "tpcb-c10",
+            "TPC-B -c 10, simple",
+            Spec {
+                select_only: false,
+                clients: 10,
+                protocol: Protocol::Simple,
+                connect_each: false,
+                secs: short,
+            },
+            false,
+        ),
+        w(
+            "S-C-c10",
+            "-S -C -c 10 (connect per txn)",
+            Spec {
+                select_only: true,
+                clients: 10,
+                protocol: Protocol::Simple,
+                connect_each: true,
+                secs: short,
+            },
+            false,
+        ),
+        w(
+            "S-c1-simple",
+            "-S -c 1, simple (latency)",
+            s(1, Protocol::Simple, short),
+            false,
+        ),
+    ];
+    all.retain(|w| opts.selected(&w.id));
+    all
+}
+
+/// Runs one workload over all targets, interleaved, and takes medians.
+pub fn run(w: &Workload, targets: &[Target], opts: &Opts, work: &WorkDir) -> anyhow::Result<Row> {
+    eprintln!(
+        "== {} ({} s × {} rounds)",
+        w.title, w.spec.secs, opts.rounds
+    );
+    let mut samples: Vec<Vec<Sample>> = targets.iter().map(|_| Vec::new()).collect();
+    for t in targets {
+        t.reset_peak();
+    }
+    for round in 0..opts.rounds {
+        for (i, t) in targets.iter().enumerate() {
+            if t.kind == Kind::Direct && w.skip_direct.is_some() {
+                continue;
+            }
+            let s = measure(t, &w.spec, work)?;
+            eprintln!("   round {} {:>9}: {}", round + 1, t.label(), s.brief());
+            samples[i].push(s);
+        }
+    }
+    let cells = targets
+        .iter()
+        .zip(samples)
+        .map(|(t, s)| {
+            let mut cell = summarize(&s);
+            cell.peak_rss_kib = t.peak_rss_kib();
+            if t.kind == Kind::Direct {
+                cell.skipped = w.skip_direct;
+            }
+            (t.kind, cell)
+        })
+        .collect();
+    Ok(Row {
+        workload: w.clone(),
+        cells,
+    })
+}
+
+/// One run with the proxy's CPU time around it.
+struct Sample {
+    outcome: Outcome,
+    cpu_secs: Option<f64>,
+    wall_secs: f64,
+}
+
+impl Sample {
+    fn brief(&self) -> String {
+        let o = &self.outcome;
+        let cpu = match self.cpu_secs {
+            Some(c) if o.txns > 0 => format!(", proxy {:.1} µs/txn", c * 1e6 / o.txns as f64),
+            _ => String::new(),
+        };
+        let fail = o
+            .failure
+            .as_deref()
+            .map(|f| format!("  FAILS: {f}"))
+            .unwrap_or_default();
+        format!(
+            "{:>9.0} tps, avg {:.3} ms, p99 {:.3} ms{cpu}{fail}",
+            o.tps, o.avg_ms, o.p99_ms
+        )
+    }
+}
+
+fn measure(t: &Target, spec: &Spec, work: &WorkDir) -> anyhow::Result<Sample> {
+    let before = t.cpu_secs();
+    let started = std::time::Instant::now();
+    let outcome = pgbench::run(t, spec, &work.path().join("pgbench-log"))?;
+    let wall_secs = started.elapsed().as_secs_f64();
+    let cpu_secs = match (before, t.cpu_secs()) {
+        (Some(b), Some(a)) => Some(a - b),
+        _ => None,
+    };
+    Ok(Sample {
+        outcome,
+        cpu_secs,
+        wall_secs,
+    })
+}
+
+fn summarize(samples: &[Sample]) -> Cell {
+    if samples.is_empty() {
+        return Cell::default();
+    }
+    let failure = samples.iter().find_map(|s| s.outcome.failure.clone());
+    let ok: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.outcome.failure.is_none())
+        .collect();
+    let use_set: Vec<&Sample> = if ok.is_empty() {
+        samples.iter().collect()
+    } else {
+        ok
+    };
+    let per_txn: Vec<f64> = use_set
+        .iter()
+        .filter(|s| s.outcome.txns > 0)
+        .filter_map(|s| s.cpu_secs.map(|c| c * 1e6 / s.outcome.txns as f64))
+        .collect();
+    let share: Vec<f64> = use_set
+        .iter()
+        .filter_map(|s| s.cpu_secs.map(|c| c / s.wall_secs))
+        .collect();
+    Cell {
+        tps: median(use_set.iter().map(|s| s.outcome.tps).collect()),
+        avg_ms: median(use_set.iter().map(|s| s.outcome.avg_ms).collect()),
+        p99_ms: median(use_set.iter().map(|s| s.outcome.p99_ms).collect()),
+        cpu_us_per_txn: (!per_txn.is_empty()).then(|| median(per_txn)),
+        cpu_share: (!share.is_empty()).then(|| median(share)),
+        peak_rss_kib: None,
+        failure,
+        skipped: None,
+    }
+}
+
+pub fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
