@@ -4,6 +4,7 @@
 pub mod error;
 pub mod login;
 pub mod prepared;
+pub mod registry;
 pub mod session;
 pub mod transfer;
 pub mod watchdog;
@@ -31,7 +32,8 @@ pub async fn serve(mut socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>)
     let span = tracing::info_span!("client", %peer, user = tracing::field::Empty, db = tracing::field::Empty);
     async move {
         let cfg = shared.config.load();
-        if let Err(e) = run(&mut socket, &shared, &cfg).await {
+        let started = Instant::now();
+        if let Err(e) = run(&mut socket, peer, &shared, &cfg).await {
             if !e.is_silent() {
                 tracing::info!(error = %e, sqlstate = e.sqlstate().code(), "client refused or closed with an error");
                 let mut out = BytesMut::new();
@@ -42,7 +44,7 @@ pub async fn serve(mut socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>)
             }
         }
         if cfg.weir.log_disconnections {
-            tracing::info!("client disconnected");
+            tracing::info!(age = ?started.elapsed(), "client disconnected");
         }
     }
     .instrument(span)
@@ -69,8 +71,9 @@ pub async fn close_after_error(socket: &mut TcpStream) {
     let _ = tokio::time::timeout(ERROR_LINGER, drain).await;
 }
 
-async fn run(socket: &mut TcpStream, shared: &Arc<Shared>, cfg: &Arc<Config>) -> Result<(), ClientError> {
+async fn run(socket: &mut TcpStream, peer: SocketAddr, shared: &Arc<Shared>, cfg: &Arc<Config>) -> Result<(), ClientError> {
     let mut buf = BytesMut::with_capacity(8192);
+    let local = socket.local_addr().ok();
     let login_deadline = Instant::now() + cfg.weir.client_login_timeout;
     let first = within(login_deadline, login::read_startup(socket, &mut buf)).await?;
     let (minor, raw) = match first {
@@ -84,20 +87,49 @@ async fn run(socket: &mut TcpStream, shared: &Arc<Shared>, cfg: &Arc<Config>) ->
     let span = tracing::Span::current();
     span.record("user", req.user.as_str());
     span.record("db", req.database.as_str());
-    let session = within(login_deadline, authenticate(socket, &mut buf, shared, cfg, req, minor)).await;
-    let mut session = match session {
-        Ok(s) => s,
-        Err(e) => {
-            let result = if matches!(e, ClientError::Auth(_)) { ClientResult::AuthFailed } else { ClientResult::Refused };
-            shared.cancels.metrics.record_client_connection(result);
-            return Err(e);
-        }
-    };
-    shared.cancels.metrics.record_client_connection(ClientResult::Ok);
-    if cfg.weir.log_connections {
-        tracing::info!("client logged in");
+    if crate::admin::is_console_db(&req.database) {
+        let login = crate::admin::Login { req, minor, peer, local, deadline: login_deadline };
+        return crate::admin::serve(socket, buf, shared, cfg, login).await;
     }
-    session.run().await
+    let session = within(login_deadline, authenticate(socket, &mut buf, shared, cfg, req, minor)).await;
+    count_login(shared, &session);
+    let mut session = session?;
+    if cfg.weir.log_connections {
+        tracing::info!(application_name = session.params.get("application_name").unwrap_or(""), "client logged in");
+    }
+    let listed = shared.registry.register(registry::NewClient {
+        user: session.pool.key.user.clone(),
+        database: session.pool.key.database.clone(),
+        peer,
+        local,
+        application_name: session.params.get("application_name").unwrap_or_default().to_owned(),
+        key_pid: session.reg.pid,
+        slot: Some(session.reg.slot.clone()),
+    });
+    let why = tokio::select! {
+        r = session.run() => return r,
+        why = listed.entry.killed() => why,
+    };
+    // KILL or the end of a drain: the lease (if any) goes back to the pool,
+    // which recovers the server; the client is told why.
+    drop(session);
+    tracing::info!(reason = why, "client disconnected by weir");
+    let mut out = BytesMut::new();
+    messages::error_response(&mut out, Severity::Fatal, crate::protocol::sqlstate::ADMIN_SHUTDOWN, why);
+    if socket.write_all(&out).await.is_ok() {
+        close_after_error(socket).await;
+    }
+    Ok(())
+}
+
+/// Counts a login attempt in weir_client_connections_total by its result.
+pub(crate) fn count_login<T>(shared: &Shared, login: &Result<T, ClientError>) {
+    let result = match login {
+        Ok(_) => ClientResult::Ok,
+        Err(ClientError::Auth(_)) => ClientResult::AuthFailed,
+        Err(_) => ClientResult::Refused,
+    };
+    shared.cancels.metrics.record_client_connection(result);
 }
 
 async fn within<T>(
@@ -121,7 +153,7 @@ async fn authenticate<'a>(
     crate::auth::authenticate(socket, buf, cfg.weir.auth_type, &req.user, secret).await?;
     let key = PoolKey { database: req.database.clone(), user: req.user.clone() };
     let password = secret.and_then(|s| s.plain_password());
-    let pool = shared.pools.get_or_create(cfg, &key, password).ok_or_else(|| ClientError::UnknownDatabase(req.database.clone()))?;
+    let pool = shared.pool_for(cfg, &key, password).ok_or_else(|| ClientError::UnknownDatabase(req.database.clone()))?;
     let settings = pool.settings();
     let budget = wait_budget(settings.query_wait_timeout, req.declared_deadline, cfg.weir.client_deadline_fraction);
     let deadline = Instant::now() + budget;

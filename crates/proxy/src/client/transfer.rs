@@ -49,6 +49,7 @@ pub async fn run(
     prepared: &mut Stage,
 ) -> Result<Ended, ClientError> {
     let mut wd = Watchdog::new(server);
+    let metrics = server.metrics().clone();
     let ServerConn { stream, rbuf: sbuf, conv, params: server_params, broken, statements, .. } = server;
     let (mut cr, mut cw) = client.split();
     let (mut sr, mut sw) = stream.split();
@@ -75,6 +76,8 @@ pub async fn run(
             told |= inb.fatal;
             if conv.pending_rfq < owed {
                 wd.answered();
+                // One query per ReadyForQuery (a simple Query, or a batch up to Sync).
+                (conv.pending_rfq..owed).for_each(|_| metrics.record_query());
             }
         }
         if let Some(owed) = s_out.is_empty().then(|| prepared.synthetic()).flatten() {
