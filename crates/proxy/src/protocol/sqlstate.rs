@@ -30,12 +30,12 @@ pub const PROGRAM_LIMIT_EXCEEDED: SqlState = SqlState("54000");
 pub const INTERNAL_ERROR: SqlState = SqlState("XX000");
 pub const IDLE_IN_TRANSACTION_SESSION_TIMEOUT: SqlState = SqlState("25P03");
 pub const INSUFFICIENT_PRIVILEGE: SqlState = SqlState("42501");
+pub const UNDEFINED_OBJECT: SqlState = SqlState("42704");
+pub const CANT_CHANGE_RUNTIME_PARAM: SqlState = SqlState("55P02");
 pub const OBJECT_NOT_IN_PREREQUISITE_STATE: SqlState = SqlState("55000");
 pub const CONFIG_FILE_ERROR: SqlState = SqlState("F0000");
 /// The code of a plain NoticeResponse.
 pub const SUCCESSFUL_COMPLETION: SqlState = SqlState("00000");
-pub const UNDEFINED_OBJECT: SqlState = SqlState("42704");
-pub const CANT_CHANGE_RUNTIME_PARAM: SqlState = SqlState("55P02");
 
 /// Every code above, for mapping a code a server sent onto a constant.
 const ALL: &[SqlState] = &[
@@ -59,6 +59,9 @@ const ALL: &[SqlState] = &[
     INSUFFICIENT_PRIVILEGE,
     UNDEFINED_OBJECT,
     CANT_CHANGE_RUNTIME_PARAM,
+    OBJECT_NOT_IN_PREREQUISITE_STATE,
+    CONFIG_FILE_ERROR,
+    SUCCESSFUL_COMPLETION,
 ];
 
 /// The named constant for a code a server sent, if weir names it.
