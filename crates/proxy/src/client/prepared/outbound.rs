@@ -232,12 +232,8 @@ impl Stage {
             self.expect.push_back(Expect::FakeParse { client: name, stmt });
             return Ok(Step::Next);
         }
-        let mut pre = BytesMut::new();
-        self.prelude(&stmt.weir, server, &mut pre);
-        pre.extend_from_slice(&stmt.parse);
-        rw.splice(src, m.at, m.total, &pre);
-        self.metrics.record_server_parse();
-        self.expect.push_back(Expect::Parse { pass: true, weir: Some(stmt.weir.clone()), client: Some((name, stmt)) });
+        let parse = self.server_parse(&stmt, server, Some((name, stmt.clone())));
+        rw.splice(src, m.at, m.total, &parse);
         Ok(Step::Next)
     }
 
@@ -349,12 +345,26 @@ impl Stage {
             server.touch(&stmt.weir);
             return;
         }
-        let mut pre = BytesMut::new();
-        self.prelude(&stmt.weir, server, &mut pre);
-        pre.extend_from_slice(&stmt.parse);
-        rw.splice(src, at, 0, &pre);
+        let parse = self.server_parse(stmt, server, None);
+        rw.splice(src, at, 0, &parse);
+    }
+
+    /// The messages that prepare `stmt` on the server: closes first (see
+    /// `prelude`), then its Parse, answered to the client only when it is the
+    /// client's own (`client`).
+    fn server_parse(
+        &mut self,
+        stmt: &Arc<Statement>,
+        server: &mut ServerStatements,
+        client: Option<(Vec<u8>, Arc<Statement>)>,
+    ) -> BytesMut {
+        let mut out = BytesMut::new();
+        self.prelude(&stmt.weir, server, &mut out);
+        out.extend_from_slice(&stmt.parse);
         self.metrics.record_server_parse();
-        self.expect.push_back(Expect::Parse { pass: false, weir: Some(stmt.weir.clone()), client: None });
+        let pass = client.is_some();
+        self.expect.push_back(Expect::Parse { pass, weir: Some(stmt.weir.clone()), client });
+        out
     }
 
     /// Closes what must go before `weir` is prepared: the same name if it may
