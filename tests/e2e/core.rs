@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt, TryStreamExt};
 use tokio_postgres::types::Type;
-use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
+use tokio_postgres::{AsyncMessage, Client, NoTls, SimpleQueryMessage};
 use weir_e2e::{
     connect, sqlstate, Harness, Opts, APP_DB, MD5_PASS, MD5_USER, SCRAM_PASS, SCRAM_USER, TRUST_PASS, TRUST_USER,
 };
@@ -145,6 +145,34 @@ async fn wrong_password_and_unknown_user_get_28p01() {
         assert!(!ok && err.contains("password authentication failed"), "{err}");
         // Failed logins cost nothing: a good login still works.
         assert_eq!(one_text(&h.client().await, "select 1").await, "1");
+    })
+    .await
+}
+
+/// auth_file secrets stored as an md5 hash or a SCRAM verifier (PgBouncer's
+/// formats) authenticate clients; with md5 configured, a SCRAM verifier makes
+/// weir use SCRAM (as Postgres does). trust_user's server login needs no password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hashed_auth_file_secrets() {
+    bounded(60, async {
+        let h = Harness::start(Opts::default()).await;
+        let md5 = h.psql(&format!("select 'md5' || md5('{TRUST_PASS}{TRUST_USER}')"));
+        let scram = h.psql(&format!("select rolpassword from pg_authid where rolname = '{TRUST_USER}'"));
+        assert!(scram.starts_with("SCRAM-SHA-256$"), "{scram}");
+        for (auth, secret) in [("md5", &md5), ("md5", &scram), ("scram-sha-256", &scram)] {
+            std::fs::write(h.dir.join("hashed.txt"), format!("\"{TRUST_USER}\" \"{secret}\"\n")).unwrap();
+            let toml = format!(
+                "[weir]\nlisten_addr = \"{}\"\nauth_type = \"{auth}\"\nauth_file = \"hashed.txt\"\n\
+                 [databases.app]\nport = {}\n",
+                h.addr(),
+                h.pg.port()
+            );
+            h.weir().reload(weir::Config::from_toml(&toml, &h.dir).unwrap()).unwrap();
+            let c = connect(&h.url(TRUST_USER, TRUST_PASS)).await.unwrap_or_else(|e| panic!("{auth} {secret}: {e}"));
+            assert_eq!(one_text(&c, "select current_user").await, TRUST_USER);
+            let e = connect(&h.url(TRUST_USER, "wrong")).await.err().expect("wrong password refused");
+            assert_eq!(sqlstate(&e).as_deref(), Some("28P01"), "{auth}: {e}");
+        }
     })
     .await
 }
@@ -348,6 +376,80 @@ async fn cancel_running_pg_sleep() {
             .unwrap();
         assert_eq!(n, 0, "nothing is answered to a cancel request");
         assert_eq!(one_text(&c, "select 'untouched'").await, "untouched");
+    })
+    .await
+}
+
+/// Connects and forwards the connection's notices and notifications to a channel.
+async fn connect_watching(url: &str) -> (Client, tokio::sync::mpsc::UnboundedReceiver<AsyncMessage>) {
+    let (client, mut conn) = tokio_postgres::connect(url, NoTls).await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
+        while let Some(Ok(m)) = messages.next().await {
+            let _ = tx.send(m);
+        }
+    });
+    (client, rx)
+}
+
+/// NOTICEs (transaction mode) and NOTIFY (session mode, LISTEN held on the
+/// client's server) reach the client while it holds a server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notices_and_notifications_reach_the_client() {
+    bounded(60, async {
+        let h = Harness::start(Opts::default()).await;
+        let (c, mut rx) = connect_watching(&h.url(SCRAM_USER, SCRAM_PASS)).await;
+        c.batch_execute("do $$ begin raise notice 'hello from plpgsql'; end $$").await.unwrap();
+        match tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap() {
+            Some(AsyncMessage::Notice(n)) => assert_eq!(n.message(), "hello from plpgsql"),
+            other => panic!("expected a notice, got {other:?}"),
+        }
+
+        let h = Harness::start(Opts { pool_mode: "session", ..Default::default() }).await;
+        let (listener, mut rx) = connect_watching(&h.url(SCRAM_USER, SCRAM_PASS)).await;
+        listener.batch_execute("listen weir_channel").await.unwrap();
+        let sender = h.client().await;
+        sender.batch_execute("notify weir_channel, 'payload 1'").await.unwrap();
+        // Delivered while the listener is idle: weir forwards what its server sends.
+        let got = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.expect("notification in time");
+        match got {
+            Some(AsyncMessage::Notification(n)) => {
+                assert_eq!((n.channel(), n.payload()), ("weir_channel", "payload 1"));
+            }
+            other => panic!("expected a notification, got {other:?}"),
+        }
+    })
+    .await
+}
+
+/// Transaction mode: a server is held through status T and E (open and
+/// failed transactions) and released at ReadyForQuery I.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_mode_holds_the_server_through_open_and_failed_transactions() {
+    bounded(60, async {
+        let h = Harness::start(Opts { pool_size: 1, ..Default::default() }).await;
+        let a = h.client().await;
+        let b = h.client().await;
+        a.batch_execute("begin").await.unwrap();
+        let pid = backend_pid(&a).await;
+        let waiting = tokio::spawn(async move {
+            let pid = backend_pid(&b).await;
+            (pid, Instant::now())
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!waiting.is_finished(), "b got the server while a's transaction was open");
+        let e = a.batch_execute("select 1/0").await.unwrap_err();
+        assert_eq!(sqlstate(&e).as_deref(), Some("22012"));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!waiting.is_finished(), "b got the server while a's transaction was failed");
+        let e = a.batch_execute("select 1").await.unwrap_err();
+        assert_eq!(sqlstate(&e).as_deref(), Some("25P02"), "a is still in its failed transaction");
+        let released = Instant::now();
+        a.batch_execute("rollback").await.unwrap();
+        let (b_pid, b_at) = waiting.await.unwrap();
+        assert_eq!(b_pid, pid, "b got the one server");
+        assert!(b_at >= released, "b ran only after a's rollback");
     })
     .await
 }

@@ -12,7 +12,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use weir::protocol::messages::{self, ErrorFields};
-use weir::protocol::tags::{backend as be, startup as code};
+use weir::protocol::tags::{backend as be, frontend as fe, startup as code};
 use weir::wire::{self, WireError};
 use weir_e2e::{Harness, Opts, APP_DB, SCRAM_USER};
 
@@ -258,9 +258,21 @@ async fn encryption_requests_are_refused_then_plaintext_login() {
             assert_eq!(answer[0], b'N');
         }
         c.send(&startup(&user_params())).await;
-        let (tags, _) = c.expect_login_ok().await;
+        let (tags, reported) = c.expect_login_ok().await;
         assert_eq!(tags.first(), Some(&be::AUTHENTICATION));
-        assert!(tags.contains(&be::BACKEND_KEY_DATA) && tags.contains(&be::PARAMETER_STATUS), "{tags:?}");
+        assert!(tags.contains(&be::BACKEND_KEY_DATA), "{tags:?}");
+        // The server's parameters, as Postgres itself would report them.
+        for name in [
+            "server_version",
+            "server_encoding",
+            "client_encoding",
+            "DateStyle",
+            "TimeZone",
+            "integer_datetimes",
+            "standard_conforming_strings",
+        ] {
+            assert!(reported.iter().any(|(k, _)| k == name), "{name} not reported: {reported:?}");
+        }
         assert_eq!(c.query_one("select 'plain'").await, "plain");
     })
     .await
@@ -313,6 +325,69 @@ async fn startup_parameters_weir_cannot_honour_are_refused() {
         assert!(reported.contains(&("DateStyle".into(), "ISO, MDY".into())), "{reported:?}");
         assert_eq!(c.query_one("show datestyle").await, "ISO, MDY");
         assert_eq!(c.query_one("show statement_timeout").await, "1234ms");
+    })
+    .await
+}
+
+fn tagged(tag: u8, body: &[u8]) -> Vec<u8> {
+    let mut m = vec![tag];
+    m.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
+    m.extend_from_slice(body);
+    m
+}
+
+/// Extended protocol with Flush: answers come before Sync, and the server
+/// stays with the client (in transaction mode) until the Sync's ReadyForQuery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flush_gets_answers_before_sync() {
+    bounded(60, async {
+        let h = Harness::start(Opts { auth_type: "trust", pool_size: 1, ..Default::default() }).await;
+        let mut c = Raw::connect(&h).await;
+        c.send(&startup(&user_params())).await;
+        c.expect_login_ok().await;
+        let mut batch = tagged(fe::PARSE, b"\0select pg_backend_pid()\0\0\0");
+        batch.extend(tagged(fe::DESCRIBE, b"S\0"));
+        batch.extend(tagged(fe::FLUSH, b""));
+        c.send(&batch).await;
+        let mut tags = Vec::new();
+        for _ in 0..3 {
+            tags.push(c.next().await.unwrap().0);
+        }
+        assert_eq!(tags, [be::PARSE_COMPLETE, be::PARAMETER_DESCRIPTION, be::ROW_DESCRIPTION]);
+
+        // Another client in the meantime must wait: the batch is still open.
+        let mut other = Raw::connect(&h).await;
+        other.send(&startup(&user_params())).await;
+        other.expect_login_ok().await;
+        let mut q = BytesMut::new();
+        messages::query(&mut q, "select 'second'");
+        other.send(&q).await;
+        let mut probe = [0u8; 1];
+        let early = tokio::time::timeout(Duration::from_millis(300), other.s.peek(&mut probe)).await;
+        assert!(early.is_err(), "the other client was served mid-batch");
+
+        let mut rest = tagged(fe::BIND, b"\0\0\0\0\0\0\0\0");
+        rest.extend(tagged(fe::EXECUTE, b"\0\0\0\0\0"));
+        rest.extend(tagged(fe::SYNC, b""));
+        c.send(&rest).await;
+        let mut tags = Vec::new();
+        loop {
+            let (tag, _) = c.next().await.unwrap();
+            tags.push(tag);
+            if tag == be::READY_FOR_QUERY {
+                break;
+            }
+        }
+        assert_eq!(tags, [be::BIND_COMPLETE, be::DATA_ROW, be::COMMAND_COMPLETE, be::READY_FOR_QUERY]);
+        loop {
+            let (tag, body) = other.next().await.unwrap();
+            if tag == be::DATA_ROW {
+                assert_eq!(&body[6..], b"second");
+            }
+            if tag == be::READY_FOR_QUERY {
+                break;
+            }
+        }
     })
     .await
 }
