@@ -125,6 +125,15 @@ async fn statements_follow_their_client_to_another_server() {
             let m = &h.pool().metrics;
             assert_eq!(m.client_parses(), 1);
             assert_eq!(m.server_parses(), 2, "prepared again, transparently, on the second server");
+            // SHOW SERVERS lists each server's cache (PgBouncer's column).
+            let admin = connect(&format!("postgres://admin:admin_pass@{}/weir", h.addr())).await.unwrap();
+            let mut counts = vec![];
+            for m in admin.simple_query("SHOW SERVERS").await.unwrap() {
+                if let tokio_postgres::SimpleQueryMessage::Row(r) = m {
+                    counts.push(r.get("prepared_statements").unwrap().to_owned());
+                }
+            }
+            assert_eq!(counts, ["1", "1"], "one statement on each server");
         } else {
             let e = second.unwrap_err();
             assert_eq!(sqlstate(&e).as_deref(), Some("26000"), "without tracking the statement is unknown there: {e}");

@@ -179,6 +179,7 @@ mod tests {
             addr: "127.0.0.1:5432".parse().unwrap(),
             local_addr: None,
             connected_at: std::time::SystemTime::now(),
+            prepared_statements: Default::default(),
         };
         g.describe(info.clone());
         g.describe(info.clone());

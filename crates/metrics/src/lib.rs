@@ -30,6 +30,6 @@ pub use exporter::{install, render, Exporter, MetricsError, ReadyFn};
 pub use global::{set_build_info, GlobalMetrics};
 pub use guard::ServerConnGuard;
 pub use names::describe_all;
-pub use pool::{publish_all, PoolMetrics, ServerInfo};
+pub use pool::{publish_all, PoolMetrics, ServerInfo, SharedCount};
 pub use rate::{RateWindow, Window};
 pub use state::{ClientState, ServerState};

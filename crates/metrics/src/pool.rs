@@ -80,7 +80,35 @@ pub struct ServerInfo {
     pub local_addr: Option<std::net::SocketAddr>,
     /// When the connection was opened (wall clock).
     pub connected_at: SystemTime,
+    /// Prepared statements weir keeps on it (transaction mode), kept up to
+    /// date by the connection itself.
+    pub prepared_statements: SharedCount,
 }
+
+/// A number one side keeps up to date and others read (e.g. a server
+/// connection's prepared statements, for `SHOW SERVERS`). Compares by value.
+#[derive(Debug, Clone, Default)]
+pub struct SharedCount(Arc<AtomicU64>);
+
+impl SharedCount {
+    /// Sets the number.
+    pub fn set(&self, n: u64) {
+        self.0.store(n, R);
+    }
+
+    /// The number now.
+    pub fn get(&self) -> u64 {
+        self.0.load(R)
+    }
+}
+
+impl PartialEq for SharedCount {
+    fn eq(&self, other: &Self) -> bool {
+        self.get() == other.get()
+    }
+}
+
+impl Eq for SharedCount {}
 
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)

@@ -230,7 +230,7 @@ fn clients(shared: &Arc<Shared>) -> ResultSet {
 }
 
 fn servers(shared: &Arc<Shared>) -> ResultSet {
-    let mut rs = connection_set(&[("remote_pid", Int), ("client_key", Int)]);
+    let mut rs = connection_set(&[("remote_pid", Int), ("client_key", Int), ("prepared_statements", Int)]);
     let check_delay = shared.config.load().weir.server_check_delay;
     let linked: HashMap<i32, i32> = shared.registry.all().iter().filter_map(|c| Some((c.server_pid()?, c.key_pid))).collect();
     for pool in shared.pools.all() {
@@ -251,7 +251,8 @@ fn servers(shared: &Arc<Shared>) -> ResultSet {
                 local: s.local_addr,
                 since: s.connected_at,
             };
-            rs.push(conn.cells([int(s.pid), linked.get(&s.pid).and_then(|k| int(*k))]));
+            let prepared = int(s.prepared_statements.get());
+            rs.push(conn.cells([int(s.pid), linked.get(&s.pid).and_then(|k| int(*k)), prepared]));
         }
     }
     rs

@@ -49,6 +49,7 @@ async fn recover(conn: &mut ServerConn, reset_query: Option<&str>) -> Result<(),
         conn.settings = crate::params::ParamMap::new();
         // DISCARD ALL / DEALLOCATE ALL in it may have dropped weir's statements.
         conn.statements.mark_all_uncertain();
+        conn.statements.publish();
     }
     if !conn.cancel.gate.wait_clear(CANCEL_TIMEOUT).await {
         return Err(CloseReason::ResetFailed);

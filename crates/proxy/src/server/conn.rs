@@ -178,11 +178,13 @@ pub async fn connect(spec: Arc<ConnectSpec>, metrics: &Arc<PoolMetrics>) -> Resu
     };
     let addr = stream.peer_addr()?;
     let mut guard = ServerConnGuard::opened(metrics.clone(), started.elapsed());
+    let statements = ServerStatements::default();
     guard.describe(weir_metrics::ServerInfo {
         pid: login.backend_pid,
         addr,
         local_addr: stream.local_addr().ok(),
         connected_at: std::time::SystemTime::now(),
+        prepared_statements: statements.shown(),
     });
     let mut params = ParamMap::new();
     for (k, v) in &login.server_params {
@@ -203,7 +205,7 @@ pub async fn connect(spec: Arc<ConnectSpec>, metrics: &Arc<PoolMetrics>) -> Resu
         slot: None,
         spec,
         broken: None,
-        statements: ServerStatements::default(),
+        statements,
         guard,
     })
 }

@@ -8,6 +8,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
+use weir_metrics::SharedCount;
+
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     tick: u64,
@@ -22,12 +24,24 @@ pub struct ServerStatements {
     maybe: HashSet<Arc<str>>,
     tick: u64,
     lease: u64,
+    /// The number of statements, for SHOW SERVERS.
+    shown: SharedCount,
 }
 
 impl ServerStatements {
     /// Starts a new lease: statements used from now on are protected from eviction.
     pub fn begin_lease(&mut self) {
         self.lease += 1;
+    }
+
+    /// The statement count as the admin console sees it (updated when a lease ends).
+    pub fn shown(&self) -> SharedCount {
+        self.shown.clone()
+    }
+
+    /// Publishes the statement count.
+    pub fn publish(&self) {
+        self.shown.set(self.entries.len() as u64);
     }
 
     /// Statements known to be prepared (or being prepared) on the server.

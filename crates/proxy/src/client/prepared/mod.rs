@@ -187,6 +187,7 @@ impl Stage {
         }
         self.reply_partial = 0;
         self.pass_remaining = 0;
+        server.publish();
     }
 
     fn pin(&mut self, why: &'static str) {
