@@ -144,9 +144,13 @@ impl CancelRegistry {
                     CancelOutcome::AnsweredLocally
                 }
                 Where::Active(target) => {
-                    let target = target.clone();
+                    // Shut the server's gate now, under the slot lock: the
+                    // session marks itself idle (and returns the server) only
+                    // after taking this lock, so the server cannot reach the
+                    // next client before this cancel has been answered.
+                    let forward = forward_cancel(target.clone(), FORWARD_TIMEOUT);
                     tokio::spawn(async move {
-                        if let Err(e) = forward_cancel(target, FORWARD_TIMEOUT).await {
+                        if let Err(e) = forward.await {
                             tracing::warn!(error = %e, "forwarding a cancel request failed");
                         }
                     });

@@ -29,6 +29,9 @@ use crate::wire;
 /// While queued, read at most this much more from the client (to see it leave).
 const WAIT_READ_LIMIT: usize = 1 << 20;
 
+/// Postgres's own words for a cancelled statement.
+const CANCELED_MESSAGE: &str = "canceling statement due to user request";
+
 /// One client's session state.
 pub struct Session<'a> {
     pub client: &'a mut TcpStream,
@@ -88,11 +91,13 @@ impl<'a> Session<'a> {
                 }
                 Wait::Cancelled => {
                     self.pool.metrics.record_dropped_query(DropReason::Cancelled);
-                    self.refuse_request(sqlstate::QUERY_CANCELED, "canceling statement due to user request").await?;
+                    self.refuse_request(sqlstate::QUERY_CANCELED, CANCELED_MESSAGE).await?;
                     continue;
                 }
                 Wait::Failed(e) => {
-                    self.pool.metrics.record_dropped_query(DropReason::WaitTimeout);
+                    if matches!(e, PoolError::WaitTimeout { .. }) {
+                        self.pool.metrics.record_dropped_query(DropReason::WaitTimeout);
+                    }
                     tracing::info!(error = %e, "query dropped: no server in time");
                     let err = ClientError::NoServer(e);
                     self.refuse_request(err.sqlstate(), &err.client_message()).await?;
@@ -161,30 +166,49 @@ impl<'a> Session<'a> {
         let pool = self.pool.clone();
         let acquire = pool.acquire(deadline);
         tokio::pin!(acquire);
+        // Biased: when the client leaves or cancels in the same instant a
+        // server frees up, the departure wins and the server goes on to the
+        // next waiter.
         let outcome = loop {
             tokio::select! {
-                r = &mut acquire => break match r {
-                    Ok(lease) => Wait::Got(lease),
-                    Err(e) => Wait::Failed(e),
-                },
+                biased;
                 _ = slot.wake.notified() => if slot.wait_cancelled() { break Wait::Cancelled },
                 r = wire::fill(self.client, &mut self.cbuf), if self.cbuf.len() < WAIT_READ_LIMIT => {
                     if r.is_err() || self.terminate_buffered() {
                         break Wait::Gone;
                     }
                 }
+                r = &mut acquire => break match r {
+                    Ok(lease) => Wait::Got(lease),
+                    Err(e) => Wait::Failed(e),
+                },
             }
         };
-        match outcome {
-            Wait::Got(lease) if !slot.set_active(lease.conn().cancel.clone()) => {
-                slot.set_idle();
-                Ok(Wait::Cancelled)
+        let outcome = match outcome {
+            Wait::Got(lease) if self.left_meanwhile() => {
+                drop(lease);
+                Wait::Gone
             }
-            Wait::Got(lease) => Ok(Wait::Got(lease)),
-            other => {
-                slot.set_idle();
-                Ok(other)
-            }
+            other => other,
+        };
+        if !matches!(outcome, Wait::Got(_)) {
+            slot.set_idle();
+        }
+        // On `Got` the slot stays Waiting until `serve` has the server ready,
+        // so a cancel arriving meanwhile still stops the query from running.
+        Ok(outcome)
+    }
+
+    /// A last look at the client socket without waiting, just before its
+    /// query would go to a server: EOF, a reset or a Terminate means it left.
+    fn left_meanwhile(&mut self) -> bool {
+        if self.cbuf.capacity() - self.cbuf.len() < 4096 {
+            self.cbuf.reserve(8192);
+        }
+        match self.client.try_read_buf(&mut self.cbuf) {
+            Ok(0) => true,
+            Ok(_) => self.terminate_buffered(),
+            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
         }
     }
 
@@ -229,8 +253,17 @@ impl<'a> Session<'a> {
             lease.set_needs_reset();
         }
         if let Err(reason) = self.sync_params(&mut lease).await {
+            self.reg.slot.set_idle();
             lease.close(reason);
             return self.server_lost(false).await;
+        }
+        if !self.reg.slot.set_active(lease.conn().cancel.clone()) {
+            // Cancelled while the server was being readied: it never saw the query.
+            self.reg.slot.set_idle();
+            drop(lease);
+            self.pool.metrics.record_dropped_query(DropReason::Cancelled);
+            self.refuse_request(sqlstate::QUERY_CANCELED, CANCELED_MESSAGE).await?;
+            return Ok(true);
         }
         let conn = lease.conn_mut();
         self.prepared.begin(&mut conn.statements, &conn.conv);
@@ -250,6 +283,9 @@ impl<'a> Session<'a> {
                 Ok(true)
             }
             Ended::ClientGone => {
+                if lease.conn().conv.query_in_flight() {
+                    self.pool.metrics.record_dropped_query(DropReason::ClientGone);
+                }
                 drop(lease);
                 Ok(false)
             }

@@ -46,8 +46,14 @@ pub struct PoolOptions {
 /// Why a client got no server.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum PoolError {
-    #[error("no server connection became free within {waited:?}{}", last_error.as_ref().map(|e| format!(" (last connect error: {e})")).unwrap_or_default())]
-    WaitTimeout { waited: Duration, last_error: Option<String> },
+    /// SQLSTATE 53300 (class 53, insufficient resources): the pool had no
+    /// server to spare, which is not the client's own cancel (57014).
+    #[error(
+        "no server connection became free within the wait budget of {} (query_wait_timeout); the query was not run{}",
+        humantime::format_duration(*budget),
+        last_error.as_ref().map(|e| format!(" (last connect error: {e})")).unwrap_or_default()
+    )]
+    WaitTimeout { budget: Duration, waited: Duration, last_error: Option<String> },
     /// A brand-new pool could not connect: the login gets the connect error
     /// at once instead of waiting out its budget.
     #[error("cannot connect to the server: {error}")]
@@ -97,7 +103,9 @@ impl Pool {
         let started = Instant::now();
         let timed_out = || {
             let last_error = self.lock().last_error.clone();
-            PoolError::WaitTimeout { waited: started.elapsed(), last_error }
+            // Rounded to whole milliseconds: the budget as configured.
+            let budget = Duration::from_millis(((deadline.saturating_duration_since(started).as_micros() + 500) / 1000) as u64);
+            PoolError::WaitTimeout { budget, waited: started.elapsed(), last_error }
         };
         loop {
             let conn = match self.checkout_or_enqueue() {
