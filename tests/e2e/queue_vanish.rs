@@ -1,0 +1,247 @@
+//! Clients that leave mid-query (outside or inside a transaction, mid-
+//! message, by RST or Terminate) and clients that leave before their login
+//! completes. Neither costs a server connection.
+
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use weir::protocol::tags::{auth, backend as be};
+use weir_e2e::{Harness, Opts, APP_DB, MD5_PASS, MD5_USER, SCRAM_USER};
+use weir_metrics::DropReason;
+
+use crate::queue_raw::{self, Raw};
+use crate::{backends_until, create_ledger, ledger_ids, logins_of, trust_opts};
+
+/// How the client goes.
+#[derive(Debug, Clone, Copy)]
+enum Leave {
+    Reset,
+    Terminate,
+}
+
+/// What the client is doing when it goes.
+#[derive(Debug, Clone, Copy)]
+enum Doing {
+    /// `select pg_sleep(30)` is running.
+    Sleeping,
+    /// Half of a short Query message was sent (weir holds it back).
+    HalfShortMessage,
+    /// Half of a 200 KiB Query message was sent (weir already streamed its head).
+    HalfLongMessage,
+}
+
+/// One client leaves while `doing`; the backend must end idle (cancelled,
+/// rolled back), serve the next client with the same pid, and never close.
+async fn vanish(in_tx: bool, doing: Doing, leave: Leave) {
+    let h = Harness::start(trust_opts(1)).await;
+    let direct = create_ledger(&h).await;
+    let mut raw = Raw::login(h.addr(), SCRAM_USER, "", &[]).await.unwrap();
+    let pid: i32 = raw
+        .query("select pg_backend_pid()")
+        .await
+        .unwrap()
+        .scalar()
+        .unwrap()
+        .parse()
+        .unwrap();
+    if in_tx {
+        assert_eq!(raw.query("begin").await.unwrap().status, b'T');
+        assert_eq!(
+            raw.query("insert into ledger(id) values (1)")
+                .await
+                .unwrap()
+                .error,
+            None
+        );
+    }
+    match doing {
+        Doing::Sleeping => {
+            raw.send_query("insert into ledger(id) select 2 from pg_sleep(30)")
+                .await
+                .unwrap();
+            let (running, seen) = backends_until(&direct, Duration::from_secs(10), |b| {
+                b.iter().any(|r| r.0 == pid && r.1 == "active")
+            })
+            .await;
+            assert!(running, "the query never started: {seen:?}");
+        }
+        Doing::HalfShortMessage => {
+            let msg = query_bytes("insert into ledger(id) values (3)");
+            raw.send(&msg[..msg.len() / 2]).await.unwrap();
+        }
+        Doing::HalfLongMessage => {
+            let filler = "x".repeat(200 * 1024);
+            let msg = query_bytes(&format!(
+                "insert into ledger(id) select 4 where length('{filler}') > 0"
+            ));
+            raw.send(&msg[..msg.len() / 2]).await.unwrap();
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let left = Instant::now();
+    match leave {
+        Leave::Reset => raw.reset(),
+        Leave::Terminate => raw.terminate().await,
+    }
+    let (idle, seen) = backends_until(&direct, Duration::from_secs(3), |b| {
+        b.len() == 1 && b[0].0 == pid && b[0].1 == "idle"
+    })
+    .await;
+    assert!(
+        idle,
+        "backend {pid} not idle after the client left: {seen:?}"
+    );
+    assert!(
+        left.elapsed() < Duration::from_millis(1500),
+        "cleanup took {:?}",
+        left.elapsed()
+    );
+
+    let next = h.client().await;
+    let next_pid: i32 = next
+        .query_one("select pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(next_pid, pid, "the same server serves the next client");
+    assert!(
+        ledger_ids(&direct).await.is_empty(),
+        "nothing of the departed client's work was kept"
+    );
+    let m = &h.pool().metrics;
+    assert_eq!(m.closed_total(), 0, "a server was closed");
+    assert_eq!(m.opened(), 1);
+    if matches!(doing, Doing::Sleeping) {
+        assert_eq!(m.dropped_queries(DropReason::ClientGone), 1);
+    }
+}
+
+fn query_bytes(sql: &str) -> Vec<u8> {
+    let mut b = bytes::BytesMut::new();
+    weir::protocol::messages::query(&mut b, sql);
+    b.to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_mid_query_outside_a_transaction() {
+    vanish(false, Doing::Sleeping, Leave::Reset).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_mid_query_inside_a_transaction() {
+    vanish(true, Doing::Sleeping, Leave::Reset).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminate_mid_query_inside_a_transaction() {
+    vanish(true, Doing::Sleeping, Leave::Terminate).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_halfway_through_a_short_message_in_a_transaction() {
+    vanish(true, Doing::HalfShortMessage, Leave::Reset).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_halfway_through_a_long_message_in_a_transaction() {
+    vanish(true, Doing::HalfLongMessage, Leave::Reset).await;
+}
+
+/// A driver whose connection task dies mid-query inside a transaction: the
+/// socket closes with a plain FIN, no Terminate and no cancel (the shape of
+/// node-postgres `query_timeout`, where nobody cancels the running query).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_connection_closed_mid_query_costs_nothing() {
+    let h = Harness::start(Opts {
+        pool_size: 1,
+        ..Opts::default()
+    })
+    .await;
+    let direct = create_ledger(&h).await;
+    let (c, conn) = tokio_postgres::connect(
+        &h.url(SCRAM_USER, weir_e2e::SCRAM_PASS),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    let driver = tokio::spawn(conn);
+    let pid: i32 = c
+        .query_one("select pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    c.batch_execute("begin; insert into ledger(id) values (1)")
+        .await
+        .unwrap();
+    let running =
+        tokio::spawn(async move { c.simple_query("select pg_sleep(30)").await.map(|_| ()) });
+    let (started, seen) = backends_until(&direct, Duration::from_secs(10), |b| {
+        b.iter().any(|r| r.0 == pid && r.1 == "active")
+    })
+    .await;
+    assert!(started, "{seen:?}");
+    driver.abort();
+    assert!(
+        running.await.unwrap().is_err(),
+        "the query cannot finish without its connection"
+    );
+    let left = Instant::now();
+    let (idle, seen) = backends_until(&direct, Duration::from_secs(3), |b| {
+        b.iter().all(|r| r.1 == "idle")
+    })
+    .await;
+    assert!(idle, "{seen:?}");
+    assert!(
+        left.elapsed() < Duration::from_millis(1500),
+        "cleanup took {:?}",
+        left.elapsed()
+    );
+    let next = h.client().await;
+    let next_pid: i32 = next
+        .query_one("select pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(next_pid, pid);
+    assert!(ledger_ids(&direct).await.is_empty());
+    assert_eq!(h.pool().metrics.closed_total(), 0);
+    assert_eq!(h.pool().metrics.dropped_queries(DropReason::ClientGone), 1);
+}
+
+/// Clients gone before their login completes (startup sent, then gone while
+/// weir waits for the password; or half a startup packet) make weir do no
+/// server-side work: no pool, no backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_during_login_costs_no_server_work() {
+    let h = Harness::start(Opts::default()).await;
+    let startup = queue_raw::startup_packet(&[("user", MD5_USER), ("database", APP_DB)]);
+    for i in 0..20 {
+        let mut s = TcpStream::connect(h.addr()).await.unwrap();
+        if i % 2 == 0 {
+            s.write_all(&startup).await.unwrap();
+            let mut head = [0u8; 9];
+            s.read_exact(&mut head).await.unwrap();
+            assert_eq!(head[0], be::AUTHENTICATION);
+            assert_eq!(
+                i32::from_be_bytes([head[5], head[6], head[7], head[8]]),
+                auth::MD5_PASSWORD
+            );
+        } else {
+            s.write_all(&startup[..startup.len() / 2]).await.unwrap();
+        }
+        let _ = s.set_zero_linger();
+        drop(s);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        h.weir().shared().pools.get(APP_DB, MD5_USER).is_none(),
+        "a pool was made for a client that never logged in"
+    );
+    assert_eq!(logins_of(&h, MD5_USER), 0, "Postgres saw a backend start");
+
+    // The same path with a login that completes does reach Postgres, once.
+    let c = weir_e2e::connect(&h.url(MD5_USER, MD5_PASS)).await.unwrap();
+    c.simple_query("select 1").await.unwrap();
+    assert_eq!(logins_of(&h, MD5_USER), 1);
+}
