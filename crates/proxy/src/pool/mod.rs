@@ -108,7 +108,7 @@ impl Pool {
             PoolError::WaitTimeout { budget, waited: started.elapsed(), last_error }
         };
         loop {
-            let conn = match self.checkout_or_enqueue() {
+            let conn = match self.checkout_or_enqueue(deadline) {
                 Ok(conn) => conn,
                 Err(mut waiting) => match tokio::time::timeout_at(deadline.into(), &mut waiting.rx).await {
                     Ok(Ok(conn)) => {
@@ -122,6 +122,13 @@ impl Pool {
             // Held as a Lease from here: if this future is dropped mid-check,
             // the connection goes back to the pool through recovery.
             match tokio::time::timeout_at(deadline.into(), self.vet(Lease::new(self.clone(), conn))).await {
+                // Handed over just as the budget ran out (or this task ran
+                // late): the client may be giving up right now, so its query
+                // must not start. The server goes on to the next waiter.
+                Ok(Some(lease)) if Instant::now() >= deadline => {
+                    drop(lease);
+                    return Err(timed_out());
+                }
                 Ok(Some(lease)) => {
                     self.metrics.record_client_wait(started.elapsed());
                     return Ok(lease);
@@ -133,7 +140,7 @@ impl Pool {
     }
 
     /// Takes a healthy idle server, or joins the queue (and starts connects).
-    fn checkout_or_enqueue(self: &Arc<Self>) -> Result<ServerConn, Waiting> {
+    fn checkout_or_enqueue(self: &Arc<Self>, deadline: Instant) -> Result<ServerConn, Waiting> {
         let mut st = self.lock();
         if !st.paused {
             while let Some(mut conn) = st.idle.pop() {
@@ -148,7 +155,7 @@ impl Pool {
             }
         }
         let (tx, rx) = oneshot::channel();
-        let id = st.push_waiter(tx);
+        let id = st.push_waiter(tx, deadline);
         self.want_connects(&mut st);
         Err(Waiting { pool: self.clone(), id, rx, settled: false })
     }
@@ -213,10 +220,10 @@ impl Pool {
         }
     }
 
-    /// Gives `conn` to the oldest waiter still there, else parks it idle.
+    /// Gives `conn` to the oldest waiter that can still use it, else parks it idle.
     fn hand_over(self: &Arc<Self>, st: &mut State, mut conn: ServerConn) {
         if !st.paused {
-            while let Some(w) = st.waiters.pop_front() {
+            while let Some(w) = st.next_waiter() {
                 match w.tx.send(conn) {
                     Ok(()) => {
                         st.active += 1;
@@ -252,11 +259,9 @@ impl Pool {
     pub fn resume(self: &Arc<Self>) {
         let mut st = self.lock();
         st.paused = false;
-        while let Some(conn) = st.idle.pop() {
-            if st.waiters.is_empty() {
-                st.idle.push(conn);
-                break;
-            }
+        // Each turn either serves a waiter or parks the server and ends.
+        while st.live_waiters() > 0 {
+            let Some(conn) = st.idle.pop() else { break };
             self.hand_over(&mut st, conn);
         }
         self.want_connects(&mut st);

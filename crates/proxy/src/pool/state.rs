@@ -16,6 +16,8 @@ pub(super) struct WaiterEntry {
     pub id: u64,
     pub tx: oneshot::Sender<ServerConn>,
     pub since: Instant,
+    /// The end of this waiter's budget: past it, a server is no use to it.
+    pub deadline: Instant,
 }
 
 #[derive(Debug)]
@@ -77,11 +79,22 @@ impl State {
         }
     }
 
-    pub fn push_waiter(&mut self, tx: oneshot::Sender<ServerConn>) -> u64 {
+    pub fn push_waiter(&mut self, tx: oneshot::Sender<ServerConn>, deadline: Instant) -> u64 {
         self.next_waiter += 1;
         let id = self.next_waiter;
-        self.waiters.push_back(WaiterEntry { id, tx, since: Instant::now() });
+        self.waiters.push_back(WaiterEntry { id, tx, since: Instant::now(), deadline });
         id
+    }
+
+    /// Takes the oldest waiter that can still use a server: its client is
+    /// there and its budget has not run out. Gone waiters met on the way are
+    /// dropped; expired ones stay until their own timeout removes them (they
+    /// answer their client with the wait-timeout error).
+    pub fn next_waiter(&mut self) -> Option<WaiterEntry> {
+        let now = Instant::now();
+        self.waiters.retain(|w| !w.tx.is_closed());
+        let i = self.waiters.iter().position(|w| w.deadline > now)?;
+        self.waiters.remove(i)
     }
 
     pub fn remove_waiter(&mut self, id: u64) {
@@ -90,9 +103,11 @@ impl State {
         }
     }
 
-    /// Waiters whose clients are still there (closed receivers are skipped).
+    /// Waiters whose clients are still there and whose budget has not run
+    /// out (the others need no server).
     pub fn live_waiters(&self) -> usize {
-        self.waiters.iter().filter(|w| !w.tx.is_closed()).count()
+        let now = Instant::now();
+        self.waiters.iter().filter(|w| !w.tx.is_closed() && w.deadline > now).count()
     }
 
     /// All server connections the pool accounts for.
