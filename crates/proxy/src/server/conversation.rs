@@ -51,6 +51,27 @@ impl Default for Conversation {
     }
 }
 
+/// Whether a client may send a message of type `tag` once logged in (the
+/// types Postgres's backend accepts after startup).
+pub fn is_session_message(tag: u8) -> bool {
+    matches!(
+        tag,
+        fe::QUERY
+            | fe::PARSE
+            | fe::BIND
+            | fe::DESCRIBE
+            | fe::EXECUTE
+            | fe::CLOSE
+            | fe::SYNC
+            | fe::FLUSH
+            | fe::FUNCTION_CALL
+            | fe::COPY_DATA
+            | fe::COPY_DONE
+            | fe::COPY_FAIL
+            | fe::TERMINATE
+    )
+}
+
 /// What a scan of client bytes found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Outbound {
@@ -99,9 +120,25 @@ impl Conversation {
         if self.to_server_partial > 0 {
             return Ok(Outbound { forward: at, terminate: false });
         }
-        while let Some((tag, total)) = peek_header(&buf[at..], max_len)? {
+        while at < buf.len() {
+            // Whole messages before a malformed one go first; the error is
+            // returned once it leads, with nothing of it noted or sent.
+            let (tag, total) = match peek_header(&buf[at..], max_len) {
+                Ok(Some(h)) => h,
+                Ok(None) => break,
+                Err(_) if at > 0 => break,
+                Err(e) => return Err(e),
+            };
             if tag == fe::TERMINATE {
                 return Ok(Outbound { forward: at, terminate: true });
+            }
+            if !is_session_message(tag) {
+                // Postgres answers an unknown type with FATAL and closes the
+                // connection; weir refuses it itself and keeps the server.
+                if at > 0 {
+                    break;
+                }
+                return Err(ProtocolError::UnexpectedTag(tag));
             }
             let avail = buf.len() - at;
             if avail < total {
@@ -321,6 +358,21 @@ mod tests {
         let mut b = msg(fe::SYNC, b"");
         b.extend(msg(fe::TERMINATE, b""));
         assert_eq!(c.scan_client(&b, 100).unwrap(), Outbound { forward: 5, terminate: true });
+    }
+
+    #[test]
+    fn malformed_message_is_refused_only_once_it_leads() {
+        let mut c = Conversation::default();
+        let good = msg(fe::QUERY, b"select 1\0");
+        for bad in [msg(b'z', b""), msg(fe::PASSWORD, b"pw\0"), b"Q\xff\xff\xff\xff".to_vec()] {
+            let both = [good.clone(), bad.clone()].concat();
+            let out = c.scan_client(&both, 1 << 20).unwrap();
+            assert_eq!(out.forward, good.len(), "the good message goes first");
+            assert_eq!(c.pending_rfq, 1);
+            assert!(c.scan_client(&bad, 1 << 20).is_err());
+            assert_eq!(c.pending_rfq, 1, "nothing of the bad message is noted");
+            c.pending_rfq = 0;
+        }
     }
 
     #[test]
