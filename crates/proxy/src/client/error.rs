@@ -35,6 +35,9 @@ pub enum ClientError {
     NoServer(#[from] PoolError),
     #[error("the connection to the server was lost")]
     ServerLost,
+    /// The server sent bytes that break the protocol; its connection is closed.
+    #[error("the server sent a malformed message ({0}); its connection is closed")]
+    BadServerMessage(ProtocolError),
     /// query_timeout, idle_transaction_timeout or a dead server found by the watchdog.
     #[error(transparent)]
     Watchdog(#[from] super::watchdog::WatchdogError),
@@ -69,6 +72,7 @@ impl ClientError {
             ClientError::Watchdog(w) => w.sqlstate(),
             ClientError::NoServer(PoolError::Closed) | ClientError::ShuttingDown => sqlstate::ADMIN_SHUTDOWN,
             ClientError::ServerLost => sqlstate::CONNECTION_FAILURE,
+            ClientError::BadServerMessage(_) => sqlstate::PROTOCOL_VIOLATION,
             ClientError::Gone | ClientError::Io(_) => sqlstate::CONNECTION_FAILURE,
         }
     }

@@ -296,10 +296,13 @@ impl<'a> Session<'a> {
         }
     }
 
+    /// The server is gone. The client gets one FATAL and no more: the
+    /// server's own, already passed on (`told`), or weir's, sent by
+    /// `client::serve` for the error returned.
     async fn server_lost(&mut self, told: bool) -> Result<bool, ClientError> {
-        if !told {
-            let err = ClientError::ServerLost;
-            self.send_error(Severity::Fatal, err.sqlstate(), &err.client_message()).await;
+        if told {
+            tracing::info!("server connection closed after its FATAL reached the client");
+            return Ok(false);
         }
         Err(ClientError::ServerLost)
     }

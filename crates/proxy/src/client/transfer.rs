@@ -65,12 +65,24 @@ pub async fn run(
             c_out = cbuf.split_to(out.forward).freeze();
             terminating = out.terminate;
         }
-        if s_out.is_empty() && !sbuf.is_empty() {
+        // Once the server owes nothing and goes back, bytes it sent after
+        // the settling ReadyForQuery were not asked for: they stay with the
+        // connection (which the pool then closes), never reach this client.
+        let releasing = settled && release && prepared.pinned().is_none() && conv.is_clean();
+        if s_out.is_empty() && !sbuf.is_empty() && !releasing {
             let owed = conv.pending_rfq;
-            let inb = conv.scan_server(sbuf, |k, v| {
+            let scanned = conv.scan_server(sbuf, |k, v| {
                 server_params.set(k, v);
                 client_params.set(k, v);
-            })?;
+            });
+            let inb = match scanned {
+                Ok(inb) => inb,
+                Err(e) => {
+                    // A server that breaks the protocol is not recovered.
+                    *broken = Some(weir_metrics::CloseReason::ProtocolError);
+                    return Err(ClientError::BadServerMessage(e));
+                }
+            };
             s_out = prepared.inbound(sbuf.split_to(inb.forward).freeze(), statements);
             settled |= inb.settled;
             told |= inb.fatal;
