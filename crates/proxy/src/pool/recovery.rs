@@ -18,6 +18,10 @@ use crate::server::{forward_cancel, ServerConn};
 /// How long weir waits for Postgres to take a cancel request.
 const CANCEL_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// The most filler weir writes to complete a message its client left half
+/// sent; a longer rest closes the connection instead (and bounds the memory).
+const MAX_FILLER: usize = 16 << 20;
+
 pub(super) fn spawn(pool: Arc<Pool>, mut conn: ServerConn, opts: PoolOptions, reset: bool) {
     conn.set_close_reason(CloseReason::ResetFailed);
     tokio::spawn(async move {
@@ -65,6 +69,11 @@ async fn recover(conn: &mut ServerConn, reset_query: Option<&str>) -> Result<(),
 /// batch or COPY, without ever making a fragment runnable.
 async fn finish_client_side(conn: &mut ServerConn) -> Result<(), CloseReason> {
     let mut out = BytesMut::new();
+    if conn.conv.to_server_partial > MAX_FILLER {
+        // A gigabyte Query abandoned after its first megabytes: pushing the
+        // rest through costs more than a new connection.
+        return Err(CloseReason::ResetFailed);
+    }
     if conn.conv.to_server_partial > 0 {
         // Filler with no NUL byte: the half-sent string never terminates, so
         // Postgres rejects the message instead of running a fragment.
