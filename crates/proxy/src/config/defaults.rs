@@ -19,6 +19,7 @@ impl Default for General {
             listen_addr: "127.0.0.1:6432".parse().expect("static address"),
             auth_type: AuthType::Md5,
             auth_file: None,
+            auth_hba_file: None,
             pool_mode: PoolMode::Transaction,
             default_pool_size: 20,
             min_pool_size: 0,
@@ -54,7 +55,10 @@ impl Default for General {
             tcp_keepintvl: Duration::from_secs(1),
             tcp_keepcnt: 3,
             tcp_user_timeout: Some(Duration::from_secs(8)),
-            max_message_size: (1 << 30) - 1,
+            // Postgres's own limit (PQ_LARGE_MESSAGE_LIMIT, 1 GiB - 2): a longer
+            // message is refused by weir before any of it reaches a server,
+            // where Postgres would drop the connection without a word.
+            max_message_size: (1 << 30) - 2,
             // PgBouncer's current default.
             max_prepared_statements: 200,
             shutdown_timeout: Duration::from_secs(30),
