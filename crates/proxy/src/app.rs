@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use weir_metrics::{ClientResult, CloseReason};
 
+use crate::auth::hba::Hba;
 use crate::auth::UserList;
 use crate::cancel::CancelRegistry;
 use crate::client::registry::ClientRegistry;
@@ -33,6 +34,8 @@ const GAUGE_PERIOD: Duration = Duration::from_millis(500);
 pub struct Shared {
     pub config: ConfigCell,
     pub users: ArcSwap<UserList>,
+    /// The auth_hba_file's rules, with auth_type = "hba".
+    pub hba: ArcSwapOption<Hba>,
     pub pools: Pools,
     pub cancels: Arc<CancelRegistry>,
     /// Client connections open (logged in or not), for max_client_conn.
@@ -66,6 +69,8 @@ pub enum StartError {
     Listen(SocketAddr, std::io::Error),
     #[error("cannot load auth_file {0}: {1}")]
     AuthFile(String, String),
+    #[error("cannot load auth_hba_file {0}: {1}")]
+    HbaFile(String, String),
     #[error("cannot start the metrics endpoint: {0}")]
     Metrics(#[from] weir_metrics::MetricsError),
 }
@@ -97,6 +102,14 @@ pub fn load_users(cfg: &Config) -> Result<UserList, StartError> {
     }
 }
 
+/// Loads the auth_hba_file named by the config (None when there is none).
+pub fn load_hba(cfg: &Config) -> Result<Option<Arc<Hba>>, StartError> {
+    match cfg.auth_hba_file_path() {
+        Some(p) => Hba::load(&p).map(|h| Some(Arc::new(h))).map_err(|e| StartError::HbaFile(p.display().to_string(), e.to_string())),
+        None => Ok(None),
+    }
+}
+
 impl Weir {
     /// Binds the listener (and the metrics endpoint) and starts accepting.
     pub async fn start(cfg: Config) -> Result<Weir, StartError> {
@@ -111,9 +124,11 @@ impl Weir {
         };
         weir_metrics::set_build_info(env!("CARGO_PKG_VERSION"));
         let users = load_users(&cfg)?;
+        let hba = load_hba(&cfg)?;
         let listener = TcpListener::bind(cfg.weir.listen_addr).await.map_err(|e| StartError::Listen(cfg.weir.listen_addr, e))?;
         let addr = listener.local_addr().map_err(|e| StartError::Listen(cfg.weir.listen_addr, e))?;
         let shared = Arc::new(Shared::new(cfg, users));
+        shared.hba.store(hba);
         let _ = cell.set(Arc::downgrade(&shared));
         shared.listening.store(true, Ordering::SeqCst);
         shared.tracker.spawn(accept_loop(listener, shared.clone()));
@@ -156,6 +171,7 @@ impl Shared {
         Shared {
             config: ConfigCell::new(cfg),
             users: ArcSwap::from_pointee(users),
+            hba: ArcSwapOption::empty(),
             pools: Pools::new(),
             cancels: CancelRegistry::new(),
             clients: AtomicUsize::new(0),
@@ -243,6 +259,7 @@ impl Shared {
     pub fn reload(&self, mut cfg: Config) -> Result<Vec<String>, ReloadError> {
         let _one_at_a_time = self.reload_lock.lock().unwrap_or_else(|e| e.into_inner());
         let users = load_users(&cfg).map_err(|e| ReloadError::AuthFile(e.to_string()))?;
+        let hba = load_hba(&cfg).map_err(|e| ReloadError::AuthFile(e.to_string()))?;
         let old = self.config.load();
         let mut notes = Vec::new();
         let mut keep = |key: &str, changed: bool| {
@@ -257,6 +274,7 @@ impl Shared {
         cfg.weir.log_format = old.weir.log_format;
         cfg.metrics.listen_addr = old.metrics.listen_addr;
         self.users.store(Arc::new(users));
+        self.hba.store(hba);
         self.pools.reconfigure(&cfg);
         self.config.store(cfg);
         Ok(notes)

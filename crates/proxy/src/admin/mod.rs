@@ -114,7 +114,8 @@ async fn greet(
 ) -> Result<Option<(Role, Registration)>, ClientError> {
     let user = &login.req.user;
     let users = shared.users.load();
-    crate::auth::authenticate(socket, buf, cfg.weir.auth_type, user, users.get(user)).await?;
+    let method = crate::client::auth_method(shared, cfg, login.peer, &login.req)?;
+    crate::auth::authenticate(socket, buf, method, user, users.get(user)).await?;
     let Some(role) = Role::of(cfg, user) else {
         shared.cancels.metrics.record_client_connection(ClientResult::Refused);
         let msg = format!("user \"{user}\" may not use the admin console: list it in admin_users or stats_users");

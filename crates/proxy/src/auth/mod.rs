@@ -2,6 +2,7 @@
 //! SCRAM-SHA-256 verifiers (`md5`, `scram`), and the async exchange over a
 //! client socket (`authenticate`). AuthenticationOk is the caller's to send.
 
+pub mod hba;
 pub mod md5;
 pub mod scram;
 pub mod userlist;
@@ -30,6 +31,9 @@ pub enum AuthError {
     Protocol(String),
     #[error("client selected an invalid SASL authentication mechanism")]
     UnsupportedMechanism,
+    /// Refused by auth_hba_file (a `reject` line, or no line matched).
+    #[error("{0}")]
+    Refused(String),
     #[error("client closed the connection during authentication")]
     Eof,
     #[error("i/o error during authentication: {0}")]
@@ -40,7 +44,7 @@ impl AuthError {
     pub fn sqlstate(&self) -> SqlState {
         match self {
             AuthError::WrongPassword { .. } => sqlstate::INVALID_PASSWORD,
-            AuthError::UnsupportedMechanism => sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
+            AuthError::UnsupportedMechanism | AuthError::Refused(_) => sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
             AuthError::Protocol(_) => sqlstate::PROTOCOL_VIOLATION,
             AuthError::Eof | AuthError::Io(_) => sqlstate::CONNECTION_FAILURE,
         }
@@ -101,6 +105,8 @@ pub async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
             scram_exchange(stream, buf, user, secret).await
         }
         (AuthType::Md5, _) => md5_exchange(stream, buf, user, secret).await,
+        // Resolved per client by `hba::method_for` before this is called.
+        (AuthType::Hba, _) => Err(AuthError::Refused("auth_type \"hba\" was not resolved for this client".into())),
     }
 }
 

@@ -91,7 +91,7 @@ async fn run(socket: &mut TcpStream, peer: SocketAddr, shared: &Arc<Shared>, cfg
         let login = crate::admin::Login { req, minor, peer, local, deadline: login_deadline };
         return crate::admin::serve(socket, buf, shared, cfg, login).await;
     }
-    let session = within(login_deadline, authenticate(socket, &mut buf, shared, cfg, req, minor)).await;
+    let session = within(login_deadline, authenticate(socket, &mut buf, shared, cfg, req, minor, peer)).await;
     count_login(shared, &session);
     let mut session = session?;
     if cfg.weir.log_connections {
@@ -147,10 +147,12 @@ async fn authenticate<'a>(
     cfg: &Arc<Config>,
     req: Request,
     minor: u16,
+    peer: SocketAddr,
 ) -> Result<Session<'a>, ClientError> {
     let users = shared.users.load();
     let secret = users.get(&req.user);
-    crate::auth::authenticate(socket, buf, cfg.weir.auth_type, &req.user, secret).await?;
+    let method = auth_method(shared, cfg, peer, &req)?;
+    crate::auth::authenticate(socket, buf, method, &req.user, secret).await?;
     let key = PoolKey { database: req.database.clone(), user: req.user.clone() };
     let password = secret.and_then(|s| s.plain_password());
     let pool = shared.pool_for(cfg, &key, password).ok_or_else(|| ClientError::UnknownDatabase(req.database.clone()))?;
@@ -175,6 +177,18 @@ async fn authenticate<'a>(
         cfg.weir.max_message_size as usize,
         shared.shutdown.clone(),
     ))
+}
+
+/// How this client authenticates: auth_type, or with auth_type = "hba" the
+/// first matching line of auth_hba_file (a `reject` line or no line: refused).
+pub(crate) fn auth_method(
+    shared: &Shared,
+    cfg: &Config,
+    peer: SocketAddr,
+    req: &Request,
+) -> Result<crate::config::AuthType, ClientError> {
+    let hba = shared.hba.load();
+    Ok(crate::auth::hba::method_for(cfg.weir.auth_type, hba.as_deref(), peer.ip(), &req.database, &req.user)?)
 }
 
 /// The wait budget: query_wait_timeout, or less when the client declared a

@@ -55,7 +55,6 @@ const UNSUPPORTED: &[(&str, &str)] = &[
     ("auth_query", "weir authenticates clients against auth_file only"),
     ("auth_user", "weir authenticates clients against auth_file only"),
     ("auth_dbname", "weir authenticates clients against auth_file only"),
-    ("auth_hba_file", "weir has no hba file; it listens where listen_addr says"),
     ("unix_socket_", "weir listens on TCP only"),
     ("logfile", "weir logs to stderr; let the supervisor collect it"),
     ("syslog", "weir logs to stderr; let the supervisor collect it"),
@@ -194,12 +193,12 @@ impl Mapper {
 
     fn auth_type(&mut self, value: &str) -> Result<(), String> {
         match value {
-            "trust" | "md5" | "scram-sha-256" => {
+            "trust" | "md5" | "scram-sha-256" | "hba" => {
                 self.set("auth_type", quoted(value));
                 Ok(())
             }
             "any" => Err("\"any\" has no weir equivalent (there is no forced user); use trust".into()),
-            other => Err(format!("weir supports trust, md5 and scram-sha-256, not {other}; weir's default md5 is kept")),
+            other => Err(format!("weir supports trust, md5, scram-sha-256 and hba, not {other}; weir's default md5 is kept")),
         }
     }
 

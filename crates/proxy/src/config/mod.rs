@@ -26,6 +26,8 @@ pub enum AuthType {
     Md5,
     #[serde(rename = "scram-sha-256")]
     ScramSha256,
+    /// Per client, by the first matching line of `auth_hba_file`.
+    Hba,
 }
 
 /// When a server connection goes back to the pool.
@@ -74,6 +76,8 @@ pub struct General {
     pub listen_addr: SocketAddr,
     pub auth_type: AuthType,
     pub auth_file: Option<PathBuf>,
+    /// PgBouncer's subset of pg_hba.conf, used when `auth_type = "hba"`.
+    pub auth_hba_file: Option<PathBuf>,
     pub pool_mode: PoolMode,
     pub default_pool_size: u32,
     pub min_pool_size: u32,
@@ -204,6 +208,11 @@ impl Config {
     /// The auth file's path, resolved against the config file's folder.
     pub fn auth_file_path(&self) -> Option<PathBuf> {
         self.weir.auth_file.as_ref().map(|p| self.base_dir.join(p))
+    }
+
+    /// The hba file's path, resolved against the config file's folder.
+    pub fn auth_hba_file_path(&self) -> Option<PathBuf> {
+        self.weir.auth_hba_file.as_ref().map(|p| self.base_dir.join(p))
     }
 
     /// Resolved settings for clients asking for database `name`.

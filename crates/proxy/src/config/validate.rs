@@ -41,6 +41,11 @@ impl Config {
         if g.auth_type != super::AuthType::Trust && g.auth_file.is_none() {
             return Err(invalid("weir.auth_file", "is required unless auth_type = \"trust\""));
         }
+        match (g.auth_type == super::AuthType::Hba, g.auth_hba_file.is_some()) {
+            (true, false) => return Err(invalid("weir.auth_hba_file", "is required when auth_type = \"hba\"")),
+            (false, true) => return Err(invalid("weir.auth_hba_file", "is used only with auth_type = \"hba\"")),
+            _ => {}
+        }
         for name in self.databases.keys() {
             self.validate_database(name)?;
         }
