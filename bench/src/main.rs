@@ -5,6 +5,7 @@
 //! - `refill` — the pool refill curve after a mass termination (issue 4)
 #![forbid(unsafe_code)]
 
+mod pgbouncer;
 mod refill;
 mod storm;
 mod suite;
