@@ -22,7 +22,10 @@ impl ParamMap {
     }
 
     pub fn get(&self, name: &str) -> Option<&str> {
-        self.0.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+        // Exact case first: names are canonical almost always, and this runs
+        // for every tracked parameter on every transaction.
+        let exact = self.0.iter().find(|(k, _)| k == name);
+        exact.or_else(|| self.0.iter().find(|(k, _)| k.eq_ignore_ascii_case(name))).map(|(_, v)| v.as_str())
     }
 
     pub fn set(&mut self, name: &str, value: &str) {
