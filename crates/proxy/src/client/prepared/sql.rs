@@ -114,7 +114,10 @@ fn set(w: &mut Words<'_>) -> Sql {
 
 /// Case-insensitive search for an ASCII lowercase `needle`.
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    hay.len() >= needle.len() && hay.windows(needle.len()).any(|w| w.eq_ignore_ascii_case(needle))
+    // The first-byte test keeps this cheap: it runs on every query's text.
+    let Some(&first) = needle.first() else { return true };
+    hay.len() >= needle.len()
+        && hay.windows(needle.len()).any(|w| w[0].to_ascii_lowercase() == first && w.eq_ignore_ascii_case(needle))
 }
 
 /// Words of SQL text, skipping whitespace and comments.
