@@ -198,3 +198,64 @@ fn a_budget_at_or_above_the_client_deadline_is_refused() {
     weir::Config::from_toml(&ok, std::path::Path::new("."))
         .expect("a budget below the deadline is fine");
 }
+
+/// Reload (RELOAD / SIGHUP re-read the file) refuses a budget at or above the
+/// client deadline and keeps the running budget; a valid one applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_refuses_a_budget_above_the_deadline_and_keeps_the_old_one() {
+    let general = "query_wait_timeout = \"200ms\"".to_string();
+    let h = Harness::start(Opts {
+        pool_size: 1,
+        general,
+        ..Opts::default()
+    })
+    .await;
+    let file = h.dir.join("weir.toml");
+    let write = |wait: &str, deadline: &str| {
+        let text = format!(
+            "[weir]\nlisten_addr = \"127.0.0.1:0\"\nauth_type = \"md5\"\nauth_file = \"userlist.txt\"\n\
+             default_pool_size = 1\nquery_wait_timeout = \"{wait}\"\nclient_deadline = \"{deadline}\"\n\
+             [databases.app]\nhost = \"127.0.0.1\"\nport = {}\n",
+            h.pg.port()
+        );
+        std::fs::write(&file, text).unwrap();
+    };
+    h.weir().set_config_path(file.clone());
+    let (_a, _) = hold_server(&h).await;
+    let c = h.client().await;
+
+    write("2s", "1s");
+    let err = h
+        .weir()
+        .shared()
+        .reload_from_disk()
+        .expect_err("reload must refuse")
+        .to_string();
+    assert!(
+        err.contains("must be below client_deadline") && err.contains("abandoned by the client"),
+        "{err}"
+    );
+    let (code, message, took) = timed_failure(&c, "select 1", true).await;
+    assert_eq!(code, "53300");
+    assert!(
+        message.contains("200ms"),
+        "the running budget is kept: {message}"
+    );
+    assert!(took < Duration::from_millis(300), "{took:?}");
+
+    write("300ms", "1s");
+    h.weir()
+        .shared()
+        .reload_from_disk()
+        .expect("a budget below the deadline reloads");
+    let (code, message, took) = timed_failure(&c, "select 1", true).await;
+    assert_eq!(code, "53300");
+    assert!(
+        message.contains("300ms"),
+        "the new budget applies: {message}"
+    );
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_millis(400),
+        "{took:?}"
+    );
+}

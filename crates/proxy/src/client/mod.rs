@@ -173,7 +173,7 @@ async fn authenticate<'a>(
         params,
         req.settings,
         reg,
-        budget,
+        session::Budget { declared: req.declared_deadline, fraction: cfg.weir.client_deadline_fraction },
         cfg.weir.max_message_size as usize,
         shared.shutdown.clone(),
     ))

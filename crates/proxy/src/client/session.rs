@@ -42,13 +42,28 @@ pub struct Session<'a> {
     pub settings: ParamMap,
     pub reg: Registration,
     /// How long this client may wait for a server.
-    pub budget: Duration,
+    pub budget: Budget,
     pub max_message: usize,
     pub shutdown: tokio_util::sync::CancellationToken,
     /// Client messages are being discarded up to the next Sync.
     skipping: bool,
     /// Named prepared statements and pinning (transaction mode).
     prepared: Stage,
+}
+
+/// A client's wait budget: the pool's query_wait_timeout as configured at
+/// each wait (so a reload applies to connected clients at once), capped by a
+/// share of the deadline the client declared at startup.
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    pub declared: Option<Duration>,
+    pub fraction: f64,
+}
+
+impl Budget {
+    fn now(&self, pool: &Pool) -> Duration {
+        super::wait_budget(pool.query_wait_timeout(), self.declared, self.fraction)
+    }
 }
 
 enum Wait {
@@ -68,7 +83,7 @@ impl<'a> Session<'a> {
         params: ParamMap,
         settings: ParamMap,
         reg: Registration,
-        budget: Duration,
+        budget: Budget,
         max_message: usize,
         shutdown: tokio_util::sync::CancellationToken,
     ) -> Self {
@@ -162,7 +177,7 @@ impl<'a> Session<'a> {
     async fn wait_for_server(&mut self) -> Result<Wait, ClientError> {
         let slot = self.reg.slot.clone();
         slot.set_waiting();
-        let deadline = Instant::now() + self.budget;
+        let deadline = Instant::now() + self.budget.now(&self.pool);
         let pool = self.pool.clone();
         let acquire = pool.acquire(deadline);
         tokio::pin!(acquire);

@@ -95,6 +95,11 @@ impl Pool {
         self.lock().opts.settings.clone()
     }
 
+    /// The current query_wait_timeout (cheap: read at every wait).
+    pub fn query_wait_timeout(&self) -> Duration {
+        self.lock().opts.settings.query_wait_timeout
+    }
+
     /// Borrows a server, waiting in FIFO order until `deadline`.
     ///
     /// Cancel-safe: dropping the future removes the waiter at once, and a
