@@ -29,12 +29,24 @@ enum Doing {
     HalfShortMessage,
     /// Half of a 200 KiB Query message was sent (weir already streamed its head).
     HalfLongMessage,
+    /// Parse, Bind, Execute of a `pg_sleep(30)` INSERT with no Sync yet:
+    /// running, in an open extended-protocol batch.
+    ExecuteWithoutSync,
 }
 
 /// One client leaves while `doing`; the backend must end idle (cancelled,
-/// rolled back), serve the next client with the same pid, and never close.
+/// rolled back, reset in session mode), serve the next client with the same
+/// pid, and never close.
 async fn vanish(in_tx: bool, doing: Doing, leave: Leave) {
-    let h = Harness::start(trust_opts(1)).await;
+    vanish_in("transaction", in_tx, doing, leave).await
+}
+
+async fn vanish_in(pool_mode: &'static str, in_tx: bool, doing: Doing, leave: Leave) {
+    let h = Harness::start(Opts {
+        pool_mode,
+        ..trust_opts(1)
+    })
+    .await;
     let direct = create_ledger(&h).await;
     let mut raw = Raw::login(h.addr(), SCRAM_USER, "", &[]).await.unwrap();
     let pid: i32 = raw
@@ -45,6 +57,15 @@ async fn vanish(in_tx: bool, doing: Doing, leave: Leave) {
         .unwrap()
         .parse()
         .unwrap();
+    if pool_mode == "session" {
+        assert_eq!(
+            raw.query("set statement_timeout = '4321s'")
+                .await
+                .unwrap()
+                .error,
+            None
+        );
+    }
     if in_tx {
         assert_eq!(raw.query("begin").await.unwrap().status, b'T');
         assert_eq!(
@@ -55,11 +76,14 @@ async fn vanish(in_tx: bool, doing: Doing, leave: Leave) {
             None
         );
     }
+    let sleeper = "insert into ledger(id) select 2 from pg_sleep(30)";
     match doing {
-        Doing::Sleeping => {
-            raw.send_query("insert into ledger(id) select 2 from pg_sleep(30)")
-                .await
-                .unwrap();
+        Doing::Sleeping | Doing::ExecuteWithoutSync => {
+            if matches!(doing, Doing::Sleeping) {
+                raw.send_query(sleeper).await.unwrap();
+            } else {
+                raw.send(&execute_without_sync(sleeper)).await.unwrap();
+            }
             let (running, seen) = backends_until(&direct, Duration::from_secs(10), |b| {
                 b.iter().any(|r| r.0 == pid && r.1 == "active")
             })
@@ -105,6 +129,12 @@ async fn vanish(in_tx: bool, doing: Doing, leave: Leave) {
         .unwrap()
         .get(0);
     assert_eq!(next_pid, pid, "the same server serves the next client");
+    let timeout: String = next
+        .query_one("show statement_timeout", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(timeout, "0", "the departed client's session state is gone");
     assert!(
         ledger_ids(&direct).await.is_empty(),
         "nothing of the departed client's work was kept"
@@ -112,9 +142,28 @@ async fn vanish(in_tx: bool, doing: Doing, leave: Leave) {
     let m = &h.pool().metrics;
     assert_eq!(m.closed_total(), 0, "a server was closed");
     assert_eq!(m.opened(), 1);
-    if matches!(doing, Doing::Sleeping) {
+    if matches!(doing, Doing::Sleeping | Doing::ExecuteWithoutSync) {
         assert_eq!(m.dropped_queries(DropReason::ClientGone), 1);
     }
+}
+
+/// Parse, Bind and Execute of `sql` (unnamed statement and portal), no Sync.
+fn execute_without_sync(sql: &str) -> Vec<u8> {
+    use bytes::BufMut;
+    use weir::protocol::tags::frontend as fe;
+    fn msg(out: &mut bytes::BytesMut, tag: u8, body: &[u8]) {
+        out.put_u8(tag);
+        out.put_i32(body.len() as i32 + 4);
+        out.put_slice(body);
+    }
+    let mut out = bytes::BytesMut::new();
+    let mut parse = vec![0u8];
+    parse.extend_from_slice(sql.as_bytes());
+    parse.extend_from_slice(&[0, 0, 0]);
+    msg(&mut out, fe::PARSE, &parse);
+    msg(&mut out, fe::BIND, &[0, 0, 0, 0, 0, 0, 0, 0]);
+    msg(&mut out, fe::EXECUTE, &[0, 0, 0, 0, 0]);
+    out.to_vec()
 }
 
 fn query_bytes(sql: &str) -> Vec<u8> {
@@ -136,6 +185,16 @@ async fn reset_mid_query_inside_a_transaction() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminate_mid_query_inside_a_transaction() {
     vanish(true, Doing::Sleeping, Leave::Terminate).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_after_execute_without_sync_in_a_transaction() {
+    vanish(true, Doing::ExecuteWithoutSync, Leave::Reset).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_mode_reset_mid_query_in_a_transaction() {
+    vanish_in("session", true, Doing::Sleeping, Leave::Reset).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
