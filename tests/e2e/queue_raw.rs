@@ -97,22 +97,22 @@ impl Raw {
         loop {
             let (tag, mut body) = raw.read_msg().await?;
             match tag {
-                be::AUTHENTICATION => {
-                    match body.get_i32() {
-                        auth::OK => {}
-                        auth::CLEARTEXT_PASSWORD => {
-                            let mut out = BytesMut::new();
-                            out.put_u8(fe::PASSWORD);
-                            out.put_i32((4 + password.len() + 1) as i32);
-                            out.put_slice(password.as_bytes());
-                            out.put_u8(0);
-                            raw.send(&out).await?;
-                        }
-                        other => return Err(format!(
-                            "raw client supports trust/cleartext only, got auth request {other}"
-                        )),
+                be::AUTHENTICATION => match body.get_i32() {
+                    auth::OK => {}
+                    auth::CLEARTEXT_PASSWORD => {
+                        let mut out = BytesMut::new();
+                        out.put_u8(fe::PASSWORD);
+                        out.put_i32((4 + password.len() + 1) as i32);
+                        out.put_slice(password.as_bytes());
+                        out.put_u8(0);
+                        raw.send(&out).await?;
                     }
-                }
+                    other => {
+                        return Err(format!(
+                            "raw client supports trust/cleartext only, got auth request {other}"
+                        ))
+                    }
+                },
                 be::BACKEND_KEY_DATA => raw.key = (body.get_i32(), body.get_i32()),
                 be::ERROR_RESPONSE => {
                     return Err(format!("login refused: {:?}", error_fields(&body)))
