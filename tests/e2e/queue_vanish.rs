@@ -8,7 +8,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use weir::protocol::tags::{auth, backend as be};
 use weir_e2e::{Harness, Opts, APP_DB, MD5_PASS, MD5_USER, SCRAM_USER};
-use weir_metrics::DropReason;
+use weir_metrics::{CloseReason, DropReason};
 
 use crate::queue_raw::{self, Raw};
 use crate::{backends_until, create_ledger, ledger_ids, logins_of, trust_opts};
@@ -303,4 +303,69 @@ async fn a_client_gone_during_login_costs_no_server_work() {
     let c = weir_e2e::connect(&h.url(MD5_USER, MD5_PASS)).await.unwrap();
     c.simple_query("select 1").await.unwrap();
     assert_eq!(logins_of(&h, MD5_USER), 1);
+}
+
+/// Recovery is bounded by server_reset_timeout: when the server's answers
+/// stop (the path to it freezes) after its client left mid-query, weir gives
+/// up after the timeout, closes that one server with reason reset_failed, and
+/// the next client gets a fresh one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_that_cannot_finish_closes_the_server_with_its_reason() {
+    let general = "server_reset_timeout = \"500ms\"".to_string();
+    let h = Harness::start(Opts {
+        relay: true,
+        general,
+        ..trust_opts(1)
+    })
+    .await;
+    let direct = create_ledger(&h).await;
+    let mut raw = Raw::login(h.addr(), SCRAM_USER, "", &[]).await.unwrap();
+    let pid = raw
+        .query("select pg_backend_pid()")
+        .await
+        .unwrap()
+        .scalar()
+        .unwrap()
+        .to_owned();
+    assert_eq!(raw.query("begin").await.unwrap().status, b'T');
+    raw.send_query("insert into ledger(id) select 5 from pg_sleep(30)")
+        .await
+        .unwrap();
+    let pid: i32 = pid.parse().unwrap();
+    let (running, seen) = backends_until(&direct, Duration::from_secs(10), |b| {
+        b.iter().any(|r| r.0 == pid && r.1 == "active")
+    })
+    .await;
+    assert!(running, "{seen:?}");
+    h.relay.as_ref().unwrap().freeze_existing();
+    let left = Instant::now();
+    raw.reset();
+
+    let m = h.pool().metrics.clone();
+    let closed = weir_e2e::eventually(Duration::from_secs(3), || {
+        m.closed(CloseReason::ResetFailed) == 1
+    })
+    .await;
+    assert!(closed, "closed: {}", m.closed_total());
+    let took = left.elapsed();
+    assert!(
+        took >= Duration::from_millis(450) && took < Duration::from_millis(1500),
+        "closed after {took:?}"
+    );
+    assert_eq!(
+        m.closed_total(),
+        1,
+        "only that server, only for that reason"
+    );
+    let next = h.client().await;
+    let next_pid: i32 = next
+        .query_one("select pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_ne!(
+        next_pid, pid,
+        "a fresh server replaced the one that could not be recovered"
+    );
+    assert!(ledger_ids(&direct).await.is_empty());
 }
