@@ -10,6 +10,8 @@ pub mod auth;
 pub mod cancel;
 pub mod client;
 pub mod config;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod params;
 pub mod pool;
 pub mod protocol;

@@ -1,0 +1,4 @@
+//! cargo-fuzz target: `weir::fuzzing::userlist` (what it checks is documented there).
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| weir::fuzzing::userlist(data));

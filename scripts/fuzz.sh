@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs every cargo-fuzz target in crates/proxy/fuzz for a bounded time
+# (FUZZ_SECONDS each, default 10) and fails on the first crash, printing the
+# executions per target. Installs cargo-fuzz from crates.io when missing.
+# Stable rustc takes cargo-fuzz's -Z flags with RUSTC_BOOTSTRAP=1.
+# The committed seeds (crates/proxy/fuzz/corpus/TARGET) are read only; what
+# libFuzzer finds goes to a temporary folder, so the repo's corpus stays small.
+# A crash leaves its input in crates/proxy/fuzz/artifacts/TARGET/.
+set -euo pipefail
+
+seconds="${FUZZ_SECONDS:-10}"
+export RUSTC_BOOTSTRAP=1
+cd "$(dirname "$0")/../crates/proxy"
+
+if ! cargo fuzz --version >/dev/null 2>&1; then
+    echo "installing cargo-fuzz"
+    cargo install cargo-fuzz --locked
+fi
+
+targets=$(cargo fuzz list)
+started=$(date +%s)
+cargo fuzz build
+echo "fuzz build: $(($(date +%s) - started)) s"
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+for t in $targets; do
+    mkdir -p "$work/$t"
+    log="$work/$t.log"
+    if ! cargo fuzz run "$t" "$work/$t" "fuzz/corpus/$t" -- \
+        -max_total_time="$seconds" -print_final_stats=1 >"$log" 2>&1; then
+        tail -n 60 "$log"
+        echo "fuzz target $t FAILED (input in crates/proxy/fuzz/artifacts/$t/)"
+        exit 1
+    fi
+    execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
+    echo "fuzz $t: ${execs:-?} executions in ${seconds} s, no crash"
+done
