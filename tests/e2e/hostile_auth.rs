@@ -118,6 +118,39 @@ async fn scram_exchange_abuse() {
     .await
 }
 
+/// CVE-2025-12819's class: startup parameters of a client that fails to
+/// authenticate never reach Postgres (weir applies them with SET only after
+/// authentication, on a server it already holds). Nothing opens, nothing runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_parameters_of_unauthenticated_clients_never_reach_postgres() {
+    bounded(120, async {
+        let h = Harness::start(Opts { auth_type: "scram-sha-256", ..Default::default() }).await;
+        let before = Before::take(&h).await;
+        let servers = h.server_pids(SCRAM_USER);
+        let opened = h.pool().metrics.opened();
+        let options =
+            "options=-c%20search_path%3Devil_schema%20-c%20statement_timeout%3D1&application_name=hostile_app";
+        for (user, password) in [(SCRAM_USER, "wrong"), ("no_such_user", "x")] {
+            let url = format!("postgres://{user}:{password}@{}/{APP_DB}?{options}", h.addr());
+            let e = weir_e2e::connect(&url).await.expect_err("wrong password");
+            assert_eq!(weir_e2e::sqlstate(&e).as_deref(), Some("28P01"), "{user}: {e}");
+        }
+        let seen = h.psql("select count(*) from pg_stat_activity where application_name = 'hostile_app'");
+        assert_eq!(seen.trim(), "0", "the parameters reached no backend");
+        assert_eq!(h.server_pids(SCRAM_USER), servers, "no server connection opened or touched");
+        assert_eq!(h.pool().metrics.opened(), opened);
+        assert!(h.weir().shared().pools.get(APP_DB, "no_such_user").is_none(), "no pool for a failed login");
+        let path = before.keeper.simple_query("show search_path").await.unwrap();
+        let value = path.iter().find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+            _ => None,
+        });
+        assert_eq!(value.as_deref(), Some("\"$user\", public"), "the pool's servers kept their settings");
+        before.unharmed(&h).await;
+    })
+    .await
+}
+
 fn final_msg(binding: &str, nonce: &str, proof: &str) -> Vec<u8> {
     tagged(fe::PASSWORD, format!("c={binding},r={nonce},p={proof}").as_bytes())
 }

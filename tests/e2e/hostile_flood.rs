@@ -81,6 +81,7 @@ async fn one_gib_query_is_never_buffered() {
         before.unharmed(&h).await;
 
         let closed = h.pool().metrics.closed_total();
+        let reset_failed = h.pool().metrics.closed(weir_metrics::CloseReason::ResetFailed);
         let (_, peak) = peak_rss(async {
             huge_query(&h, (1 << 30) - 2, 8, true).await;
             let pool = h.pool();
@@ -92,7 +93,9 @@ async fn one_gib_query_is_never_buffered() {
         })
         .await;
         assert!(peak - base < RSS_BUDGET, "weir grew by {} MiB while a 1 GiB query streamed", (peak - base) >> 20);
-        assert!(h.pool().metrics.closed_total() <= closed + 1, "at most the one half-fed server connection");
+        let m = &h.pool().metrics;
+        assert_eq!(m.closed_total(), closed + 1, "only the half-fed server connection is closed");
+        assert_eq!(m.closed(weir_metrics::CloseReason::ResetFailed), reset_failed + 1, "as not recoverable");
         let rows = before.keeper.simple_query("select 'still here'").await.expect("the keeper still queries");
         assert!(!rows.is_empty());
         h.client().await.simple_query("select 1").await.expect("a new client is served");
