@@ -124,7 +124,8 @@ impl Token {
 impl Hba {
     /// Reads and parses the file at `path`.
     pub fn load(path: &Path) -> Result<Hba, HbaError> {
-        let text = std::fs::read_to_string(path).map_err(|e| HbaError::Read(path.display().to_string(), e.to_string()))?;
+        let text =
+            std::fs::read_to_string(path).map_err(|e| HbaError::Read(path.display().to_string(), e.to_string()))?;
         Hba::parse(&text)
     }
 
@@ -177,7 +178,9 @@ fn names_match(names: &Names, name: &str, user: &str) -> bool {
 fn addr_match(addr: Addr, peer: IpAddr) -> bool {
     match (addr, peer) {
         (Addr::All, _) => true,
-        (Addr::Net(IpAddr::V4(net), bits), IpAddr::V4(p)) => prefix_eq(net.to_bits().into(), p.to_bits().into(), bits, 32),
+        (Addr::Net(IpAddr::V4(net), bits), IpAddr::V4(p)) => {
+            prefix_eq(net.to_bits().into(), p.to_bits().into(), bits, 32)
+        }
         (Addr::Net(IpAddr::V6(net), bits), IpAddr::V6(p)) => prefix_eq(net.to_bits(), p.to_bits(), bits, 128),
         _ => false,
     }
@@ -303,7 +306,8 @@ fn address(field: &[Token], next: Option<&Vec<Token>>) -> Result<(Addr, usize), 
     if let Some((ip, bits)) = t.text.split_once('/') {
         let ip: IpAddr = ip.parse().map_err(|_| format!("invalid IP address \"{ip}\""))?;
         let max = if ip.is_ipv4() { 32 } else { 128 };
-        let bits: u8 = bits.parse().ok().filter(|b| *b <= max).ok_or_else(|| format!("invalid CIDR mask \"{bits}\""))?;
+        let bits: u8 =
+            bits.parse().ok().filter(|b| *b <= max).ok_or_else(|| format!("invalid CIDR mask \"{bits}\""))?;
         return Ok((Addr::Net(ip, bits), 1));
     }
     let Ok(ip) = t.text.parse::<IpAddr>() else {
@@ -433,9 +437,15 @@ hostnossl all            all             192.168.0.0/16    scram-sha-256
         assert_eq!(method_for(AuthType::Md5, Some(&hba), local, "x", "evil").unwrap(), AuthType::Md5);
         assert_eq!(method_for(AuthType::Hba, Some(&hba), local, "app", "u").unwrap(), AuthType::ScramSha256);
         let e = method_for(AuthType::Hba, Some(&hba), local, "other", "evil").unwrap_err();
-        assert_eq!(e.to_string(), r#"pg_hba.conf rejects connection for host "127.0.0.1", user "evil", database "other", no encryption"#);
+        assert_eq!(
+            e.to_string(),
+            r#"pg_hba.conf rejects connection for host "127.0.0.1", user "evil", database "other", no encryption"#
+        );
         let e = method_for(AuthType::Hba, Some(&hba), ip("::ffff:10.0.0.1"), "app", "u").unwrap_err();
-        assert_eq!(e.to_string(), r#"no pg_hba.conf entry for host "10.0.0.1", user "u", database "app", no encryption"#);
+        assert_eq!(
+            e.to_string(),
+            r#"no pg_hba.conf entry for host "10.0.0.1", user "u", database "app", no encryption"#
+        );
         assert_eq!(e.sqlstate(), crate::protocol::sqlstate::INVALID_AUTHORIZATION_SPECIFICATION);
         assert!(method_for(AuthType::Hba, None, local, "app", "u").is_err(), "no file loaded: refused");
     }
