@@ -141,6 +141,10 @@ impl<'a> Session<'a> {
                 if tag == fe::TERMINATE {
                     return Ok(false);
                 }
+                if !crate::server::conversation::is_session_message(tag) {
+                    // Refused without taking a server (transfer refuses it too).
+                    return Err(crate::protocol::ProtocolError::UnexpectedTag(tag).into());
+                }
                 if self.skipping || tag == fe::SYNC || tag == fe::FLUSH {
                     if whole {
                         self.cbuf.advance(total);
