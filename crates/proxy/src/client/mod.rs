@@ -39,7 +39,7 @@ pub async fn serve(mut socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>)
                 let mut out = BytesMut::new();
                 messages::error_response(&mut out, Severity::Fatal, e.sqlstate(), &e.client_message());
                 if socket.write_all(&out).await.is_ok() {
-                    close_after_error(&mut socket).await;
+                    Box::pin(close_after_error(&mut socket)).await;
                 }
             }
         }
@@ -89,9 +89,9 @@ async fn run(socket: &mut TcpStream, peer: SocketAddr, shared: &Arc<Shared>, cfg
     span.record("db", req.database.as_str());
     if crate::admin::is_console_db(&req.database) {
         let login = crate::admin::Login { req, minor, peer, local, deadline: login_deadline };
-        return crate::admin::serve(socket, buf, shared, cfg, login).await;
+        return Box::pin(crate::admin::serve(socket, buf, shared, cfg, login)).await;
     }
-    let session = within(login_deadline, authenticate(socket, &mut buf, shared, cfg, req, minor, peer)).await;
+    let session = within(login_deadline, Box::pin(authenticate(socket, &mut buf, shared, cfg, req, minor, peer))).await;
     count_login(shared, &session);
     let mut session = session?;
     if cfg.weir.log_connections {
@@ -117,7 +117,7 @@ async fn run(socket: &mut TcpStream, peer: SocketAddr, shared: &Arc<Shared>, cfg
     let mut out = BytesMut::new();
     messages::error_response(&mut out, Severity::Fatal, crate::protocol::sqlstate::ADMIN_SHUTDOWN, why);
     if socket.write_all(&out).await.is_ok() {
-        close_after_error(socket).await;
+        Box::pin(close_after_error(socket)).await;
     }
     Ok(())
 }

@@ -98,31 +98,39 @@ impl<'a> Session<'a> {
             if !self.next_request().await? {
                 return Ok(());
             }
-            let lease = match self.wait_for_server().await? {
-                Wait::Got(lease) => lease,
-                Wait::Gone => {
-                    self.pool.metrics.record_dropped_query(DropReason::ClientGone);
-                    return Ok(());
-                }
-                Wait::Cancelled => {
-                    self.pool.metrics.record_dropped_query(DropReason::Cancelled);
-                    self.refuse_request(sqlstate::QUERY_CANCELED, CANCELED_MESSAGE).await?;
-                    continue;
-                }
-                Wait::Failed(e) => {
-                    if matches!(e, PoolError::WaitTimeout { .. }) {
-                        self.pool.metrics.record_dropped_query(DropReason::WaitTimeout);
-                    }
-                    tracing::info!(error = %e, "query dropped: no server in time");
-                    let err = ClientError::NoServer(e);
-                    self.refuse_request(err.sqlstate(), &err.client_message()).await?;
-                    continue;
-                }
-            };
-            if !self.serve(lease).await? {
+            // Boxed: a request's state (the lease, the forwarding loop) is on
+            // the heap only while it runs, so an idle client's task stays small.
+            if !Box::pin(self.one_request()).await? {
                 return Ok(());
             }
         }
+    }
+
+    /// Gets a server for the buffered request and serves it. Returns false
+    /// when the session is over.
+    async fn one_request(&mut self) -> Result<bool, ClientError> {
+        let lease = match self.wait_for_server().await? {
+            Wait::Got(lease) => lease,
+            Wait::Gone => {
+                self.pool.metrics.record_dropped_query(DropReason::ClientGone);
+                return Ok(false);
+            }
+            Wait::Cancelled => {
+                self.pool.metrics.record_dropped_query(DropReason::Cancelled);
+                self.refuse_request(sqlstate::QUERY_CANCELED, CANCELED_MESSAGE).await?;
+                return Ok(true);
+            }
+            Wait::Failed(e) => {
+                if matches!(e, PoolError::WaitTimeout { .. }) {
+                    self.pool.metrics.record_dropped_query(DropReason::WaitTimeout);
+                }
+                tracing::info!(error = %e, "query dropped: no server in time");
+                let err = ClientError::NoServer(e);
+                self.refuse_request(err.sqlstate(), &err.client_message()).await?;
+                return Ok(true);
+            }
+        };
+        self.serve(lease).await
     }
 
     /// Waits, holding no server, until a request that needs one is buffered.
@@ -153,6 +161,15 @@ impl<'a> Session<'a> {
                     }
                 } else {
                     return Ok(true);
+                }
+            }
+            if self.cbuf.is_empty() {
+                // Idle between transactions: hold no read buffer (8 KiB per
+                // idle client otherwise); the next fill allocates one.
+                self.cbuf = BytesMut::new();
+                tokio::select! {
+                    r = self.client.readable() => if r.is_err() { return Ok(false) },
+                    _ = self.shutdown.cancelled() => continue,
                 }
             }
             tokio::select! {
