@@ -3,8 +3,8 @@
 
 use std::sync::OnceLock;
 
-/// Seconds of CPU the process has used so far.
-pub fn cpu_secs(pid: u32) -> Option<f64> {
+/// Seconds of CPU the process has used so far: (user, system).
+pub fn cpu_split(pid: u32) -> Option<(f64, f64)> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command name (which is in parentheses and may hold spaces).
     let rest = &text[text.rfind(')')? + 2..];
@@ -12,7 +12,12 @@ pub fn cpu_secs(pid: u32) -> Option<f64> {
     // rest[0] is field 3 (state); utime is field 14, stime field 15.
     let utime: u64 = f.get(11)?.parse().ok()?;
     let stime: u64 = f.get(12)?.parse().ok()?;
-    Some((utime + stime) as f64 / clock_ticks())
+    Some((utime as f64 / clock_ticks(), stime as f64 / clock_ticks()))
+}
+
+/// Seconds of CPU (user + system) the process has used so far.
+pub fn cpu_secs(pid: u32) -> Option<f64> {
+    cpu_split(pid).map(|(u, s)| u + s)
 }
 
 /// VmRSS in KiB.

@@ -210,12 +210,16 @@ fn cost_table(s: &mut String, r: &Results) {
         return;
     }
     s.push_str("## Proxy cost (medians)\n\n");
+    s.push_str("CPU µs/txn is user + system time (user part in brackets; the system part is the kernel's socket work).\n\n");
     s.push_str("| workload | weir CPU µs/txn | PgBouncer CPU µs/txn | weir ÷ PgBouncer | weir CPU (share of a core) | PgBouncer CPU (share of a core) | weir peak RSS MiB | PgBouncer peak RSS MiB |\n");
     s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|\n");
-    let us = |c: Option<&Cell>| {
-        c.and_then(|c| c.cpu_us_per_txn)
-            .map(|v| format!("{v:.1}"))
-            .unwrap_or_else(|| "—".into())
+    let us = |c: Option<&Cell>| match c {
+        Some(Cell {
+            cpu_us_per_txn: Some(v),
+            user_us_per_txn: Some(u),
+            ..
+        }) => format!("{v:.1} ({u:.1})"),
+        _ => "—".into(),
     };
     let share = |c: Option<&Cell>| {
         c.and_then(|c| c.cpu_share)

@@ -200,6 +200,11 @@ impl Target {
         self.pid.and_then(procstat::cpu_secs)
     }
 
+    /// (user, system) CPU seconds so far.
+    pub fn cpu_split(&self) -> Option<(f64, f64)> {
+        self.pid.and_then(procstat::cpu_split)
+    }
+
     pub fn rss_kib(&self) -> Option<u64> {
         self.pid.and_then(procstat::rss_kib)
     }

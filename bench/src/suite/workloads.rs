@@ -25,6 +25,8 @@ pub struct Cell {
     pub p99_ms: f64,
     /// Proxy CPU per transaction in µs (None for direct).
     pub cpu_us_per_txn: Option<f64>,
+    /// The user-space part of it (the rest is the kernel's, mostly socket work).
+    pub user_us_per_txn: Option<f64>,
     /// Proxy CPU as a share of one core while the workload ran.
     pub cpu_share: Option<f64>,
     pub peak_rss_kib: Option<u64>,
@@ -188,6 +190,7 @@ pub fn run(w: &Workload, targets: &[Target], opts: &Opts, work: &WorkDir) -> any
 struct Sample {
     outcome: Outcome,
     cpu_secs: Option<f64>,
+    user_secs: Option<f64>,
     wall_secs: f64,
 }
 
@@ -211,17 +214,18 @@ impl Sample {
 }
 
 fn measure(t: &Target, spec: &Spec, work: &WorkDir) -> anyhow::Result<Sample> {
-    let before = t.cpu_secs();
+    let before = t.cpu_split();
     let started = std::time::Instant::now();
     let outcome = pgbench::run(t, spec, &work.path().join("pgbench-log"))?;
     let wall_secs = started.elapsed().as_secs_f64();
-    let cpu_secs = match (before, t.cpu_secs()) {
-        (Some(b), Some(a)) => Some(a - b),
-        _ => None,
+    let (cpu_secs, user_secs) = match (before, t.cpu_split()) {
+        (Some((u0, s0)), Some((u1, s1))) => (Some(u1 + s1 - u0 - s0), Some(u1 - u0)),
+        _ => (None, None),
     };
     Ok(Sample {
         outcome,
         cpu_secs,
+        user_secs,
         wall_secs,
     })
 }
@@ -245,6 +249,11 @@ fn summarize(samples: &[Sample]) -> Cell {
         .filter(|s| s.outcome.txns > 0)
         .filter_map(|s| s.cpu_secs.map(|c| c * 1e6 / s.outcome.txns as f64))
         .collect();
+    let user: Vec<f64> = use_set
+        .iter()
+        .filter(|s| s.outcome.txns > 0)
+        .filter_map(|s| s.user_secs.map(|c| c * 1e6 / s.outcome.txns as f64))
+        .collect();
     let share: Vec<f64> = use_set
         .iter()
         .filter_map(|s| s.cpu_secs.map(|c| c / s.wall_secs))
@@ -254,6 +263,7 @@ fn summarize(samples: &[Sample]) -> Cell {
         avg_ms: median(use_set.iter().map(|s| s.outcome.avg_ms).collect()),
         p99_ms: median(use_set.iter().map(|s| s.outcome.p99_ms).collect()),
         cpu_us_per_txn: (!per_txn.is_empty()).then(|| median(per_txn)),
+        user_us_per_txn: (!user.is_empty()).then(|| median(user)),
         cpu_share: (!share.is_empty()).then(|| median(share)),
         peak_rss_kib: None,
         failure,
