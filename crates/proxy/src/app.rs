@@ -189,8 +189,13 @@ impl Shared {
 
     /// The pool for `key`, created if needed; a new pool of a paused
     /// database starts paused.
-    pub fn pool_for(&self, cfg: &Config, key: &PoolKey, password: Option<&str>) -> Option<Arc<Pool>> {
-        let pool = self.pools.get_or_create(cfg, key, password)?;
+    pub fn pool_for(
+        &self,
+        cfg: &Config,
+        key: &PoolKey,
+        credentials: impl Into<crate::server::login::Credentials>,
+    ) -> Option<Arc<Pool>> {
+        let pool = self.pools.get_or_create(cfg, key, credentials)?;
         if self.is_paused(&key.database) {
             pool.pause();
         }

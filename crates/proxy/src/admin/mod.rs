@@ -16,14 +16,13 @@ use std::time::Instant;
 
 use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 use weir_metrics::ClientResult;
 
 use crate::app::Shared;
 use crate::cancel::Registration;
 use crate::client::login::{self, Request};
 use crate::client::registry::NewClient;
-use crate::client::{close_after_error, count_login, ClientError};
+use crate::client::{close_after_error, count_login, ClientError, ClientStream};
 use crate::config::Config;
 use crate::params::ParamMap;
 use crate::protocol::messages::{self, Severity};
@@ -74,7 +73,7 @@ pub struct Login {
 
 /// Serves one console client: login, then commands until it leaves.
 pub async fn serve(
-    socket: &mut TcpStream,
+    socket: &mut ClientStream,
     mut buf: BytesMut,
     shared: &Arc<Shared>,
     cfg: &Arc<Config>,
@@ -106,7 +105,7 @@ pub async fn serve(
 /// Authenticates and greets; None when the user may not use the console
 /// (it has been told so).
 async fn greet(
-    socket: &mut TcpStream,
+    socket: &mut ClientStream,
     buf: &mut BytesMut,
     shared: &Arc<Shared>,
     cfg: &Arc<Config>,
@@ -150,7 +149,7 @@ fn console_params() -> ParamMap {
 
 /// One logged-in console client.
 struct Console<'a> {
-    socket: &'a mut TcpStream,
+    socket: &'a mut ClientStream,
     buf: BytesMut,
     shared: Arc<Shared>,
     role: Role,

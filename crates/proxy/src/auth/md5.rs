@@ -19,8 +19,9 @@ pub fn md5_hex_password(password: &str, user: &str) -> String {
     format!("md5{}", md5_hex(&[password.as_bytes(), user.as_bytes()]))
 }
 
-/// The response a client must send for a stored `md5...` password and salt.
-fn expected_response(stored_md5: &str, salt: [u8; 4]) -> String {
+/// The response a client must send for a stored `md5...` password and salt
+/// (also what weir sends a server for md5 pass-through).
+pub fn expected_response(stored_md5: &str, salt: [u8; 4]) -> String {
     let inner = stored_md5.strip_prefix("md5").unwrap_or(stored_md5);
     format!("md5{}", md5_hex(&[inner.as_bytes(), &salt]))
 }

@@ -12,6 +12,8 @@ use rand::RngCore;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use crate::config::AuthType;
+use crate::server::login::Credentials;
+use crate::server::scram_client::ScramKeys;
 use crate::protocol::{frame::read_cstr, messages, sqlstate, tags, SqlState};
 use crate::wire::{self, WireError};
 
@@ -82,6 +84,19 @@ impl std::fmt::Debug for Authenticated {
         f.debug_struct("Authenticated")
             .field("scram_client_key", &self.scram_client_key.map(|_| ".."))
             .finish()
+    }
+}
+
+/// What weir logs in to the server with for a client that authenticated
+/// as `authed` against `secret`: the plaintext password; SCRAM pass-through
+/// with the ClientKey the client proved against a SCRAM verifier; md5
+/// pass-through with a stored md5 hash; nothing otherwise (trust).
+pub fn server_credentials(secret: Option<&Secret>, authed: &Authenticated) -> Credentials {
+    match (secret, authed.scram_client_key) {
+        (Some(Secret::Plain(p)), _) => Credentials::Password(p.clone()),
+        (Some(Secret::Scram(s)), Some(key)) => Credentials::ScramKeys(ScramKeys::new(s, key)),
+        (Some(Secret::Md5(m)), _) => Credentials::Md5(m.clone()),
+        _ => Credentials::None,
     }
 }
 

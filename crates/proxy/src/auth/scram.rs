@@ -178,7 +178,8 @@ fn new_mac(key: &[u8]) -> HmacSha256 {
     <HmacSha256 as Mac>::new_from_slice(key).expect("HMAC accepts keys of any length")
 }
 
-fn hmac(key: &[u8], data: &[u8]) -> [u8; 32] {
+/// HMAC-SHA-256 of `data` under `key`.
+pub(crate) fn hmac(key: &[u8], data: &[u8]) -> [u8; 32] {
     let mut mac = new_mac(key);
     mac.update(data);
     mac.finalize().into_bytes().into()

@@ -43,6 +43,9 @@ pub enum ClientError {
     Watchdog(#[from] super::watchdog::WatchdogError),
     #[error("weir is shutting down")]
     ShuttingDown,
+    /// client_tls_sslmode requires TLS and the client did not ask for it.
+    #[error("SSL required: this server accepts only TLS connections (client_tls_sslmode)")]
+    TlsRequired,
 }
 
 impl From<WireError> for ClientError {
@@ -61,7 +64,7 @@ impl ClientError {
             ClientError::Protocol(p) => p.sqlstate(),
             ClientError::Auth(a) => a.sqlstate(),
             ClientError::UnknownDatabase(_) => sqlstate::INVALID_CATALOG_NAME,
-            ClientError::NoUser => sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
+            ClientError::NoUser | ClientError::TlsRequired => sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
             ClientError::UnsupportedProtocol(..) => sqlstate::FEATURE_NOT_SUPPORTED,
             ClientError::BadStartupParameter(_) => sqlstate::PROTOCOL_VIOLATION,
             ClientError::RefusedSetting { code, .. } => *code,

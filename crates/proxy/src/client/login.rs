@@ -1,4 +1,4 @@
-//! A client's login: the startup packet (SSL/GSS refusal, cancel requests,
+//! A client's login: the startup packet (TLS or its refusal, cancel requests,
 //! protocol version), startup parameters, authentication against the
 //! auth_file, and the greeting (AuthenticationOk, ParameterStatus,
 //! BackendKeyData, ReadyForQuery) in one write.
@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 
 use super::error::ClientError;
+use super::stream::ClientStream;
 use crate::config::Config;
 use crate::params::{self, ParamMap, TRACKED};
 use crate::pool::Pool;
@@ -20,10 +20,18 @@ use crate::protocol::{
     tags::{auth, status},
 };
 use crate::server::exchange;
+use crate::tls::ClientTls;
 use crate::wire;
 
 /// The byte that refuses SSLRequest and GSSENCRequest.
 const REFUSE_ENCRYPTION: u8 = b'N';
+
+/// The byte that accepts SSLRequest: the TLS handshake follows.
+const ACCEPT_SSL: u8 = b'S';
+
+/// The first byte of a TLS record carrying a handshake (a ClientHello sent
+/// straight away: Postgres 17's `sslnegotiation=direct`).
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 
 /// Startup parameter with which a client declares its own deadline.
 pub const DEADLINE_PARAM: &str = "weir.client_deadline";
@@ -34,24 +42,67 @@ pub enum First {
     Startup { minor: u16, params: Vec<(String, String)> },
 }
 
-/// Reads the startup packet, refusing SSL/GSS encryption with `N`.
-pub async fn read_startup(stream: &mut TcpStream, buf: &mut BytesMut) -> Result<First, ClientError> {
+/// Reads the startup packet. SSLRequest gets `S` and a TLS handshake when
+/// client TLS is configured, `N` otherwise; GSSENCRequest always `N`. A
+/// client that opens with a TLS ClientHello (direct TLS) gets the handshake
+/// at once, and must have negotiated ALPN "postgresql". With a mode that
+/// requires TLS, a plaintext startup packet is refused (cancels are not:
+/// they carry only the key, as in Postgres).
+pub async fn read_startup(
+    stream: &mut ClientStream,
+    buf: &mut BytesMut,
+    tls: Option<&ClientTls>,
+) -> Result<First, ClientError> {
+    if let Some(tls) = tls {
+        if starts_with_client_hello(stream).await? {
+            handshake(stream, tls).await?;
+            if stream.alpn().as_deref() != Some(crate::tls::ALPN_POSTGRESQL) {
+                tracing::info!("direct TLS without ALPN \"postgresql\": closed");
+                return Err(ClientError::Gone);
+            }
+        }
+    }
     loop {
         let packet = wire::read_startup_packet(stream, buf).await?;
         match startup::parse(&packet)? {
+            StartupPacket::SslRequest | StartupPacket::GssEncRequest if !buf.is_empty() => {
+                // Bytes sent before the answer to an encryption request
+                // would be accepted as plaintext (CVE-2021-23222's class).
+                return Err(crate::protocol::ProtocolError::TrailingBytes.into());
+            }
+            StartupPacket::SslRequest if tls.is_some() && !stream.is_tls() => {
+                stream.write_all(&[ACCEPT_SSL]).await.map_err(ClientError::Io)?;
+                handshake(stream, tls.expect("checked")).await?;
+            }
             StartupPacket::SslRequest | StartupPacket::GssEncRequest => {
-                if !buf.is_empty() {
-                    // Bytes sent before the answer to an encryption request
-                    // would be accepted as plaintext (CVE-2021-23222's class).
-                    return Err(crate::protocol::ProtocolError::TrailingBytes.into());
-                }
                 stream.write_all(&[REFUSE_ENCRYPTION]).await.map_err(ClientError::Io)?;
             }
             StartupPacket::Cancel { pid, secret } => return Ok(First::Cancel { pid, secret }),
+            _ if tls.is_some_and(|t| t.mode.required()) && !stream.is_tls() => return Err(ClientError::TlsRequired),
             StartupPacket::Startup { major: 3, minor, params } => return Ok(First::Startup { minor, params }),
             StartupPacket::Startup { major, minor, .. } => return Err(ClientError::UnsupportedProtocol(major, minor)),
         }
     }
+}
+
+/// Whether the client's first byte opens a TLS handshake (without reading it).
+async fn starts_with_client_hello(stream: &ClientStream) -> Result<bool, ClientError> {
+    let Some(tcp) = stream.tcp() else { return Err(ClientError::Gone) };
+    let mut first = [0u8; 1];
+    match tcp.peek(&mut first).await.map_err(ClientError::Io)? {
+        0 => Err(ClientError::Gone),
+        _ => Ok(first[0] == TLS_HANDSHAKE_RECORD),
+    }
+}
+
+/// The TLS handshake; a failure (a client certificate that does not verify,
+/// no common protocol) is logged and closes the connection: no plaintext
+/// error can follow a failed handshake.
+async fn handshake(stream: &mut ClientStream, tls: &ClientTls) -> Result<(), ClientError> {
+    stream.upgrade(&tls.acceptor).await.map_err(|e| {
+        tracing::info!(error = %e, "client TLS handshake failed");
+        ClientError::Io(e)
+    })
 }
 
 /// What a client asked for at startup.

@@ -152,10 +152,10 @@ async fn authenticate<'a>(
     let users = shared.users.load();
     let secret = users.get(&req.user);
     let method = auth_method(shared, cfg, peer, &req)?;
-    crate::auth::authenticate(socket, buf, method, &req.user, secret).await?;
+    let authed = crate::auth::authenticate(socket, buf, method, &req.user, secret).await?;
     let key = PoolKey { database: req.database.clone(), user: req.user.clone() };
-    let password = secret.and_then(|s| s.plain_password());
-    let pool = shared.pool_for(cfg, &key, password).ok_or_else(|| ClientError::UnknownDatabase(req.database.clone()))?;
+    let credentials = crate::auth::server_credentials(secret, &authed);
+    let pool = shared.pool_for(cfg, &key, credentials).ok_or_else(|| ClientError::UnknownDatabase(req.database.clone()))?;
     let settings = pool.settings();
     let budget = wait_budget(settings.query_wait_timeout, req.declared_deadline, cfg.weir.client_deadline_fraction);
     let deadline = Instant::now() + budget;

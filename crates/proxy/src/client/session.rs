@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 use weir_metrics::{CloseReason, DropReason};
 
 use super::error::ClientError;
 use super::prepared::Stage;
+use super::stream::ClientStream;
 use super::transfer::{self, Ended};
 use crate::cancel::Registration;
 use crate::config::PoolMode;
@@ -34,7 +34,7 @@ const CANCELED_MESSAGE: &str = "canceling statement due to user request";
 
 /// One client's session state.
 pub struct Session<'a> {
-    pub client: &'a mut TcpStream,
+    pub client: &'a mut ClientStream,
     pub cbuf: BytesMut,
     pub pool: Arc<Pool>,
     pub mode: PoolMode,
@@ -76,7 +76,7 @@ enum Wait {
 impl<'a> Session<'a> {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        client: &'a mut TcpStream,
+        client: &'a mut ClientStream,
         cbuf: BytesMut,
         pool: Arc<Pool>,
         mode: PoolMode,
@@ -278,6 +278,7 @@ impl<'a> Session<'a> {
         let mut out = BytesMut::new();
         messages::error_response(&mut out, severity, code, message);
         let _ = self.client.write_all(&out).await;
+        let _ = self.client.flush().await;
     }
 
     /// The active phase on one borrowed server. Returns false when the

@@ -11,11 +11,11 @@
 //! server is marked broken (or left to recovery) and the client gets its error.
 
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::error::ClientError;
 use super::prepared::Stage;
+use super::stream::ClientStream;
 use super::watchdog::Watchdog;
 use crate::params::ParamMap;
 use crate::server::ServerConn;
@@ -39,8 +39,33 @@ pub enum Ended {
 
 /// Moves bytes until the server can be released (when `release` is true) or
 /// one side goes away. Client bytes not yet sent stay in `cbuf`.
+/// A plain client uses TcpStream's zero-cost halves; a TLS client
+/// `tokio::io::split` (its reads flush what rustls still holds, see `stream`).
 pub async fn run(
-    client: &mut TcpStream,
+    client: &mut ClientStream,
+    cbuf: &mut BytesMut,
+    server: &mut ServerConn,
+    client_params: &mut ParamMap,
+    max_message: usize,
+    release: bool,
+    prepared: &mut Stage,
+) -> Result<Ended, ClientError> {
+    match client {
+        ClientStream::Plain(tcp) => {
+            let (cr, cw) = tcp.split();
+            forward(cr, cw, cbuf, server, client_params, max_message, release, prepared).await
+        }
+        other => {
+            let (cr, cw) = tokio::io::split(other);
+            forward(cr, cw, cbuf, server, client_params, max_message, release, prepared).await
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
+    mut cr: CR,
+    mut cw: CW,
     cbuf: &mut BytesMut,
     server: &mut ServerConn,
     client_params: &mut ParamMap,
@@ -51,7 +76,6 @@ pub async fn run(
     let mut wd = Watchdog::new(server);
     let metrics = server.metrics().clone();
     let ServerConn { stream, rbuf: sbuf, conv, params: server_params, broken, statements, .. } = server;
-    let (mut cr, mut cw) = client.split();
     let (mut sr, mut sw) = stream.split();
     let mut c_out = Bytes::new();
     let mut s_out = Bytes::new();
@@ -119,6 +143,7 @@ pub async fn run(
             r = sr.read_buf(sbuf), if sbuf.len() < HIGH_WATER => match r {
                 Ok(0) | Err(_) => {
                     let _ = cw.write_all(&s_out).await;
+                    let _ = cw.flush().await;
                     return Ok(Ended::ServerGone { told });
                 }
                 Ok(_) => wd.heard(),

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{AuthType, General, LogFormat, PoolMode};
+use super::{AuthType, ClientTlsMode, General, LogFormat, PoolMode};
 
 pub(super) fn host() -> String {
     "127.0.0.1".into()
@@ -68,6 +68,10 @@ impl Default for General {
             admin_users: Vec::new(),
             stats_users: Vec::new(),
             ignore_startup_parameters: vec!["extra_float_digits".into()],
+            client_tls_sslmode: ClientTlsMode::Disable,
+            client_tls_cert_file: None,
+            client_tls_key_file: None,
+            client_tls_ca_file: None,
         }
     }
 }

@@ -50,7 +50,7 @@ const ZERO_KEEPS_DEFAULT: &[(&str, &str)] = &[
 
 /// PgBouncer settings weir has no equivalent for, and why.
 const UNSUPPORTED: &[(&str, &str)] = &[
-    ("client_tls_", "weir does not speak TLS; terminate TLS in front of it or use a private network"),
+    ("client_tls_", "weir uses rustls's safe defaults for TLS versions, ciphers and curves"),
     ("server_tls_", "weir does not speak TLS to Postgres"),
     ("auth_query", "weir authenticates clients against auth_file only"),
     ("auth_user", "weir authenticates clients against auth_file only"),
@@ -415,7 +415,7 @@ tcp_keepalive = 1
 log_connections = 0
 admin_users = admin, ops
 ignore_startup_parameters = extra_float_digits,search_path
-client_tls_sslmode = require
+server_tls_sslmode = require
 logfile = /var/log/pgbouncer.log
 stats_period = 60
 frobnicate = 3
@@ -454,7 +454,7 @@ reporter = pool_mode=session
         let warned = |needle: &str| m.warnings.iter().any(|w| w.contains(needle));
         for needle in [
             "server_idle_timeout",
-            "client_tls_sslmode",
+            "server_tls_sslmode",
             "logfile",
             "stats_period",
             "frobnicate",

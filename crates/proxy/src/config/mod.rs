@@ -30,6 +30,42 @@ pub enum AuthType {
     Hba,
 }
 
+/// TLS towards clients (PgBouncer's `client_tls_sslmode`): `allow`/`prefer`
+/// answer a client's SSLRequest with TLS, `require` refuses clients without
+/// TLS, `verify-ca`/`verify-full` also require a client certificate signed by
+/// `client_tls_ca_file`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClientTlsMode {
+    Disable,
+    Allow,
+    Prefer,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+impl ClientTlsMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClientTlsMode::Disable => "disable",
+            ClientTlsMode::Allow => "allow",
+            ClientTlsMode::Prefer => "prefer",
+            ClientTlsMode::Require => "require",
+            ClientTlsMode::VerifyCa => "verify-ca",
+            ClientTlsMode::VerifyFull => "verify-full",
+        }
+    }
+    /// Clients must use TLS.
+    pub fn required(self) -> bool {
+        matches!(self, ClientTlsMode::Require | ClientTlsMode::VerifyCa | ClientTlsMode::VerifyFull)
+    }
+    /// Clients must present a certificate that verifies against the CA.
+    pub fn verifies_client(self) -> bool {
+        matches!(self, ClientTlsMode::VerifyCa | ClientTlsMode::VerifyFull)
+    }
+}
+
 /// When a server connection goes back to the pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -144,6 +180,10 @@ pub struct General {
     pub stats_users: Vec<String>,
     /// Startup parameters accepted from clients and dropped (PgBouncer's meaning).
     pub ignore_startup_parameters: Vec<String>,
+    pub client_tls_sslmode: ClientTlsMode,
+    pub client_tls_cert_file: Option<PathBuf>,
+    pub client_tls_key_file: Option<PathBuf>,
+    pub client_tls_ca_file: Option<PathBuf>,
 }
 
 /// The `[metrics]` section.
@@ -213,6 +253,11 @@ impl Config {
     /// The hba file's path, resolved against the config file's folder.
     pub fn auth_hba_file_path(&self) -> Option<PathBuf> {
         self.weir.auth_hba_file.as_ref().map(|p| self.base_dir.join(p))
+    }
+
+    /// A path from the config, resolved against the config file's folder.
+    pub fn resolve(&self, p: &Option<PathBuf>) -> Option<PathBuf> {
+        p.as_ref().map(|p| self.base_dir.join(p))
     }
 
     /// Resolved settings for clients asking for database `name`.

@@ -46,8 +46,36 @@ impl Config {
             (false, true) => return Err(invalid("weir.auth_hba_file", "is used only with auth_type = \"hba\"")),
             _ => {}
         }
+        self.validate_client_tls()?;
         for name in self.databases.keys() {
             self.validate_database(name)?;
+        }
+        Ok(())
+    }
+
+    /// TLS modes other than disable need a certificate and key; verify-* a CA.
+    /// Whether the files load is checked when the acceptor is built (start, reload).
+    fn validate_client_tls(&self) -> Result<(), ConfigError> {
+        let g = &self.weir;
+        if g.client_tls_sslmode == super::ClientTlsMode::Disable {
+            return Ok(());
+        }
+        let mode = || format!("is required when client_tls_sslmode = \"{}\"", g.client_tls_sslmode.as_str());
+        for (key, file) in [("client_tls_cert_file", &g.client_tls_cert_file), ("client_tls_key_file", &g.client_tls_key_file)] {
+            match self.resolve(file) {
+                None => return Err(invalid(format!("weir.{key}"), mode())),
+                Some(p) if !p.is_file() => return Err(invalid(format!("weir.{key}"), format!("{} does not exist", p.display()))),
+                Some(_) => {}
+            }
+        }
+        if g.client_tls_sslmode.verifies_client() {
+            match self.resolve(&g.client_tls_ca_file) {
+                None => return Err(invalid("weir.client_tls_ca_file", mode())),
+                Some(p) if !p.is_file() => {
+                    return Err(invalid("weir.client_tls_ca_file", format!("{} does not exist", p.display())))
+                }
+                Some(_) => {}
+            }
         }
         Ok(())
     }

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use super::{Pool, PoolOptions};
 use crate::config::Config;
-use crate::server::{socket::Liveness, watch::Watch, ConnectSpec};
+use crate::server::{login::Credentials, socket::Liveness, watch::Watch, ConnectSpec};
 
 /// Which pool: the database name clients ask for, and the user.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -33,12 +33,17 @@ impl Pools {
     }
 
     /// The pool for `key`, created from `cfg` if it does not exist yet.
-    /// None when the database is not configured.
-    pub fn get_or_create(&self, cfg: &Config, key: &PoolKey, password: Option<&str>) -> Option<Arc<Pool>> {
-        if let Some(p) = self.pools.lock().unwrap_or_else(|e| e.into_inner()).get(key) {
-            return Some(p.clone());
+    /// None when the database is not configured. An existing pool whose
+    /// credentials differ from `credentials` (not `None`) takes them: a later
+    /// client proved a new ClientKey or hash (the password changed).
+    pub fn get_or_create(&self, cfg: &Config, key: &PoolKey, credentials: impl Into<Credentials>) -> Option<Arc<Pool>> {
+        let credentials = credentials.into();
+        let existing = self.pools.lock().unwrap_or_else(|e| e.into_inner()).get(key).cloned();
+        if let Some(p) = existing {
+            update_credentials(&p, credentials);
+            return Some(p);
         }
-        let opts = PoolOptions::from_config(cfg, key, password)?;
+        let opts = PoolOptions::from_config(cfg, key, credentials)?;
         let db = self.db_count(&key.database);
         let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
         Some(pools.entry(key.clone()).or_insert_with(|| Pool::new(key.clone(), opts, db)).clone())
@@ -64,24 +69,36 @@ impl Pools {
     /// Applies a new config to existing pools (their passwords stay).
     pub fn reconfigure(&self, cfg: &Config) {
         for pool in self.all() {
-            let password = pool.lock().opts.spec.password.clone();
-            if let Some(opts) = PoolOptions::from_config(cfg, &pool.key, password.as_deref()) {
+            let credentials = pool.lock().opts.spec.credentials.clone();
+            if let Some(opts) = PoolOptions::from_config(cfg, &pool.key, credentials) {
                 pool.reconfigure(opts);
             }
         }
     }
 }
 
+/// Gives `pool` new credentials when they are known and differ; idle
+/// connections pick the new spec up at the next upkeep.
+fn update_credentials(pool: &Arc<Pool>, credentials: Credentials) {
+    if credentials == Credentials::None {
+        return;
+    }
+    let mut st = pool.lock();
+    if st.opts.spec.credentials != credentials {
+        st.opts.spec.credentials = credentials;
+    }
+}
+
 impl PoolOptions {
     /// Resolves a pool's options from the config; None for unknown databases.
-    pub fn from_config(cfg: &Config, key: &PoolKey, password: Option<&str>) -> Option<PoolOptions> {
+    pub fn from_config(cfg: &Config, key: &PoolKey, credentials: impl Into<Credentials>) -> Option<PoolOptions> {
         let settings = cfg.pool_settings(&key.database)?;
         let g = &cfg.weir;
         let spec = ConnectSpec {
             host: settings.host.clone(),
             port: settings.port,
             user: key.user.clone(),
-            password: password.map(str::to_owned),
+            credentials: credentials.into(),
             dbname: settings.dbname.clone(),
             liveness: Liveness::from_config(g),
             connect_timeout: g.server_connect_timeout,

@@ -29,7 +29,7 @@ pub struct ConnectSpec {
     pub host: String,
     pub port: u16,
     pub user: String,
-    pub password: Option<String>,
+    pub credentials: super::login::Credentials,
     pub dbname: String,
     pub liveness: Liveness,
     pub connect_timeout: Duration,
@@ -222,7 +222,7 @@ pub(super) async fn open(spec: &ConnectSpec) -> Result<(TcpStream, BytesMut, sup
     let mut buf = BytesMut::with_capacity(8192);
     let params = LoginParams {
         user: &spec.user,
-        password: spec.password.as_deref(),
+        credentials: &spec.credentials,
         database: &spec.dbname,
         startup_params: &[],
     };

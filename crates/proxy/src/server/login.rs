@@ -9,6 +9,7 @@ use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
 use postgres_protocol::message::frontend;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
+use super::scram_client::{PassthroughClient, ScramKeys};
 use crate::protocol::{messages, sqlstate, tags, Frame, SqlState};
 use crate::wire::{self, WireError};
 
@@ -17,11 +18,42 @@ const MAX_LOGIN_MESSAGE_LEN: usize = 1 << 20;
 /// The only SASL mechanism weir uses with servers.
 const SCRAM_SHA_256: &str = "SCRAM-SHA-256";
 
+/// How weir proves itself to a server.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub enum Credentials {
+    /// Trust only: any password request fails with `NoPassword`.
+    #[default]
+    None,
+    /// A plaintext password (cleartext, md5 and SCRAM).
+    Password(String),
+    /// A stored `md5...` hash: md5 pass-through (md5 server auth only).
+    Md5(String),
+    /// SCRAM pass-through with a ClientKey a client proved (SCRAM only).
+    ScramKeys(ScramKeys),
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Credentials::None => "Credentials::None",
+            Credentials::Password(_) => "Credentials::Password(..)",
+            Credentials::Md5(_) => "Credentials::Md5(..)",
+            Credentials::ScramKeys(_) => "Credentials::ScramKeys(..)",
+        })
+    }
+}
+
+impl From<Option<&str>> for Credentials {
+    fn from(p: Option<&str>) -> Self {
+        p.map_or(Credentials::None, |p| Credentials::Password(p.to_owned()))
+    }
+}
+
 /// What weir needs to log in.
 #[derive(Debug, Clone, Copy)]
 pub struct LoginParams<'a> {
     pub user: &'a str,
-    pub password: Option<&'a str>,
+    pub credentials: &'a Credentials,
     pub database: &'a str,
     /// Extra startup parameters (e.g. application_name), already filtered.
     pub startup_params: &'a [(String, String)],
@@ -43,6 +75,14 @@ pub enum LoginError {
     Server { code: String, message: String },
     #[error("the server asked for a password but none is configured")]
     NoPassword,
+    /// The server asked for a method the stored credentials cannot serve
+    /// (e.g. cleartext with only a SCRAM ClientKey).
+    #[error("the server asked for {asked} authentication, which weir cannot do with the {held} it holds for this user")]
+    WrongCredentials { asked: &'static str, held: &'static str },
+    /// SCRAM pass-through: the server's salt/iterations are not those of
+    /// the verifier the client authenticated against.
+    #[error("SCRAM pass-through failed: the server's verifier differs from weir's (password changed?); reconnect to refresh it")]
+    StaleVerifier,
     #[error("server closed the connection during login")]
     Eof,
     #[error("i/o error during login: {0}")]
@@ -80,7 +120,10 @@ impl LoginError {
                 .copied()
                 .find(|s| s.code() == code)
                 .unwrap_or(sqlstate::CONNECTION_FAILURE),
-            LoginError::NoPassword => sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
+            LoginError::NoPassword | LoginError::WrongCredentials { .. } => {
+                sqlstate::INVALID_AUTHORIZATION_SPECIFICATION
+            }
+            LoginError::StaleVerifier => sqlstate::INVALID_PASSWORD,
             LoginError::Eof | LoginError::Io(_) => sqlstate::CONNECTION_FAILURE,
             LoginError::Protocol(_) => sqlstate::PROTOCOL_VIOLATION,
         }
@@ -102,7 +145,7 @@ impl LoginError {
                 code == sqlstate::INVALID_PASSWORD.code()
                     || code == sqlstate::INVALID_AUTHORIZATION_SPECIFICATION.code()
             }
-            LoginError::NoPassword => true,
+            LoginError::NoPassword | LoginError::WrongCredentials { .. } | LoginError::StaleVerifier => true,
             _ => false,
         }
     }
@@ -210,7 +253,7 @@ async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     out: &mut BytesMut,
     p: &LoginParams<'_>,
 ) -> Result<(), LoginError> {
-    let mut scram: Option<ScramSha256> = None;
+    let mut scram: Option<Sasl> = None;
     let mut scram_finished = false;
     loop {
         let frame = next_frame(stream, buf).await?;
@@ -221,32 +264,31 @@ async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
             }
             tags::auth::OK => return Ok(()),
             tags::auth::CLEARTEXT_PASSWORD => {
-                frontend::password_message(password(p)?.as_bytes(), out).map_err(encode_error)?;
+                let pw = password(p, "cleartext")?;
+                frontend::password_message(pw.as_bytes(), out).map_err(encode_error)?;
             }
             tags::auth::MD5_PASSWORD => {
                 let salt: [u8; 4] = payload
                     .try_into()
                     .map_err(|_| protocol("bad MD5 salt length"))?;
-                let hash = md5_hash(p.user.as_bytes(), password(p)?.as_bytes(), salt);
+                let hash = md5_response(p, salt)?;
                 frontend::password_message(hash.as_bytes(), out).map_err(encode_error)?;
             }
             tags::auth::SASL if scram.is_none() => {
-                scram = Some(start_scram(payload, password(p)?, out)?);
+                scram = Some(start_scram(payload, p.credentials, out)?);
             }
             tags::auth::SASL_CONTINUE => {
                 let s = scram
                     .as_mut()
                     .ok_or_else(|| protocol("unexpected SASLContinue"))?;
-                s.update(payload)
-                    .map_err(|e| protocol(format!("SCRAM: {e}")))?;
-                frontend::sasl_response(s.message(), out).map_err(encode_error)?;
+                let msg = s.update(payload)?;
+                frontend::sasl_response(&msg, out).map_err(encode_error)?;
             }
             tags::auth::SASL_FINAL if !scram_finished => {
                 let s = scram
                     .as_mut()
                     .ok_or_else(|| protocol("unexpected SASLFinal"))?;
-                s.finish(payload)
-                    .map_err(|e| protocol(format!("SCRAM server verification failed: {e}")))?;
+                s.finish(payload)?;
                 scram_finished = true;
                 continue;
             }
@@ -260,8 +302,68 @@ async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
-fn password<'a>(p: &LoginParams<'a>) -> Result<&'a str, LoginError> {
-    p.password.ok_or(LoginError::NoPassword)
+fn password<'a>(p: &LoginParams<'a>, asked: &'static str) -> Result<&'a str, LoginError> {
+    match p.credentials {
+        Credentials::Password(pw) => Ok(pw),
+        Credentials::None => Err(LoginError::NoPassword),
+        other => Err(wrong_credentials(asked, other)),
+    }
+}
+
+fn wrong_credentials(asked: &'static str, held: &Credentials) -> LoginError {
+    let held = match held {
+        Credentials::None => "nothing",
+        Credentials::Password(_) => "password",
+        Credentials::Md5(_) => "md5 hash",
+        Credentials::ScramKeys(_) => "SCRAM key",
+    };
+    LoginError::WrongCredentials { asked, held }
+}
+
+/// The md5 PasswordMessage: from a password, or passed through from a
+/// stored `md5...` hash.
+fn md5_response(p: &LoginParams<'_>, salt: [u8; 4]) -> Result<String, LoginError> {
+    match p.credentials {
+        Credentials::Md5(stored) => Ok(crate::auth::md5::expected_response(stored, salt)),
+        _ => Ok(md5_hash(p.user.as_bytes(), password(p, "md5")?.as_bytes(), salt)),
+    }
+}
+
+/// A SCRAM exchange as a client: with a password, or passed through with a
+/// ClientKey.
+enum Sasl {
+    Password(ScramSha256),
+    Keys(PassthroughClient),
+}
+
+impl Sasl {
+    /// Handles the server-first; returns the client-final.
+    fn update(&mut self, server_first: &[u8]) -> Result<Vec<u8>, LoginError> {
+        match self {
+            Sasl::Password(s) => {
+                s.update(server_first).map_err(|e| protocol(format!("SCRAM: {e}")))?;
+                Ok(s.message().to_vec())
+            }
+            Sasl::Keys(c) => Ok(c.handle_server_first(server_first).map_err(passthrough_error)?.into_bytes()),
+        }
+    }
+
+    fn finish(&mut self, server_final: &[u8]) -> Result<(), LoginError> {
+        match self {
+            Sasl::Password(s) => s
+                .finish(server_final)
+                .map_err(|e| protocol(format!("SCRAM server verification failed: {e}"))),
+            Sasl::Keys(c) => c.verify_server_final(server_final).map_err(passthrough_error),
+        }
+    }
+}
+
+fn passthrough_error(e: super::scram_client::ScramClientError) -> LoginError {
+    use super::scram_client::ScramClientError as E;
+    match e {
+        E::StaleVerifier => LoginError::StaleVerifier,
+        other => protocol(format!("SCRAM pass-through: {other}")),
+    }
 }
 
 fn encode_error(e: std::io::Error) -> LoginError {
@@ -271,18 +373,31 @@ fn encode_error(e: std::io::Error) -> LoginError {
 /// Checks the offered mechanisms and writes the SASLInitialResponse.
 fn start_scram(
     mechanisms: &[u8],
-    password: &str,
+    credentials: &Credentials,
     out: &mut BytesMut,
-) -> Result<ScramSha256, LoginError> {
+) -> Result<Sasl, LoginError> {
     let offered = mechanisms.split(|&b| b == 0).take_while(|m| !m.is_empty());
     if !offered.into_iter().any(|m| m == SCRAM_SHA_256.as_bytes()) {
         return Err(protocol(format!(
             "server offers no {SCRAM_SHA_256} authentication"
         )));
     }
-    let scram = ScramSha256::new(password.as_bytes(), ChannelBinding::unsupported());
-    frontend::sasl_initial_response(SCRAM_SHA_256, scram.message(), out).map_err(encode_error)?;
-    Ok(scram)
+    let (sasl, first) = match credentials {
+        Credentials::Password(pw) => {
+            let s = ScramSha256::new(pw.as_bytes(), ChannelBinding::unsupported());
+            let first = s.message().to_vec();
+            (Sasl::Password(s), first)
+        }
+        Credentials::ScramKeys(keys) => {
+            let c = PassthroughClient::new(keys.clone());
+            let first = c.client_first().into_bytes();
+            (Sasl::Keys(c), first)
+        }
+        Credentials::None => return Err(LoginError::NoPassword),
+        other => return Err(wrong_credentials("SCRAM-SHA-256", other)),
+    };
+    frontend::sasl_initial_response(SCRAM_SHA_256, &first, out).map_err(encode_error)?;
+    Ok(sasl)
 }
 
 /// After AuthenticationOk: ParameterStatus and BackendKeyData until ReadyForQuery.
@@ -369,9 +484,13 @@ mod tests {
     }
 
     fn params<'a>(password: Option<&'a str>, extra: &'a [(String, String)]) -> LoginParams<'a> {
+        let credentials: &'static Credentials = match password {
+            None => &Credentials::None,
+            Some(p) => Box::leak(Box::new(Credentials::Password(p.to_owned()))),
+        };
         LoginParams {
             user: "alice",
-            password,
+            credentials,
             database: "db",
             startup_params: extra,
         }

@@ -8,6 +8,7 @@ pub mod conn;
 pub mod conversation;
 pub mod exchange;
 pub mod login;
+pub mod scram_client;
 pub mod socket;
 pub mod statements;
 pub mod watch;

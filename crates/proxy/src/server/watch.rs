@@ -187,7 +187,7 @@ mod tests {
             host: "127.0.0.1".into(),
             port,
             user: "u".into(),
-            password: None,
+            credentials: crate::server::login::Credentials::None,
             dbname: "d".into(),
             liveness: super::super::socket::Liveness::from_config(&crate::config::General::default()),
             connect_timeout: Duration::from_secs(2),

@@ -1,0 +1,143 @@
+//! A client's connection: plain TCP or TLS (rustls). The plain case keeps
+//! the zero-cost `TcpStream` halves on the hot path (see `transfer.rs`);
+//! TLS goes through `tokio::io::split`. rustls may keep records of a write
+//! when the socket is full; every TLS read flushes them first, and every
+//! exchange with a client ends in a read, so nothing is left unsent.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_rustls::server::TlsStream;
+
+/// A client's byte stream.
+pub enum ClientStream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+    /// Only while a TLS handshake owns the socket; it failed if still here.
+    Closed,
+}
+
+fn closed() -> io::Error {
+    io::Error::new(io::ErrorKind::NotConnected, "client stream closed")
+}
+
+impl ClientStream {
+    pub fn is_tls(&self) -> bool {
+        matches!(self, ClientStream::Tls(_))
+    }
+
+    pub fn tcp(&self) -> Option<&TcpStream> {
+        match self {
+            ClientStream::Plain(s) => Some(s),
+            ClientStream::Tls(s) => Some(s.get_ref().0),
+            ClientStream::Closed => None,
+        }
+    }
+
+    pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        self.tcp().and_then(|s| s.local_addr().ok())
+    }
+
+    /// The ALPN protocol the TLS client negotiated.
+    pub fn alpn(&self) -> Option<Vec<u8>> {
+        match self {
+            ClientStream::Tls(s) => s.get_ref().1.alpn_protocol().map(<[u8]>::to_vec),
+            _ => None,
+        }
+    }
+
+    /// Runs the TLS handshake on a plain stream and becomes the TLS stream.
+    pub async fn upgrade(&mut self, acceptor: &tokio_rustls::TlsAcceptor) -> io::Result<()> {
+        let ClientStream::Plain(tcp) = std::mem::replace(self, ClientStream::Closed) else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "TLS requested twice",
+            ));
+        };
+        let tls = acceptor.accept(tcp).await?;
+        *self = ClientStream::Tls(Box::new(tls));
+        Ok(())
+    }
+
+    /// Resolves when a read may make progress. For TLS this is at once:
+    /// rustls may hold decrypted bytes the socket's readiness does not show,
+    /// so the caller's read is what waits.
+    pub async fn readable(&self) -> io::Result<()> {
+        match self {
+            ClientStream::Plain(s) => s.readable().await,
+            ClientStream::Tls(_) => Ok(()),
+            ClientStream::Closed => Err(closed()),
+        }
+    }
+
+    /// Reads what is there without waiting (`WouldBlock` if nothing is).
+    /// For TLS: one poll of the TLS reader, which sees EOF and close_notify.
+    pub fn try_read_buf(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+        match self {
+            ClientStream::Plain(s) => s.try_read_buf(buf),
+            ClientStream::Tls(s) => {
+                let mut cx = Context::from_waker(std::task::Waker::noop());
+                let read = s.read_buf(buf);
+                match std::pin::pin!(read).poll(&mut cx) {
+                    Poll::Ready(r) => r,
+                    Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+                }
+            }
+            ClientStream::Closed => Err(closed()),
+        }
+    }
+}
+
+impl AsyncRead for ClientStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ClientStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            ClientStream::Tls(s) => {
+                // Records a write left in rustls (the socket was full) go
+                // out before weir waits for the client's answer to them.
+                let _ = Pin::new(s.as_mut()).poll_flush(cx);
+                Pin::new(s.as_mut()).poll_read(cx, buf)
+            }
+            ClientStream::Closed => Poll::Ready(Err(closed())),
+        }
+    }
+}
+
+impl AsyncWrite for ClientStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            ClientStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            ClientStream::Closed => Poll::Ready(Err(closed())),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ClientStream::Plain(s) => Pin::new(s).poll_flush(cx),
+            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            ClientStream::Closed => Poll::Ready(Err(closed())),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ClientStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            ClientStream::Closed => Poll::Ready(Ok(())),
+        }
+    }
+}

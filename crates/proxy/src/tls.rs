@@ -1,0 +1,114 @@
+//! TLS with rustls (ring provider): loading certificates, keys and CAs from
+//! PEM files, and the acceptor weir presents to clients
+//! (`client_tls_sslmode`). Built from the config at start and at each
+//! reload, so new certificate files take effect without a restart.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::RootCertStore;
+use tokio_rustls::TlsAcceptor;
+
+use crate::config::{ClientTlsMode, Config};
+
+/// The ALPN protocol of Postgres (required with direct TLS).
+pub const ALPN_POSTGRESQL: &[u8] = b"postgresql";
+
+/// A TLS file that cannot be used, with the file and the reason.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot load {0}: {1}")]
+    File(String, String),
+    #[error("{0} is required by the TLS mode")]
+    Missing(&'static str),
+    #[error("TLS setup failed: {0}")]
+    Setup(String),
+}
+
+/// Client-side TLS as configured: the mode and the acceptor.
+pub struct ClientTls {
+    pub mode: ClientTlsMode,
+    pub acceptor: TlsAcceptor,
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientTls")
+            .field("mode", &self.mode)
+            .finish_non_exhaustive()
+    }
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Every certificate in a PEM file.
+pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let bad = |e: String| TlsError::File(path.display().to_string(), e);
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|e| bad(e.to_string()))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(e.to_string()))?;
+    if certs.is_empty() {
+        return Err(bad("no PEM certificate in the file".into()));
+    }
+    Ok(certs)
+}
+
+/// The first private key in a PEM file (PKCS#8, PKCS#1 or SEC1).
+pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_file(path)
+        .map_err(|e| TlsError::File(path.display().to_string(), e.to_string()))
+}
+
+/// A root store from a PEM file of CA certificates.
+pub fn load_roots(path: &Path) -> Result<RootCertStore, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for cert in load_certs(path)? {
+        roots
+            .add(cert)
+            .map_err(|e| TlsError::File(path.display().to_string(), e.to_string()))?;
+    }
+    Ok(roots)
+}
+
+/// The client-side acceptor the config asks for (None with `disable`).
+pub fn load_client_tls(cfg: &Config) -> Result<Option<Arc<ClientTls>>, TlsError> {
+    let g = &cfg.weir;
+    if g.client_tls_sslmode == ClientTlsMode::Disable {
+        return Ok(None);
+    }
+    let cert = cfg
+        .resolve(&g.client_tls_cert_file)
+        .ok_or(TlsError::Missing("client_tls_cert_file"))?;
+    let key = cfg
+        .resolve(&g.client_tls_key_file)
+        .ok_or(TlsError::Missing("client_tls_key_file"))?;
+    let builder = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Setup(e.to_string()))?;
+    let builder = if g.client_tls_sslmode.verifies_client() {
+        let ca = cfg
+            .resolve(&g.client_tls_ca_file)
+            .ok_or(TlsError::Missing("client_tls_ca_file"))?;
+        let verifier =
+            WebPkiClientVerifier::builder_with_provider(Arc::new(load_roots(&ca)?), provider())
+                .build()
+                .map_err(|e| TlsError::Setup(e.to_string()))?;
+        builder.with_client_cert_verifier(verifier)
+    } else {
+        builder.with_no_client_auth()
+    };
+    let mut server = builder
+        .with_single_cert(load_certs(&cert)?, load_key(&key)?)
+        .map_err(|e| TlsError::Setup(format!("{}: {e}", cert.display())))?;
+    server.alpn_protocols = vec![ALPN_POSTGRESQL.to_vec()];
+    Ok(Some(Arc::new(ClientTls {
+        mode: g.client_tls_sslmode,
+        acceptor: TlsAcceptor::from(Arc::new(server)),
+    })))
+}

@@ -1,0 +1,393 @@
+//! TLS towards clients (client_tls_sslmode): each mode with psql (libpq
+//! over OpenSSL) and with a raw rustls client for what psql 15 cannot do:
+//! direct TLS (sslnegotiation=direct, ALPN "postgresql") and a CancelRequest
+//! inside a TLS session. Certificates are made by the openssl CLI per test.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{BufMut, BytesMut};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use weir_e2e::{Harness, Opts, APP_DB, TRUST_PASS, TRUST_USER};
+
+const LIMIT: Duration = Duration::from_secs(20);
+const SSL_REQUEST: i32 = 80877103;
+const CANCEL_REQUEST: i32 = 80877102;
+
+/// A CA, weir's certificate for 127.0.0.1 signed by it, a client certificate
+/// signed by it, and a rogue CA with a client and a server certificate of its own.
+const GEN_CERTS: &str = r#"set -e
+ca() { openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 3650 -subj "/CN=$1" -keyout $1.key -out $1.crt 2>/dev/null; }
+leaf() {
+  openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=$4" -keyout $1.key -out $1.csr 2>/dev/null
+  printf "$3" > $1.ext
+  openssl x509 -req -in $1.csr -CA $2.crt -CAkey $2.key -CAcreateserial -days 3650 -extfile $1.ext -out $1.crt 2>/dev/null
+  chmod 600 $1.key
+}
+ca ca; ca rogue_ca
+leaf server ca "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n" localhost
+leaf client ca "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n" trust_user
+leaf rogue_client rogue_ca "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n" trust_user
+leaf rogue_server rogue_ca "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n" localhost
+"#;
+
+struct Certs(PathBuf);
+
+impl Certs {
+    fn new() -> Certs {
+        let dir = std::env::temp_dir().join(format!("weir-tls-{}", rand::random::<u32>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(GEN_CERTS)
+            .current_dir(&dir)
+            .output()
+            .expect("run openssl");
+        assert!(
+            out.status.success(),
+            "openssl failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Certs(dir)
+    }
+    fn path(&self, name: &str) -> String {
+        self.0.join(name).display().to_string()
+    }
+    /// `[weir]` lines for a mode, with weir's certificate and the CA.
+    fn general(&self, mode: &str) -> String {
+        format!(
+            "client_tls_sslmode = \"{mode}\"\nclient_tls_cert_file = \"{}\"\nclient_tls_key_file = \"{}\"\nclient_tls_ca_file = \"{}\"\n",
+            self.path("server.crt"),
+            self.path("server.key"),
+            self.path("ca.crt")
+        )
+    }
+}
+
+impl Drop for Certs {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+async fn start(certs: &Certs, mode: &str) -> Harness {
+    Harness::start(Opts {
+        auth_type: "trust",
+        general: certs.general(mode),
+        ..Opts::default()
+    })
+    .await
+}
+
+/// Runs `select 1` through weir with psql and the given connection options.
+fn psql(h: &Harness, opts: &str) -> Result<String, String> {
+    let conn = format!(
+        "host=127.0.0.1 port={} dbname={APP_DB} user={TRUST_USER} password={TRUST_PASS} connect_timeout=10 {opts}",
+        h.addr().port()
+    );
+    let out = Command::new("psql")
+        .args(["-XAtq", "-d", &conn, "-c", "select 'tls:' || 1"])
+        .output()
+        .expect("run psql");
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_owned())
+    }
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::time::timeout(LIMIT, tokio::task::spawn_blocking(f))
+        .await
+        .expect("bounded")
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn require_serves_tls_and_refuses_plaintext() {
+    let certs = Certs::new();
+    let h = Arc::new(start(&certs, "require").await);
+    let h2 = h.clone();
+    let ok = blocking(move || psql(&h2, "sslmode=require")).await;
+    assert_eq!(ok.as_deref(), Ok("tls:1"));
+    let h2 = h.clone();
+    let refused = blocking(move || psql(&h2, "sslmode=disable"))
+        .await
+        .expect_err("plaintext refused");
+    assert!(refused.contains("SSL required"), "{refused}");
+    let e = weir_e2e::connect(&h.url(TRUST_USER, TRUST_PASS))
+        .await
+        .expect_err("tokio-postgres without TLS is refused");
+    assert_eq!(weir_e2e::sqlstate(&e).as_deref(), Some("28000"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_full_client_checks_weirs_certificate() {
+    let certs = Certs::new();
+    let h = Arc::new(start(&certs, "prefer").await);
+    let (h2, ca) = (h.clone(), certs.path("ca.crt"));
+    let ok = blocking(move || psql(&h2, &format!("sslmode=verify-full sslrootcert={ca}"))).await;
+    assert_eq!(ok.as_deref(), Ok("tls:1"));
+    let (h2, rogue) = (h.clone(), certs.path("rogue_ca.crt"));
+    let bad =
+        blocking(move || psql(&h2, &format!("sslmode=verify-full sslrootcert={rogue}"))).await;
+    assert!(
+        bad.as_ref()
+            .is_err_and(|e| e.contains("certificate verify failed")),
+        "{bad:?}"
+    );
+    // prefer also serves plaintext clients.
+    let h2 = h.clone();
+    assert_eq!(
+        blocking(move || psql(&h2, "sslmode=disable"))
+            .await
+            .as_deref(),
+        Ok("tls:1")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_ca_requires_a_client_certificate_that_verifies() {
+    let certs = Certs::new();
+    let h = Arc::new(start(&certs, "verify-ca").await);
+    let with = |cert: &str| {
+        let (h, cert, key) = (
+            h.clone(),
+            certs.path(&format!("{cert}.crt")),
+            certs.path(&format!("{cert}.key")),
+        );
+        blocking(move || psql(&h, &format!("sslmode=require sslcert={cert} sslkey={key}")))
+    };
+    assert_eq!(with("client").await.as_deref(), Ok("tls:1"));
+    let rogue = with("rogue_client").await;
+    assert!(
+        rogue.is_err(),
+        "a client certificate from another CA is refused: {rogue:?}"
+    );
+    let h2 = h.clone();
+    let none = blocking(move || {
+        psql(
+            &h2,
+            "sslmode=require sslcert=/nonexistent sslkey=/nonexistent",
+        )
+    })
+    .await;
+    assert!(none.is_err(), "no client certificate is refused: {none:?}");
+    // The pool is unharmed: a good client still gets in.
+    assert_eq!(with("client").await.as_deref(), Ok("tls:1"));
+}
+
+fn untagged(code: i32, body: &[u8]) -> Vec<u8> {
+    let mut b = BytesMut::new();
+    b.put_i32(8 + body.len() as i32);
+    b.put_i32(code);
+    b.put_slice(body);
+    b.to_vec()
+}
+
+fn startup() -> Vec<u8> {
+    let mut body = Vec::new();
+    for (k, v) in [("user", TRUST_USER), ("database", APP_DB)] {
+        body.extend_from_slice(k.as_bytes());
+        body.push(0);
+        body.extend_from_slice(v.as_bytes());
+        body.push(0);
+    }
+    body.push(0);
+    untagged(196608, &body)
+}
+
+async fn read_msg<S: AsyncRead + Unpin>(s: &mut S) -> (u8, Vec<u8>) {
+    let tag = s.read_u8().await.expect("message tag");
+    let len = s.read_i32().await.expect("message length");
+    let mut body = vec![0; len as usize - 4];
+    s.read_exact(&mut body).await.expect("message body");
+    (tag, body)
+}
+
+fn sqlstate_of(body: &[u8]) -> String {
+    let fields = body.split(|b| *b == 0);
+    fields
+        .filter_map(|f| f.strip_prefix(b"C"))
+        .map(|c| String::from_utf8_lossy(c).into_owned())
+        .next()
+        .unwrap_or_default()
+}
+
+fn connector(ca: &Path) -> tokio_rustls::TlsConnector {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"postgresql".to_vec()];
+    tokio_rustls::TlsConnector::from(Arc::new(cfg))
+}
+
+/// TLS through SSLRequest (`direct` false) or a ClientHello at once.
+async fn tls_connect(
+    h: &Harness,
+    ca: &Path,
+    direct: bool,
+) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let mut tcp = TcpStream::connect(h.addr()).await.unwrap();
+    if !direct {
+        tcp.write_all(&untagged(SSL_REQUEST, &[])).await.unwrap();
+        assert_eq!(tcp.read_u8().await.unwrap(), b'S');
+    }
+    let name = ServerName::try_from("127.0.0.1").unwrap();
+    connector(ca)
+        .connect(name, tcp)
+        .await
+        .expect("TLS handshake with weir")
+}
+
+/// Logs in as trust_user; returns the BackendKeyData weir gave.
+async fn login<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S) -> (i32, i32) {
+    s.write_all(&startup()).await.unwrap();
+    s.flush().await.unwrap();
+    let mut key = None;
+    loop {
+        match read_msg(s).await {
+            (b'K', body) => {
+                key = Some((
+                    i32::from_be_bytes(body[..4].try_into().unwrap()),
+                    i32::from_be_bytes(body[4..8].try_into().unwrap()),
+                ))
+            }
+            (b'Z', _) => return key.expect("BackendKeyData before ReadyForQuery"),
+            (b'E', body) => panic!("login refused: {}", sqlstate_of(&body)),
+            _ => {}
+        }
+    }
+}
+
+fn query(sql: &str) -> Vec<u8> {
+    let mut b = vec![b'Q'];
+    b.extend_from_slice(&(4 + sql.len() as i32 + 1).to_be_bytes());
+    b.extend_from_slice(sql.as_bytes());
+    b.push(0);
+    b
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_tls_and_a_cancel_inside_tls() {
+    let certs = Certs::new();
+    let h = start(&certs, "require").await;
+    let ca = certs.0.join("ca.crt");
+    tokio::time::timeout(LIMIT, async {
+        let mut s = tls_connect(&h, &ca, true).await;
+        let (pid, secret) = login(&mut s).await;
+        s.write_all(&query("select pg_sleep(60)")).await.unwrap();
+        s.flush().await.unwrap();
+        // Let the query reach Postgres, then cancel it over a second TLS session.
+        assert!(
+            weir_e2e::eventually(Duration::from_secs(5), || h.psql(
+                "select count(*) from pg_stat_activity where query = 'select pg_sleep(60)'"
+            ) == "1")
+            .await
+        );
+        let mut c = tls_connect(&h, &ca, false).await;
+        let mut body = pid.to_be_bytes().to_vec();
+        body.extend_from_slice(&secret.to_be_bytes());
+        c.write_all(&untagged(CANCEL_REQUEST, &body)).await.unwrap();
+        c.flush().await.unwrap();
+        let (tag, body) = loop {
+            match read_msg(&mut s).await {
+                (b'E', body) => break (b'E', body),
+                (b'Z', body) => break (b'Z', body),
+                _ => {}
+            }
+        };
+        assert_eq!(
+            (tag, sqlstate_of(&body).as_str()),
+            (b'E', "57014"),
+            "the sleep was cancelled"
+        );
+        // The session goes on over TLS.
+        assert_eq!(read_msg(&mut s).await.0, b'Z');
+        s.write_all(&query("select 1")).await.unwrap();
+        s.flush().await.unwrap();
+        let mut tags = Vec::new();
+        while tags.last() != Some(&b'Z') {
+            tags.push(read_msg(&mut s).await.0);
+        }
+        assert_eq!(tags, b"TDCZ");
+    })
+    .await
+    .expect("bounded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plaintext_pipelined_after_ssl_request_is_a_protocol_violation() {
+    let certs = Certs::new();
+    let h = start(&certs, "prefer").await;
+    tokio::time::timeout(LIMIT, async {
+        let mut tcp = TcpStream::connect(h.addr()).await.unwrap();
+        let mut both = untagged(SSL_REQUEST, &[]);
+        both.extend_from_slice(&startup());
+        tcp.write_all(&both).await.unwrap();
+        let (tag, body) = read_msg(&mut tcp).await;
+        assert_eq!(
+            (tag, sqlstate_of(&body).as_str()),
+            (b'E', "08P01"),
+            "never 'S', never plaintext accepted"
+        );
+    })
+    .await
+    .expect("bounded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disable_answers_n_and_reload_picks_up_new_certificates() {
+    let certs = Certs::new();
+    let h = Harness::start(Opts {
+        auth_type: "trust",
+        ..Opts::default()
+    })
+    .await;
+    let mut tcp = TcpStream::connect(h.addr()).await.unwrap();
+    tcp.write_all(&untagged(SSL_REQUEST, &[])).await.unwrap();
+    assert_eq!(
+        tokio::time::timeout(LIMIT, tcp.read_u8())
+            .await
+            .unwrap()
+            .unwrap(),
+        b'N'
+    );
+    drop(tcp);
+    // RELOAD turns TLS on with the CA's certificate ...
+    let mut cfg = (*h.weir().shared().config.load()).clone();
+    cfg.weir.client_tls_sslmode = weir::config::ClientTlsMode::Require;
+    cfg.weir.client_tls_cert_file = Some(certs.0.join("server.crt"));
+    cfg.weir.client_tls_key_file = Some(certs.0.join("server.key"));
+    h.weir().reload(cfg.clone()).expect("reload with TLS");
+    let _ = tokio::time::timeout(LIMIT, tls_connect(&h, &certs.0.join("ca.crt"), false))
+        .await
+        .expect("bounded");
+    // ... and a later RELOAD reads the files again: the rogue CA's certificate now.
+    cfg.weir.client_tls_cert_file = Some(certs.0.join("rogue_server.crt"));
+    cfg.weir.client_tls_key_file = Some(certs.0.join("rogue_server.key"));
+    h.weir()
+        .reload(cfg.clone())
+        .expect("reload with new certificate");
+    let _ = tokio::time::timeout(LIMIT, tls_connect(&h, &certs.0.join("rogue_ca.crt"), false))
+        .await
+        .expect("bounded");
+    // A reload whose key does not load is refused; the running certificate stays.
+    cfg.weir.client_tls_key_file = Some(certs.0.join("ca.srl"));
+    assert!(h.weir().reload(cfg).is_err());
+    let _ = tokio::time::timeout(LIMIT, tls_connect(&h, &certs.0.join("rogue_ca.crt"), false))
+        .await
+        .expect("bounded");
+}
