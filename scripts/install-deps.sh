@@ -19,6 +19,10 @@ fi
 if ! command -v runuser >/dev/null && ! command -v su >/dev/null; then
     apt_install util-linux
 fi
+# tests/e2e/tls.rs makes its certificates with the openssl CLI.
+if ! command -v openssl >/dev/null; then
+    apt_install openssl
+fi
 
 # The driver matrix (tests/e2e/drivers.rs, programs in tests/drivers/):
 # pgjdbc and pgx v4 from Debian (with Java and Go), psycopg 3 and asyncpg from

@@ -112,3 +112,58 @@ pub fn load_client_tls(cfg: &Config) -> Result<Option<Arc<ClientTls>>, TlsError>
         acceptor: TlsAcceptor::from(Arc::new(server)),
     })))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(lines: &str) -> Result<Config, crate::config::ConfigError> {
+        Config::from_toml(
+            &format!("[weir]\nauth_type = \"trust\"\n{lines}"),
+            Path::new("/nonexistent-weir-dir"),
+        )
+    }
+
+    #[test]
+    fn disable_needs_no_files_and_builds_no_acceptor() {
+        let cfg = config("").unwrap();
+        assert!(load_client_tls(&cfg).unwrap().is_none());
+    }
+
+    #[test]
+    fn modes_name_the_missing_file() {
+        let e = config("client_tls_sslmode = \"require\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("client_tls_cert_file") && e.contains("require"),
+            "{e}"
+        );
+        let e = config("client_tls_sslmode = \"prefer\"\nclient_tls_cert_file = \"a.crt\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("/nonexistent-weir-dir/a.crt does not exist"),
+            "{e}"
+        );
+        assert!(config("client_tls_sslmode = \"sometimes\"").is_err());
+    }
+
+    #[test]
+    fn a_file_that_is_not_pem_is_refused_with_its_name() {
+        let dir = std::env::temp_dir().join(format!("weir-tls-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let junk = dir.join("junk.pem");
+        std::fs::write(&junk, "not a certificate\n").unwrap();
+        let e = load_certs(&junk).unwrap_err().to_string();
+        assert!(
+            e.contains("junk.pem") && e.contains("no PEM certificate"),
+            "{e}"
+        );
+        assert!(load_key(&junk)
+            .unwrap_err()
+            .to_string()
+            .contains("junk.pem"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
