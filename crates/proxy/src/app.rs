@@ -36,6 +36,8 @@ pub struct Shared {
     pub users: ArcSwap<UserList>,
     /// The auth_hba_file's rules, with auth_type = "hba".
     pub hba: ArcSwapOption<Hba>,
+    /// The client-side TLS acceptor (None with client_tls_sslmode = disable).
+    pub client_tls: ArcSwapOption<crate::tls::ClientTls>,
     pub pools: Pools,
     pub cancels: Arc<CancelRegistry>,
     /// Client connections open (logged in or not), for max_client_conn.
@@ -73,6 +75,8 @@ pub enum StartError {
     HbaFile(String, String),
     #[error("cannot start the metrics endpoint: {0}")]
     Metrics(#[from] weir_metrics::MetricsError),
+    #[error("client TLS: {0}")]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 /// Why a reload was not applied (the old config stays).
@@ -84,6 +88,8 @@ pub enum ReloadError {
     Config(#[from] ConfigError),
     #[error("{0}")]
     AuthFile(String),
+    #[error("client TLS: {0}")]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 /// A running weir.
@@ -125,10 +131,12 @@ impl Weir {
         weir_metrics::set_build_info(env!("CARGO_PKG_VERSION"));
         let users = load_users(&cfg)?;
         let hba = load_hba(&cfg)?;
+        let client_tls = crate::tls::load_client_tls(&cfg)?;
         let listener = TcpListener::bind(cfg.weir.listen_addr).await.map_err(|e| StartError::Listen(cfg.weir.listen_addr, e))?;
         let addr = listener.local_addr().map_err(|e| StartError::Listen(cfg.weir.listen_addr, e))?;
         let shared = Arc::new(Shared::new(cfg, users));
         shared.hba.store(hba);
+        shared.client_tls.store(client_tls);
         let _ = cell.set(Arc::downgrade(&shared));
         shared.listening.store(true, Ordering::SeqCst);
         shared.tracker.spawn(accept_loop(listener, shared.clone()));
@@ -172,6 +180,7 @@ impl Shared {
             config: ConfigCell::new(cfg),
             users: ArcSwap::from_pointee(users),
             hba: ArcSwapOption::empty(),
+            client_tls: ArcSwapOption::empty(),
             pools: Pools::new(),
             cancels: CancelRegistry::new(),
             clients: AtomicUsize::new(0),
@@ -265,6 +274,7 @@ impl Shared {
         let _one_at_a_time = self.reload_lock.lock().unwrap_or_else(|e| e.into_inner());
         let users = load_users(&cfg).map_err(|e| ReloadError::AuthFile(e.to_string()))?;
         let hba = load_hba(&cfg).map_err(|e| ReloadError::AuthFile(e.to_string()))?;
+        let client_tls = crate::tls::load_client_tls(&cfg)?;
         let old = self.config.load();
         let mut notes = Vec::new();
         let mut keep = |key: &str, changed: bool| {
@@ -280,6 +290,7 @@ impl Shared {
         cfg.metrics.listen_addr = old.metrics.listen_addr;
         self.users.store(Arc::new(users));
         self.hba.store(hba);
+        self.client_tls.store(client_tls);
         self.pools.reconfigure(&cfg);
         self.config.store(cfg);
         Ok(notes)

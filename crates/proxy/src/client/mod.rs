@@ -6,6 +6,7 @@ pub mod login;
 pub mod prepared;
 pub mod registry;
 pub mod session;
+pub mod stream;
 pub mod transfer;
 pub mod watchdog;
 
@@ -16,6 +17,7 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+pub use stream::ClientStream;
 use tracing::Instrument;
 use weir_metrics::ClientResult;
 
@@ -28,7 +30,8 @@ use login::{First, Request};
 use session::Session;
 
 /// Serves one accepted client connection to the end.
-pub async fn serve(mut socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
+pub async fn serve(socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
+    let mut socket = ClientStream::Plain(socket);
     let span = tracing::info_span!("client", %peer, user = tracing::field::Empty, db = tracing::field::Empty);
     async move {
         let cfg = shared.config.load();
@@ -58,7 +61,7 @@ const ERROR_LINGER: Duration = Duration::from_millis(500);
 /// unread input sends RST, which can discard the error before the client
 /// reads it. So FIN first, then read and drop what the client still sends
 /// until it closes too (or briefly).
-pub async fn close_after_error(socket: &mut TcpStream) {
+pub async fn close_after_error(socket: &mut ClientStream) {
     let _ = socket.shutdown().await;
     let mut sink = [0u8; 4096];
     let drain = async {
@@ -71,11 +74,12 @@ pub async fn close_after_error(socket: &mut TcpStream) {
     let _ = tokio::time::timeout(ERROR_LINGER, drain).await;
 }
 
-async fn run(socket: &mut TcpStream, peer: SocketAddr, shared: &Arc<Shared>, cfg: &Arc<Config>) -> Result<(), ClientError> {
+async fn run(socket: &mut ClientStream, peer: SocketAddr, shared: &Arc<Shared>, cfg: &Arc<Config>) -> Result<(), ClientError> {
     let mut buf = BytesMut::with_capacity(8192);
-    let local = socket.local_addr().ok();
+    let local = socket.local_addr();
+    let tls = shared.client_tls.load_full();
     let login_deadline = Instant::now() + cfg.weir.client_login_timeout;
-    let first = within(login_deadline, login::read_startup(socket, &mut buf)).await?;
+    let first = within(login_deadline, login::read_startup(socket, &mut buf, tls.as_deref())).await?;
     let (minor, raw) = match first {
         First::Cancel { pid, secret } => {
             shared.cancels.cancel(pid, secret);
@@ -141,7 +145,7 @@ async fn within<T>(
 
 /// Authenticates, finds the pool and greets the client.
 async fn authenticate<'a>(
-    socket: &'a mut TcpStream,
+    socket: &'a mut ClientStream,
     buf: &mut BytesMut,
     shared: &Arc<Shared>,
     cfg: &Arc<Config>,
