@@ -29,6 +29,11 @@ impl Pool {
     /// Starts the connects that demand and limits call for. Called with the lock held.
     pub(super) fn want_connects(self: &Arc<Self>, st: &mut State) {
         let total = st.total();
+        // A full pool with no reserve and no back-off can open or schedule
+        // nothing: skip the walk over every waiter (this runs on each enqueue).
+        if total >= st.opts.settings.pool_size && st.opts.settings.reserve_pool_size == 0 && st.retry_at.is_none() {
+            return;
+        }
         let waiting = st.live_waiters() as u32;
         let spare = st.idle.len() as u32 + st.connecting;
         // A paused pool (PAUSE, KILL, drain) opens nothing, as PgBouncer's.
