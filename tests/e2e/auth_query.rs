@@ -1,8 +1,9 @@
-//! Users whose auth_file entry holds no plaintext password: SCRAM
-//! pass-through (a `SCRAM-SHA-256$...` verifier: weir logs in to Postgres
-//! with the ClientKey the client proved) and md5 pass-through (an `md5...`
-//! hash answers Postgres's md5 challenge). Against a real Postgres whose
-//! pg_hba asks scram_user for scram-sha-256 and md5_user for md5.
+//! Users whose password weir never sees in plain text: auth_file entries
+//! holding a verifier (SCRAM pass-through: weir logs in to Postgres with the
+//! ClientKey the client proved; md5 pass-through: the stored hash answers
+//! Postgres's md5 challenge), and users that exist only in Postgres, looked
+//! up with auth_query. Against a real Postgres whose pg_hba asks md5_user
+//! for md5 and every other password user for scram-sha-256.
 
 mod support;
 
@@ -71,5 +72,77 @@ async fn md5_hash_in_auth_file_passes_through_to_postgres() {
     assert_eq!(select_one(&h.url(MD5_USER, MD5_PASS)).await.expect("md5 pass-through login"), 1);
     assert!(!h.server_pids(MD5_USER).is_empty());
     let e = select_one(&h.url(MD5_USER, "wrong")).await.unwrap_err();
+    assert_eq!(sqlstate(&e).as_deref(), Some("28P01"), "{e}");
+}
+
+/// A superuser weir runs auth_query as; in the auth_file with its password.
+const AUTH_USER: &str = "weir_auth";
+const AUTH_PASS: &str = "weir_auth_pass";
+
+/// weir with auth_query on (cache TTL `ttl`), and an auth_file holding only
+/// the auth_user: every other user is looked up in Postgres.
+async fn with_auth_query(auth_type: &'static str, ttl: &str) -> Harness {
+    let general = format!("auth_user = \"{AUTH_USER}\"\nauth_query_cache_ttl = \"{ttl}\"\n");
+    let h = Harness::start(Opts { auth_type, general, ..Opts::default() }).await;
+    h.psql(&format!("create role {AUTH_USER} superuser login password '{AUTH_PASS}'"));
+    set_users(&h, &format!("\"{AUTH_USER}\" \"{AUTH_PASS}\"\n"));
+    h
+}
+
+fn assert_auth_failure(e: &tokio_postgres::Error) {
+    let code = sqlstate(e);
+    assert!(matches!(code.as_deref(), Some("28P01") | Some("28000")), "auth failure expected: {e:?}");
+}
+
+#[tokio::test]
+async fn scram_user_only_in_postgres_logs_in_through_auth_query() {
+    let h = with_auth_query("scram-sha-256", "30s").await;
+    h.psql("create role aq_user login password 'aq_pass'");
+    assert_eq!(select_one(&h.url("aq_user", "aq_pass")).await.expect("auth_query login"), 1);
+    assert!(!h.server_pids("aq_user").is_empty(), "logged in to Postgres by SCRAM pass-through");
+    let e = select_one(&h.url("aq_user", "wrong")).await.unwrap_err();
+    assert_eq!(sqlstate(&e).as_deref(), Some("28P01"), "{e}");
+    let e = select_one(&h.url("no_such_user", "aq_pass")).await.unwrap_err();
+    assert_eq!(sqlstate(&e).as_deref(), Some("28P01"), "unknown users fail like a wrong password: {e}");
+    // A role without a password: no verifier, refused alike.
+    h.psql("create role aq_nopass login");
+    let e = select_one(&h.url("aq_nopass", "")).await.unwrap_err();
+    assert_eq!(sqlstate(&e).as_deref(), Some("28P01"), "{e}");
+}
+
+#[tokio::test]
+async fn md5_user_only_in_postgres_logs_in_through_auth_query() {
+    let h = with_auth_query("md5", "30s").await;
+    // md5_user's pg_hba method is md5 and Postgres stores an md5 hash.
+    assert_eq!(select_one(&h.url(MD5_USER, MD5_PASS)).await.expect("md5 via auth_query"), 1);
+    assert!(!h.server_pids(MD5_USER).is_empty(), "logged in to Postgres with the md5 hash");
+    let e = select_one(&h.url(MD5_USER, "wrong")).await.unwrap_err();
+    assert_eq!(sqlstate(&e).as_deref(), Some("28P01"), "{e}");
+    // With auth_type md5, a SCRAM verifier makes weir ask for SCRAM.
+    assert_eq!(select_one(&h.url(SCRAM_USER, SCRAM_PASS)).await.expect("scram via auth_query"), 1);
+}
+
+#[tokio::test]
+async fn expired_user_is_an_auth_failure() {
+    let h = with_auth_query("scram-sha-256", "30s").await;
+    h.psql("create role aq_expired login password 'exp_pass' valid until '2000-01-01'");
+    let e = select_one(&h.url("aq_expired", "exp_pass")).await.unwrap_err();
+    assert_auth_failure(&e);
+}
+
+#[tokio::test]
+async fn cached_verifier_is_reused_until_its_ttl() {
+    let h = with_auth_query("scram-sha-256", "2s").await;
+    h.psql("create role aq_cache login password 'old_pass'");
+    assert_eq!(select_one(&h.url("aq_cache", "old_pass")).await.unwrap(), 1);
+    h.psql("alter role aq_cache password 'new_pass'");
+    // Within the TTL weir still holds the old verifier (and an idle server
+    // connection logged in before the change).
+    assert_eq!(select_one(&h.url("aq_cache", "old_pass")).await.expect("cached verifier"), 1);
+    let e = select_one(&h.url("aq_cache", "new_pass")).await.unwrap_err();
+    assert_eq!(sqlstate(&e).as_deref(), Some("28P01"), "{e}");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(select_one(&h.url("aq_cache", "new_pass")).await.expect("new verifier after the TTL"), 1);
+    let e = select_one(&h.url("aq_cache", "old_pass")).await.unwrap_err();
     assert_eq!(sqlstate(&e).as_deref(), Some("28P01"), "{e}");
 }

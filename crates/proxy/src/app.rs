@@ -39,6 +39,8 @@ pub struct Shared {
     /// The client-side TLS acceptor (None with client_tls_sslmode = disable).
     pub client_tls: ArcSwapOption<crate::tls::ClientTls>,
     pub pools: Pools,
+    /// Verifiers found by auth_query, for users not in auth_file.
+    pub auth_query_cache: crate::auth::query::AuthQueryCache,
     pub cancels: Arc<CancelRegistry>,
     /// Client connections open (logged in or not), for max_client_conn.
     pub clients: AtomicUsize,
@@ -182,6 +184,7 @@ impl Shared {
             hba: ArcSwapOption::empty(),
             client_tls: ArcSwapOption::empty(),
             pools: Pools::new(),
+            auth_query_cache: Default::default(),
             cancels: CancelRegistry::new(),
             clients: AtomicUsize::new(0),
             registry: ClientRegistry::new(),

@@ -4,6 +4,7 @@
 
 pub mod hba;
 pub mod md5;
+pub mod query;
 pub mod scram;
 pub mod userlist;
 

@@ -154,7 +154,14 @@ async fn authenticate<'a>(
     peer: SocketAddr,
 ) -> Result<Session<'a>, ClientError> {
     let users = shared.users.load();
-    let secret = users.get(&req.user);
+    let looked_up;
+    let secret = match users.get(&req.user) {
+        None if !cfg.weir.auth_user.is_empty() => {
+            looked_up = auth_query(shared, cfg, &req).await?;
+            looked_up.as_ref()
+        }
+        found => found,
+    };
     let method = auth_method(shared, cfg, peer, &req)?;
     let authed = crate::auth::authenticate(socket, buf, method, &req.user, secret).await?;
     let key = PoolKey { database: req.database.clone(), user: req.user.clone() };
@@ -181,6 +188,16 @@ async fn authenticate<'a>(
         cfg.weir.max_message_size as usize,
         shared.shutdown.clone(),
     ))
+}
+
+/// The verifier of a user not in auth_file, by auth_query (None: no such
+/// user). Bounded by the login deadline around `authenticate`.
+async fn auth_query(shared: &Shared, cfg: &Config, req: &Request) -> Result<Option<crate::auth::Secret>, ClientError> {
+    let deadline = Instant::now() + cfg.weir.client_login_timeout;
+    crate::auth::query::lookup(shared, cfg, &req.database, &req.user, deadline).await.map_err(|e| {
+        tracing::warn!(error = %e, "auth_query failed");
+        ClientError::Auth(crate::auth::AuthError::Refused(e.to_string()))
+    })
 }
 
 /// How this client authenticates: auth_type, or with auth_type = "hba" the

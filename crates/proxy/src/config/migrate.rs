@@ -52,9 +52,6 @@ const ZERO_KEEPS_DEFAULT: &[(&str, &str)] = &[
 const UNSUPPORTED: &[(&str, &str)] = &[
     ("client_tls_", "weir uses rustls's safe defaults for TLS versions, ciphers and curves"),
     ("server_tls_", "weir does not speak TLS to Postgres"),
-    ("auth_query", "weir authenticates clients against auth_file only"),
-    ("auth_user", "weir authenticates clients against auth_file only"),
-    ("auth_dbname", "weir authenticates clients against auth_file only"),
     ("unix_socket_", "weir listens on TCP only"),
     ("logfile", "weir logs to stderr; let the supervisor collect it"),
     ("syslog", "weir logs to stderr; let the supervisor collect it"),

@@ -114,6 +114,17 @@ pub struct General {
     pub auth_file: Option<PathBuf>,
     /// PgBouncer's subset of pg_hba.conf, used when `auth_type = "hba"`.
     pub auth_hba_file: Option<PathBuf>,
+    /// The user auth_query runs as (in auth_file); empty: no auth_query.
+    pub auth_user: String,
+    /// Looks up a user not in auth_file: `$1` is the user name; the second
+    /// column is the verifier (NULL or no row: no such user).
+    pub auth_query: String,
+    /// The database (a `[databases]` name) auth_query runs in; empty: the
+    /// client's own.
+    pub auth_dbname: String,
+    /// How long a verifier found by auth_query is reused.
+    #[serde(with = "humantime_serde")]
+    pub auth_query_cache_ttl: Duration,
     pub pool_mode: PoolMode,
     pub default_pool_size: u32,
     pub min_pool_size: u32,

@@ -46,6 +46,12 @@ impl Config {
             (false, true) => return Err(invalid("weir.auth_hba_file", "is used only with auth_type = \"hba\"")),
             _ => {}
         }
+        if !g.auth_user.is_empty() && !g.auth_query.contains("$1") {
+            return Err(invalid("weir.auth_query", "must take the user name as $1"));
+        }
+        if !g.auth_dbname.is_empty() && !self.databases.contains_key(&g.auth_dbname) {
+            return Err(invalid("weir.auth_dbname", "is not a database in [databases]"));
+        }
         self.validate_client_tls()?;
         for name in self.databases.keys() {
             self.validate_database(name)?;
