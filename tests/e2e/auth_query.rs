@@ -128,6 +128,8 @@ async fn expired_user_is_an_auth_failure() {
     h.psql("create role aq_expired login password 'exp_pass' valid until '2000-01-01'");
     let e = select_one(&h.url("aq_expired", "exp_pass")).await.unwrap_err();
     assert_auth_failure(&e);
+    let msg = e.as_db_error().map(|d| d.message().to_owned()).unwrap_or_default();
+    assert!(msg.contains("expired"), "says why Postgres refused: {msg}");
 }
 
 #[tokio::test]

@@ -467,6 +467,19 @@ reporter = pool_mode=session
     }
 
     #[test]
+    fn auth_query_settings_carry_over() {
+        let ini = "[pgbouncer]\nauth_type = md5\nauth_file = u.txt\nauth_user = pgb_auth\n\
+                   auth_query = SELECT usename, passwd FROM my_shadow WHERE usename=$1\nauth_dbname = app\n\
+                   [databases]\napp = host=10.0.0.5\n";
+        let m = from_pgbouncer_ini(ini);
+        assert!(!m.warnings.iter().any(|w| w.contains("auth_")), "{:#?}", m.warnings);
+        let cfg = Config::from_toml(&m.toml, std::path::Path::new("/etc/weir")).expect("valid");
+        assert_eq!(cfg.weir.auth_user, "pgb_auth");
+        assert_eq!(cfg.weir.auth_query, "SELECT usename, passwd FROM my_shadow WHERE usename=$1");
+        assert_eq!(cfg.weir.auth_dbname, "app");
+    }
+
+    #[test]
     fn missing_auth_file_and_odd_lines_are_reported() {
         let m = from_pgbouncer_ini("[pgbouncer]\nauth_type = md5\n%include other.ini\nnonsense\n[databases]\nx-y = host=/tmp port=5432\n");
         assert!(m.warnings.iter().any(|w| w.contains("auth_file is not set")));

@@ -81,7 +81,7 @@ pub enum LoginError {
     WrongCredentials { asked: &'static str, held: &'static str },
     /// SCRAM pass-through: the server's salt/iterations are not those of
     /// the verifier the client authenticated against.
-    #[error("SCRAM pass-through failed: the server's verifier differs from weir's (password changed?); reconnect to refresh it")]
+    #[error("SCRAM pass-through failed: the server's verifier for this user differs from weir's: its password changed, or the role cannot log in (password expired or unset)")]
     StaleVerifier,
     #[error("server closed the connection during login")]
     Eof,

@@ -7,7 +7,9 @@
 //! ClientProof = ClientKey XOR HMAC(StoredKey, AuthMessage), and the server
 //! proves itself with HMAC(ServerKey, AuthMessage). The salt and iteration
 //! count the server sends must be the verifier's: if they differ, the
-//! verifier weir holds is stale (the password changed in Postgres).
+//! verifier weir holds is stale (the password changed in Postgres), or
+//! Postgres is running a mock exchange (the role's password expired or is
+//! unset).
 
 use base64::{engine::general_purpose::STANDARD as B64, Engine};
 use rand::RngCore;
@@ -62,7 +64,7 @@ pub enum ScramClientError {
     Malformed(&'static str),
     #[error("the server's SCRAM nonce does not extend weir's")]
     NonceMismatch,
-    #[error("the server's SCRAM salt or iteration count differs from the verifier weir holds (stale verifier: the password changed?)")]
+    #[error("the server's SCRAM salt or iteration count differs from the verifier weir holds (password changed, expired or unset)")]
     StaleVerifier,
     #[error("the server's SCRAM signature is invalid")]
     BadServerSignature,
