@@ -685,6 +685,32 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn md5_pass_through_and_credentials_that_cannot_serve_a_method() {
+        let stored = crate::auth::md5::md5_hex_password("pw", "alice");
+        let md5 = Credentials::Md5(stored);
+        let p = LoginParams { user: "alice", credentials: &md5, database: "db", startup_params: &[] };
+        let r = run(p, |mut s, mut buf, _| async move {
+            write(&mut s, |o| messages::authentication(o, tags::auth::MD5_PASSWORD, &[1, 2, 3, 4])).await;
+            let got = read_password(&mut s, &mut buf).await;
+            let want = md5_hash(b"alice", b"pw", [1, 2, 3, 4]);
+            assert_eq!(got, [want.as_bytes(), b"\0"].concat(), "same answer as with the password");
+            write(&mut s, ready).await;
+        })
+        .await;
+        expect_ready(r);
+        // An md5 hash cannot do SCRAM or cleartext; it says so.
+        for code in [tags::auth::CLEARTEXT_PASSWORD, tags::auth::SASL] {
+            let p = LoginParams { user: "alice", credentials: &md5, database: "db", startup_params: &[] };
+            let r = run(p, |mut s, _, _| async move {
+                write(&mut s, |o| messages::authentication(o, code, b"SCRAM-SHA-256\0\0")).await;
+            })
+            .await;
+            let e = r.unwrap_err();
+            assert!(matches!(e, LoginError::WrongCredentials { held: "md5 hash", .. }) && e.is_auth_failure(), "{e:?}");
+        }
+    }
+
     /// AuthenticationGSS, which weir does not support.
     const AUTH_GSS: i32 = 7;
 
