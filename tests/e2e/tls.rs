@@ -391,3 +391,153 @@ async fn disable_answers_n_and_reload_picks_up_new_certificates() {
         .await
         .expect("bounded");
 }
+
+/// A Postgres with ssl = on and the CA-signed certificate for 127.0.0.1.
+/// Postgres wants its key owned by its own user with mode 0600.
+fn pg_with_ssl(certs: &Certs) -> weir_e2e::PgOptions {
+    let run_as_root = Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| o.stdout.starts_with(b"0\n"))
+        .unwrap_or(false);
+    if run_as_root {
+        for f in ["server.crt", "server.key"] {
+            let st = Command::new("chown")
+                .args(["postgres", &certs.path(f)])
+                .status()
+                .expect("chown");
+            assert!(st.success());
+        }
+    }
+    let mut pg = weir_e2e::PgOptions::default();
+    pg.extra_conf.push(("ssl".into(), "on".into()));
+    pg.extra_conf.push((
+        "ssl_cert_file".into(),
+        format!("'{}'", certs.path("server.crt")),
+    ));
+    pg.extra_conf.push((
+        "ssl_key_file".into(),
+        format!("'{}'", certs.path("server.key")),
+    ));
+    pg
+}
+
+fn server_tls(mode: &str, ca: &str) -> String {
+    format!("server_tls_sslmode = \"{mode}\"\nserver_tls_ca_file = \"{ca}\"\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_verify_full_encrypts_weirs_connections_to_postgres() {
+    let certs = Certs::new();
+    let opts = Opts {
+        auth_type: "trust",
+        general: server_tls("verify-full", &certs.path("ca.crt")),
+        pg: pg_with_ssl(&certs),
+        ..Opts::default()
+    };
+    let h = Harness::start(opts).await;
+    let c = tokio::time::timeout(LIMIT, weir_e2e::connect(&h.url(TRUST_USER, TRUST_PASS)))
+        .await
+        .unwrap()
+        .unwrap();
+    let got: i32 = tokio::time::timeout(LIMIT, c.query_one("select 41 + 1", &[]))
+        .await
+        .unwrap()
+        .unwrap()
+        .get(0);
+    assert_eq!(got, 42);
+    // Many round trips and a large result over the TLS server connection.
+    let rows = c
+        .query(
+            "select repeat('x', 1000) from generate_series(1, 2000)",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 2000);
+    let ssl = h.psql(&format!(
+        "select bool_and(s.ssl) || ':' || count(*) from pg_stat_ssl s join pg_stat_activity a using (pid) where a.usename = '{TRUST_USER}'"
+    ));
+    assert_eq!(ssl, "true:1", "weir's server connection uses TLS");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_certificate_from_another_ca_fails_with_a_clear_error() {
+    let certs = Certs::new();
+    let opts = Opts {
+        auth_type: "trust",
+        general: format!(
+            "{}query_wait_timeout = \"2s\"\n",
+            server_tls("verify-ca", &certs.path("rogue_ca.crt"))
+        ),
+        pg: pg_with_ssl(&certs),
+        ..Opts::default()
+    };
+    let h = Harness::start(opts).await;
+    let err = match tokio::time::timeout(LIMIT, weir_e2e::connect(&h.url(TRUST_USER, TRUST_PASS)))
+        .await
+        .unwrap()
+    {
+        Ok(c) => c
+            .query_one("select 1", &[])
+            .await
+            .expect_err("no server connection without a verified certificate"),
+        Err(e) => e,
+    };
+    let text = format!("{err:?}");
+    assert!(
+        text.contains("server_tls_sslmode = verify-ca") && text.contains("certificate"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_require_refuses_a_postgres_without_tls_and_prefer_falls_back() {
+    let pg = Arc::new(
+        tokio::task::spawn_blocking(|| weir_e2e::PgServer::start(Default::default()))
+            .await
+            .unwrap()
+            .unwrap(),
+    );
+    let general = "server_tls_sslmode = \"require\"\nquery_wait_timeout = \"2s\"\n".to_string();
+    let h = Harness::start_with(
+        pg.clone(),
+        Opts {
+            auth_type: "trust",
+            general,
+            ..Opts::default()
+        },
+    )
+    .await;
+    let err = match tokio::time::timeout(LIMIT, weir_e2e::connect(&h.url(TRUST_USER, TRUST_PASS)))
+        .await
+        .unwrap()
+    {
+        Ok(c) => c
+            .query_one("select 1", &[])
+            .await
+            .expect_err("require: no plaintext fallback"),
+        Err(e) => e,
+    };
+    assert!(
+        format!("{err:?}").contains("does not accept TLS"),
+        "{err:?}"
+    );
+    drop(h);
+    let general = "server_tls_sslmode = \"prefer\"\n".to_string();
+    let h = Harness::start_with(
+        pg,
+        Opts {
+            auth_type: "trust",
+            general,
+            ..Opts::default()
+        },
+    )
+    .await;
+    let c = tokio::time::timeout(LIMIT, weir_e2e::connect(&h.url(TRUST_USER, TRUST_PASS)))
+        .await
+        .unwrap()
+        .unwrap();
+    let got: i32 = c.query_one("select 1", &[]).await.unwrap().get(0);
+    assert_eq!(got, 1);
+}

@@ -77,7 +77,7 @@ pub enum StartError {
     HbaFile(String, String),
     #[error("cannot start the metrics endpoint: {0}")]
     Metrics(#[from] weir_metrics::MetricsError),
-    #[error("client TLS: {0}")]
+    #[error("TLS: {0}")]
     Tls(#[from] crate::tls::TlsError),
 }
 
@@ -90,7 +90,7 @@ pub enum ReloadError {
     Config(#[from] ConfigError),
     #[error("{0}")]
     AuthFile(String),
-    #[error("client TLS: {0}")]
+    #[error("TLS: {0}")]
     Tls(#[from] crate::tls::TlsError),
 }
 
@@ -134,6 +134,7 @@ impl Weir {
         let users = load_users(&cfg)?;
         let hba = load_hba(&cfg)?;
         let client_tls = crate::tls::load_client_tls(&cfg)?;
+        crate::tls::load_server_tls(&cfg)?;
         let listener = TcpListener::bind(cfg.weir.listen_addr).await.map_err(|e| StartError::Listen(cfg.weir.listen_addr, e))?;
         let addr = listener.local_addr().map_err(|e| StartError::Listen(cfg.weir.listen_addr, e))?;
         let shared = Arc::new(Shared::new(cfg, users));
@@ -278,6 +279,7 @@ impl Shared {
         let users = load_users(&cfg).map_err(|e| ReloadError::AuthFile(e.to_string()))?;
         let hba = load_hba(&cfg).map_err(|e| ReloadError::AuthFile(e.to_string()))?;
         let client_tls = crate::tls::load_client_tls(&cfg)?;
+        crate::tls::load_server_tls(&cfg)?;
         let old = self.config.load();
         let mut notes = Vec::new();
         let mut keep = |key: &str, changed: bool| {

@@ -1,18 +1,21 @@
 //! TLS with rustls (ring provider): loading certificates, keys and CAs from
 //! PEM files, and the acceptor weir presents to clients
-//! (`client_tls_sslmode`). Built from the config at start and at each
+//! (`client_tls_sslmode`), and the connector weir uses towards Postgres
+//! (`server_tls_sslmode`). Built from the config at start and at each
 //! reload, so new certificate files take effect without a restart.
 
 use std::path::Path;
 use std::sync::Arc;
 
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::WebPkiClientVerifier;
-use rustls::RootCertStore;
-use tokio_rustls::TlsAcceptor;
+use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use tokio_rustls::{TlsAcceptor, TlsConnector};
 
-use crate::config::{ClientTlsMode, Config};
+use crate::config::{ClientTlsMode, Config, ServerTlsMode};
 
 /// The ALPN protocol of Postgres (required with direct TLS).
 pub const ALPN_POSTGRESQL: &[u8] = b"postgresql";
@@ -111,6 +114,180 @@ pub fn load_client_tls(cfg: &Config) -> Result<Option<Arc<ClientTls>>, TlsError>
         mode: g.client_tls_sslmode,
         acceptor: TlsAcceptor::from(Arc::new(server)),
     })))
+}
+
+/// Server-side TLS as configured: the mode and the connector.
+pub struct ServerTls {
+    pub mode: ServerTlsMode,
+    /// Err: the files stopped loading; connections fail with this reason.
+    pub connector: Result<TlsConnector, String>,
+}
+
+impl std::fmt::Debug for ServerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerTls")
+            .field("mode", &self.mode)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The same loaded configuration (specs compare equal until a reload).
+impl PartialEq for ServerTls {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self, other)
+    }
+}
+impl Eq for ServerTls {}
+
+/// The connector the config asks for (None with `disable`).
+pub fn load_server_tls(cfg: &Config) -> Result<Option<Arc<ServerTls>>, TlsError> {
+    let g = &cfg.weir;
+    let verifier: Arc<dyn ServerCertVerifier> = match g.server_tls_sslmode {
+        ServerTlsMode::Disable => return Ok(None),
+        ServerTlsMode::Prefer | ServerTlsMode::Require => Arc::new(Unverified(provider())),
+        mode => {
+            let ca = cfg
+                .resolve(&g.server_tls_ca_file)
+                .ok_or(TlsError::Missing("server_tls_ca_file"))?;
+            let webpki =
+                WebPkiServerVerifier::builder_with_provider(Arc::new(load_roots(&ca)?), provider())
+                    .build()
+                    .map_err(|e| TlsError::Setup(e.to_string()))?;
+            Arc::new(Verified {
+                webpki,
+                check_name: mode == ServerTlsMode::VerifyFull,
+            })
+        }
+    };
+    let builder = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Setup(e.to_string()))?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier);
+    let mut client = match (
+        cfg.resolve(&g.server_tls_cert_file),
+        cfg.resolve(&g.server_tls_key_file),
+    ) {
+        (Some(cert), Some(key)) => builder
+            .with_client_auth_cert(load_certs(&cert)?, load_key(&key)?)
+            .map_err(|e| TlsError::Setup(format!("{}: {e}", cert.display())))?,
+        _ => builder.with_no_client_auth(),
+    };
+    client.alpn_protocols = vec![ALPN_POSTGRESQL.to_vec()];
+    Ok(Some(Arc::new(ServerTls {
+        mode: g.server_tls_sslmode,
+        connector: Ok(TlsConnector::from(Arc::new(client))),
+    })))
+}
+
+/// For a mode whose files no longer load: every connection fails (never plain).
+pub fn broken_server_tls(mode: ServerTlsMode, why: String) -> Option<Arc<ServerTls>> {
+    (mode != ServerTlsMode::Disable).then(|| {
+        Arc::new(ServerTls {
+            mode,
+            connector: Err(why),
+        })
+    })
+}
+
+/// prefer / require: encryption without checking who the server is (as
+/// libpq's sslmode=require); the handshake's signatures are still checked.
+#[derive(Debug)]
+struct Unverified(Arc<rustls::crypto::CryptoProvider>);
+
+/// verify-ca / verify-full: the chain against the CA; the name only with verify-full.
+#[derive(Debug)]
+struct Verified {
+    webpki: Arc<WebPkiServerVerifier>,
+    check_name: bool,
+}
+
+impl ServerCertVerifier for Verified {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        match self
+            .webpki
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
+        {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) if !self.check_name => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.webpki.supported_verify_schemes()
+    }
+}
+
+impl ServerCertVerifier for Unverified {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
 }
 
 #[cfg(test)]

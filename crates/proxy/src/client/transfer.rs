@@ -162,7 +162,7 @@ async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
 
 /// The client left. Client bytes already counted as sent are sent, so the
 /// server's stream stays on a message boundary for recovery.
-async fn client_gone(sw: &mut tokio::net::tcp::WriteHalf<'_>, c_out: &[u8]) -> Ended {
+async fn client_gone(sw: &mut crate::server::stream::ServerWriter<'_>, c_out: &[u8]) -> Ended {
     if c_out.is_empty() {
         return Ended::ClientGone;
     }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{AuthType, ClientTlsMode, General, LogFormat, PoolMode};
+use super::{AuthType, ClientTlsMode, General, LogFormat, PoolMode, ServerTlsMode};
 
 pub(super) fn host() -> String {
     "127.0.0.1".into()
@@ -76,6 +76,10 @@ impl Default for General {
             client_tls_cert_file: None,
             client_tls_key_file: None,
             client_tls_ca_file: None,
+            server_tls_sslmode: ServerTlsMode::Disable,
+            server_tls_ca_file: None,
+            server_tls_cert_file: None,
+            server_tls_key_file: None,
         }
     }
 }

@@ -51,7 +51,7 @@ const ZERO_KEEPS_DEFAULT: &[(&str, &str)] = &[
 /// PgBouncer settings weir has no equivalent for, and why.
 const UNSUPPORTED: &[(&str, &str)] = &[
     ("client_tls_", "weir uses rustls's safe defaults for TLS versions, ciphers and curves"),
-    ("server_tls_", "weir does not speak TLS to Postgres"),
+    ("server_tls_", "weir uses rustls's safe defaults for TLS versions and ciphers"),
     ("unix_socket_", "weir listens on TCP only"),
     ("logfile", "weir logs to stderr; let the supervisor collect it"),
     ("syslog", "weir logs to stderr; let the supervisor collect it"),
@@ -412,7 +412,7 @@ tcp_keepalive = 1
 log_connections = 0
 admin_users = admin, ops
 ignore_startup_parameters = extra_float_digits,search_path
-server_tls_sslmode = require
+server_tls_protocols = secure
 logfile = /var/log/pgbouncer.log
 stats_period = 60
 frobnicate = 3
@@ -451,7 +451,7 @@ reporter = pool_mode=session
         let warned = |needle: &str| m.warnings.iter().any(|w| w.contains(needle));
         for needle in [
             "server_idle_timeout",
-            "server_tls_sslmode",
+            "server_tls_protocols",
             "logfile",
             "stats_period",
             "frobnicate",

@@ -66,6 +66,32 @@ impl ClientTlsMode {
     }
 }
 
+/// TLS towards Postgres (PgBouncer's `server_tls_sslmode`): `prefer` uses TLS
+/// when the server offers it, `require` insists on it (certificate not
+/// checked), `verify-ca` checks the chain against `server_tls_ca_file`,
+/// `verify-full` also the database's `host` against the certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ServerTlsMode {
+    Disable,
+    Prefer,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+impl ServerTlsMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServerTlsMode::Disable => "disable",
+            ServerTlsMode::Prefer => "prefer",
+            ServerTlsMode::Require => "require",
+            ServerTlsMode::VerifyCa => "verify-ca",
+            ServerTlsMode::VerifyFull => "verify-full",
+        }
+    }
+}
+
 /// When a server connection goes back to the pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -195,6 +221,10 @@ pub struct General {
     pub client_tls_cert_file: Option<PathBuf>,
     pub client_tls_key_file: Option<PathBuf>,
     pub client_tls_ca_file: Option<PathBuf>,
+    pub server_tls_sslmode: ServerTlsMode,
+    pub server_tls_ca_file: Option<PathBuf>,
+    pub server_tls_cert_file: Option<PathBuf>,
+    pub server_tls_key_file: Option<PathBuf>,
 }
 
 /// The `[metrics]` section.

@@ -53,6 +53,7 @@ impl Config {
             return Err(invalid("weir.auth_dbname", "is not a database in [databases]"));
         }
         self.validate_client_tls()?;
+        self.validate_server_tls()?;
         for name in self.databases.keys() {
             self.validate_database(name)?;
         }
@@ -82,6 +83,27 @@ impl Config {
                 }
                 Some(_) => {}
             }
+        }
+        Ok(())
+    }
+
+    /// verify-* need a CA; a client certificate needs its key and the other way round.
+    fn validate_server_tls(&self) -> Result<(), ConfigError> {
+        let g = &self.weir;
+        let exists = |key: &str, file: &Option<PathBuf>| match self.resolve(file) {
+            Some(p) if !p.is_file() => Err(invalid(format!("weir.{key}"), format!("{} does not exist", p.display()))),
+            _ => Ok(()),
+        };
+        exists("server_tls_ca_file", &g.server_tls_ca_file)?;
+        exists("server_tls_cert_file", &g.server_tls_cert_file)?;
+        exists("server_tls_key_file", &g.server_tls_key_file)?;
+        use super::ServerTlsMode::{VerifyCa, VerifyFull};
+        if matches!(g.server_tls_sslmode, VerifyCa | VerifyFull) && g.server_tls_ca_file.is_none() {
+            let why = format!("is required when server_tls_sslmode = \"{}\"", g.server_tls_sslmode.as_str());
+            return Err(invalid("weir.server_tls_ca_file", why));
+        }
+        if g.server_tls_cert_file.is_some() != g.server_tls_key_file.is_some() {
+            return Err(invalid("weir.server_tls_key_file", "server_tls_cert_file and server_tls_key_file go together"));
         }
         Ok(())
     }

@@ -103,6 +103,11 @@ impl PoolOptions {
             liveness: Liveness::from_config(g),
             connect_timeout: g.server_connect_timeout,
             watch: Watch::from_config(g),
+            // Loaded (and checked) at start and reload already; a file gone since is logged.
+            tls: crate::tls::load_server_tls(cfg).unwrap_or_else(|e| {
+                tracing::error!(error = %e, "server TLS files no longer load; connections will fail");
+                crate::tls::broken_server_tls(g.server_tls_sslmode, e.to_string())
+            }),
         };
         Some(PoolOptions {
             connect_concurrency: g.server_connect_concurrency.min(settings.pool_size + settings.reserve_pool_size).max(1),

@@ -17,6 +17,7 @@ use super::conversation::Conversation;
 use super::login::{login, LoginError, LoginParams};
 use super::socket::{self, Liveness};
 use super::statements::ServerStatements;
+use super::stream::ServerStream;
 use super::watch::Watch;
 use crate::params::ParamMap;
 use crate::protocol::{sqlstate, SqlState};
@@ -35,6 +36,8 @@ pub struct ConnectSpec {
     pub connect_timeout: Duration,
     /// Watchdog settings for conversations on connections opened with this spec.
     pub watch: Watch,
+    /// TLS towards the server (server_tls_sslmode); None: plain TCP.
+    pub tls: Option<Arc<crate::tls::ServerTls>>,
 }
 
 /// Why a connect failed.
@@ -46,6 +49,10 @@ pub enum ConnectError {
     Io(#[from] std::io::Error),
     #[error("server login failed: {0}")]
     Login(#[from] LoginError),
+    /// server_tls_sslmode could not be met: no TLS offered, a certificate
+    /// that does not verify, a failed handshake.
+    #[error("server TLS (server_tls_sslmode = {mode}): {why}")]
+    Tls { mode: &'static str, why: String },
 }
 
 impl ConnectError {
@@ -55,7 +62,7 @@ impl ConnectError {
             ConnectError::Io(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => ConnectFailure::Refused,
             ConnectError::Io(_) => ConnectFailure::Io,
             ConnectError::Login(e) if e.is_auth_failure() => ConnectFailure::Auth,
-            ConnectError::Login(_) => ConnectFailure::Protocol,
+            ConnectError::Login(_) | ConnectError::Tls { .. } => ConnectFailure::Protocol,
         }
     }
 
@@ -72,7 +79,7 @@ impl ConnectError {
 #[derive(Debug)]
 pub struct ServerConn {
     pub id: u64,
-    pub stream: TcpStream,
+    pub stream: ServerStream,
     /// Bytes read from the server and not yet passed on.
     pub rbuf: BytesMut,
     pub conv: Conversation,
@@ -158,7 +165,7 @@ impl ServerConn {
             return true;
         }
         let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
-        match socket2::SockRef::from(&self.stream).peek(&mut probe) {
+        match socket2::SockRef::from(self.stream.tcp()).peek(&mut probe) {
             Ok(_) => true, // data or EOF
             Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
         }
@@ -176,13 +183,13 @@ pub async fn connect(spec: Arc<ConnectSpec>, metrics: &Arc<PoolMetrics>) -> Resu
         Ok(Err(e)) => return Err(e),
         Err(_) => return Err(ConnectError::Timeout(spec.connect_timeout)),
     };
-    let addr = stream.peer_addr()?;
+    let addr = stream.tcp().peer_addr()?;
     let mut guard = ServerConnGuard::opened(metrics.clone(), started.elapsed());
     let statements = ServerStatements::default();
     guard.describe(weir_metrics::ServerInfo {
         pid: login.backend_pid,
         addr,
-        local_addr: stream.local_addr().ok(),
+        local_addr: stream.tcp().local_addr().ok(),
         connected_at: std::time::SystemTime::now(),
         prepared_statements: statements.shown(),
     });
@@ -216,9 +223,13 @@ fn cancel_target(addr: SocketAddr, pid: i32, secret: i32) -> CancelTarget {
 
 /// TCP connect, socket options and login, unbounded (callers bound it).
 /// Bytes the server sent after ReadyForQuery stay in the returned buffer.
-pub(super) async fn open(spec: &ConnectSpec) -> Result<(TcpStream, BytesMut, super::login::LoginResult), ConnectError> {
-    let mut stream = TcpStream::connect((spec.host.as_str(), spec.port)).await?;
-    socket::apply(&stream, &spec.liveness)?;
+pub(super) async fn open(spec: &ConnectSpec) -> Result<(ServerStream, BytesMut, super::login::LoginResult), ConnectError> {
+    let tcp = TcpStream::connect((spec.host.as_str(), spec.port)).await?;
+    socket::apply(&tcp, &spec.liveness)?;
+    let mut stream = match &spec.tls {
+        Some(tls) => negotiate_tls(tcp, tls, &spec.host).await?,
+        None => ServerStream::Plain(tcp),
+    };
     let mut buf = BytesMut::with_capacity(8192);
     let params = LoginParams {
         user: &spec.user,
@@ -228,4 +239,29 @@ pub(super) async fn open(spec: &ConnectSpec) -> Result<(TcpStream, BytesMut, sup
     };
     let result = login(&mut stream, &mut buf, &params).await?;
     Ok((stream, buf, result))
+}
+
+/// The server's one-byte answers to SSLRequest.
+const SSL_ACCEPTED: u8 = b'S';
+const SSL_REFUSED: u8 = b'N';
+
+/// SSLRequest, then exactly one byte: `S` starts the handshake (anything
+/// the server sent after its `S` is read by rustls as TLS records and fails
+/// the handshake, never taken as plaintext: CVE-2021-23222's class); `N`
+/// continues in plaintext only with `prefer`.
+async fn negotiate_tls(mut tcp: TcpStream, tls: &crate::tls::ServerTls, host: &str) -> Result<ServerStream, ConnectError> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fail = |why: String| ConnectError::Tls { mode: tls.mode.as_str(), why };
+    tcp.write_all(&crate::protocol::messages::encryption_request(crate::protocol::tags::startup::SSL_REQUEST)).await?;
+    match tcp.read_u8().await? {
+        SSL_ACCEPTED => {}
+        SSL_REFUSED if tls.mode == crate::config::ServerTlsMode::Prefer => return Ok(ServerStream::Plain(tcp)),
+        SSL_REFUSED => return Err(fail("the server does not accept TLS".into())),
+        other => return Err(fail(format!("unexpected answer to SSLRequest: byte {other:#04x}"))),
+    }
+    let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+        .map_err(|e| fail(format!("host \"{host}\" is not a valid TLS server name: {e}")))?;
+    let connector = tls.connector.as_ref().map_err(|e| fail(e.clone()))?;
+    let stream = connector.connect(name, tcp).await.map_err(|e| fail(e.to_string()))?;
+    Ok(ServerStream::Tls(Box::new(stream)))
 }

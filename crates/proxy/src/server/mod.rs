@@ -11,6 +11,7 @@ pub mod login;
 pub mod scram_client;
 pub mod socket;
 pub mod statements;
+pub mod stream;
 pub mod watch;
 
 pub use cancel::{forward_cancel, CancelGate};

@@ -192,6 +192,7 @@ mod tests {
             liveness: super::super::socket::Liveness::from_config(&crate::config::General::default()),
             connect_timeout: Duration::from_secs(2),
             watch: Watch::default(),
+            tls: None,
         };
         assert!(matches!(probe(&spec, 1).await, Verdict::Dead(_)));
     }
