@@ -13,22 +13,24 @@ use crate::server::ServerConn;
 #[derive(Debug)]
 pub struct Lease {
     pool: Arc<Pool>,
-    conn: Option<ServerConn>,
+    /// Boxed: a lease moves through several futures per transaction, and a
+    /// pointer moves for free where the 472-byte connection would be copied.
+    conn: Option<Box<ServerConn>>,
     /// Session mode: run server_reset_query before anyone else gets it.
     needs_reset: bool,
 }
 
 impl Lease {
     pub(super) fn new(pool: Arc<Pool>, conn: ServerConn) -> Self {
-        Lease { pool, conn: Some(conn), needs_reset: false }
+        Lease { pool, conn: Some(Box::new(conn)), needs_reset: false }
     }
 
     pub fn conn(&self) -> &ServerConn {
-        self.conn.as_ref().expect("lease holds a connection until dropped")
+        self.conn.as_deref().expect("lease holds a connection until dropped")
     }
 
     pub fn conn_mut(&mut self) -> &mut ServerConn {
-        self.conn.as_mut().expect("lease holds a connection until dropped")
+        self.conn.as_deref_mut().expect("lease holds a connection until dropped")
     }
 
     pub fn pool(&self) -> &Arc<Pool> {
@@ -45,7 +47,7 @@ impl Lease {
     pub fn close(mut self, reason: CloseReason) {
         if let Some(conn) = self.conn.take() {
             self.pool.lock().active -= 1;
-            self.pool.discard(conn, reason);
+            self.pool.discard(*conn, reason);
         }
     }
 }
@@ -53,7 +55,7 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
-            self.pool.give_back(conn, self.needs_reset);
+            self.pool.give_back(*conn, self.needs_reset);
         }
     }
 }
