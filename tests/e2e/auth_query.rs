@@ -148,3 +148,31 @@ async fn cached_verifier_is_reused_until_its_ttl() {
     let e = select_one(&h.url("aq_cache", "old_pass")).await.unwrap_err();
     assert_eq!(sqlstate(&e).as_deref(), Some("28P01"), "{e}");
 }
+
+#[tokio::test]
+async fn user_names_are_bound_as_parameters_never_interpolated() {
+    let h = with_auth_query("scram-sha-256", "30s").await;
+    h.psql("create role aq_user login password 'aq_pass'");
+    // Interpolated into the query, these names would find aq_user's verifier
+    // (or any role's), and aq_pass would pass weir's check.
+    for injected in ["aq_user' --", "x' or usename = 'aq_user", "%"] {
+        let mut c = tokio_postgres::Config::new();
+        c.host("127.0.0.1").port(h.addr().port()).user(injected).password("aq_pass").dbname(APP_DB);
+        let e = tokio::time::timeout(LIMIT, c.connect(tokio_postgres::NoTls)).await.expect("in time");
+        let Err(e) = e else { panic!("{injected}: logged in") };
+        assert_eq!(sqlstate(&e).as_deref(), Some("28P01"), "{injected}: {e}");
+        let msg = e.as_db_error().map(|d| d.message().to_owned()).unwrap_or_default();
+        assert!(msg.starts_with("password authentication failed"), "refused by weir's own check: {msg}");
+    }
+}
+
+#[tokio::test]
+async fn auth_user_missing_from_auth_file_is_a_clear_refusal() {
+    let h = with_auth_query("scram-sha-256", "30s").await;
+    set_users(&h, "\"someone_else\" \"pw\"\n");
+    h.psql("create role aq_orphan login password 'pw'");
+    let e = select_one(&h.url("aq_orphan", "pw")).await.unwrap_err();
+    assert_eq!(sqlstate(&e).as_deref(), Some("28000"), "{e}");
+    let msg = e.as_db_error().map(|d| d.message().to_owned()).unwrap_or_default();
+    assert!(msg.contains("auth_user") && msg.contains(AUTH_USER), "{msg}");
+}
