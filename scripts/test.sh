@@ -12,3 +12,6 @@ cargo test --workspace --locked --no-fail-fast
 
 echo "== deploy checks"
 bash deploy/check.sh
+
+echo "== fuzzing (bounded: FUZZ_SECONDS per target)"
+FUZZ_SECONDS="${FUZZ_SECONDS:-8}" bash scripts/fuzz.sh
