@@ -113,7 +113,7 @@ async fn greet(
 ) -> Result<Option<(Role, Registration)>, ClientError> {
     let user = &login.req.user;
     let users = shared.users.load();
-    let method = crate::client::auth_method(shared, cfg, login.peer, &login.req)?;
+    let method = crate::client::auth_method(shared, cfg, login.peer, socket.is_tls(), &login.req)?;
     crate::auth::authenticate(socket, buf, method, user, users.get(user)).await?;
     let Some(role) = Role::of(cfg, user) else {
         shared.cancels.metrics.record_client_connection(ClientResult::Refused);

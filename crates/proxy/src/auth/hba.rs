@@ -3,10 +3,10 @@
 //! an address and a method; the first line that matches a client decides its
 //! method, and a client no line matches is refused (28000), as Postgres does.
 //!
-//! Supported: `host`, `hostnossl` and `hostnogssenc` lines (every weir client
-//! is plain TCP, so they match); `hostssl` and `hostgssenc` lines, which never
-//! match until weir speaks TLS (GSS is not planned); `local` lines, which
-//! never match (weir listens on TCP only). Databases: `all`, `sameuser`, or
+//! Supported: `host` lines (every TCP client), `hostssl` (TLS clients only),
+//! `hostnossl` and `hostnogssenc` (plain clients only); `hostgssenc` lines
+//! never match (GSS is not planned), nor do `local` lines (weir listens on
+//! TCP only). Databases: `all`, `sameuser`, or
 //! names (comma-separated, quoted to take a keyword literally); users: `all`
 //! or names. Addresses: `all`, a CIDR (`10.0.0.0/8`, `::1/128`), or an
 //! address followed by a netmask field. Methods: `trust`, `reject`, `md5`
@@ -49,6 +49,7 @@ pub fn method_for(
     auth_type: AuthType,
     hba: Option<&Hba>,
     peer: IpAddr,
+    tls: bool,
     database: &str,
     user: &str,
 ) -> Result<AuthType, AuthError> {
@@ -56,8 +57,9 @@ pub fn method_for(
         return Ok(auth_type);
     }
     let peer = peer.to_canonical();
-    let who = format!("host \"{peer}\", user \"{user}\", database \"{database}\", no encryption");
-    match hba.and_then(|h| h.method(peer, database, user)) {
+    let encryption = if tls { "SSL encryption" } else { "no encryption" };
+    let who = format!("host \"{peer}\", user \"{user}\", database \"{database}\", {encryption}");
+    match hba.and_then(|h| h.method_over(peer, tls, database, user)) {
         Some(m) => m.auth_type().ok_or_else(|| AuthError::Refused(format!("pg_hba.conf rejects connection for {who}"))),
         None => Err(AuthError::Refused(format!("no pg_hba.conf entry for {who}"))),
     }
@@ -74,8 +76,12 @@ pub enum HbaError {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ConnType {
-    /// Plain TCP or any TCP: matches every weir client.
-    Plain,
+    /// `host`: every TCP client.
+    Any,
+    /// `hostssl`: clients that negotiated TLS.
+    Ssl,
+    /// `hostnossl`, `hostnogssenc`: plain clients.
+    NoSsl,
     /// Needs an encryption weir does not offer (or a Unix socket): never matches.
     Never,
 }
@@ -145,8 +151,13 @@ impl Hba {
     /// The method of the first line matching a plain-TCP client from `peer`
     /// asking for `database` as `user`; None when no line matches.
     pub fn method(&self, peer: IpAddr, database: &str, user: &str) -> Option<Method> {
+        self.method_over(peer, false, database, user)
+    }
+
+    /// As `method`, for a client that did (`tls`) or did not negotiate TLS.
+    pub fn method_over(&self, peer: IpAddr, tls: bool, database: &str, user: &str) -> Option<Method> {
         let peer = peer.to_canonical();
-        self.rules.iter().find(|r| r.matches(peer, database, user)).map(|r| r.method)
+        self.rules.iter().find(|r| r.matches(peer, tls, database, user)).map(|r| r.method)
     }
 
     pub fn len(&self) -> usize {
@@ -159,8 +170,14 @@ impl Hba {
 }
 
 impl Rule {
-    fn matches(&self, peer: IpAddr, database: &str, user: &str) -> bool {
-        self.conn == ConnType::Plain
+    fn matches(&self, peer: IpAddr, tls: bool, database: &str, user: &str) -> bool {
+        let conn_ok = match self.conn {
+            ConnType::Any => true,
+            ConnType::Ssl => tls,
+            ConnType::NoSsl => !tls,
+            ConnType::Never => false,
+        };
+        conn_ok
             && names_match(&self.databases, database, user)
             && names_match(&self.users, user, user)
             && addr_match(self.addr, peer)
@@ -254,8 +271,10 @@ fn single<'a>(field: &'a [Token], what: &str) -> Result<&'a Token, String> {
 fn rule(fields: &[Vec<Token>]) -> Result<Rule, String> {
     let kind = single(&fields[0], "the connection type")?;
     let conn = match kind.text.as_str() {
-        "host" | "hostnossl" | "hostnogssenc" => ConnType::Plain,
-        "hostssl" | "hostgssenc" | "local" => ConnType::Never,
+        "host" => ConnType::Any,
+        "hostssl" => ConnType::Ssl,
+        "hostnossl" | "hostnogssenc" => ConnType::NoSsl,
+        "hostgssenc" | "local" => ConnType::Never,
         other => return Err(format!("unknown connection type \"{other}\"")),
     };
     let rest = &fields[1..];
@@ -382,6 +401,9 @@ hostnossl all            all             192.168.0.0/16    scram-sha-256
 
     #[test]
     fn tls_and_local_lines_never_match() {
+        let tls = Hba::parse("hostssl all all all trust\nhostnossl all all all md5\n").unwrap();
+        assert_eq!(tls.method_over(ip("127.0.0.1"), true, "app", "u"), Some(Method::Trust));
+        assert_eq!(tls.method_over(ip("127.0.0.1"), false, "app", "u"), Some(Method::Md5));
         let hba = Hba::parse("hostssl all all all trust\nlocal all all trust\nhostgssenc all all all trust\n").unwrap();
         assert_eq!(hba.method(ip("127.0.0.1"), "app", "u"), None);
         let hba = Hba::parse("hostnogssenc all all all trust").unwrap();
@@ -434,20 +456,20 @@ hostnossl all            all             192.168.0.0/16    scram-sha-256
     fn method_for_resolves_only_hba() {
         let hba = Hba::parse("host app all 127.0.0.0/8 scram-sha-256\nhost all evil all reject").unwrap();
         let local = ip("127.0.0.1");
-        assert_eq!(method_for(AuthType::Md5, Some(&hba), local, "x", "evil").unwrap(), AuthType::Md5);
-        assert_eq!(method_for(AuthType::Hba, Some(&hba), local, "app", "u").unwrap(), AuthType::ScramSha256);
-        let e = method_for(AuthType::Hba, Some(&hba), local, "other", "evil").unwrap_err();
+        assert_eq!(method_for(AuthType::Md5, Some(&hba), local, false, "x", "evil").unwrap(), AuthType::Md5);
+        assert_eq!(method_for(AuthType::Hba, Some(&hba), local, false, "app", "u").unwrap(), AuthType::ScramSha256);
+        let e = method_for(AuthType::Hba, Some(&hba), local, false, "other", "evil").unwrap_err();
         assert_eq!(
             e.to_string(),
             r#"pg_hba.conf rejects connection for host "127.0.0.1", user "evil", database "other", no encryption"#
         );
-        let e = method_for(AuthType::Hba, Some(&hba), ip("::ffff:10.0.0.1"), "app", "u").unwrap_err();
+        let e = method_for(AuthType::Hba, Some(&hba), ip("::ffff:10.0.0.1"), false, "app", "u").unwrap_err();
         assert_eq!(
             e.to_string(),
             r#"no pg_hba.conf entry for host "10.0.0.1", user "u", database "app", no encryption"#
         );
         assert_eq!(e.sqlstate(), crate::protocol::sqlstate::INVALID_AUTHORIZATION_SPECIFICATION);
-        assert!(method_for(AuthType::Hba, None, local, "app", "u").is_err(), "no file loaded: refused");
+        assert!(method_for(AuthType::Hba, None, local, false, "app", "u").is_err(), "no file loaded: refused");
     }
 
     #[test]

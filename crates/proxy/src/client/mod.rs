@@ -162,7 +162,7 @@ async fn authenticate<'a>(
         }
         found => found,
     };
-    let method = auth_method(shared, cfg, peer, &req)?;
+    let method = auth_method(shared, cfg, peer, socket.is_tls(), &req)?;
     let authed = crate::auth::authenticate(socket, buf, method, &req.user, secret).await?;
     let key = PoolKey { database: req.database.clone(), user: req.user.clone() };
     let credentials = crate::auth::server_credentials(secret, &authed);
@@ -206,10 +206,11 @@ pub(crate) fn auth_method(
     shared: &Shared,
     cfg: &Config,
     peer: SocketAddr,
+    tls: bool,
     req: &Request,
 ) -> Result<crate::config::AuthType, ClientError> {
     let hba = shared.hba.load();
-    Ok(crate::auth::hba::method_for(cfg.weir.auth_type, hba.as_deref(), peer.ip(), &req.database, &req.user)?)
+    Ok(crate::auth::hba::method_for(cfg.weir.auth_type, hba.as_deref(), peer.ip(), tls, &req.database, &req.user)?)
 }
 
 /// The wait budget: query_wait_timeout, or less when the client declared a
