@@ -13,7 +13,6 @@
 //! `weir-bench refill [--pool N] [--delays 0,50,100] [--window-ms 3000] [--no-pgbouncer]`
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,7 +34,12 @@ struct Args {
 
 impl Args {
     fn parse(args: &[String]) -> anyhow::Result<Args> {
-        let mut a = Args { pool: 50, delays: vec![0, 50, 100], window: Duration::from_secs(3), pgbouncer: true };
+        let mut a = Args {
+            pool: 50,
+            delays: vec![0, 50, 100],
+            window: Duration::from_secs(3),
+            pgbouncer: true,
+        };
         let mut it = args.iter();
         while let Some(x) = it.next() {
             match x.as_str() {
@@ -66,15 +70,22 @@ struct Curve {
 
 pub fn run(args: &[String]) -> anyhow::Result<()> {
     let args = Args::parse(args)?;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     rt.block_on(refill(args))
 }
 
 async fn refill(args: Args) -> anyhow::Result<()> {
-    let pg = PgServer::start(PgOptions { max_connections: 300, log_connections: false, extra_conf: vec![] })
-        .context("starting the throwaway Postgres")?;
+    let pg = PgServer::start(PgOptions {
+        max_connections: 300,
+        log_connections: false,
+        extra_conf: vec![],
+    })
+    .context("starting the throwaway Postgres")?;
     let dir = work_dir()?;
-    let pgbouncer = args.pgbouncer && pgbouncer_installed();
+    let pgbouncer = args.pgbouncer && crate::pgbouncer::installed();
     let mut curves = Vec::new();
     for &delay in &args.delays {
         let delay = Duration::from_millis(delay);
@@ -103,18 +114,38 @@ enum Pooler {
 
 /// Runs one scenario: pooler behind a relay with `delay`, 50 busy clients,
 /// mass termination, sampling.
-async fn measure(pg: &PgServer, args: &Args, delay: Duration, pooler: Pooler, dir: &Path) -> anyhow::Result<Curve> {
-    let direct = connect(&format!("postgres://postgres@127.0.0.1:{}/{APP_DB}", pg.port())).await?;
+async fn measure(
+    pg: &PgServer,
+    args: &Args,
+    delay: Duration,
+    pooler: Pooler,
+    dir: &Path,
+) -> anyhow::Result<Curve> {
+    let direct = connect(&format!(
+        "postgres://postgres@127.0.0.1:{}/{APP_DB}",
+        pg.port()
+    ))
+    .await?;
     let relay = Relay::start(format!("127.0.0.1:{}", pg.port()).parse()?).await?;
     relay.set_connect_delay(delay);
-    let name = format!("{} {}ms", if pooler == Pooler::Weir { "weir" } else { "pgbouncer" }, delay.as_millis());
+    let name = format!(
+        "{} {}ms",
+        if pooler == Pooler::Weir {
+            "weir"
+        } else {
+            "pgbouncer"
+        },
+        delay.as_millis()
+    );
     eprintln!("== {name}");
     let (url, running) = match pooler {
         Pooler::Weir => start_weir(relay.addr().port(), args.pool, dir).await?,
         Pooler::PgBouncer => start_pgbouncer(relay.addr().port(), args.pool, dir).await?,
     };
     let stop = Arc::new(AtomicBool::new(false));
-    let clients: Vec<_> = (0..args.pool).map(|_| tokio::spawn(busy_client(url.clone(), stop.clone()))).collect();
+    let clients: Vec<_> = (0..args.pool)
+        .map(|_| tokio::spawn(busy_client(url.clone(), stop.clone())))
+        .collect();
     let warm = Instant::now() + Duration::from_secs(60);
     while count(&direct, "true").await? < args.pool as i64 {
         if Instant::now() > warm {
@@ -123,9 +154,14 @@ async fn measure(pg: &PgServer, args: &Args, delay: Duration, pooler: Pooler, di
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let since: String = direct.query_one("select clock_timestamp()::text", &[]).await?.get(0);
+    let since: String = direct
+        .query_one("select clock_timestamp()::text", &[])
+        .await?
+        .get(0);
     direct
-        .simple_query(&format!("select pg_terminate_backend(pid) from pg_stat_activity where usename = '{TRUST_USER}'"))
+        .simple_query(&format!(
+            "select pg_terminate_backend(pid) from pg_stat_activity where usename = '{TRUST_USER}'"
+        ))
         .await?;
     let t0 = Instant::now();
     let fresh = format!("backend_start > '{since}'");
@@ -158,12 +194,18 @@ async fn measure(pg: &PgServer, args: &Args, delay: Duration, pooler: Pooler, di
             .await?;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    Ok(Curve { name, samples, full_after })
+    Ok(Curve {
+        name,
+        samples,
+        full_after,
+    })
 }
 
 /// Backends of the benchmark's user matching `filter`.
 async fn count(direct: &Client, filter: &str) -> anyhow::Result<i64> {
-    let sql = format!("select count(*) from pg_stat_activity where usename = '{TRUST_USER}' and {filter}");
+    let sql = format!(
+        "select count(*) from pg_stat_activity where usename = '{TRUST_USER}' and {filter}"
+    );
     Ok(direct.query_one(&sql, &[]).await?.get(0))
 }
 
@@ -178,9 +220,12 @@ async fn busy_client(url: String, stop: Arc<AtomicBool>) {
     let mut client: Option<Client> = None;
     while !stop.load(Ordering::SeqCst) {
         let ok = match &client {
-            Some(c) => tokio::time::timeout(Duration::from_secs(30), c.simple_query("select pg_sleep(0.05)"))
-                .await
-                .is_ok_and(|r| r.is_ok()),
+            Some(c) => tokio::time::timeout(
+                Duration::from_secs(30),
+                c.simple_query("select pg_sleep(0.05)"),
+            )
+            .await
+            .is_ok_and(|r| r.is_ok()),
             None => match tokio::time::timeout(Duration::from_secs(30), connect(&url)).await {
                 Ok(Ok(c)) => {
                     client = Some(c);
@@ -196,27 +241,17 @@ async fn busy_client(url: String, stop: Arc<AtomicBool>) {
     }
 }
 
-/// A running pooler; PgBouncer is also stopped (by its own pid) when dropped.
+/// A running pooler; PgBouncer is stopped (by its own pid) when dropped.
 enum Running {
     Weir(weir::Weir),
-    PgBouncer(PgBouncerGuard),
+    PgBouncer(crate::pgbouncer::PgBouncer),
 }
 
 impl Running {
     async fn stop(self) {
         match self {
             Running::Weir(w) => w.shutdown().await,
-            Running::PgBouncer(g) => drop(g),
-        }
-    }
-}
-
-struct PgBouncerGuard(PathBuf);
-
-impl Drop for PgBouncerGuard {
-    fn drop(&mut self) {
-        if let Ok(pid) = std::fs::read_to_string(&self.0) {
-            let _ = Command::new("kill").args(["-TERM", pid.trim()]).status();
+            Running::PgBouncer(b) => drop(b),
         }
     }
 }
@@ -228,61 +263,36 @@ async fn start_weir(port: u16, pool: usize, dir: &Path) -> anyhow::Result<(Strin
          [databases.{APP_DB}]\nhost = \"127.0.0.1\"\nport = {port}\n"
     );
     let weir = weir::Weir::start(weir::Config::from_toml(&text, dir)?).await?;
-    let url = format!("postgres://{TRUST_USER}:{TRUST_PASS}@{}/{APP_DB}", weir.local_addr());
+    let url = format!(
+        "postgres://{TRUST_USER}:{TRUST_PASS}@{}/{APP_DB}",
+        weir.local_addr()
+    );
     Ok((url, Running::Weir(weir)))
 }
 
 async fn start_pgbouncer(port: u16, pool: usize, dir: &Path) -> anyhow::Result<(String, Running)> {
-    let listen = weir_testkit::free_port();
-    let ini = dir.join("pgbouncer.ini");
-    let pidfile = dir.join("pgbouncer.pid");
-    let _ = std::fs::remove_file(&pidfile);
-    std::fs::write(dir.join("userlist.txt"), format!("\"{TRUST_USER}\" \"{TRUST_PASS}\"\n"))?;
     std::fs::write(
-        &ini,
-        format!(
-            "[databases]\n{APP_DB} = host=127.0.0.1 port={port} dbname={APP_DB}\n\
-             [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {listen}\nunix_socket_dir =\n\
-             auth_type = trust\nauth_file = {users}\npool_mode = transaction\n\
-             default_pool_size = {pool}\nmax_client_conn = 500\nquery_wait_timeout = 10\n\
-             server_login_retry = 1\nignore_startup_parameters = extra_float_digits,options\n\
-             logfile = {log}\npidfile = {pid}\n",
-            users = dir.join("userlist.txt").display(),
-            log = dir.join("pgbouncer.log").display(),
-            pid = pidfile.display(),
-        ),
+        dir.join("userlist.txt"),
+        format!("\"{TRUST_USER}\" \"{TRUST_PASS}\"\n"),
     )?;
-    let mut cmd = if is_root() {
-        let mut c = Command::new("runuser");
-        c.args(["-u", "postgres", "--", "pgbouncer", "-d"]);
-        c
-    } else {
-        let mut c = Command::new("pgbouncer");
-        c.arg("-d");
-        c
-    };
-    let status = cmd.arg(&ini).status().context("starting pgbouncer")?;
-    if !status.success() {
-        bail!("pgbouncer did not start ({status}); see {}", dir.join("pgbouncer.log").display());
-    }
-    let running = Running::PgBouncer(PgBouncerGuard(pidfile));
-    let addr = format!("127.0.0.1:{listen}");
-    let ready = Instant::now() + Duration::from_secs(10);
-    while tokio::net::TcpStream::connect(&addr).await.is_err() {
-        if Instant::now() > ready {
-            bail!("pgbouncer is not listening on {addr}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Ok((format!("postgres://{TRUST_USER}:{TRUST_PASS}@{addr}/{APP_DB}"), running))
-}
-
-fn pgbouncer_installed() -> bool {
-    Command::new("pgbouncer").arg("--version").output().is_ok_and(|o| o.status.success())
-}
-
-fn is_root() -> bool {
-    Command::new("id").arg("-u").output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+    let databases = format!("{APP_DB} = host=127.0.0.1 port={port} dbname={APP_DB}");
+    let settings = format!(
+        "auth_type = trust\nauth_file = {users}\npool_mode = transaction\ndefault_pool_size = {pool}\n\
+         max_client_conn = 500\nquery_wait_timeout = 10\nserver_login_retry = 1\n\
+         ignore_startup_parameters = extra_float_digits,options",
+        users = dir.join("userlist.txt").display(),
+    );
+    let _ = std::fs::remove_file(dir.join("pgbouncer.pid"));
+    let dir = dir.to_path_buf();
+    let bouncer = tokio::task::spawn_blocking(move || {
+        crate::pgbouncer::PgBouncer::start(&dir, &databases, &settings)
+    })
+    .await??;
+    let url = format!(
+        "postgres://{TRUST_USER}:{TRUST_PASS}@{}/{APP_DB}",
+        bouncer.addr
+    );
+    Ok((url, Running::PgBouncer(bouncer)))
 }
 
 fn work_dir() -> anyhow::Result<PathBuf> {
