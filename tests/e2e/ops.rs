@@ -282,15 +282,16 @@ fn migrate_config_output_passes_check_config() {
         dir.join("pgbouncer.ini"),
         "[databases]\napp = host=127.0.0.1 port=5432 dbname=app pool_size=10\n\n[pgbouncer]\nlisten_addr = 127.0.0.1\n\
          listen_port = 6432\nauth_type = md5\nauth_file = userlist.txt\npool_mode = transaction\nquery_wait_timeout = 5\n\
-         server_tls_sslmode = require\nadmin_users = admin\n",
+         server_tls_sslmode = require\nunix_socket_dir = /tmp\nadmin_users = admin\n",
     )
     .unwrap();
     let out = Command::new(weir_bin()).arg("migrate-config").arg(dir.join("pgbouncer.ini")).output().unwrap();
     assert!(out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("server_tls_sslmode") && stderr.contains("TLS"), "{stderr}");
+    assert!(stderr.contains("unix_socket_dir") && stderr.contains("TCP only"), "{stderr}");
     let toml = String::from_utf8(out.stdout).unwrap();
     assert!(toml.contains("query_wait_timeout = \"5s\"") && toml.contains("[databases.app]"), "{toml}");
+    assert!(toml.contains("server_tls_sslmode = \"require\""), "{toml}");
     std::fs::write(dir.join("weir.toml"), &toml).unwrap();
     let check = Command::new(weir_bin()).arg("check-config").arg(dir.join("weir.toml")).output().unwrap();
     assert!(check.status.success(), "{}{}", String::from_utf8_lossy(&check.stdout), String::from_utf8_lossy(&check.stderr));
