@@ -176,3 +176,31 @@ async fn auth_user_missing_from_auth_file_is_a_clear_refusal() {
     let msg = e.as_db_error().map(|d| d.message().to_owned()).unwrap_or_default();
     assert!(msg.contains("auth_user") && msg.contains(AUTH_USER), "{msg}");
 }
+
+/// CVE-2025-12819's class: a client's startup `search_path` must never reach
+/// the auth_query connection. Here a schema shadows pg_shadow with a row
+/// holding the attacker's password hash for a real role; were the client's
+/// search_path applied before authentication, that password would pass.
+#[tokio::test]
+async fn startup_search_path_never_reaches_auth_query() {
+    let h = with_auth_query("md5", "30s").await;
+    h.psql("create role aq_victim login password 'real_pass'");
+    let fake = h.psql("select 'md5' || md5('attacker' || 'aq_victim')").trim().to_owned();
+    h.psql(&format!(
+        "create schema evil; create view evil.pg_shadow as select 'aq_victim'::name as usename, '{fake}'::text as passwd; \
+         grant usage on schema evil to public; grant select on evil.pg_shadow to public"
+    ));
+    let shadowed =
+        h.psql("set search_path = evil, pg_catalog; select passwd from pg_shadow where usename = 'aq_victim'");
+    assert_eq!(
+        shadowed.lines().last().map(str::trim),
+        Some(fake.as_str()),
+        "the shadowing view works when search_path is applied"
+    );
+
+    let evil = format!("{}?options=-c%20search_path%3Devil%2Cpg_catalog", h.url("aq_victim", "attacker"));
+    let e = select_one(&evil).await.unwrap_err();
+    assert_eq!(sqlstate(&e).as_deref(), Some("28P01"), "{e}");
+    let honest = format!("{}?options=-c%20search_path%3Devil%2Cpg_catalog", h.url("aq_victim", "real_pass"));
+    assert_eq!(select_one(&honest).await.expect("the real password with the same search_path"), 1);
+}

@@ -640,11 +640,19 @@ async fn startup_options_are_honoured_per_client() {
     .await
 }
 
-/// A setting Postgres does not know is refused at login, as Postgres would.
+/// A startup setting outside track_extra_parameters is refused at login with
+/// 08P01 before any server is involved; one on the list that Postgres does
+/// not know, or whose value it refuses, is refused as Postgres would.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unknown_startup_setting_is_refused() {
+async fn startup_settings_are_checked_at_login() {
     bounded(60, async {
-        let h = Harness::start(Opts::default()).await;
+        let general = "track_extra_parameters = [\"search_path\", \"work_mem\", \"no_such_setting\"]".to_owned();
+        let h = Harness::start(Opts { general, ..Default::default() }).await;
+        let url = format!("{}?options=-c%20enable_seqscan%3Doff", h.url(SCRAM_USER, SCRAM_PASS));
+        let e = connect(&url).await.err().expect("setting outside the allow-list refused");
+        assert_eq!(sqlstate(&e).as_deref(), Some("08P01"), "{e}");
+        let why = describe(e);
+        assert!(why.contains("unsupported startup parameter: enable_seqscan"), "{why}");
         let url = format!("{}?options=-c%20no_such_setting%3D1", h.url(SCRAM_USER, SCRAM_PASS));
         let e = connect(&url).await.err().expect("unknown setting refused");
         assert_eq!(sqlstate(&e).as_deref(), Some("42704"), "{e}");
@@ -652,10 +660,12 @@ async fn unknown_startup_setting_is_refused() {
         let url = format!("{}?options=-c%20work_mem%3Dlots", h.url(SCRAM_USER, SCRAM_PASS));
         let e = connect(&url).await.err().expect("invalid value refused");
         assert_eq!(sqlstate(&e).as_deref(), Some("22023"), "{e}");
+        let url = format!("{}?options=-c%20work_mem%3D7MB", h.url(SCRAM_USER, SCRAM_PASS));
+        assert_eq!(one_text(&connect(&url).await.unwrap(), "show work_mem").await, "7MB");
         let url = format!("{}?options=-d%205", h.url(SCRAM_USER, SCRAM_PASS));
         let e = connect(&url).await.err().expect("non -c options refused");
         assert!(describe(e).contains("options"));
-        assert_eq!(one_text(&h.client().await, "select 'fine'").await, "fine");
+        assert_eq!(one_text(&h.client().await, "show work_mem").await, "4MB", "other clients keep the default");
     })
     .await
 }

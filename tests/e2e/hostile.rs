@@ -104,6 +104,11 @@ async fn malformed_startup_packets() {
             ("SSLRequest with a body", untagged(None, code::SSL_REQUEST, b"xx"), "08P01"),
             ("CancelRequest too short", untagged(None, code::CANCEL_REQUEST, b"1234"), "08P01"),
             ("no user", startup(&[("database", APP_DB)]), "28000"),
+            (
+                "parameter outside track_extra_parameters",
+                startup(&[("user", SCRAM_USER), ("database", APP_DB), ("session_preload_libraries", "x")]),
+                "08P01",
+            ),
             ("9,000-byte database name", startup(&[("user", SCRAM_USER), ("database", &long_db)]), "3D000"),
         ];
         for (what, bytes, want) in &cases {

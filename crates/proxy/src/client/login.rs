@@ -149,18 +149,23 @@ pub fn interpret(raw: Vec<(String, String)>, cfg: &Config) -> Result<Request, Cl
     Ok(req)
 }
 
+/// Where one startup setting goes: weir's declared deadline, dropped
+/// (ignore_startup_parameters), a tracked parameter, a setting applied on
+/// every server (track_extra_parameters), or refused. Nothing reaches
+/// Postgres before the client has authenticated.
 fn take_setting(req: &mut Request, name: &str, value: &str, cfg: &Config) -> Result<(), ClientError> {
+    let listed = |list: &[String]| list.iter().any(|p| p.eq_ignore_ascii_case(name));
     if name.eq_ignore_ascii_case(DEADLINE_PARAM) {
         let d = humantime::parse_duration(value)
             .map_err(|e| ClientError::BadStartupParameter(format!("invalid {DEADLINE_PARAM} \"{value}\": {e}")))?;
         req.declared_deadline = Some(d);
-    } else if cfg.weir.ignore_startup_parameters.iter().any(|p| p.eq_ignore_ascii_case(name)) {
+    } else if listed(&cfg.weir.ignore_startup_parameters) {
     } else if TRACKED.iter().any(|t| t.eq_ignore_ascii_case(name)) {
         req.params.set(canonical(name), value);
-    } else if name.starts_with("weir.") || !params::valid_name(name) {
-        return Err(ClientError::BadStartupParameter(format!("unsupported startup parameter: {name}")));
+    } else if listed(&cfg.weir.track_extra_parameters) && params::valid_name(name) {
+        req.settings.set(&name.to_ascii_lowercase(), value);
     } else {
-        req.settings.set(name, value);
+        return Err(ClientError::BadStartupParameter(format!("unsupported startup parameter: {name}")));
     }
     Ok(())
 }
@@ -288,5 +293,28 @@ mod tests {
         assert!(matches!(bad, Err(ClientError::BadStartupParameter(_))));
         let repl = interpret(raw(&[("user", "u"), ("replication", "database")]), &cfg());
         assert!(matches!(repl, Err(ClientError::BadStartupParameter(_))));
+    }
+
+    #[test]
+    fn only_the_allow_list_is_forwarded() {
+        let unlisted = interpret(raw(&[("user", "u"), ("options", "-c work_mem=1GB")]), &cfg());
+        match unlisted {
+            Err(ClientError::BadStartupParameter(m)) => {
+                assert_eq!(m, "unsupported startup parameter: work_mem")
+            }
+            other => panic!("{other:?}"),
+        }
+        let plain = interpret(raw(&[("user", "u"), ("enable_seqscan", "off")]), &cfg());
+        assert!(matches!(plain, Err(ClientError::BadStartupParameter(_))), "plain parameters too");
+        let text = "[weir]\nauth_type = \"trust\"\ntrack_extra_parameters = [\"Work_Mem\"]\n[databases.app]\n";
+        let allowing = Config::from_toml(text, std::path::Path::new(".")).unwrap();
+        let r = interpret(raw(&[("user", "u"), ("options", "-c WORK_MEM=1GB")]), &allowing).unwrap();
+        assert_eq!(r.settings.get("work_mem"), Some("1GB"));
+        let search = interpret(raw(&[("user", "u"), ("search_path", "s")]), &allowing);
+        assert!(matches!(search, Err(ClientError::BadStartupParameter(_))), "the list replaces the default");
+        let text = "[weir]\nauth_type = \"trust\"\nignore_startup_parameters = [\"search_path\"]\n[databases.app]\n";
+        let ignoring = Config::from_toml(text, std::path::Path::new(".")).unwrap();
+        let r = interpret(raw(&[("user", "u"), ("search_path", "s")]), &ignoring).unwrap();
+        assert_eq!(r.settings.get("search_path"), None, "a name on both lists is ignored");
     }
 }

@@ -72,6 +72,9 @@ impl Default for General {
             admin_users: Vec::new(),
             stats_users: Vec::new(),
             ignore_startup_parameters: vec!["extra_float_digits".into()],
+            // PgBouncer's default is IntervalStyle, which weir always tracks.
+            // These three only change how statements run, never end a session.
+            track_extra_parameters: vec!["search_path".into(), "statement_timeout".into(), "lock_timeout".into()],
             client_tls_sslmode: ClientTlsMode::Disable,
             client_tls_cert_file: None,
             client_tls_key_file: None,

@@ -217,6 +217,10 @@ pub struct General {
     pub stats_users: Vec<String>,
     /// Startup parameters accepted from clients and dropped (PgBouncer's meaning).
     pub ignore_startup_parameters: Vec<String>,
+    /// Startup parameters, beyond the always-tracked ones, that clients may
+    /// set and weir applies on every server it lends them (PgBouncer's
+    /// meaning). Any other parameter is refused at login.
+    pub track_extra_parameters: Vec<String>,
     pub client_tls_sslmode: ClientTlsMode,
     pub client_tls_cert_file: Option<PathBuf>,
     pub client_tls_key_file: Option<PathBuf>,

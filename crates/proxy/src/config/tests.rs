@@ -47,3 +47,16 @@ fn relative_auth_file_resolves_against_config_folder() {
     let cfg = Config::from_toml(&text, Path::new("/etc/weir")).unwrap();
     assert_eq!(cfg.auth_file_path().unwrap(), PathBuf::from("/etc/weir/users.txt"));
 }
+
+#[test]
+fn startup_parameter_lists_hold_setting_names() {
+    for (line, key) in [
+        ("track_extra_parameters = [\"a;b\"]", "track_extra_parameters"),
+        ("track_extra_parameters = [\"weir.client_deadline\"]", "track_extra_parameters"),
+        ("ignore_startup_parameters = [\"\"]", "ignore_startup_parameters"),
+    ] {
+        let text = MINIMAL.replace("auth_type", &format!("{line}\nauth_type"));
+        let err = Config::from_toml(&text, Path::new(".")).unwrap_err().to_string();
+        assert!(err.contains(key), "{line}: {err}");
+    }
+}

@@ -52,10 +52,27 @@ impl Config {
         if !g.auth_dbname.is_empty() && !self.databases.contains_key(&g.auth_dbname) {
             return Err(invalid("weir.auth_dbname", "is not a database in [databases]"));
         }
+        self.validate_startup_parameters()?;
         self.validate_client_tls()?;
         self.validate_server_tls()?;
         for name in self.databases.keys() {
             self.validate_database(name)?;
+        }
+        Ok(())
+    }
+
+    /// Names in the startup-parameter lists are plain setting names, weir's
+    /// own `weir.*` names excepted. A name on both lists is ignored.
+    fn validate_startup_parameters(&self) -> Result<(), ConfigError> {
+        let g = &self.weir;
+        let lists = [
+            ("ignore_startup_parameters", &g.ignore_startup_parameters),
+            ("track_extra_parameters", &g.track_extra_parameters),
+        ];
+        for (key, list) in lists {
+            if let Some(bad) = list.iter().find(|n| !crate::params::valid_name(n) || n.starts_with("weir.")) {
+                return Err(invalid(format!("weir.{key}"), format!("\"{bad}\" is not a setting name a client may send")));
+            }
         }
         Ok(())
     }
