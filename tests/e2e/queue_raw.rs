@@ -210,11 +210,9 @@ pub async fn cancel(addr: SocketAddr, key: (i32, i32)) -> Result<()> {
     )
     .await?;
     let mut sink = [0u8; 64];
-    loop {
-        match limit("cancel read", s.read(&mut sink)).await? {
-            0 => return Ok(()),
-            n => return Err(format!("weir answered a CancelRequest with {n} bytes")),
-        }
+    match limit("cancel read", s.read(&mut sink)).await? {
+        0 => Ok(()),
+        n => Err(format!("weir answered a CancelRequest with {n} bytes")),
     }
 }
 
