@@ -233,3 +233,54 @@ async fn malicious_servers_harm_only_their_own_clients() {
     })
     .await
 }
+
+/// A "server" that accepts TLS with `S` and, in the same write, injects a
+/// plaintext AuthenticationOk … ReadyForQuery (CVE-2021-23222's class: bytes
+/// buffered before the handshake). Then it waits for weir to hang up.
+async fn injecting_server() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut request = [0u8; 8];
+                if tokio::io::AsyncReadExt::read_exact(&mut s, &mut request).await.is_err() {
+                    return;
+                }
+                let mut out = BytesMut::from(&b"S"[..]);
+                greet(&mut out);
+                let _ = s.write_all(&out).await;
+                let mut sink = [0u8; 1024];
+                while matches!(tokio::io::AsyncReadExt::read(&mut s, &mut sink).await, Ok(n) if n > 0) {}
+            });
+        }
+    });
+    addr
+}
+
+/// weir asks for TLS (server_tls_sslmode = prefer); the injected plaintext
+/// after `S` goes to rustls as TLS records and fails the handshake: the
+/// connection is never used, its clients get 08001 naming TLS, and the real
+/// database (whose Postgres answers `N`) keeps working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plaintext_injected_after_the_servers_tls_yes_is_refused() {
+    bounded(60, async {
+        let addr = injecting_server().await;
+        let opts = Opts {
+            auth_type: "trust",
+            general: "server_tls_sslmode = \"prefer\"\nquery_wait_timeout = \"3s\"".into(),
+            database: format!("\n[databases.injected]\nhost = \"127.0.0.1\"\nport = {}\n", addr.port()),
+            ..Default::default()
+        };
+        let h = Harness::start(opts).await;
+        let before = Before::take(&h).await;
+        let e = client_of(&h, "injected").await.err().expect("no login over an injected plaintext stream");
+        let Outcome::Fatal(code, message) = &e else { panic!("expected an error: {e:?}") };
+        assert_eq!(code, "08001", "{message}");
+        assert!(message.contains("TLS"), "says TLS failed: {message}");
+        let pool = h.weir().shared().pools.get("injected", SCRAM_USER).unwrap();
+        assert_eq!(pool.metrics.opened(), 0, "no connection to the injecting server was ever opened");
+        before.unharmed(&h).await;
+    })
+    .await
+}
