@@ -157,15 +157,21 @@ impl ServerConn {
     }
 
     /// The connection has unread bytes or EOF waiting without anyone having
-    /// asked: Postgres closed it (FATAL) or something is wrong. Asks the
-    /// kernel (a non-blocking MSG_PEEK) rather than the reactor, whose
-    /// readiness may lag behind a FATAL that has just arrived.
+    /// asked: Postgres closed it (FATAL) or something is wrong. Checked on
+    /// every checkout, so the common case costs no syscall: the reactor's
+    /// read readiness is consulted first (a connection whose last read
+    /// drained its socket is not ready until something arrives), and only a
+    /// ready one is confirmed with a non-blocking MSG_PEEK (a WouldBlock
+    /// clears the stale readiness). Readiness lags the kernel by at most one
+    /// reactor turn; a FIN that lands inside that window is found by the
+    /// query that then fails, as one landing just after any check would be.
     pub fn has_unexpected_input(&mut self) -> bool {
         if !self.rbuf.is_empty() {
             return true;
         }
+        let tcp = self.stream.tcp();
         let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
-        match socket2::SockRef::from(self.stream.tcp()).peek(&mut probe) {
+        match tcp.try_io(tokio::io::Interest::READABLE, || socket2::SockRef::from(tcp).peek(&mut probe)) {
             Ok(_) => true, // data or EOF
             Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
         }
