@@ -74,16 +74,40 @@ pub async fn close_after_error(socket: &mut ClientStream) {
     let _ = tokio::time::timeout(ERROR_LINGER, drain).await;
 }
 
+/// A client's life: the login (boxed: it runs once, so the task's own
+/// future stays as small as its longest-lived state, an idle logged-in
+/// client), then the session until the client leaves or weir ends it.
 async fn run(socket: &mut ClientStream, peer: SocketAddr, shared: &Arc<Shared>, cfg: &Arc<Config>) -> Result<(), ClientError> {
+    let Some(mut session) = Box::pin(log_in(socket, peer, shared, cfg)).await? else { return Ok(()) };
+    let Some(why) = attend(&mut session, shared, peer).await? else { return Ok(()) };
+    // KILL or the end of a drain: the lease (if any) went back to the pool,
+    // which recovers the server; the session ends and the client is told why.
+    let socket = session.into_client();
+    tracing::info!(reason = why, "client disconnected by weir");
+    let mut out = BytesMut::new();
+    messages::error_response(&mut out, Severity::Fatal, crate::protocol::sqlstate::ADMIN_SHUTDOWN, why);
+    if socket.write_all(&out).await.is_ok() {
+        Box::pin(close_after_error(socket)).await;
+    }
+    Ok(())
+}
+
+/// Startup, authentication and greeting. None: nothing more to do (a
+/// CancelRequest, or an admin-console session that has ended).
+async fn log_in<'a>(
+    socket: &'a mut ClientStream,
+    peer: SocketAddr,
+    shared: &Arc<Shared>,
+    cfg: &Arc<Config>,
+) -> Result<Option<Session<'a>>, ClientError> {
     let mut buf = BytesMut::with_capacity(8192);
-    let local = socket.local_addr();
     let tls = shared.client_tls.load_full();
     let login_deadline = Instant::now() + cfg.weir.client_login_timeout;
     let first = within(login_deadline, login::read_startup(socket, &mut buf, tls.as_deref())).await?;
     let (minor, raw) = match first {
         First::Cancel { pid, secret } => {
             shared.cancels.cancel(pid, secret);
-            return Ok(());
+            return Ok(None);
         }
         First::Startup { minor, params } => (minor, params),
     };
@@ -92,38 +116,35 @@ async fn run(socket: &mut ClientStream, peer: SocketAddr, shared: &Arc<Shared>, 
     span.record("user", req.user.as_str());
     span.record("db", req.database.as_str());
     if crate::admin::is_console_db(&req.database) {
+        let local = socket.local_addr();
         let login = crate::admin::Login { req, minor, peer, local, deadline: login_deadline };
-        return Box::pin(crate::admin::serve(socket, buf, shared, cfg, login)).await;
+        return Box::pin(crate::admin::serve(socket, buf, shared, cfg, login)).await.map(|()| None);
     }
     let session = within(login_deadline, Box::pin(authenticate(socket, &mut buf, shared, cfg, req, minor, peer))).await;
     count_login(shared, &session);
-    let mut session = session?;
+    let session = session?;
     if cfg.weir.log_connections {
         tracing::info!(application_name = session.params.get("application_name").unwrap_or(""), "client logged in");
     }
+    Ok(Some(session))
+}
+
+/// A logged-in client, listed for SHOW CLIENTS, until it leaves (None) or
+/// is killed or drained (the reason).
+async fn attend(session: &mut Session<'_>, shared: &Arc<Shared>, peer: SocketAddr) -> Result<Option<&'static str>, ClientError> {
     let listed = shared.registry.register(registry::NewClient {
         user: session.pool.key.user.clone(),
         database: session.pool.key.database.clone(),
         peer,
-        local,
+        local: session.client.local_addr(),
         application_name: session.params.get("application_name").unwrap_or_default().to_owned(),
         key_pid: session.reg.pid,
         slot: Some(session.reg.slot.clone()),
     });
-    let why = tokio::select! {
-        r = session.run() => return r,
-        why = listed.entry.killed() => why,
-    };
-    // KILL or the end of a drain: the lease (if any) goes back to the pool,
-    // which recovers the server; the client is told why.
-    drop(session);
-    tracing::info!(reason = why, "client disconnected by weir");
-    let mut out = BytesMut::new();
-    messages::error_response(&mut out, Severity::Fatal, crate::protocol::sqlstate::ADMIN_SHUTDOWN, why);
-    if socket.write_all(&out).await.is_ok() {
-        Box::pin(close_after_error(socket)).await;
+    tokio::select! {
+        r = session.run() => r.map(|()| None),
+        why = listed.entry.killed() => Ok(Some(why)),
     }
-    Ok(())
 }
 
 /// Counts a login attempt in weir_client_connections_total by its result.

@@ -92,6 +92,12 @@ impl<'a> Session<'a> {
         Session { client, cbuf, pool, mode, params, settings, reg, budget, max_message, shutdown, skipping: false, prepared }
     }
 
+    /// Ends the session (its registration, pool handle and statement state
+    /// are dropped here) and hands back the client's socket.
+    pub fn into_client(self) -> &'a mut ClientStream {
+        self.client
+    }
+
     /// Runs until the client leaves.
     pub async fn run(&mut self) -> Result<(), ClientError> {
         loop {
