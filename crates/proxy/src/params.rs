@@ -1,6 +1,8 @@
 //! Session parameters: which ones weir tracks per client and per server, and
 //! the SET statement that makes a server match a client. Pure logic.
 
+use std::borrow::Cow;
+
 /// Parameters Postgres reports with ParameterStatus and that a client may
 /// change; weir re-applies them when a server with other values is assigned.
 pub const TRACKED: &[&str] = &[
@@ -13,18 +15,24 @@ pub const TRACKED: &[&str] = &[
 ];
 
 /// Name/value pairs in insertion order; small, so a Vec beats a map.
+/// Tracked names are stored as the static strings of `TRACKED`, so the map
+/// each client keeps allocates only its values.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ParamMap(Vec<(String, String)>);
+pub struct ParamMap(Vec<(Cow<'static, str>, String)>);
 
 impl ParamMap {
     pub fn new() -> Self {
         ParamMap(Vec::new())
     }
 
+    pub fn with_capacity(n: usize) -> Self {
+        ParamMap(Vec::with_capacity(n))
+    }
+
     pub fn get(&self, name: &str) -> Option<&str> {
         // Exact case first: names are canonical almost always, and this runs
         // for every tracked parameter on every transaction.
-        let exact = self.0.iter().find(|(k, _)| k == name);
+        let exact = self.0.iter().find(|(k, _)| k.as_ref() == name);
         exact.or_else(|| self.0.iter().find(|(k, _)| k.eq_ignore_ascii_case(name))).map(|(_, v)| v.as_str())
     }
 
@@ -32,12 +40,18 @@ impl ParamMap {
         match self.0.iter_mut().find(|(k, _)| k.eq_ignore_ascii_case(name)) {
             Some((_, v)) if v == value => {}
             Some((_, v)) => *v = value.to_owned(),
-            None => self.0.push((name.to_owned(), value.to_owned())),
+            None => {
+                let key = match TRACKED.iter().find(|t| **t == name) {
+                    Some(t) => Cow::Borrowed(*t),
+                    None => Cow::Owned(name.to_owned()),
+                };
+                self.0.push((key, value.to_owned()))
+            }
         }
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+        self.0.iter().map(|(k, v)| (k.as_ref(), v.as_str()))
     }
 
     pub fn len(&self) -> usize {
