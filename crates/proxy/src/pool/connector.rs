@@ -102,7 +102,7 @@ impl Pool {
                 if st.server_params.is_none() {
                     st.server_params = Some(conn.params.clone());
                 }
-                self.hand_over(&mut st, conn);
+                self.hand_over(&mut st, Box::new(conn));
             }
             Err(e) => {
                 drop(slot);

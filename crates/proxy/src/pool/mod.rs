@@ -145,7 +145,7 @@ impl Pool {
     }
 
     /// Takes a healthy idle server, or joins the queue (and starts connects).
-    fn checkout_or_enqueue(self: &Arc<Self>, deadline: Instant) -> Result<ServerConn, Waiting> {
+    fn checkout_or_enqueue(self: &Arc<Self>, deadline: Instant) -> Result<Box<ServerConn>, Waiting> {
         let mut st = self.lock();
         if !st.paused {
             while let Some(mut conn) = st.idle.pop() {
@@ -187,7 +187,7 @@ impl Pool {
 
     /// Returns a borrowed server: clean ones go straight to the next waiter or
     /// idle; anything else is recovered first.
-    pub(crate) fn give_back(self: &Arc<Self>, mut conn: ServerConn, needs_reset: bool) {
+    pub(crate) fn give_back(self: &Arc<Self>, mut conn: Box<ServerConn>, needs_reset: bool) {
         if let Some(reason) = conn.broken {
             self.lock().active -= 1;
             self.discard(conn, reason);
@@ -210,7 +210,7 @@ impl Pool {
     }
 
     /// Called by recovery when it is done with a connection.
-    pub(crate) fn recovered(self: &Arc<Self>, result: Result<ServerConn, (ServerConn, CloseReason)>) {
+    pub(crate) fn recovered(self: &Arc<Self>, result: Result<Box<ServerConn>, (Box<ServerConn>, CloseReason)>) {
         let mut st = self.lock();
         st.recovering -= 1;
         match result {
@@ -226,7 +226,7 @@ impl Pool {
     }
 
     /// Gives `conn` to the oldest waiter that can still use it, else parks it idle.
-    fn hand_over(self: &Arc<Self>, st: &mut State, mut conn: ServerConn) {
+    fn hand_over(self: &Arc<Self>, st: &mut State, mut conn: Box<ServerConn>) {
         if !st.paused {
             while let Some(w) = st.next_waiter() {
                 match w.tx.send(conn) {
@@ -246,7 +246,7 @@ impl Pool {
     }
 
     /// Closes a connection the pool held, and refills if there is demand.
-    pub(crate) fn discard(self: &Arc<Self>, conn: ServerConn, reason: CloseReason) {
+    pub(crate) fn discard(self: &Arc<Self>, conn: Box<ServerConn>, reason: CloseReason) {
         conn.close(reason);
         let mut st = self.lock();
         self.want_connects(&mut st);
@@ -286,7 +286,7 @@ impl Pool {
 struct Waiting {
     pool: Arc<Pool>,
     id: u64,
-    rx: oneshot::Receiver<ServerConn>,
+    rx: oneshot::Receiver<Box<ServerConn>>,
     settled: bool,
 }
 

@@ -22,7 +22,7 @@ const CANCEL_TIMEOUT: Duration = Duration::from_secs(2);
 /// sent; a longer rest closes the connection instead (and bounds the memory).
 const MAX_FILLER: usize = 16 << 20;
 
-pub(super) fn spawn(pool: Arc<Pool>, mut conn: ServerConn, opts: PoolOptions, reset: bool) {
+pub(super) fn spawn(pool: Arc<Pool>, mut conn: Box<ServerConn>, opts: PoolOptions, reset: bool) {
     conn.set_close_reason(CloseReason::ResetFailed);
     tokio::spawn(async move {
         let reset_query = reset.then_some(opts.reset_query.as_deref()).flatten();

@@ -14,7 +14,7 @@ use crate::server::ServerConn;
 #[derive(Debug)]
 pub(super) struct WaiterEntry {
     pub id: u64,
-    pub tx: oneshot::Sender<ServerConn>,
+    pub tx: oneshot::Sender<Box<ServerConn>>,
     pub since: Instant,
     /// The end of this waiter's budget: past it, a server is no use to it.
     pub deadline: Instant,
@@ -23,7 +23,7 @@ pub(super) struct WaiterEntry {
 #[derive(Debug)]
 pub(super) struct State {
     pub opts: PoolOptions,
-    pub idle: Vec<ServerConn>,
+    pub idle: Vec<Box<ServerConn>>,
     pub waiters: VecDeque<WaiterEntry>,
     next_waiter: u64,
     /// Lent to clients.
@@ -79,7 +79,7 @@ impl State {
         }
     }
 
-    pub fn push_waiter(&mut self, tx: oneshot::Sender<ServerConn>, deadline: Instant) -> u64 {
+    pub fn push_waiter(&mut self, tx: oneshot::Sender<Box<ServerConn>>, deadline: Instant) -> u64 {
         self.next_waiter += 1;
         let id = self.next_waiter;
         self.waiters.push_back(WaiterEntry { id, tx, since: Instant::now(), deadline });
