@@ -41,23 +41,49 @@ const REPORTED: &[&str] = &[
 /// ends at its first NUL).
 pub fn classify(text: &[u8]) -> Sql {
     let text = &text[..text.len().min(INSPECT_LIMIT)];
-    let text = &text[..text.iter().position(|&b| b == 0).unwrap_or(text.len())];
+    let text = &text[..memchr::memchr(0, text).unwrap_or(text.len())];
     let mut w = Words { s: text };
-    let first = w.word();
-    let kind = match first.as_slice() {
-        b"deallocate" => deallocate(&mut w),
-        b"discard" if w.word() == b"all" => Sql::DropsAll,
-        b"listen" => Sql::Pins("LISTEN"),
-        b"prepare" => Sql::Pins("SQL PREPARE"),
-        b"declare" if contains(text, b"with hold") => Sql::Pins("DECLARE ... WITH HOLD"),
-        b"create" => create(&mut w, text),
-        b"set" => set(&mut w),
-        _ => Sql::Other,
+    // Compared in place, not lowercased into a buffer: this runs on every
+    // query, and almost every query starts with some other word.
+    let first = w.bare();
+    let is = |keyword: &[u8]| first.eq_ignore_ascii_case(keyword);
+    let kind = if is(b"deallocate") {
+        deallocate(&mut w)
+    } else if is(b"discard") {
+        if w.bare().eq_ignore_ascii_case(b"all") { Sql::DropsAll } else { Sql::Other }
+    } else if is(b"listen") {
+        Sql::Pins("LISTEN")
+    } else if is(b"prepare") {
+        Sql::Pins("SQL PREPARE")
+    } else if is(b"declare") && contains(text, b"with hold") {
+        Sql::Pins("DECLARE ... WITH HOLD")
+    } else if is(b"create") {
+        create(&mut w, text)
+    } else if is(b"set") {
+        set(&mut w)
+    } else {
+        Sql::Other
     };
-    if kind == Sql::Other && (contains(text, b"pg_advisory_lock") || contains(text, b"pg_try_advisory_lock")) {
+    if kind == Sql::Other && takes_session_advisory_lock(text) {
         return Sql::Pins("session advisory lock");
     }
     kind
+}
+
+/// `pg_advisory_lock…` or `pg_try_advisory_lock…` (not the `_xact_` forms,
+/// which end with the transaction). Visits only the text's underscores (one
+/// or two in a typical query), each the `_` inside a candidate
+/// `advisory_lock`.
+fn takes_session_advisory_lock(text: &[u8]) -> bool {
+    const LOCK: &[u8] = b"advisory_lock";
+    const UNDERSCORE_AT: usize = 8;
+    memchr::memchr_iter(b'_', text).any(|underscore| {
+        let Some(i) = underscore.checked_sub(UNDERSCORE_AT) else { return false };
+        i >= 3
+            && i + LOCK.len() <= text.len()
+            && text[i..i + LOCK.len()].eq_ignore_ascii_case(LOCK)
+            && (text[i - 3..i].eq_ignore_ascii_case(b"pg_") || (i >= 7 && text[i - 7..i].eq_ignore_ascii_case(b"pg_try_")))
+    })
 }
 
 fn deallocate(w: &mut Words<'_>) -> Sql {
@@ -149,13 +175,18 @@ impl<'a> Words<'a> {
         }
     }
 
-    /// The next bare word, lowercase (empty when none).
-    fn word(&mut self) -> Vec<u8> {
+    /// The next bare word as written (empty when none).
+    fn bare(&mut self) -> &'a [u8] {
         self.skip_space();
         let n = self.s.iter().take_while(|c| c.is_ascii_alphanumeric() || **c == b'_').count();
-        let w = self.s[..n].to_ascii_lowercase();
-        self.s = &self.s[n..];
+        let (w, rest) = self.s.split_at(n);
+        self.s = rest;
         w
+    }
+
+    /// The next bare word, lowercase (empty when none).
+    fn word(&mut self) -> Vec<u8> {
+        self.bare().to_ascii_lowercase()
     }
 
     /// The next identifier as Postgres folds it, and whether it was quoted.
@@ -220,6 +251,9 @@ mod tests {
         assert_eq!(classify(b"select pg_advisory_lock(1)"), Sql::Pins("session advisory lock"));
         assert_eq!(classify(b"SELECT PG_TRY_ADVISORY_LOCK_SHARED(1)"), Sql::Pins("session advisory lock"));
         assert_eq!(classify(b"select pg_advisory_xact_lock(1)"), Sql::Other);
+        assert_eq!(classify(b"select pg_advisory_unlock(1), x_advisory_lock(2)"), Sql::Other);
+        assert_eq!(classify(b"pg_advisory_lock"), Sql::Pins("session advisory lock"));
+        assert_eq!(classify(b"select 1 -- pg_try_advisory_lock"), Sql::Pins("session advisory lock"));
         assert_eq!(classify(b"declare c cursor with hold for select 1"), Sql::Pins("DECLARE ... WITH HOLD"));
         assert_eq!(classify(b"declare c cursor for select 1"), Sql::Other);
         assert_eq!(classify(b"create temp table t (a int)"), Sql::Pins("temporary table"));
