@@ -1,8 +1,6 @@
 //! Session parameters: which ones weir tracks per client and per server, and
 //! the SET statement that makes a server match a client. Pure logic.
 
-use std::borrow::Cow;
-
 /// Parameters Postgres reports with ParameterStatus and that a client may
 /// change; weir re-applies them when a server with other values is assigned.
 pub const TRACKED: &[&str] = &[
@@ -14,59 +12,77 @@ pub const TRACKED: &[&str] = &[
     "standard_conforming_strings",
 ];
 
-/// Name/value pairs in insertion order; small, so a Vec beats a map.
-/// Tracked names are stored as the static strings of `TRACKED`, so the map
-/// each client keeps allocates only its values.
+/// Parameter values by name. The `TRACKED` ones sit in fixed slots, so
+/// comparing a client's with a server's (on every transaction) is six
+/// string comparisons and no lookups; any other name goes in a short list
+/// in insertion order (small, so a Vec beats a map). Names match
+/// case-insensitively, as Postgres's do.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ParamMap(Vec<(Cow<'static, str>, String)>);
+pub struct ParamMap {
+    tracked: [Option<String>; TRACKED.len()],
+    other: Vec<(String, String)>,
+}
+
+/// The slot of a tracked name.
+fn slot(name: &str) -> Option<usize> {
+    TRACKED.iter().position(|t| *t == name).or_else(|| TRACKED.iter().position(|t| t.eq_ignore_ascii_case(name)))
+}
 
 impl ParamMap {
     pub fn new() -> Self {
-        ParamMap(Vec::new())
-    }
-
-    pub fn with_capacity(n: usize) -> Self {
-        ParamMap(Vec::with_capacity(n))
+        ParamMap::default()
     }
 
     pub fn get(&self, name: &str) -> Option<&str> {
-        // Exact case first: names are canonical almost always, and this runs
-        // for every tracked parameter on every transaction.
-        let exact = self.0.iter().find(|(k, _)| k.as_ref() == name);
-        exact.or_else(|| self.0.iter().find(|(k, _)| k.eq_ignore_ascii_case(name))).map(|(_, v)| v.as_str())
+        match slot(name) {
+            Some(i) => self.tracked[i].as_deref(),
+            None => self.other.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str()),
+        }
     }
 
     pub fn set(&mut self, name: &str, value: &str) {
-        match self.0.iter_mut().find(|(k, _)| k.eq_ignore_ascii_case(name)) {
-            Some((_, v)) if v == value => {}
-            Some((_, v)) => *v = value.to_owned(),
-            None => {
-                let key = match TRACKED.iter().find(|t| **t == name) {
-                    Some(t) => Cow::Borrowed(*t),
-                    None => Cow::Owned(name.to_owned()),
-                };
-                self.0.push((key, value.to_owned()))
-            }
+        let v = match slot(name) {
+            Some(i) => &mut self.tracked[i],
+            None => match self.other.iter_mut().find(|(k, _)| k.eq_ignore_ascii_case(name)) {
+                Some((_, v)) => {
+                    if v != value {
+                        *v = value.to_owned();
+                    }
+                    return;
+                }
+                None => return self.other.push((name.to_owned(), value.to_owned())),
+            },
+        };
+        if v.as_deref() != Some(value) {
+            *v = Some(value.to_owned());
         }
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.0.iter().map(|(k, v)| (k.as_ref(), v.as_str()))
+        let tracked = self.tracked.iter().zip(TRACKED).filter_map(|(v, k)| v.as_deref().map(|v| (*k, v)));
+        tracked.chain(self.other.iter().map(|(k, v)| (k.as_str(), v.as_str())))
     }
 
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.tracked.iter().flatten().count() + self.other.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.len() == 0
     }
 
     /// Appends the SET statements that make a server with `server` values
     /// match `self` for the names `self` has.
     pub fn push_sets(&self, server: &ParamMap, sql: &mut String) {
-        for (k, v) in self.iter() {
-            if server.get(k) != Some(v) {
+        for ((mine, theirs), name) in self.tracked.iter().zip(&server.tracked).zip(TRACKED) {
+            if let Some(v) = mine {
+                if theirs.as_ref() != Some(v) {
+                    sql.push_str(&set_statement(name, v));
+                }
+            }
+        }
+        for (k, v) in &self.other {
+            if server.get(k) != Some(v.as_str()) {
                 sql.push_str(&set_statement(k, v));
             }
         }
@@ -172,6 +188,21 @@ mod tests {
         let mut leftover = ParamMap::new();
         leftover.set("search_path", "x");
         assert_eq!(ParamMap::sync_sql(&client, &none, &server, &leftover).unwrap(), "RESET \"search_path\";");
+    }
+
+    #[test]
+    fn names_match_in_any_case_and_keep_one_value() {
+        let mut p = ParamMap::new();
+        p.set("datestyle", "ISO");
+        p.set("DateStyle", "ISO, MDY");
+        p.set("Search_Path", "a");
+        p.set("search_path", "b");
+        assert_eq!(p.get("DATESTYLE"), Some("ISO, MDY"));
+        assert_eq!(p.get("search_path"), Some("b"));
+        assert_eq!(p.len(), 2);
+        let all: Vec<_> = p.iter().collect();
+        assert_eq!(all, vec![("DateStyle", "ISO, MDY"), ("Search_Path", "b")], "tracked names in canonical spelling");
+        assert!(!p.is_empty() && ParamMap::new().is_empty());
     }
 
     #[test]

@@ -176,7 +176,7 @@ fn canonical(name: &str) -> &str {
 
 /// The client's tracked parameters: its own values over the server's defaults.
 pub fn client_params(req: &Request, server: &ParamMap) -> ParamMap {
-    let mut p = ParamMap::with_capacity(TRACKED.len());
+    let mut p = ParamMap::new();
     for name in TRACKED {
         if let Some(v) = req.params.get(name).or_else(|| server.get(name)) {
             p.set(name, v);
