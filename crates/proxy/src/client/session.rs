@@ -177,6 +177,18 @@ impl<'a> Session<'a> {
                     r = self.client.readable() => if r.is_err() { return Ok(false) },
                     _ = self.shutdown.cancelled() => continue,
                 }
+                // A plain socket that is readable is read at once, without a
+                // second wait on the shutdown token (a TLS one has no
+                // readiness of its own and goes through `fill` below).
+                if !self.client.is_tls() {
+                    self.cbuf.reserve(8192);
+                    match self.client.try_read_buf(&mut self.cbuf) {
+                        Ok(0) => return Ok(false),
+                        Ok(_) => continue,
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                        Err(_) => return Ok(false),
+                    }
+                }
             }
             tokio::select! {
                 r = wire::fill(self.client, &mut self.cbuf) => match r {
