@@ -23,6 +23,10 @@ pub(super) struct WaiterEntry {
 #[derive(Debug)]
 pub(super) struct State {
     pub opts: PoolOptions,
+    /// Boxed on purpose: a connection leaves this stack for a lease, a
+    /// waiter's channel or recovery, and a pointer moves where the struct
+    /// would be copied.
+    #[allow(clippy::vec_box)]
     pub idle: Vec<Box<ServerConn>>,
     pub waiters: VecDeque<WaiterEntry>,
     next_waiter: u64,
