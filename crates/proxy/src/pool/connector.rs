@@ -34,8 +34,9 @@ impl Pool {
         if total >= st.opts.settings.pool_size && st.opts.settings.reserve_pool_size == 0 && st.retry_at.is_none() {
             return;
         }
-        let waiting = st.live_waiters() as u32;
         let spare = st.idle.len() as u32 + st.connecting;
+        // More waiters than spare + the pool's limit change nothing below.
+        let waiting = st.live_waiters_up_to((spare + st.limit() + 1) as usize) as u32;
         // A paused pool (PAUSE, KILL, drain) opens nothing, as PgBouncer's.
         let for_waiters = if st.paused { 0 } else { waiting.saturating_sub(spare) };
         let for_min = if st.paused { 0 } else { st.opts.settings.min_pool_size.saturating_sub(total) };

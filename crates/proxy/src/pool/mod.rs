@@ -265,7 +265,7 @@ impl Pool {
         let mut st = self.lock();
         st.paused = false;
         // Each turn either serves a waiter or parks the server and ends.
-        while st.live_waiters() > 0 {
+        while st.live_waiters_up_to(1) > 0 {
             let Some(conn) = st.idle.pop() else { break };
             self.hand_over(&mut st, conn);
         }

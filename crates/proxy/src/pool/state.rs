@@ -93,25 +93,39 @@ impl State {
     /// Takes the oldest waiter that can still use a server: its client is
     /// there and its budget has not run out. Gone waiters met on the way are
     /// dropped; expired ones stay until their own timeout removes them (they
-    /// answer their client with the wait-timeout error).
+    /// answer their client with the wait-timeout error). Looks only as far
+    /// as the first usable waiter, which is almost always the front one: a
+    /// hand-over costs O(1) however long the queue (1,000 clients on a pool
+    /// of 20 keep about 980 waiting).
     pub fn next_waiter(&mut self) -> Option<WaiterEntry> {
         let now = Instant::now();
-        self.waiters.retain(|w| !w.tx.is_closed());
-        let i = self.waiters.iter().position(|w| w.deadline > now)?;
-        self.waiters.remove(i)
+        let mut i = 0;
+        while i < self.waiters.len() {
+            let w = &self.waiters[i];
+            if w.tx.is_closed() {
+                self.waiters.remove(i);
+            } else if w.deadline > now {
+                return self.waiters.remove(i);
+            } else {
+                i += 1;
+            }
+        }
+        None
     }
 
+    /// Ids only grow and the queue keeps their order: a binary search.
     pub fn remove_waiter(&mut self, id: u64) {
-        if let Some(i) = self.waiters.iter().position(|w| w.id == id) {
+        if let Ok(i) = self.waiters.binary_search_by_key(&id, |w| w.id) {
             self.waiters.remove(i);
         }
     }
 
     /// Waiters whose clients are still there and whose budget has not run
-    /// out (the others need no server).
-    pub fn live_waiters(&self) -> usize {
+    /// out (the others need no server), counted up to `cap`: callers need
+    /// to know only whether demand exceeds what the pool could open.
+    pub fn live_waiters_up_to(&self, cap: usize) -> usize {
         let now = Instant::now();
-        self.waiters.iter().filter(|w| !w.tx.is_closed() && w.deadline > now).count()
+        self.waiters.iter().filter(|w| !w.tx.is_closed() && w.deadline > now).take(cap).count()
     }
 
     /// All server connections the pool accounts for.
@@ -157,5 +171,44 @@ impl State {
             paused: self.paused,
             pool_size: self.opts.settings.pool_size,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> State {
+        let cfg = crate::config::Config::from_toml("[weir]\nauth_type = \"trust\"\n[databases.app]\n", std::path::Path::new("."))
+            .unwrap();
+        let key = super::super::PoolKey { database: "app".into(), user: "u".into() };
+        State::new(PoolOptions::from_config(&cfg, &key, crate::server::login::Credentials::None).unwrap())
+    }
+
+    #[test]
+    fn the_queue_is_served_in_order_skipping_gone_and_expired_waiters() {
+        let mut st = state();
+        let now = Instant::now();
+        let later = now + Duration::from_secs(60);
+        let mut rxs = Vec::new();
+        let mut push = |st: &mut State, deadline| {
+            let (tx, rx) = oneshot::channel();
+            rxs.push(rx);
+            st.push_waiter(tx, deadline)
+        };
+        let gone = push(&mut st, later);
+        let expired = push(&mut st, now);
+        let first_live = push(&mut st, later);
+        let removed = push(&mut st, later);
+        let second_live = push(&mut st, later);
+        rxs[(gone - 1) as usize].close();
+        st.remove_waiter(removed);
+        assert_eq!(st.live_waiters_up_to(10), 2);
+        assert_eq!(st.live_waiters_up_to(1), 1, "counting stops at the cap");
+        assert_eq!(st.next_waiter().map(|w| w.id), Some(first_live));
+        assert_eq!(st.next_waiter().map(|w| w.id), Some(second_live));
+        assert!(st.next_waiter().is_none());
+        let left: Vec<u64> = st.waiters.iter().map(|w| w.id).collect();
+        assert_eq!(left, vec![expired], "the expired waiter stays for its own timeout to answer; the gone one went");
     }
 }
