@@ -136,6 +136,36 @@ async fn max_db_connections_caps_the_database_across_users() {
     .await;
 }
 
+/// max_db_connections is shared by the users of a database: a pool whose
+/// connections sit idle gives one up (reason `evicted`) as soon as another
+/// user's client needs room, not at server_idle_timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_make_room_for_another_user_under_max_db_connections() {
+    exclusive(60, async {
+        let h = Harness::start(opts(2, "max_db_connections = 2\nquery_wait_timeout = \"10s\"")).await;
+        let first: Vec<Arc<_>> = clients(&h.url(SCRAM_USER, SCRAM_PASS), 2).await.into_iter().map(Arc::new).collect();
+        let tasks = run_each(first.iter().cloned(), "select pg_sleep(0.3)");
+        for t in tasks {
+            t.await.unwrap().expect("both queries run");
+        }
+        let direct = h.direct().await;
+        assert_eq!(backend_pids(&direct, SCRAM_USER).await.len(), 2, "scram_user holds the database's two slots, idle");
+
+        let started = Instant::now();
+        let other = connect_within(&h.url(MD5_USER, MD5_PASS), Duration::from_secs(5)).await.expect("login at the cap");
+        assert_eq!(one(&other, "select 'in'").await.unwrap(), "in");
+        assert!(started.elapsed() < Duration::from_secs(3), "room was made in {:?}", started.elapsed());
+        assert_eq!(h.pool_for(SCRAM_USER).metrics.closed(CloseReason::Evicted), 1);
+        let total = backend_pids(&direct, SCRAM_USER).await.len() + backend_pids(&direct, MD5_USER).await.len();
+        assert!(total <= 2, "max_db_connections = 2 but {total} backends");
+        // scram_user's clients keep working on the connection it kept.
+        for c in &first {
+            assert_eq!(one(c, "select 'still'").await.unwrap(), "still");
+        }
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mass_termination_of_idle_servers_is_invisible() {
     exclusive(60, async {

@@ -72,6 +72,10 @@ label_enum! {
         Shutdown => "shutdown",
         /// The pool shrank (e.g. pool size lowered on reload).
         PoolShrink => "pool_shrink",
+        /// Idle, and closed to make room under `max_db_connections` for
+        /// another user's pool of the same database that had clients waiting
+        /// (PgBouncer evicts the same way).
+        Evicted => "evicted",
         /// The server violated the wire protocol.
         ProtocolError => "protocol_error",
         /// Closed by a code path that gave no reason: a
@@ -171,7 +175,7 @@ mod tests {
             ClientResult::index,
             ClientResult::as_label,
         );
-        assert_eq!(CloseReason::COUNT, 14);
+        assert_eq!(CloseReason::COUNT, 15);
         assert_eq!(
             CloseReason::ClientGoneUnclean.to_string(),
             "client_gone_unclean"

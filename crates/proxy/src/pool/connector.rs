@@ -56,7 +56,8 @@ impl Pool {
         }
         let slots = st.opts.connect_concurrency.saturating_sub(st.connecting);
         for _ in 0..want.min(room).min(slots) {
-            let Some(slot) = CountSlot::take(&self.db_servers.0, st.opts.settings.max_db_connections) else {
+            let Some(slot) = CountSlot::take(&self.db_servers.count, st.opts.settings.max_db_connections) else {
+                self.make_room(st);
                 break;
             };
             st.connecting += 1;
@@ -101,7 +102,7 @@ impl Pool {
                 conn.slot = Some(slot);
                 conn.retire_at = conn.created + jittered(st.opts.lifetime);
                 if st.server_params.is_none() {
-                    st.server_params = Some(conn.params.clone());
+                    st.server_params = Some(Arc::new(conn.params.clone()));
                 }
                 self.hand_over(&mut st, Box::new(conn));
             }
@@ -124,12 +125,17 @@ impl Pool {
     /// attempt failed and the pool is still backing off, the client gets the
     /// connect error at once instead of waiting out its budget (PgBouncer's
     /// server_login_retry rule). After the back-off, the next login tries again.
-    pub async fn server_params(self: &Arc<Self>, deadline: Instant) -> Result<ParamMap, PoolError> {
+    /// Shared, not copied: every login reads them.
+    pub async fn server_params(self: &Arc<Self>, deadline: Instant) -> Result<Arc<ParamMap>, PoolError> {
+        if let Some(p) = self.lock().server_params.clone() {
+            return Ok(p);
+        }
         let failed = self.lock().connect_failed.clone();
         let notified = failed.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
         {
+            // Again, now that a failure from here on cannot be missed.
             let st = self.lock();
             if let Some(p) = st.server_params.clone() {
                 return Ok(p);
@@ -141,9 +147,11 @@ impl Pool {
         tokio::select! {
             lease = self.acquire(deadline) => {
                 let lease = lease?;
-                let params = lease.conn().params.clone();
-                self.lock().server_params.get_or_insert_with(|| params.clone());
-                Ok(params)
+                let params = Arc::new(lease.conn().params.clone());
+                // Bound first: a lock guard in the tail expression would
+                // outlive `lease`, whose drop takes the same lock.
+                let shared = self.lock().server_params.get_or_insert(params).clone();
+                Ok(shared)
             }
             _ = notified => Err(down(&self.lock())),
         }

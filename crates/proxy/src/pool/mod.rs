@@ -4,6 +4,7 @@
 //! a client borrows one through a `Lease`.
 
 mod connector;
+mod evict;
 mod inspect;
 mod lease;
 mod recovery;
@@ -75,6 +76,7 @@ impl Pool {
     pub(crate) fn new(key: PoolKey, opts: PoolOptions, db_servers: Arc<registry::DbCount>) -> Arc<Pool> {
         let metrics = PoolMetrics::new(key.database.clone(), key.user.clone());
         let pool = Arc::new(Pool { key, metrics, state: Mutex::new(State::new(opts)), db_servers });
+        pool.db_servers.pools.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::downgrade(&pool));
         upkeep::spawn(&pool);
         pool
     }

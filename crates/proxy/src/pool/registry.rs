@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU32;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use super::{Pool, PoolOptions};
 use crate::config::Config;
@@ -16,9 +16,13 @@ pub struct PoolKey {
     pub user: String,
 }
 
-/// Server connections open or opening to one database, across users.
+/// Server connections open or opening to one database, across users, and
+/// the pools (one per user) that share that count.
 #[derive(Debug, Default)]
-pub(crate) struct DbCount(pub Arc<AtomicU32>);
+pub(crate) struct DbCount {
+    pub count: Arc<AtomicU32>,
+    pub pools: Mutex<Vec<Weak<Pool>>>,
+}
 
 /// The set of pools.
 #[derive(Debug, Default)]

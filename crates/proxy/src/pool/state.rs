@@ -41,12 +41,15 @@ pub(super) struct State {
     pub retry_at: Option<Instant>,
     /// When the connector's wake-up timer is set to fire (retry or reserve).
     pub wake_at: Option<Instant>,
+    /// A task is closing another pool's idle connection to make room
+    /// under max_db_connections (`evict.rs`).
+    pub evicting: bool,
     pub last_error: Option<String>,
     /// The SQLSTATE a client sees for `last_error`.
     pub last_error_code: Option<crate::protocol::SqlState>,
     /// Woken whenever a connect fails (logins of a brand-new pool wait on it).
     pub connect_failed: std::sync::Arc<tokio::sync::Notify>,
-    pub server_params: Option<ParamMap>,
+    pub server_params: Option<std::sync::Arc<ParamMap>>,
 }
 
 /// Counters for SHOW POOLS and tests.
@@ -76,6 +79,7 @@ impl State {
             failures: 0,
             retry_at: None,
             wake_at: None,
+            evicting: false,
             last_error: None,
             last_error_code: None,
             connect_failed: Default::default(),
