@@ -47,111 +47,43 @@ impl Row {
     }
 }
 
+/// The workloads, in run order: id, title, select-only, clients, protocol,
+/// a new connection per transaction, and whether it is a headline run (the
+/// full `--duration`; the others get half).
+const TABLE: &[(&str, &str, bool, u32, Protocol, bool, bool)] = &[
+    ("S-c10-simple", "-S -c 10, simple", true, 10, Protocol::Simple, false, true),
+    ("S-c10-extended", "-S -c 10, extended", true, 10, Protocol::Extended, false, true),
+    ("S-c10-prepared", "-S -c 10, prepared", true, 10, Protocol::Prepared, false, false),
+    ("S-c100-simple", "-S -c 100, simple", true, 100, Protocol::Simple, false, true),
+    ("S-c100-extended", "-S -c 100, extended", true, 100, Protocol::Extended, false, true),
+    ("S-c1000-simple", "-S -c 1000, simple", true, 1000, Protocol::Simple, false, false),
+    ("S-c1000-extended", "-S -c 1000, extended", true, 1000, Protocol::Extended, false, false),
+    ("tpcb-c10", "TPC-B -c 10, simple", false, 10, Protocol::Simple, false, false),
+    ("S-C-c10", "-S -C -c 10 (connect per txn)", true, 10, Protocol::Simple, true, false),
+    ("S-c1-simple", "-S -c 1, simple (latency)", true, 1, Protocol::Simple, false, false),
+];
+
 pub fn list(opts: &Opts) -> Vec<Workload> {
-    let (long, short) = (opts.duration, opts.short_duration());
-    let s = |clients, protocol, secs| Spec {
-        select_only: true,
-        clients,
-        protocol,
-        connect_each: false,
-        secs,
-    };
-    let w = |id: &str, title: &str, spec: Spec, _headline: bool| Workload {
-        id: id.into(),
-        title: title.into(),
-        spec,
-        skip_direct: None,
-    };
-    if opts.quick {
-        return vec![w(
-            "S-c10-simple",
-            "-S -c 10, simple",
-            s(10, Protocol::Simple, long),
-            true,
-        )];
-    }
-    let mut all = vec![
-        w(
-            "S-c10-simple",
-            "-S -c 10, simple",
-            s(10, Protocol::Simple, long),
-            true,
-        ),
-        w(
-            "S-c10-extended",
-            "-S -c 10, extended",
-            s(10, Protocol::Extended, long),
-            true,
-        ),
-        w(
-            "S-c10-prepared",
-            "-S -c 10, prepared",
-            s(10, Protocol::Prepared, short),
-            false,
-        ),
-        w(
-            "S-c100-simple",
-            "-S -c 100, simple",
-            s(100, Protocol::Simple, long),
-            true,
-        ),
-        w(
-            "S-c100-extended",
-            "-S -c 100, extended",
-            s(100, Protocol::Extended, long),
-            true,
-        ),
-        w(
-            "S-c1000-simple",
-            "-S -c 1000, simple",
-            s(1000, Protocol::Simple, short),
-            false,
-        ),
-        w(
-            "S-c1000-extended",
-            "-S -c 1000, extended",
-            s(1000, Protocol::Extended, short),
-            false,
-        ),
-        w(
-            "tpcb-c10",
-            "TPC-B -c 10, simple",
-            Spec {
-                select_only: false,
-                clients: 10,
-                protocol: Protocol::Simple,
-                connect_each: false,
-                secs: short,
+    // --quick: the first row only.
+    let rows = if opts.quick { &TABLE[..1] } else { TABLE };
+    rows.iter()
+        .map(|&(id, title, select_only, clients, protocol, connect_each, headline)| Workload {
+            id: id.into(),
+            title: title.into(),
+            spec: Spec {
+                select_only,
+                clients,
+                protocol,
+                connect_each,
+                secs: if headline { opts.duration } else { opts.short_duration() },
             },
-            false,
-        ),
-        w(
-            "S-C-c10",
-            "-S -C -c 10 (connect per txn)",
-            Spec {
-                select_only: true,
-                clients: 10,
-                protocol: Protocol::Simple,
-                connect_each: true,
-                secs: short,
-            },
-            false,
-        ),
-        w(
-            "S-c1-simple",
-            "-S -c 1, simple (latency)",
-            s(1, Protocol::Simple, short),
-            false,
-        ),
-    ];
-    for w in all.iter_mut().filter(|w| w.spec.clients >= 1000) {
-        // Measured: 1,000 md5 backends take most of a 4 s run to start on
-        // 2 cores (0 to 3,400 tps seen, 0 in some rounds); not a useful baseline.
-        w.skip_direct =
-            Some("1,000 direct backends spend the run connecting (0-3,400 tps seen on 2 cores)");
-    }
-    all.retain(|w| opts.selected(&w.id));
-    all
+            // Measured: 1,000 md5 backends take most of a 4 s run to start on
+            // 2 cores (0 to 3,400 tps seen, 0 in some rounds); not a useful baseline.
+            skip_direct: (clients >= 1000)
+                .then_some("1,000 direct backends spend the run connecting (0-3,400 tps seen on 2 cores)"),
+        })
+        .filter(|w| opts.quick || opts.selected(&w.id))
+        .collect()
 }
 
 /// Runs one workload over all targets, interleaved, and takes medians.
