@@ -76,32 +76,7 @@ async fn vanish_in(pool_mode: &'static str, in_tx: bool, doing: Doing, leave: Le
             None
         );
     }
-    let sleeper = "insert into ledger(id) select 2 from pg_sleep(30)";
-    match doing {
-        Doing::Sleeping | Doing::ExecuteWithoutSync => {
-            if matches!(doing, Doing::Sleeping) {
-                raw.send_query(sleeper).await.unwrap();
-            } else {
-                raw.send(&execute_without_sync(sleeper)).await.unwrap();
-            }
-            let (running, seen) = backends_until(&direct, Duration::from_secs(10), |b| {
-                b.iter().any(|r| r.0 == pid && r.1 == "active")
-            })
-            .await;
-            assert!(running, "the query never started: {seen:?}");
-        }
-        Doing::HalfShortMessage => {
-            let msg = query_bytes("insert into ledger(id) values (3)");
-            raw.send(&msg[..msg.len() / 2]).await.unwrap();
-        }
-        Doing::HalfLongMessage => {
-            let filler = "x".repeat(200 * 1024);
-            let msg = query_bytes(&format!(
-                "insert into ledger(id) select 4 where length('{filler}') > 0"
-            ));
-            raw.send(&msg[..msg.len() / 2]).await.unwrap();
-        }
-    }
+    start(&mut raw, &direct, pid, doing).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let left = Instant::now();
     match leave {
@@ -122,6 +97,41 @@ async fn vanish_in(pool_mode: &'static str, in_tx: bool, doing: Doing, leave: Le
         left.elapsed()
     );
 
+    server_kept(&h, &direct, pid, doing).await;
+}
+
+/// Gets the client into `doing` (a running query has been seen active on `pid`).
+async fn start(raw: &mut Raw, direct: &tokio_postgres::Client, pid: i32, doing: Doing) {
+    let sleeper = "insert into ledger(id) select 2 from pg_sleep(30)";
+    match doing {
+        Doing::Sleeping | Doing::ExecuteWithoutSync => {
+            if matches!(doing, Doing::Sleeping) {
+                raw.send_query(sleeper).await.unwrap();
+            } else {
+                raw.send(&execute_without_sync(sleeper)).await.unwrap();
+            }
+            let (running, seen) = backends_until(direct, Duration::from_secs(10), |b| {
+                b.iter().any(|r| r.0 == pid && r.1 == "active")
+            })
+            .await;
+            assert!(running, "the query never started: {seen:?}");
+        }
+        Doing::HalfShortMessage => {
+            let msg = query_bytes("insert into ledger(id) values (3)");
+            raw.send(&msg[..msg.len() / 2]).await.unwrap();
+        }
+        Doing::HalfLongMessage => {
+            let filler = "x".repeat(200 * 1024);
+            let msg = query_bytes(&format!(
+                "insert into ledger(id) select 4 where length('{filler}') > 0"
+            ));
+            raw.send(&msg[..msg.len() / 2]).await.unwrap();
+        }
+    }
+}
+
+/// The next client gets the same backend, clean, and nothing was closed or kept.
+async fn server_kept(h: &Harness, direct: &tokio_postgres::Client, pid: i32, doing: Doing) {
     let next = h.client().await;
     let next_pid: i32 = next
         .query_one("select pg_backend_pid()", &[])
@@ -136,7 +146,7 @@ async fn vanish_in(pool_mode: &'static str, in_tx: bool, doing: Doing, leave: Le
         .get(0);
     assert_eq!(timeout, "0", "the departed client's session state is gone");
     assert!(
-        ledger_ids(&direct).await.is_empty(),
+        ledger_ids(direct).await.is_empty(),
         "nothing of the departed client's work was kept"
     );
     let m = &h.pool().metrics;
