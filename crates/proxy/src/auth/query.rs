@@ -42,10 +42,14 @@ pub enum AuthQueryError {
     ServerLost,
 }
 
+/// Cached answers, keyed by (database, user): when each was fetched, and
+/// the verifier (None: no such user).
+type Cached = HashMap<(String, String), (Instant, Option<Secret>)>;
+
 /// Cached answers of auth_query.
 #[derive(Debug, Default)]
 pub struct AuthQueryCache {
-    entries: Mutex<HashMap<(String, String), (Instant, Option<Secret>)>>,
+    entries: Mutex<Cached>,
 }
 
 impl AuthQueryCache {
