@@ -47,7 +47,7 @@ pub struct Shared {
     /// Logged-in clients (SHOW CLIENTS, KILL, the drain).
     pub registry: Arc<ClientRegistry>,
     /// Cancelled when the drain starts: no new clients, idle clients leave.
-    pub shutdown: CancellationToken,
+    pub shutdown: crate::signal::Signal,
     /// Cancelled when the drain (or a stop) is complete.
     pub stopped: CancellationToken,
     /// Every client task (and the accept loop).
@@ -189,7 +189,7 @@ impl Shared {
             cancels: CancelRegistry::new(),
             clients: AtomicUsize::new(0),
             registry: ClientRegistry::new(),
-            shutdown: CancellationToken::new(),
+            shutdown: crate::signal::Signal::new(),
             stopped: CancellationToken::new(),
             tracker: TaskTracker::new(),
             config_path: Mutex::new(None),

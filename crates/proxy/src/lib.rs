@@ -16,6 +16,7 @@ pub mod params;
 pub mod pool;
 pub mod protocol;
 pub mod server;
+pub mod signal;
 pub mod tls;
 pub mod wire;
 

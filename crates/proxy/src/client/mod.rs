@@ -142,6 +142,7 @@ async fn attend(session: &mut Session<'_>, shared: &Arc<Shared>, peer: SocketAdd
         slot: Some(session.reg.slot.clone()),
     });
     tokio::select! {
+        biased;
         r = session.run() => r.map(|()| None),
         why = listed.entry.killed() => Ok(Some(why)),
     }

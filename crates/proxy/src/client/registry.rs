@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Instant, SystemTime};
 
-use tokio_util::sync::CancellationToken;
 use weir_metrics::ClientState;
 
 use crate::cancel::CancelSlot;
@@ -31,7 +30,7 @@ pub struct ClientEntry {
     /// An admin console client (not in any pool).
     pub console: bool,
     slot: Option<Arc<CancelSlot>>,
-    kill: CancellationToken,
+    kill: crate::signal::Signal,
     kill_reason: OnceLock<&'static str>,
 }
 
@@ -115,7 +114,7 @@ impl ClientRegistry {
             since: Instant::now(),
             key_pid: c.key_pid,
             slot: c.slot,
-            kill: CancellationToken::new(),
+            kill: crate::signal::Signal::new(),
             kill_reason: OnceLock::new(),
         });
         self.lock().insert(id, entry.clone());

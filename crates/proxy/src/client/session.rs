@@ -44,7 +44,7 @@ pub struct Session<'a> {
     /// How long this client may wait for a server.
     pub budget: Budget,
     pub max_message: usize,
-    pub shutdown: tokio_util::sync::CancellationToken,
+    pub shutdown: crate::signal::Signal,
     /// Client messages are being discarded up to the next Sync.
     skipping: bool,
     /// Named prepared statements and pinning (transaction mode).
@@ -85,7 +85,7 @@ impl<'a> Session<'a> {
         reg: Registration,
         budget: Budget,
         max_message: usize,
-        shutdown: tokio_util::sync::CancellationToken,
+        shutdown: crate::signal::Signal,
     ) -> Self {
         let transaction = mode == PoolMode::Transaction;
         let prepared = Stage::new(transaction, pool.settings().max_prepared_statements, pool.metrics.clone());
