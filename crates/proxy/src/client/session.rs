@@ -214,8 +214,12 @@ impl<'a> Session<'a> {
 
     /// Queues for a server while watching the client and the cancel registry.
     async fn wait_for_server(&mut self) -> Result<Wait, ClientError> {
+        self.reg.slot.set_waiting();
+        // The common case, with nothing awaited: a server is idle and ready.
+        if let Some(lease) = self.pool.try_checkout() {
+            return Ok(self.settle(Wait::Got(lease)));
+        }
         let slot = self.reg.slot.clone();
-        slot.set_waiting();
         let deadline = Instant::now() + self.budget.now(&self.pool);
         let pool = self.pool.clone();
         let acquire = pool.acquire(deadline);
@@ -238,6 +242,13 @@ impl<'a> Session<'a> {
                 },
             }
         };
+        Ok(self.settle(outcome))
+    }
+
+    /// The end of a wait. On `Got` the slot stays Waiting until `serve` has
+    /// the server ready, so a cancel arriving meanwhile still stops the query
+    /// from running.
+    fn settle(&mut self, outcome: Wait) -> Wait {
         let outcome = match outcome {
             Wait::Got(lease) if self.left_meanwhile() => {
                 drop(lease);
@@ -246,11 +257,9 @@ impl<'a> Session<'a> {
             other => other,
         };
         if !matches!(outcome, Wait::Got(_)) {
-            slot.set_idle();
+            self.reg.slot.set_idle();
         }
-        // On `Got` the slot stays Waiting until `serve` has the server ready,
-        // so a cancel arriving meanwhile still stops the query from running.
-        Ok(outcome)
+        outcome
     }
 
     /// A last look at the client socket without waiting, just before its

@@ -146,12 +146,34 @@ impl Pool {
         }
     }
 
+    /// The fast path of a checkout: a healthy idle server that needs no
+    /// server_check_query, taken under one short lock with nothing awaited.
+    /// None: nothing idle, a check is due, or the top server is unusable;
+    /// `acquire` deals with those (and the queue).
+    pub fn try_checkout(self: &Arc<Self>) -> Option<Lease> {
+        let mut st = self.lock();
+        if st.paused {
+            return None;
+        }
+        let now = Instant::now();
+        let check_delay = st.opts.check_delay;
+        let conn = st.idle.last_mut()?;
+        if State::unusable(conn, now).is_some() || now.saturating_duration_since(conn.last_used) >= check_delay {
+            return None;
+        }
+        let conn = st.idle.pop()?;
+        st.active += 1;
+        drop(st);
+        self.metrics.record_client_wait(Duration::ZERO);
+        Some(Lease::new(self.clone(), conn))
+    }
+
     /// Takes a healthy idle server, or joins the queue (and starts connects).
     fn checkout_or_enqueue(self: &Arc<Self>, deadline: Instant) -> Result<Box<ServerConn>, Waiting> {
         let mut st = self.lock();
         if !st.paused {
             while let Some(mut conn) = st.idle.pop() {
-                if let Some(reason) = st.unusable(&mut conn) {
+                if let Some(reason) = State::unusable(&mut conn, Instant::now()) {
                     drop(st);
                     self.discard(conn, reason);
                     st = self.lock();
@@ -171,13 +193,13 @@ impl Pool {
     /// sat idle past server_check_delay: run server_check_query on it first,
     /// within server_check_timeout. A failed check closes it.
     async fn vet(self: &Arc<Self>, mut lease: Lease) -> Option<Lease> {
-        let (delay, query, timeout) = {
-            let st = self.lock();
-            (st.opts.check_delay, st.opts.check_query.clone(), st.opts.check_timeout)
-        };
-        if lease.conn().last_used.elapsed() < delay {
+        if lease.conn().last_used.elapsed() < self.lock().opts.check_delay {
             return Some(lease);
         }
+        let (query, timeout) = {
+            let st = self.lock();
+            (st.opts.check_query.clone(), st.opts.check_timeout)
+        };
         match recovery::check(lease.conn_mut(), &query, timeout).await {
             Ok(()) => Some(lease),
             Err(reason) => {

@@ -150,11 +150,11 @@ impl State {
     }
 
     /// Why an idle connection must not be lent out, if it must not.
-    pub fn unusable(&self, conn: &mut ServerConn) -> Option<CloseReason> {
+    pub fn unusable(conn: &mut ServerConn, now: Instant) -> Option<CloseReason> {
         if conn.has_unexpected_input() {
             return Some(CloseReason::ServerClosed);
         }
-        if Instant::now() >= conn.retire_at {
+        if now >= conn.retire_at {
             return Some(CloseReason::Lifetime);
         }
         None
