@@ -25,21 +25,22 @@
 //!   disconnected with 25P03, like PgBouncer does; the server is not lost:
 //!   the lease goes back through recovery, which rolls it back.
 //!
-//! Timers cost nothing on the byte path: one `Sleep` per conversation,
-//! re-armed only when it fires early or a nearer deadline appears.
+//! Timers cost nothing on the byte path: the timer lives with the server
+//! connection (`AlarmTimer`) and is moved only to an earlier deadline; the
+//! clock is read when the timer fires, when a conversation starts owing, and
+//! when a clock restarts, never per poll.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::time::Sleep;
 use weir_metrics::CloseReason;
 
 use crate::protocol::{sqlstate, tags::status, SqlState};
 use crate::server::cancel::CancelTarget;
-use crate::server::watch::{self, Verdict, Watch};
-use crate::server::{forward_cancel, ConnectSpec, Conversation, ServerConn};
+use crate::server::watch::{self, AlarmTimer, Verdict, Watch};
+use crate::server::{forward_cancel, ConnectSpec, Conversation};
 
 /// Why the watchdog ended a conversation.
 #[derive(Debug, thiserror::Error)]
@@ -77,35 +78,37 @@ impl WatchdogError {
 type Probe = Pin<Box<dyn Future<Output = Verdict> + Send>>;
 
 /// The clocks of one conversation (one call of `transfer::run`).
-pub struct Watchdog {
+pub struct Watchdog<'a> {
     watch: Watch,
-    spec: Arc<ConnectSpec>,
-    cancel: CancelTarget,
+    spec: &'a Arc<ConnectSpec>,
+    cancel: &'a CancelTarget,
     /// Query clock: since the server began owing, or last sent a ReadyForQuery.
     query_since: Option<Instant>,
     cancelled_at: Option<Instant>,
     /// Silence clock: since the last server byte while an answer is owed.
     silent_since: Option<Instant>,
+    /// Server bytes arrived since the silence clock was last set.
+    heard: bool,
     probe: Option<Probe>,
     /// Idle-in-transaction clock: since the client last sent anything.
     idle_since: Option<Instant>,
-    timer: Option<Pin<Box<Sleep>>>,
-    timer_at: Option<Instant>,
+    timer: &'a mut AlarmTimer,
 }
 
-impl Watchdog {
-    pub fn new(server: &ServerConn) -> Self {
+impl<'a> Watchdog<'a> {
+    /// The clocks for a conversation on the server with these parts.
+    pub fn new(spec: &'a Arc<ConnectSpec>, cancel: &'a CancelTarget, timer: &'a mut AlarmTimer) -> Self {
         Watchdog {
-            watch: server.spec.watch,
-            spec: server.spec.clone(),
-            cancel: server.cancel.clone(),
+            watch: spec.watch,
+            spec,
+            cancel,
             query_since: None,
             cancelled_at: None,
             silent_since: None,
+            heard: false,
             probe: None,
             idle_since: None,
-            timer: None,
-            timer_at: None,
+            timer,
         }
     }
 
@@ -123,9 +126,13 @@ impl Watchdog {
         if !(owing && reading) {
             self.silent_since = None;
             self.probe = None;
-        } else if self.silent_since.is_none() && self.watch.silence.is_some() {
+        } else if (self.silent_since.is_none() || self.heard) && self.watch.silence.is_some() {
+            // Restarted here rather than in `heard`: the read that ends a
+            // transaction then costs no clock reading.
             self.silent_since = Some(Instant::now());
+            self.probe = None;
         }
+        self.heard = false;
         let idle_in_tx = client_quiet && conv.is_quiet() && conv.status != status::IDLE;
         if !idle_in_tx {
             self.idle_since = None;
@@ -134,12 +141,10 @@ impl Watchdog {
         }
     }
 
-    /// The server sent bytes: it is alive.
+    /// The server sent bytes: it is alive. The silence clock restarts at the
+    /// next `update` (which always comes before the alarm is polled again).
     pub fn heard(&mut self) {
-        if self.silent_since.is_some() {
-            self.silent_since = Some(Instant::now());
-            self.probe = None;
-        }
+        self.heard = true;
     }
 
     /// The server sent a ReadyForQuery: the next query gets a fresh clock.
@@ -164,16 +169,15 @@ impl Watchdog {
 
     /// Resolves when a clock ends the conversation. Cancel-safe: the timer
     /// and a probe in flight live in `self`, so dropping this loses nothing.
+    /// The clock is read only when the timer fires: until then no deadline
+    /// has passed, because the timer is never later than the nearest one.
     pub async fn alarm(&mut self) -> WatchdogError {
         loop {
-            if let Some(e) = self.check(Instant::now()) {
-                return e;
-            }
             let next = self.next_deadline();
             self.arm(next);
-            let Watchdog { timer, timer_at, probe, .. } = self;
+            let Watchdog { timer, probe, .. } = self;
             let sleep = async {
-                match (timer.as_mut(), next) {
+                match (timer.sleep.as_mut(), next) {
                     (Some(t), Some(_)) => t.as_mut().await,
                     _ => std::future::pending().await,
                 }
@@ -188,14 +192,18 @@ impl Watchdog {
                     None
                 }
             };
-            match verdict {
-                None => *timer_at = None,
-                Some(v) => {
-                    *probe = None;
-                    if let Some(e) = self.judge(v) {
-                        return e;
-                    }
+            let ended = match verdict {
+                None => {
+                    self.timer.at = None;
+                    self.check(Instant::now())
                 }
+                Some(v) => {
+                    self.probe = None;
+                    self.judge(v)
+                }
+            };
+            if let Some(e) = ended {
+                return e;
             }
         }
     }
@@ -264,13 +272,13 @@ impl Watchdog {
     /// cost no timer reset).
     fn arm(&mut self, next: Option<Instant>) {
         let Some(at) = next else { return };
-        if self.timer_at.is_some_and(|t| t <= at) {
+        if self.timer.at.is_some_and(|t| t <= at) {
             return;
         }
-        self.timer_at = Some(at);
-        match self.timer.as_mut() {
+        self.timer.at = Some(at);
+        match self.timer.sleep.as_mut() {
             Some(t) => t.as_mut().reset(at.into()),
-            None => self.timer = Some(Box::pin(tokio::time::sleep_until(at.into()))),
+            None => self.timer.sleep = Some(Box::pin(tokio::time::sleep_until(at.into()))),
         }
     }
 }

@@ -18,7 +18,7 @@ use super::login::{login, LoginError, LoginParams};
 use super::socket::{self, Liveness};
 use super::statements::ServerStatements;
 use super::stream::ServerStream;
-use super::watch::Watch;
+use super::watch::{AlarmTimer, Watch};
 use crate::params::ParamMap;
 use crate::protocol::{sqlstate, SqlState};
 
@@ -101,6 +101,8 @@ pub struct ServerConn {
     pub broken: Option<CloseReason>,
     /// weir's prepared statements on this server (transaction mode).
     pub statements: ServerStatements,
+    /// The watchdog's timer for conversations on this connection.
+    pub alarm: AlarmTimer,
     guard: ServerConnGuard,
 }
 
@@ -219,6 +221,7 @@ pub async fn connect(spec: Arc<ConnectSpec>, metrics: &Arc<PoolMetrics>) -> Resu
         spec,
         broken: None,
         statements,
+        alarm: AlarmTimer::default(),
         guard,
     })
 }
