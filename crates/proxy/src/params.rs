@@ -1,6 +1,8 @@
 //! Session parameters: which ones weir tracks per client and per server, and
 //! the SET statement that makes a server match a client. Pure logic.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 /// Parameters Postgres reports with ParameterStatus and that a client may
 /// change; weir re-applies them when a server with other values is assigned.
 pub const TRACKED: &[&str] = &[
@@ -13,15 +15,34 @@ pub const TRACKED: &[&str] = &[
 ];
 
 /// Parameter values by name. The `TRACKED` ones sit in fixed slots, so
-/// comparing a client's with a server's (on every transaction) is six
-/// string comparisons and no lookups; any other name goes in a short list
-/// in insertion order (small, so a Vec beats a map). Names match
-/// case-insensitively, as Postgres's do.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// comparing a client's with a server's is six string comparisons and no
+/// lookups; any other name goes in a short list in insertion order (small,
+/// so a Vec beats a map). Names match case-insensitively, as Postgres's do.
+///
+/// Each map carries a stamp that names its content: a change takes a new
+/// process-wide number, a clone keeps it, and the empty map has 0. Equal
+/// stamps mean equal content, so a comparison that found two maps matching
+/// need not be repeated while neither stamp moves (`Stamps`).
+#[derive(Debug, Clone, Default)]
 pub struct ParamMap {
     tracked: [Option<String>; TRACKED.len()],
     other: Vec<(String, String)>,
+    stamp: u64,
 }
+
+impl PartialEq for ParamMap {
+    fn eq(&self, other: &Self) -> bool {
+        self.tracked == other.tracked && self.other == other.other
+    }
+}
+
+impl Eq for ParamMap {}
+
+static NEXT_STAMP: AtomicU64 = AtomicU64::new(1);
+
+/// The stamps of a client's parameters and settings and a server's, taken
+/// when they were found to match.
+pub type Stamps = [u64; 4];
 
 /// The slot of a tracked name.
 fn slot(name: &str) -> Option<usize> {
@@ -47,15 +68,26 @@ impl ParamMap {
                 Some((_, v)) => {
                     if v != value {
                         *v = value.to_owned();
+                        self.stamp = NEXT_STAMP.fetch_add(1, Ordering::Relaxed);
                     }
                     return;
                 }
-                None => return self.other.push((name.to_owned(), value.to_owned())),
+                None => {
+                    self.other.push((name.to_owned(), value.to_owned()));
+                    self.stamp = NEXT_STAMP.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
             },
         };
         if v.as_deref() != Some(value) {
             *v = Some(value.to_owned());
+            self.stamp = NEXT_STAMP.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Names this map's content (see the type's documentation).
+    pub fn stamp(&self) -> u64 {
+        self.stamp
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
@@ -188,6 +220,28 @@ mod tests {
         let mut leftover = ParamMap::new();
         leftover.set("search_path", "x");
         assert_eq!(ParamMap::sync_sql(&client, &none, &server, &leftover).unwrap(), "RESET \"search_path\";");
+    }
+
+    #[test]
+    fn stamps_move_with_the_content_only() {
+        let mut a = ParamMap::new();
+        assert_eq!(a.stamp(), 0);
+        a.set("TimeZone", "UTC");
+        let first = a.stamp();
+        assert_ne!(first, 0);
+        a.set("timezone", "UTC");
+        assert_eq!(a.stamp(), first, "same value: same content");
+        let b = a.clone();
+        assert_eq!(b.stamp(), first);
+        a.set("search_path", "x");
+        assert_ne!(a.stamp(), first);
+        let second = a.stamp();
+        a.set("search_path", "y");
+        assert_ne!(a.stamp(), second);
+        let mut c = ParamMap::new();
+        c.set("TimeZone", "UTC");
+        assert_eq!(c, b, "equality is by content");
+        assert_ne!(c.stamp(), b.stamp());
     }
 
     #[test]

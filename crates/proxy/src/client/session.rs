@@ -372,16 +372,24 @@ impl<'a> Session<'a> {
     }
 
     /// Makes the server's session parameters match this client's.
+    /// Skipped outright when the four maps are as they were when this server
+    /// last matched (the same client back on the same server).
     async fn sync_params(&mut self, lease: &mut Lease) -> Result<(), CloseReason> {
         let conn = lease.conn_mut();
-        let Some(sql) = ParamMap::sync_sql(&self.params, &self.settings, &conn.params, &conn.settings) else {
-            return Ok(());
+        let stamps = |conn: &crate::server::ServerConn| {
+            [self.params.stamp(), self.settings.stamp(), conn.params.stamp(), conn.settings.stamp()]
         };
-        exchange::run(conn, &sql).await?;
-        conn.settings = self.settings.clone();
-        for (k, v) in self.params.iter() {
-            conn.params.set(k, v);
+        if conn.matched == Some(stamps(conn)) {
+            return Ok(());
         }
+        if let Some(sql) = ParamMap::sync_sql(&self.params, &self.settings, &conn.params, &conn.settings) {
+            exchange::run(conn, &sql).await?;
+            conn.settings = self.settings.clone();
+            for (k, v) in self.params.iter() {
+                conn.params.set(k, v);
+            }
+        }
+        conn.matched = Some(stamps(conn));
         Ok(())
     }
 }

@@ -87,6 +87,9 @@ pub struct ServerConn {
     pub params: ParamMap,
     /// Unreported settings weir applied with SET for a client (from `options`).
     pub settings: ParamMap,
+    /// The stamps (client params, client settings, `params`, `settings`)
+    /// from when this server last matched a client's parameters.
+    pub matched: Option<crate::params::Stamps>,
     pub cancel: CancelTarget,
     pub created: Instant,
     pub last_used: Instant,
@@ -213,6 +216,7 @@ pub async fn connect(spec: Arc<ConnectSpec>, metrics: &Arc<PoolMetrics>) -> Resu
         conv: Conversation::default(),
         params,
         settings: ParamMap::new(),
+        matched: None,
         cancel: cancel_target(addr, login.backend_pid, login.backend_secret),
         created: now,
         last_used: now,
