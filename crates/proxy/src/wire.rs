@@ -1,5 +1,8 @@
 //! Async framing over a socket: read whole frames into a reusable buffer.
-//! The only I/O glue between sockets and the `protocol` module.
+//! The only I/O glue between sockets and the `protocol` module. Also the
+//! spare read buffers that idle clients hand back.
+
+use std::cell::RefCell;
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -17,6 +20,39 @@ pub enum WireError {
     Protocol(#[from] ProtocolError),
 }
 
+/// The size of a client's read buffer.
+const BUFFER_SIZE: usize = 8192;
+
+/// Spare buffers kept per thread (512 KiB at most).
+const SPARE_BUFFERS: usize = 64;
+
+thread_local! {
+    /// Read buffers idle clients gave back, for the next request on this
+    /// thread (weir runs one thread by default). An idle client holds no
+    /// buffer, 8 KiB each over thousands of idle clients, and a busy one
+    /// takes a warm one here instead of allocating one per transaction.
+    static SPARE: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
+}
+
+/// An empty read buffer with room for 8 KiB, from the spares if any.
+pub fn take_buffer() -> BytesMut {
+    SPARE.with_borrow_mut(|s| s.pop()).unwrap_or_else(|| BytesMut::with_capacity(BUFFER_SIZE))
+}
+
+/// Keeps `buf` (its contents dropped) for `take_buffer` if it can hold
+/// 8 KiB without allocating (it shares its memory with no bytes still in
+/// use elsewhere) and fewer than `SPARE_BUFFERS` are kept; else frees it.
+pub fn give_buffer(mut buf: BytesMut) {
+    buf.clear();
+    if buf.try_reclaim(BUFFER_SIZE) {
+        SPARE.with_borrow_mut(|s| {
+            if s.len() < SPARE_BUFFERS {
+                s.push(buf);
+            }
+        });
+    }
+}
+
 /// Reads more bytes into `buf`; EOF is an error.
 pub async fn fill<R: AsyncRead + Unpin>(r: &mut R, buf: &mut BytesMut) -> Result<usize, WireError> {
     if buf.capacity() - buf.len() < 4096 {
@@ -25,6 +61,29 @@ pub async fn fill<R: AsyncRead + Unpin>(r: &mut R, buf: &mut BytesMut) -> Result
     match r.read_buf(buf).await? {
         0 => Err(WireError::Eof),
         n => Ok(n),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spare_buffers_come_back_only_when_whole() {
+        let mut a = take_buffer();
+        a.extend_from_slice(&[1; 100]);
+        let ptr = a.as_ptr();
+        give_buffer(a);
+        let b = take_buffer();
+        assert!(b.is_empty() && b.capacity() >= BUFFER_SIZE);
+        assert_eq!(b.as_ptr(), ptr, "the same memory, reused");
+        let mut c = b;
+        c.extend_from_slice(&[2; 10]);
+        let held = c.split_to(5).freeze();
+        give_buffer(c);
+        let d = take_buffer();
+        assert_ne!(d.as_ptr(), ptr, "memory still shared with `held` is not kept");
+        assert_eq!(&held[..], &[2; 5]);
     }
 }
 

@@ -171,8 +171,8 @@ impl<'a> Session<'a> {
             }
             if self.cbuf.is_empty() {
                 // Idle between transactions: hold no read buffer (8 KiB per
-                // idle client otherwise); the next fill allocates one.
-                self.cbuf = BytesMut::new();
+                // idle client otherwise); the thread keeps it for the next.
+                wire::give_buffer(std::mem::take(&mut self.cbuf));
                 tokio::select! {
                     r = self.client.readable() => if r.is_err() { return Ok(false) },
                     _ = self.shutdown.cancelled() => continue,
@@ -180,8 +180,8 @@ impl<'a> Session<'a> {
                 // A plain socket that is readable is read at once, without a
                 // second wait on the shutdown token (a TLS one has no
                 // readiness of its own and goes through `fill` below).
+                self.cbuf = wire::take_buffer();
                 if !self.client.is_tls() {
-                    self.cbuf.reserve(8192);
                     match self.client.try_read_buf(&mut self.cbuf) {
                         Ok(0) => return Ok(false),
                         Ok(_) => continue,
