@@ -319,6 +319,7 @@ impl Shared {
         let limit = cfg.weir.shutdown_timeout;
         tracing::info!(clients = self.registry.len(), shutdown_timeout = ?limit, "draining: not accepting; waiting for running transactions");
         self.shutdown.cancel();
+        self.registry.wake_for_drain();
         self.tracker.close();
         if tokio::time::timeout(limit, self.tracker.wait()).await.is_err() {
             let n = self.registry.kill_database(None, "weir is shutting down: shutdown_timeout expired");

@@ -32,6 +32,8 @@ pub struct CancelSlot {
     at: Mutex<Where>,
     /// Wakes the client task when its queued query is cancelled.
     pub wake: Notify,
+    /// KILL and the drain, for the client's task.
+    pub switch: crate::signal::Switch,
 }
 
 impl CancelSlot {
@@ -110,7 +112,7 @@ impl CancelRegistry {
 
     /// Gives a new client a unique random key.
     pub fn register(self: &Arc<Self>) -> Registration {
-        let slot = Arc::new(CancelSlot { at: Mutex::new(Where::Idle), wake: Notify::new() });
+        let slot = Arc::new(CancelSlot { at: Mutex::new(Where::Idle), wake: Notify::new(), switch: Default::default() });
         let mut rng = rand::thread_rng();
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         let (pid, secret) = loop {

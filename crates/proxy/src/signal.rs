@@ -1,12 +1,16 @@
-//! `Signal`: a one-way flag with a wake-up, for the drain at shutdown (every
-//! request checks it; idle clients, admin sessions and the accept loop wait
-//! on it) and for KILL of one client (its task waits on it all session).
-//! Checking it is one atomic load, where `CancellationToken::is_cancelled`
-//! takes a mutex, and it is about half a token's size.
+//! One-way flags with a wake-up. `Signal`, for many waiters: the drain at
+//! shutdown (every request checks it; admin sessions and the accept loop
+//! wait on it). Checking it is one atomic load, where
+//! `CancellationToken::is_cancelled` takes a mutex. `Switch`, for one
+//! client's own task: KILL (end now) or the drain (end when idle), waited
+//! on with no lock at all.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::future::poll_fn;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::Poll;
 
+use futures_util::task::AtomicWaker;
 use tokio::sync::Notify;
 
 /// Set once, never cleared. Clones share it.
@@ -47,9 +51,87 @@ impl Signal {
     }
 }
 
+/// A client's switch. Its only waiter is the client's own task (the session
+/// and the KILL watch around it share one waker), so an `AtomicWaker` does.
+#[derive(Debug, Default)]
+pub struct Switch {
+    state: AtomicU8,
+    reason: OnceLock<&'static str>,
+    waker: AtomicWaker,
+}
+
+const DRAIN: u8 = 1;
+const KILL: u8 = 2;
+
+impl Switch {
+    /// Ends the client now, telling it `why`. Wins over a drain.
+    pub fn kill(&self, why: &'static str) {
+        let _ = self.reason.set(why);
+        self.state.fetch_max(KILL, Ordering::SeqCst);
+        self.waker.wake();
+    }
+
+    /// Wakes the client so that, if it is idle, it sees the drain.
+    pub fn drain(&self) {
+        self.state.fetch_max(DRAIN, Ordering::SeqCst);
+        self.waker.wake();
+    }
+
+    /// Resolves with the reason once the client is killed.
+    pub async fn killed(&self) -> &'static str {
+        poll_fn(|cx| self.poll_state(cx, KILL)).await;
+        self.reason.get().copied().unwrap_or("terminating connection due to administrator command")
+    }
+
+    /// Resolves while a drain (and no KILL) is on. Cancel-safe.
+    pub async fn drained(&self) {
+        poll_fn(|cx| self.poll_state(cx, DRAIN)).await
+    }
+
+    pub fn is_killed(&self) -> bool {
+        self.state.load(Ordering::SeqCst) == KILL
+    }
+
+    fn poll_state(&self, cx: &mut std::task::Context<'_>, want: u8) -> Poll<()> {
+        if self.state.load(Ordering::SeqCst) == want {
+            return Poll::Ready(());
+        }
+        self.waker.register(cx.waker());
+        if self.state.load(Ordering::SeqCst) == want {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_switch_tells_drain_from_kill() {
+        let s = Arc::new(Switch::default());
+        let waiting = tokio::spawn({
+            let s = s.clone();
+            async move { s.drained().await }
+        });
+        tokio::task::yield_now().await;
+        s.drain();
+        tokio::time::timeout(std::time::Duration::from_secs(5), waiting).await.unwrap().unwrap();
+        assert!(!s.is_killed());
+        let killed = tokio::spawn({
+            let s = s.clone();
+            async move { s.killed().await }
+        });
+        tokio::task::yield_now().await;
+        s.kill("bye");
+        assert_eq!(tokio::time::timeout(std::time::Duration::from_secs(5), killed).await.unwrap().unwrap(), "bye");
+        s.drain();
+        assert!(s.is_killed(), "a later drain does not undo a kill");
+        let drained = futures_util::FutureExt::now_or_never(s.drained());
+        assert!(drained.is_none(), "a killed client is not drained");
+    }
 
     #[tokio::test]
     async fn waiters_before_and_after_the_cancel_both_see_it() {

@@ -132,7 +132,8 @@ async fn log_in<'a>(
 /// A logged-in client, listed for SHOW CLIENTS, until it leaves (None) or
 /// is killed or drained (the reason).
 async fn attend(session: &mut Session<'_>, shared: &Arc<Shared>, peer: SocketAddr) -> Result<Option<&'static str>, ClientError> {
-    let listed = shared.registry.register(registry::NewClient {
+    // Listed for SHOW CLIENTS and KILL while this runs.
+    let _listed = shared.registry.register(registry::NewClient {
         user: session.pool.key.user.clone(),
         database: session.pool.key.database.clone(),
         peer,
@@ -141,10 +142,11 @@ async fn attend(session: &mut Session<'_>, shared: &Arc<Shared>, peer: SocketAdd
         key_pid: session.reg.pid,
         slot: Some(session.reg.slot.clone()),
     });
+    let slot = session.reg.slot.clone();
     tokio::select! {
         biased;
         r = session.run() => r.map(|()| None),
-        why = listed.entry.killed() => Ok(Some(why)),
+        why = slot.switch.killed() => Ok(Some(why)),
     }
 }
 

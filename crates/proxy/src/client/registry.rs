@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
 use weir_metrics::ClientState;
@@ -29,9 +29,9 @@ pub struct ClientEntry {
     pub key_pid: i32,
     /// An admin console client (not in any pool).
     pub console: bool,
+    /// The client's cancel slot, which also holds its KILL/drain switch
+    /// (None for console clients).
     slot: Option<Arc<CancelSlot>>,
-    kill: crate::signal::Signal,
-    kill_reason: OnceLock<&'static str>,
 }
 
 impl ClientEntry {
@@ -47,14 +47,9 @@ impl ClientEntry {
 
     /// Asks the client's task to disconnect it, telling it `why`.
     pub fn kill(&self, why: &'static str) {
-        let _ = self.kill_reason.set(why);
-        self.kill.cancel();
-    }
-
-    /// Resolves with the reason once the client has been killed.
-    pub async fn killed(&self) -> &'static str {
-        self.kill.cancelled().await;
-        self.kill_reason.get().copied().unwrap_or("terminating connection due to administrator command")
+        if let Some(slot) = &self.slot {
+            slot.switch.kill(why);
+        }
     }
 }
 
@@ -114,8 +109,6 @@ impl ClientRegistry {
             since: Instant::now(),
             key_pid: c.key_pid,
             slot: c.slot,
-            kill: crate::signal::Signal::new(),
-            kill_reason: OnceLock::new(),
         });
         self.lock().insert(id, entry.clone());
         ClientGuard { registry: self.clone(), entry }
@@ -140,6 +133,17 @@ impl ClientRegistry {
         let doomed: Vec<_> = self.all().into_iter().filter(|c| !c.console && database.is_none_or(|d| c.database == d)).collect();
         doomed.iter().for_each(|c| c.kill(why));
         doomed.len()
+    }
+
+    /// Wakes every pooled client for the drain: idle ones leave at once,
+    /// busy ones after their transaction (they check the drain flag, which
+    /// is set before this runs, before each request).
+    pub fn wake_for_drain(&self) {
+        for c in self.all() {
+            if let Some(slot) = &c.slot {
+                slot.switch.drain();
+            }
+        }
     }
 
     /// Idle and active pooled clients per (database, user), in one pass.
@@ -190,16 +194,16 @@ mod tests {
     async fn registers_kills_and_forgets() {
         let reg = ClientRegistry::new();
         let cancels = crate::cancel::CancelRegistry::new();
-        let key = cancels.register();
-        let a = reg.register(client("a", Some(key.slot.clone())));
-        let b = reg.register(client("b", Some(key.slot.clone())));
+        let (ka, kb) = (cancels.register(), cancels.register());
+        let a = reg.register(client("a", Some(ka.slot.clone())));
+        let b = reg.register(client("b", Some(kb.slot.clone())));
         let console = reg.register(client("weir", None));
         assert_eq!(reg.len(), 3);
         assert_eq!(a.entry.state(), ClientState::Idle);
         assert_eq!(console.entry.state(), ClientState::Active);
         assert_eq!(reg.kill_database(Some("a"), "bye"), 1);
-        assert_eq!(a.entry.killed().await, "bye");
-        assert!(!b.entry.kill.is_cancelled());
+        assert_eq!(ka.slot.switch.killed().await, "bye");
+        assert!(!kb.slot.switch.is_killed());
         assert_eq!(reg.kill_database(None, "all"), 2, "console clients are not pooled clients");
         drop(a);
         assert_eq!(reg.all().iter().map(|c| c.database.as_str()).collect::<Vec<_>>(), vec!["b", "weir"]);

@@ -175,7 +175,7 @@ impl<'a> Session<'a> {
                 wire::give_buffer(std::mem::take(&mut self.cbuf));
                 tokio::select! {
                     r = self.client.readable() => if r.is_err() { return Ok(false) },
-                    _ = self.shutdown.cancelled() => continue,
+                    _ = self.reg.slot.switch.drained() => continue,
                 }
                 // A plain socket that is readable is read at once, without a
                 // second wait on the shutdown token (a TLS one has no
@@ -195,7 +195,7 @@ impl<'a> Session<'a> {
                     Ok(_) => {}
                     Err(_) => return Ok(false),
                 },
-                _ = self.shutdown.cancelled() => {}
+                _ = self.reg.slot.switch.drained() => {}
             }
         }
     }
