@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::Rng;
-use tokio::sync::Notify;
 use weir_metrics::{CancelOutcome, GlobalMetrics};
 
 use crate::server::cancel::CancelTarget;
@@ -30,9 +29,8 @@ enum Where {
 #[derive(Debug)]
 pub struct CancelSlot {
     at: Mutex<Where>,
-    /// Wakes the client task when its queued query is cancelled.
-    pub wake: Notify,
-    /// KILL and the drain, for the client's task.
+    /// KILL and the drain for the client's task, whose waker it also holds
+    /// for a cancel of the queued query.
     pub switch: crate::signal::Switch,
 }
 
@@ -52,6 +50,22 @@ impl CancelSlot {
     /// True if a cancel came while waiting; the wait should end with 57014.
     pub fn wait_cancelled(&self) -> bool {
         matches!(*self.lock(), Where::Waiting { cancelled: true })
+    }
+
+    /// Resolves once a cancel has come while waiting. Cancel-safe.
+    pub async fn cancelled_in_queue(&self) {
+        std::future::poll_fn(|cx| {
+            if self.wait_cancelled() {
+                return std::task::Poll::Ready(());
+            }
+            self.switch.register(cx.waker());
+            if self.wait_cancelled() {
+                std::task::Poll::Ready(())
+            } else {
+                std::task::Poll::Pending
+            }
+        })
+        .await
     }
 
     /// Moves from waiting to running. Returns false, staying put, if a cancel
@@ -112,7 +126,7 @@ impl CancelRegistry {
 
     /// Gives a new client a unique random key.
     pub fn register(self: &Arc<Self>) -> Registration {
-        let slot = Arc::new(CancelSlot { at: Mutex::new(Where::Idle), wake: Notify::new(), switch: Default::default() });
+        let slot = Arc::new(CancelSlot { at: Mutex::new(Where::Idle), switch: Default::default() });
         let mut rng = rand::thread_rng();
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         let (pid, secret) = loop {
@@ -142,7 +156,7 @@ impl CancelRegistry {
             match &mut *at {
                 Where::Waiting { cancelled } => {
                     *cancelled = true;
-                    slot.wake.notify_one();
+                    slot.switch.wake();
                     CancelOutcome::AnsweredLocally
                 }
                 Where::Active(target) => {

@@ -88,6 +88,17 @@ impl Switch {
         poll_fn(|cx| self.poll_state(cx, DRAIN)).await
     }
 
+    /// Wakes the client's task for a reason of its cancel slot's (a
+    /// CancelRequest for its queued query).
+    pub fn wake(&self) {
+        self.waker.wake();
+    }
+
+    /// Registers the client task's waker, for `wake`.
+    pub fn register(&self, waker: &std::task::Waker) {
+        self.waker.register(waker);
+    }
+
     pub fn is_killed(&self) -> bool {
         self.state.load(Ordering::SeqCst) == KILL
     }

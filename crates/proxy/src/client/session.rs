@@ -3,11 +3,13 @@
 //! (bytes flow) → back to Idle when the transaction ends, until the client
 //! leaves. A queued query whose client leaves or cancels is dropped, never run.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
 use tokio::io::AsyncWriteExt;
+use tokio::time::Sleep;
 use weir_metrics::{CloseReason, DropReason};
 
 use super::error::ClientError;
@@ -49,6 +51,9 @@ pub struct Session<'a> {
     skipping: bool,
     /// Named prepared statements and pinning (transaction mode).
     prepared: Stage,
+    /// The timer of queue waits, kept from one wait to the next (see
+    /// `Pool::acquire_with`); made at the first wait.
+    wait_timer: Option<Pin<Box<Sleep>>>,
 }
 
 /// A client's wait budget: the pool's query_wait_timeout as configured at
@@ -89,7 +94,7 @@ impl<'a> Session<'a> {
     ) -> Self {
         let transaction = mode == PoolMode::Transaction;
         let prepared = Stage::new(transaction, pool.settings().max_prepared_statements, pool.metrics.clone());
-        Session { client, cbuf, pool, mode, params, settings, reg, budget, max_message, shutdown, skipping: false, prepared }
+        Session { client, cbuf, pool, mode, params, settings, reg, budget, max_message, shutdown, skipping: false, prepared, wait_timer: None }
     }
 
     /// Ends the session (its registration, pool handle and statement state
@@ -219,18 +224,29 @@ impl<'a> Session<'a> {
         if let Some(lease) = self.pool.try_checkout() {
             return Ok(self.settle(Wait::Got(lease)));
         }
-        let slot = self.reg.slot.clone();
         let deadline = Instant::now() + self.budget.now(&self.pool);
+        let mut timer = match self.wait_timer.take() {
+            Some(t) => t,
+            None => Box::pin(tokio::time::sleep_until(deadline.into())),
+        };
+        let outcome = self.queue(deadline, &mut timer).await;
+        self.wait_timer = Some(timer);
+        Ok(self.settle(outcome))
+    }
+
+    /// The wait in the pool's queue, on the session's wait timer.
+    async fn queue(&mut self, deadline: Instant, timer: &mut Pin<Box<Sleep>>) -> Wait {
+        let slot = self.reg.slot.clone();
         let pool = self.pool.clone();
-        let acquire = pool.acquire(deadline);
+        let acquire = pool.acquire_with(deadline, timer);
         tokio::pin!(acquire);
         // Biased: when the client leaves or cancels in the same instant a
         // server frees up, the departure wins and the server goes on to the
         // next waiter.
-        let outcome = loop {
+        loop {
             tokio::select! {
                 biased;
-                _ = slot.wake.notified() => if slot.wait_cancelled() { break Wait::Cancelled },
+                _ = slot.cancelled_in_queue() => break Wait::Cancelled,
                 r = wire::fill(self.client, &mut self.cbuf), if self.cbuf.len() < WAIT_READ_LIMIT => {
                     if r.is_err() || self.terminate_buffered() {
                         break Wait::Gone;
@@ -241,8 +257,7 @@ impl<'a> Session<'a> {
                     Err(e) => Wait::Failed(e),
                 },
             }
-        };
-        Ok(self.settle(outcome))
+        }
     }
 
     /// The end of a wait. On `Got` the slot stays Waiting until `serve` has

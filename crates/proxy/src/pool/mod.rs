@@ -12,10 +12,12 @@ mod registry;
 mod state;
 mod upkeep;
 
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
+use tokio::time::Sleep;
 use weir_metrics::{CloseReason, PoolMetrics};
 
 use crate::config::PoolSettings;
@@ -107,6 +109,16 @@ impl Pool {
     /// Cancel-safe: dropping the future removes the waiter at once, and a
     /// server handed over in that instant goes back to the pool.
     pub async fn acquire(self: &Arc<Self>, deadline: Instant) -> Result<Lease, PoolError> {
+        let mut timer = Box::pin(tokio::time::sleep_until(deadline.into()));
+        self.acquire_with(deadline, &mut timer).await
+    }
+
+    /// `acquire` on the caller's timer, set here to `deadline`: a client
+    /// that waits often keeps one, and moving it later is one atomic
+    /// operation where a new timer is an insert into and a removal from
+    /// tokio's timer wheel per wait.
+    pub async fn acquire_with(self: &Arc<Self>, deadline: Instant, timer: &mut Pin<Box<Sleep>>) -> Result<Lease, PoolError> {
+        timer.as_mut().reset(deadline.into());
         let started = Instant::now();
         let timed_out = || {
             let last_error = self.lock().last_error.clone();
@@ -117,31 +129,31 @@ impl Pool {
         loop {
             let conn = match self.checkout_or_enqueue(deadline) {
                 Ok(conn) => conn,
-                Err(mut waiting) => match tokio::time::timeout_at(deadline.into(), &mut waiting.rx).await {
-                    Ok(Ok(conn)) => {
+                Err(mut waiting) => match within(timer.as_mut(), &mut waiting.rx).await {
+                    Some(Ok(conn)) => {
                         waiting.settled = true;
                         conn
                     }
-                    Ok(Err(_)) => return Err(PoolError::Closed),
-                    Err(_) => return Err(timed_out()),
+                    Some(Err(_)) => return Err(PoolError::Closed),
+                    None => return Err(timed_out()),
                 },
             };
             // Held as a Lease from here: if this future is dropped mid-check,
             // the connection goes back to the pool through recovery.
-            match tokio::time::timeout_at(deadline.into(), self.vet(Lease::new(self.clone(), conn))).await {
+            match within(timer.as_mut(), self.vet(Lease::new(self.clone(), conn))).await {
                 // Handed over just as the budget ran out (or this task ran
                 // late): the client may be giving up right now, so its query
                 // must not start. The server goes on to the next waiter.
-                Ok(Some(lease)) if Instant::now() >= deadline => {
+                Some(Some(lease)) if Instant::now() >= deadline => {
                     drop(lease);
                     return Err(timed_out());
                 }
-                Ok(Some(lease)) => {
+                Some(Some(lease)) => {
                     self.metrics.record_client_wait(started.elapsed());
                     return Ok(lease);
                 }
-                Ok(None) => continue,
-                Err(_) => return Err(timed_out()),
+                Some(None) => continue,
+                None => return Err(timed_out()),
             }
         }
     }
@@ -302,6 +314,15 @@ impl Pool {
         for conn in idle {
             conn.close(reason);
         }
+    }
+}
+
+/// `fut`'s output, or None if `timer` fires first.
+async fn within<F: std::future::Future>(timer: Pin<&mut Sleep>, fut: F) -> Option<F::Output> {
+    tokio::select! {
+        biased;
+        v = fut => Some(v),
+        _ = timer => None,
     }
 }
 
