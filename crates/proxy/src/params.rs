@@ -44,6 +44,31 @@ static NEXT_STAMP: AtomicU64 = AtomicU64::new(1);
 /// when they were found to match.
 pub type Stamps = [u64; 4];
 
+/// How many distinct maps a `StampCache` remembers.
+const STAMP_CACHE: usize = 16;
+
+/// Canonical copies of parameter maps, so that clients with the same values
+/// (the usual case: one application's connections) share a stamp, and a
+/// server that matched one of them is known to match them all.
+#[derive(Debug, Default)]
+pub struct StampCache(std::sync::Mutex<Vec<ParamMap>>);
+
+impl StampCache {
+    /// Gives `map` the stamp of an equal map seen before, or remembers it
+    /// (up to `STAMP_CACHE` of them).
+    pub fn canonicalize(&self, map: &mut ParamMap) {
+        if map.stamp == 0 {
+            return;
+        }
+        let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match seen.iter().find(|m| **m == *map) {
+            Some(m) => map.stamp = m.stamp,
+            None if seen.len() < STAMP_CACHE => seen.push(map.clone()),
+            None => {}
+        }
+    }
+}
+
 /// The slot of a tracked name.
 fn slot(name: &str) -> Option<usize> {
     TRACKED.iter().position(|t| *t == name).or_else(|| TRACKED.iter().position(|t| t.eq_ignore_ascii_case(name)))
@@ -242,6 +267,22 @@ mod tests {
         c.set("TimeZone", "UTC");
         assert_eq!(c, b, "equality is by content");
         assert_ne!(c.stamp(), b.stamp());
+    }
+
+    #[test]
+    fn equal_maps_share_a_canonical_stamp() {
+        let cache = StampCache::default();
+        let (mut a, mut b, mut c) = (ParamMap::new(), ParamMap::new(), ParamMap::new());
+        a.set("application_name", "x");
+        b.set("application_name", "x");
+        c.set("application_name", "y");
+        cache.canonicalize(&mut a);
+        cache.canonicalize(&mut b);
+        cache.canonicalize(&mut c);
+        assert_eq!(a.stamp(), b.stamp());
+        assert_ne!(a.stamp(), c.stamp());
+        b.set("application_name", "z");
+        assert_ne!(a.stamp(), b.stamp(), "a change takes a fresh stamp");
     }
 
     #[test]

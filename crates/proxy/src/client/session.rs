@@ -85,13 +85,16 @@ impl<'a> Session<'a> {
         cbuf: BytesMut,
         pool: Arc<Pool>,
         mode: PoolMode,
-        params: ParamMap,
-        settings: ParamMap,
+        mut params: ParamMap,
+        mut settings: ParamMap,
         reg: Registration,
         budget: Budget,
         max_message: usize,
         shutdown: crate::signal::Signal,
     ) -> Self {
+        // Clients with the same values share stamps (see `sync_params`).
+        pool.stamps.canonicalize(&mut params);
+        pool.stamps.canonicalize(&mut settings);
         let transaction = mode == PoolMode::Transaction;
         let prepared = Stage::new(transaction, pool.settings().max_prepared_statements, pool.metrics.clone());
         Session { client, cbuf, pool, mode, params, settings, reg, budget, max_message, shutdown, skipping: false, prepared, wait_timer: None }

@@ -70,6 +70,8 @@ pub enum PoolError {
 pub struct Pool {
     pub key: PoolKey,
     pub metrics: Arc<PoolMetrics>,
+    /// Clients' parameter maps by content, for `Session::sync_params`.
+    pub stamps: crate::params::StampCache,
     state: Mutex<State>,
     db_servers: Arc<registry::DbCount>,
 }
@@ -77,7 +79,7 @@ pub struct Pool {
 impl Pool {
     pub(crate) fn new(key: PoolKey, opts: PoolOptions, db_servers: Arc<registry::DbCount>) -> Arc<Pool> {
         let metrics = PoolMetrics::new(key.database.clone(), key.user.clone());
-        let pool = Arc::new(Pool { key, metrics, state: Mutex::new(State::new(opts)), db_servers });
+        let pool = Arc::new(Pool { key, metrics, stamps: Default::default(), state: Mutex::new(State::new(opts)), db_servers });
         pool.db_servers.pools.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::downgrade(&pool));
         upkeep::spawn(&pool);
         pool
