@@ -39,7 +39,8 @@ pub const DEADLINE_PARAM: &str = "weir.client_deadline";
 /// The first packet that matters.
 pub enum First {
     Cancel { pid: i32, secret: i32 },
-    Startup { minor: u16, params: Vec<(String, String)> },
+    /// A StartupMessage, its parameters sorted by `interpret`.
+    Startup { minor: u16, req: Request },
 }
 
 /// Reads the startup packet. SSLRequest gets `S` and a TLS handshake when
@@ -52,6 +53,7 @@ pub async fn read_startup(
     stream: &mut ClientStream,
     buf: &mut BytesMut,
     tls: Option<&ClientTls>,
+    cfg: &Config,
 ) -> Result<First, ClientError> {
     if let Some(tls) = tls {
         if starts_with_client_hello(stream).await? {
@@ -79,7 +81,7 @@ pub async fn read_startup(
             }
             StartupPacket::Cancel { pid, secret } => return Ok(First::Cancel { pid, secret }),
             _ if tls.is_some_and(|t| t.mode.required()) && !stream.is_tls() => return Err(ClientError::TlsRequired),
-            StartupPacket::Startup { major: 3, minor, params } => return Ok(First::Startup { minor, params }),
+            StartupPacket::Startup { major: 3, minor, params } => return Ok(First::Startup { minor, req: interpret(&params, cfg)? }),
             StartupPacket::Startup { major, minor, .. } => return Err(ClientError::UnsupportedProtocol(major, minor)),
         }
     }
@@ -121,14 +123,14 @@ pub struct Request {
 
 /// Sorts the startup parameters. Nothing is silently lost: each is used,
 /// applied to servers, explicitly ignored by config, or refused.
-pub fn interpret(raw: Vec<(String, String)>, cfg: &Config) -> Result<Request, ClientError> {
+pub fn interpret(raw: &[(&str, &str)], cfg: &Config) -> Result<Request, ClientError> {
     let mut req = Request::default();
-    for (k, v) in raw {
-        match k.as_str() {
-            "user" => req.user = v,
-            "database" => req.database = v,
+    for &(k, v) in raw {
+        match k {
+            "user" => v.clone_into(&mut req.user),
+            "database" => v.clone_into(&mut req.database),
             "options" => {
-                for (name, value) in params::parse_options(&v).map_err(ClientError::BadStartupParameter)? {
+                for (name, value) in params::parse_options(v).map_err(ClientError::BadStartupParameter)? {
                     take_setting(&mut req, &name, &value, cfg)?;
                 }
             }
@@ -136,8 +138,8 @@ pub fn interpret(raw: Vec<(String, String)>, cfg: &Config) -> Result<Request, Cl
                 return Err(ClientError::BadStartupParameter("replication connections are not supported by weir".into()))
             }
             "replication" => {}
-            _ if k.starts_with("_pq_.") => req.protocol_options.push(k),
-            _ => take_setting(&mut req, &k, &v, cfg)?,
+            _ if k.starts_with("_pq_.") => req.protocol_options.push(k.to_owned()),
+            _ => take_setting(&mut req, k, v, cfg)?,
         }
     }
     if req.user.is_empty() {
@@ -261,20 +263,16 @@ mod tests {
         Config::from_toml("[weir]\nauth_type = \"trust\"\n[databases.app]\n", std::path::Path::new(".")).unwrap()
     }
 
-    fn raw(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
-    }
-
     #[test]
     fn sorts_parameters() {
         let r = interpret(
-            raw(&[
+            &[
                 ("user", "bob"),
                 ("application_name", "x"),
                 ("options", "-c weir.client_deadline=800ms -c search_path=s"),
                 ("extra_float_digits", "2"),
                 ("datestyle", "ISO"),
-            ]),
+            ],
             &cfg(),
         )
         .unwrap();
@@ -288,33 +286,33 @@ mod tests {
 
     #[test]
     fn refuses_what_it_cannot_honour() {
-        assert!(matches!(interpret(raw(&[("database", "x")]), &cfg()), Err(ClientError::NoUser)));
-        let bad = interpret(raw(&[("user", "u"), ("weir.bogus", "1")]), &cfg());
+        assert!(matches!(interpret(&[("database", "x")], &cfg()), Err(ClientError::NoUser)));
+        let bad = interpret(&[("user", "u"), ("weir.bogus", "1")], &cfg());
         assert!(matches!(bad, Err(ClientError::BadStartupParameter(_))));
-        let repl = interpret(raw(&[("user", "u"), ("replication", "database")]), &cfg());
+        let repl = interpret(&[("user", "u"), ("replication", "database")], &cfg());
         assert!(matches!(repl, Err(ClientError::BadStartupParameter(_))));
     }
 
     #[test]
     fn only_the_allow_list_is_forwarded() {
-        let unlisted = interpret(raw(&[("user", "u"), ("options", "-c work_mem=1GB")]), &cfg());
+        let unlisted = interpret(&[("user", "u"), ("options", "-c work_mem=1GB")], &cfg());
         match unlisted {
             Err(ClientError::BadStartupParameter(m)) => {
                 assert_eq!(m, "unsupported startup parameter: work_mem")
             }
             other => panic!("{other:?}"),
         }
-        let plain = interpret(raw(&[("user", "u"), ("enable_seqscan", "off")]), &cfg());
+        let plain = interpret(&[("user", "u"), ("enable_seqscan", "off")], &cfg());
         assert!(matches!(plain, Err(ClientError::BadStartupParameter(_))), "plain parameters too");
         let text = "[weir]\nauth_type = \"trust\"\ntrack_extra_parameters = [\"Work_Mem\"]\n[databases.app]\n";
         let allowing = Config::from_toml(text, std::path::Path::new(".")).unwrap();
-        let r = interpret(raw(&[("user", "u"), ("options", "-c WORK_MEM=1GB")]), &allowing).unwrap();
+        let r = interpret(&[("user", "u"), ("options", "-c WORK_MEM=1GB")], &allowing).unwrap();
         assert_eq!(r.settings.get("work_mem"), Some("1GB"));
-        let search = interpret(raw(&[("user", "u"), ("search_path", "s")]), &allowing);
+        let search = interpret(&[("user", "u"), ("search_path", "s")], &allowing);
         assert!(matches!(search, Err(ClientError::BadStartupParameter(_))), "the list replaces the default");
         let text = "[weir]\nauth_type = \"trust\"\nignore_startup_parameters = [\"search_path\"]\n[databases.app]\n";
         let ignoring = Config::from_toml(text, std::path::Path::new(".")).unwrap();
-        let r = interpret(raw(&[("user", "u"), ("search_path", "s")]), &ignoring).unwrap();
+        let r = interpret(&[("user", "u"), ("search_path", "s")], &ignoring).unwrap();
         assert_eq!(r.settings.get("search_path"), None, "a name on both lists is ignored");
     }
 }

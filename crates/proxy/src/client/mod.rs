@@ -103,15 +103,14 @@ async fn log_in<'a>(
     let mut buf = BytesMut::with_capacity(8192);
     let tls = shared.client_tls.load_full();
     let login_deadline = Instant::now() + cfg.weir.client_login_timeout;
-    let first = within(login_deadline, login::read_startup(socket, &mut buf, tls.as_deref())).await?;
-    let (minor, raw) = match first {
+    let first = within(login_deadline, login::read_startup(socket, &mut buf, tls.as_deref(), cfg)).await?;
+    let (minor, req) = match first {
         First::Cancel { pid, secret } => {
             shared.cancels.cancel(pid, secret);
             return Ok(None);
         }
-        First::Startup { minor, params } => (minor, params),
+        First::Startup { minor, req } => (minor, req),
     };
-    let req = login::interpret(raw, cfg)?;
     let span = tracing::Span::current();
     span.record("user", req.user.as_str());
     span.record("db", req.database.as_str());
@@ -170,7 +169,7 @@ async fn authenticate<'a>(
     buf: &mut BytesMut,
     shared: &Arc<Shared>,
     cfg: &Arc<Config>,
-    req: Request,
+    mut req: Request,
     minor: u16,
     peer: SocketAddr,
 ) -> Result<Session<'a>, ClientError> {
@@ -185,9 +184,10 @@ async fn authenticate<'a>(
     };
     let method = auth_method(shared, cfg, peer, socket.is_tls(), &req)?;
     let authed = crate::auth::authenticate(socket, buf, method, &req.user, secret).await?;
-    let key = PoolKey { database: req.database.clone(), user: req.user.clone() };
     let credentials = crate::auth::server_credentials(secret, &authed);
-    let pool = shared.pool_for(cfg, &key, credentials).ok_or_else(|| ClientError::UnknownDatabase(req.database.clone()))?;
+    // The names move into the key: nothing after this reads them from `req`.
+    let key = PoolKey { database: std::mem::take(&mut req.database), user: std::mem::take(&mut req.user) };
+    let Some(pool) = shared.pool_for(cfg, &key, credentials) else { return Err(ClientError::UnknownDatabase(key.database)) };
     let settings = pool.settings();
     let budget = wait_budget(settings.query_wait_timeout, req.declared_deadline, cfg.weir.client_deadline_fraction);
     let deadline = Instant::now() + budget;
