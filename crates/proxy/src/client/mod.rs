@@ -100,7 +100,7 @@ async fn log_in<'a>(
     shared: &Arc<Shared>,
     cfg: &Arc<Config>,
 ) -> Result<Option<Session<'a>>, ClientError> {
-    let mut buf = BytesMut::with_capacity(8192);
+    let mut buf = BytesMut::with_capacity(crate::wire::LOGIN_READ_CHUNK);
     let tls = shared.client_tls.load_full();
     let login_deadline = Instant::now() + cfg.weir.client_login_timeout;
     let first = within(login_deadline, login::read_startup(socket, &mut buf, tls.as_deref(), cfg)).await?;
