@@ -11,12 +11,14 @@ pub mod transfer;
 pub mod watchdog;
 
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::time::Sleep;
 pub use stream::ClientStream;
 use tracing::Instrument;
 use weir_metrics::ClientResult;
@@ -35,7 +37,7 @@ pub async fn serve(socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
     let span = tracing::info_span!("client", %peer, user = tracing::field::Empty, db = tracing::field::Empty);
     async move {
         let cfg = shared.config.load();
-        let started = Instant::now();
+        let started = cfg.weir.log_disconnections.then(Instant::now);
         if let Err(e) = run(&mut socket, peer, &shared, &cfg).await {
             if !e.is_silent() {
                 tracing::info!(error = %e, sqlstate = e.sqlstate().code(), "client refused or closed with an error");
@@ -46,7 +48,7 @@ pub async fn serve(socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
                 }
             }
         }
-        if cfg.weir.log_disconnections {
+        if let Some(started) = started {
             tracing::info!(age = ?started.elapsed(), "client disconnected");
         }
     }
@@ -103,7 +105,9 @@ async fn log_in<'a>(
     let mut buf = BytesMut::with_capacity(crate::wire::LOGIN_READ_CHUNK);
     let tls = shared.client_tls.load_full();
     let login_deadline = Instant::now() + cfg.weir.client_login_timeout;
-    let first = within(login_deadline, login::read_startup(socket, &mut buf, tls.as_deref(), cfg)).await?;
+    // One timer for the whole login: the startup packet and the authentication.
+    let mut timer = std::pin::pin!(tokio::time::sleep_until(login_deadline.into()));
+    let first = within(timer.as_mut(), login::read_startup(socket, &mut buf, tls.as_deref(), cfg)).await?;
     let (minor, req) = match first {
         First::Cancel { pid, secret } => {
             shared.cancels.cancel(pid, secret);
@@ -119,7 +123,7 @@ async fn log_in<'a>(
         let login = crate::admin::Login { req, minor, peer, local, deadline: login_deadline };
         return Box::pin(crate::admin::serve(socket, buf, shared, cfg, login)).await.map(|()| None);
     }
-    let session = within(login_deadline, Box::pin(authenticate(socket, &mut buf, shared, cfg, req, minor, peer))).await;
+    let session = within(timer, Box::pin(authenticate(socket, &mut buf, shared, cfg, req, minor, peer))).await;
     count_login(shared, &session);
     let session = session?;
     if cfg.weir.log_connections {
@@ -156,11 +160,16 @@ pub(crate) fn count_login<T>(shared: &Shared, login: &Result<T, ClientError>) {
     shared.cancels.metrics.record_client_connection(result);
 }
 
+/// Runs `f` until the login timer fires (LoginTimeout then).
 async fn within<T>(
-    deadline: Instant,
+    timer: Pin<&mut Sleep>,
     f: impl std::future::Future<Output = Result<T, ClientError>>,
 ) -> Result<T, ClientError> {
-    tokio::time::timeout_at(deadline.into(), f).await.map_err(|_| ClientError::LoginTimeout)?
+    tokio::select! {
+        biased;
+        r = f => r,
+        () = timer => Err(ClientError::LoginTimeout),
+    }
 }
 
 /// Authenticates, finds the pool and greets the client.
