@@ -99,9 +99,10 @@ async fn starts_with_client_hello(stream: &ClientStream) -> Result<bool, ClientE
 
 /// The TLS handshake; a failure (a client certificate that does not verify,
 /// no common protocol) is logged and closes the connection: no plaintext
-/// error can follow a failed handshake.
+/// error can follow a failed handshake. Its (large) state is boxed, so a
+/// plaintext login does not carry it in `read_startup`'s future.
 async fn handshake(stream: &mut ClientStream, tls: &ClientTls) -> Result<(), ClientError> {
-    stream.upgrade(&tls.acceptor).await.map_err(|e| {
+    Box::pin(stream.upgrade(&tls.acceptor)).await.map_err(|e| {
         tracing::info!(error = %e, "client TLS handshake failed");
         ClientError::Io(e)
     })
@@ -234,19 +235,26 @@ pub async fn check_startup_settings(
     }
 }
 
-/// AuthenticationOk, every ParameterStatus, BackendKeyData and ReadyForQuery.
+/// Room for a whole greeting (Postgres reports about 15 parameters).
+const GREETING_CAPACITY: usize = 1024;
+
+/// AuthenticationOk, every ParameterStatus, BackendKeyData and ReadyForQuery,
+/// in one buffer: the server's parameters with the client's values, then
+/// any the client has and the server does not report.
 pub fn greeting(server: &ParamMap, client: &ParamMap, key: (i32, i32), minor: u16, protocol_options: &[String]) -> BytesMut {
-    let mut out = BytesMut::with_capacity(512);
+    let mut out = BytesMut::with_capacity(GREETING_CAPACITY);
     if minor > 0 || !protocol_options.is_empty() {
         let opts: Vec<&str> = protocol_options.iter().map(String::as_str).collect();
         messages::negotiate_protocol_version(&mut out, 0, &opts);
     }
     messages::authentication(&mut out, auth::OK, &[]);
+    let mut overridden = 0;
     for (k, v) in server.iter() {
-        messages::parameter_status(&mut out, k, client.get(k).unwrap_or(v));
+        let value = client.get(k).inspect(|_| overridden += 1);
+        messages::parameter_status(&mut out, k, value.unwrap_or(v));
     }
-    for (k, v) in client.iter() {
-        if server.get(k).is_none() {
+    if overridden < client.len() {
+        for (k, v) in client.iter().filter(|(k, _)| server.get(k).is_none()) {
             messages::parameter_status(&mut out, k, v);
         }
     }
