@@ -136,8 +136,7 @@ async fn log_in<'a>(
 /// is killed or drained (the reason).
 async fn attend(session: &mut Session<'_>, shared: &Arc<Shared>, peer: SocketAddr) -> Result<Option<&'static str>, ClientError> {
     let listed = shared.registry.register(registry::NewClient {
-        user: session.pool.key.user.clone(),
-        database: session.pool.key.database.clone(),
+        owner: registry::Owner::Pool(session.pool.clone()),
         peer,
         local: session.client.local_addr(),
         application_name: session.params.get("application_name").unwrap_or_default().to_owned(),
