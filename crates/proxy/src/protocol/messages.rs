@@ -66,14 +66,12 @@ pub fn authentication(buf: &mut BytesMut, code: i32, payload: &[u8]) {
 }
 
 pub fn parameter_status(buf: &mut BytesMut, name: &str, value: &str) {
-    let len = 4 + name.len() + 1 + value.len() + 1;
-    buf.reserve(1 + len);
-    buf.put_u8(tag::PARAMETER_STATUS);
-    buf.put_i32(len as i32);
+    let at = begin(buf, tag::PARAMETER_STATUS);
     buf.put_slice(name.as_bytes());
     buf.put_u8(0);
     buf.put_slice(value.as_bytes());
     buf.put_u8(0);
+    finish(buf, at);
 }
 
 pub fn backend_key_data(buf: &mut BytesMut, pid: i32, secret: i32) {
