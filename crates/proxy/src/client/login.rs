@@ -158,23 +158,20 @@ pub fn interpret(raw: &[(&str, &str)], cfg: &Config) -> Result<Request, ClientEr
 /// Postgres before the client has authenticated.
 fn take_setting(req: &mut Request, name: &str, value: &str, cfg: &Config) -> Result<(), ClientError> {
     let listed = |list: &[String]| list.iter().any(|p| p.eq_ignore_ascii_case(name));
+    let tracked = TRACKED.iter().find(|t| t.eq_ignore_ascii_case(name));
     if name.eq_ignore_ascii_case(DEADLINE_PARAM) {
         let d = humantime::parse_duration(value)
             .map_err(|e| ClientError::BadStartupParameter(format!("invalid {DEADLINE_PARAM} \"{value}\": {e}")))?;
         req.declared_deadline = Some(d);
     } else if listed(&cfg.weir.ignore_startup_parameters) {
-    } else if TRACKED.iter().any(|t| t.eq_ignore_ascii_case(name)) {
-        req.params.set(canonical(name), value);
+    } else if let Some(canonical) = tracked {
+        req.params.set(canonical, value);
     } else if listed(&cfg.weir.track_extra_parameters) && params::valid_name(name) {
         req.settings.set(&name.to_ascii_lowercase(), value);
     } else {
         return Err(ClientError::BadStartupParameter(format!("unsupported startup parameter: {name}")));
     }
     Ok(())
-}
-
-fn canonical(name: &str) -> &str {
-    TRACKED.iter().find(|t| t.eq_ignore_ascii_case(name)).copied().unwrap_or(name)
 }
 
 /// The client's tracked parameters: its own values over the server's defaults.
