@@ -36,7 +36,9 @@ const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 /// Startup parameter with which a client declares its own deadline.
 pub const DEADLINE_PARAM: &str = "weir.client_deadline";
 
-/// The first packet that matters.
+/// The first packet that matters. Not boxed: it lives only until the
+/// caller matches on it, and a box would cost every login an allocation.
+#[allow(clippy::large_enum_variant)]
 pub enum First {
     Cancel { pid: i32, secret: i32 },
     /// A StartupMessage, its parameters sorted by `interpret`.
