@@ -410,7 +410,10 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
         }
         let task_shared = shared.clone();
         shared.tracker.spawn(async move {
-            client::serve(socket, peer, task_shared.clone()).await;
+            // Boxed: on its way into the runtime (spawn, the task cell, the
+            // task's end) the spawned future is moved whole several times;
+            // a box makes each move a pointer instead of a client's state.
+            Box::pin(client::serve(socket, peer, task_shared.clone())).await;
             task_shared.clients.fetch_sub(1, Ordering::AcqRel);
         });
     }

@@ -3,7 +3,8 @@
 //! by weir and never reaches Postgres; one for a running query is forwarded
 //! to that server with the server's own key.
 
-use std::collections::HashMap;
+use std::collections::hash_map::{Entry, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -97,10 +98,38 @@ impl CancelSlot {
     }
 }
 
+/// Hashes a key's pid with one multiplication. The pids in the map are
+/// weir's own random numbers, so this spreads them as well as SipHash would,
+/// and no client can choose them.
+#[derive(Debug, Default)]
+struct PidHasher(u64);
+
+impl Hasher for PidHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_i32(&mut self, pid: i32) {
+        self.write_u64(u64::from(pid as u32));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type Slots = HashMap<i32, (i32, Arc<CancelSlot>), BuildHasherDefault<PidHasher>>;
+
 /// All clients' keys.
 #[derive(Debug, Default)]
 pub struct CancelRegistry {
-    slots: Mutex<HashMap<i32, (i32, Arc<CancelSlot>)>>,
+    slots: Mutex<Slots>,
     pub metrics: GlobalMetrics,
 }
 
@@ -129,14 +158,14 @@ impl CancelRegistry {
         let slot = Arc::new(CancelSlot { at: Mutex::new(Where::Idle), switch: Default::default() });
         let mut rng = rand::thread_rng();
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        let (pid, secret) = loop {
+        loop {
             let pid = rng.gen_range(1..i32::MAX);
-            if !slots.contains_key(&pid) {
-                break (pid, rng.gen());
+            if let Entry::Vacant(free) = slots.entry(pid) {
+                let secret = rng.gen();
+                free.insert((secret, slot.clone()));
+                return Registration { registry: self.clone(), pid, secret, slot };
             }
-        };
-        slots.insert(pid, (secret, slot.clone()));
-        Registration { registry: self.clone(), pid, secret, slot }
+        }
     }
 
     /// Handles a CancelRequest. Never blocks on Postgres.

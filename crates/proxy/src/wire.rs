@@ -53,10 +53,22 @@ pub fn give_buffer(mut buf: BytesMut) {
     }
 }
 
+/// How much a read buffer grows by when less than half of that is spare.
+const READ_CHUNK: usize = 8192;
+
+/// The same for a client's login, whose few short messages (startup,
+/// password, SASL) fit in far less: its buffer stays a small allocation.
+pub const LOGIN_READ_CHUNK: usize = 1024;
+
 /// Reads more bytes into `buf`; EOF is an error.
 pub async fn fill<R: AsyncRead + Unpin>(r: &mut R, buf: &mut BytesMut) -> Result<usize, WireError> {
-    if buf.capacity() - buf.len() < 4096 {
-        buf.reserve(8192);
+    fill_by(r, buf, READ_CHUNK).await
+}
+
+/// `fill`, growing `buf` by `chunk` at a time.
+async fn fill_by<R: AsyncRead + Unpin>(r: &mut R, buf: &mut BytesMut, chunk: usize) -> Result<usize, WireError> {
+    if buf.capacity() - buf.len() < chunk / 2 {
+        buf.reserve(chunk);
     }
     match r.read_buf(buf).await? {
         0 => Err(WireError::Eof),
@@ -94,16 +106,26 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
     buf: &mut BytesMut,
     max_len: usize,
 ) -> Result<Frame, WireError> {
+    read_frame_by(r, buf, max_len, READ_CHUNK).await
+}
+
+/// `read_frame`, growing `buf` by `chunk` at a time (`LOGIN_READ_CHUNK`).
+pub async fn read_frame_by<R: AsyncRead + Unpin>(
+    r: &mut R,
+    buf: &mut BytesMut,
+    max_len: usize,
+    chunk: usize,
+) -> Result<Frame, WireError> {
     loop {
         if let Some(frame) = protocol::decode_frame(buf, max_len)? {
             return Ok(frame);
         }
-        fill(r, buf).await?;
+        fill_by(r, buf, chunk).await?;
     }
 }
 
-/// Reads one untagged startup-phase packet (length prefix included).
-/// Cancel-safe in the same way as `read_frame`.
+/// Reads one untagged startup-phase packet (length prefix included), in
+/// `LOGIN_READ_CHUNK`s. Cancel-safe in the same way as `read_frame`.
 pub async fn read_startup_packet<R: AsyncRead + Unpin>(
     r: &mut R,
     buf: &mut BytesMut,
@@ -114,6 +136,6 @@ pub async fn read_startup_packet<R: AsyncRead + Unpin>(
                 return Ok(buf.split_to(len).freeze());
             }
         }
-        fill(r, buf).await?;
+        fill_by(r, buf, LOGIN_READ_CHUNK).await?;
     }
 }

@@ -21,10 +21,11 @@ use weir_metrics::ClientResult;
 use crate::app::Shared;
 use crate::cancel::Registration;
 use crate::client::login::{self, Request};
-use crate::client::registry::NewClient;
+use crate::client::registry::{NewClient, Owner};
 use crate::client::{close_after_error, count_login, ClientError, ClientStream};
 use crate::config::Config;
 use crate::params::ParamMap;
+use crate::pool::PoolKey;
 use crate::protocol::messages::{self, Severity};
 use crate::protocol::tags::{frontend as fe, status};
 use crate::protocol::{frame::read_cstr, sqlstate, Frame, ProtocolError, SqlState};
@@ -90,8 +91,7 @@ pub async fn serve(
         tracing::info!(role = ?role, "admin console login");
     }
     let _listed = shared.registry.register(NewClient {
-        user: login.req.user.clone(),
-        database: login.req.database.clone(),
+        owner: Owner::Console(PoolKey { user: login.req.user.clone(), database: login.req.database.clone() }),
         peer: login.peer,
         local: login.local,
         application_name: login.req.params.get("application_name").unwrap_or_default().to_owned(),

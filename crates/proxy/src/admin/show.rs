@@ -217,8 +217,8 @@ fn clients(shared: &Arc<Shared>) -> ResultSet {
         let state = c.state();
         let conn = Connection {
             kind: "C",
-            user: &c.user,
-            database: &c.database,
+            user: c.user(),
+            database: c.database(),
             state: state.as_label(),
             peer: c.peer,
             local: c.local,

@@ -6,24 +6,48 @@ use subtle::ConstantTimeEq;
 
 use super::userlist::Secret;
 
-fn md5_hex(parts: &[&[u8]]) -> String {
+/// `"md5"` and 32 lowercase hex digits: the stored form of an md5 password
+/// and the form of a client's response, built without allocating.
+type Md5Text = [u8; 35];
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+fn md5_text(parts: &[&[u8]]) -> Md5Text {
     let mut h = Md5::new();
     for p in parts {
         h.update(p);
     }
-    format!("{:x}", h.finalize())
+    let mut out = [0u8; 35];
+    out[..3].copy_from_slice(b"md5");
+    for (pair, b) in out[3..].chunks_exact_mut(2).zip(h.finalize()) {
+        pair[0] = HEX[usize::from(b >> 4)];
+        pair[1] = HEX[usize::from(b & 0xf)];
+    }
+    out
+}
+
+fn to_string(text: Md5Text) -> String {
+    text.iter().map(|&b| char::from(b)).collect()
+}
+
+fn stored_form(password: &str, user: &str) -> Md5Text {
+    md5_text(&[password.as_bytes(), user.as_bytes()])
+}
+
+fn response_to(stored_md5: &[u8], salt: [u8; 4]) -> Md5Text {
+    let inner = stored_md5.strip_prefix(b"md5").unwrap_or(stored_md5);
+    md5_text(&[inner, &salt])
 }
 
 /// `"md5"` + hex(md5(password + user)): what Postgres stores for md5 users.
 pub fn md5_hex_password(password: &str, user: &str) -> String {
-    format!("md5{}", md5_hex(&[password.as_bytes(), user.as_bytes()]))
+    to_string(stored_form(password, user))
 }
 
 /// The response a client must send for a stored `md5...` password and salt
 /// (also what weir sends a server for md5 pass-through).
 pub fn expected_response(stored_md5: &str, salt: [u8; 4]) -> String {
-    let inner = stored_md5.strip_prefix("md5").unwrap_or(stored_md5);
-    format!("md5{}", md5_hex(&[inner.as_bytes(), &salt]))
+    to_string(response_to(stored_md5.as_bytes(), salt))
 }
 
 /// Checks a client's PasswordMessage payload (without its NUL) against
@@ -35,13 +59,12 @@ pub fn verify_md5_response(
     salt: [u8; 4],
     client_response: &[u8],
 ) -> bool {
-    let stored = match secret {
-        Secret::Plain(p) if !p.is_empty() => md5_hex_password(p, user),
-        Secret::Md5(m) => m.clone(),
+    let expected = match secret {
+        Secret::Plain(p) if !p.is_empty() => response_to(&stored_form(p, user), salt),
+        Secret::Md5(m) => response_to(m.as_bytes(), salt),
         Secret::Plain(_) | Secret::Scram(_) => return false,
     };
-    let expected = expected_response(&stored, salt);
-    bool::from(expected.as_bytes().ct_eq(client_response))
+    bool::from(expected[..].ct_eq(client_response))
 }
 
 #[cfg(test)]

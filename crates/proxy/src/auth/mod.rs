@@ -143,7 +143,7 @@ async fn read_password_message<S: AsyncRead + Unpin>(
     stream: &mut S,
     buf: &mut BytesMut,
 ) -> Result<bytes::Bytes, AuthError> {
-    let frame = wire::read_frame(stream, buf, MAX_AUTH_MESSAGE_LEN).await?;
+    let frame = wire::read_frame_by(stream, buf, MAX_AUTH_MESSAGE_LEN, wire::LOGIN_READ_CHUNK).await?;
     match frame.tag {
         tags::frontend::PASSWORD => Ok(frame.bytes.slice(crate::protocol::HEADER_LEN..)),
         tags::frontend::TERMINATE => Err(AuthError::Eof),

@@ -36,10 +36,13 @@ const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 /// Startup parameter with which a client declares its own deadline.
 pub const DEADLINE_PARAM: &str = "weir.client_deadline";
 
-/// The first packet that matters.
+/// The first packet that matters. Not boxed: it lives only until the
+/// caller matches on it, and a box would cost every login an allocation.
+#[allow(clippy::large_enum_variant)]
 pub enum First {
     Cancel { pid: i32, secret: i32 },
-    Startup { minor: u16, params: Vec<(String, String)> },
+    /// A StartupMessage, its parameters sorted by `interpret`.
+    Startup { minor: u16, req: Request },
 }
 
 /// Reads the startup packet. SSLRequest gets `S` and a TLS handshake when
@@ -52,6 +55,7 @@ pub async fn read_startup(
     stream: &mut ClientStream,
     buf: &mut BytesMut,
     tls: Option<&ClientTls>,
+    cfg: &Config,
 ) -> Result<First, ClientError> {
     if let Some(tls) = tls {
         if starts_with_client_hello(stream).await? {
@@ -79,7 +83,7 @@ pub async fn read_startup(
             }
             StartupPacket::Cancel { pid, secret } => return Ok(First::Cancel { pid, secret }),
             _ if tls.is_some_and(|t| t.mode.required()) && !stream.is_tls() => return Err(ClientError::TlsRequired),
-            StartupPacket::Startup { major: 3, minor, params } => return Ok(First::Startup { minor, params }),
+            StartupPacket::Startup { major: 3, minor, params } => return Ok(First::Startup { minor, req: interpret(&params, cfg)? }),
             StartupPacket::Startup { major, minor, .. } => return Err(ClientError::UnsupportedProtocol(major, minor)),
         }
     }
@@ -97,9 +101,10 @@ async fn starts_with_client_hello(stream: &ClientStream) -> Result<bool, ClientE
 
 /// The TLS handshake; a failure (a client certificate that does not verify,
 /// no common protocol) is logged and closes the connection: no plaintext
-/// error can follow a failed handshake.
+/// error can follow a failed handshake. Its (large) state is boxed, so a
+/// plaintext login does not carry it in `read_startup`'s future.
 async fn handshake(stream: &mut ClientStream, tls: &ClientTls) -> Result<(), ClientError> {
-    stream.upgrade(&tls.acceptor).await.map_err(|e| {
+    Box::pin(stream.upgrade(&tls.acceptor)).await.map_err(|e| {
         tracing::info!(error = %e, "client TLS handshake failed");
         ClientError::Io(e)
     })
@@ -121,14 +126,14 @@ pub struct Request {
 
 /// Sorts the startup parameters. Nothing is silently lost: each is used,
 /// applied to servers, explicitly ignored by config, or refused.
-pub fn interpret(raw: Vec<(String, String)>, cfg: &Config) -> Result<Request, ClientError> {
+pub fn interpret(raw: &[(&str, &str)], cfg: &Config) -> Result<Request, ClientError> {
     let mut req = Request::default();
-    for (k, v) in raw {
-        match k.as_str() {
-            "user" => req.user = v,
-            "database" => req.database = v,
+    for &(k, v) in raw {
+        match k {
+            "user" => v.clone_into(&mut req.user),
+            "database" => v.clone_into(&mut req.database),
             "options" => {
-                for (name, value) in params::parse_options(&v).map_err(ClientError::BadStartupParameter)? {
+                for (name, value) in params::parse_options(v).map_err(ClientError::BadStartupParameter)? {
                     take_setting(&mut req, &name, &value, cfg)?;
                 }
             }
@@ -136,8 +141,8 @@ pub fn interpret(raw: Vec<(String, String)>, cfg: &Config) -> Result<Request, Cl
                 return Err(ClientError::BadStartupParameter("replication connections are not supported by weir".into()))
             }
             "replication" => {}
-            _ if k.starts_with("_pq_.") => req.protocol_options.push(k),
-            _ => take_setting(&mut req, &k, &v, cfg)?,
+            _ if k.starts_with("_pq_.") => req.protocol_options.push(k.to_owned()),
+            _ => take_setting(&mut req, k, v, cfg)?,
         }
     }
     if req.user.is_empty() {
@@ -155,23 +160,20 @@ pub fn interpret(raw: Vec<(String, String)>, cfg: &Config) -> Result<Request, Cl
 /// Postgres before the client has authenticated.
 fn take_setting(req: &mut Request, name: &str, value: &str, cfg: &Config) -> Result<(), ClientError> {
     let listed = |list: &[String]| list.iter().any(|p| p.eq_ignore_ascii_case(name));
+    let tracked = TRACKED.iter().find(|t| t.eq_ignore_ascii_case(name));
     if name.eq_ignore_ascii_case(DEADLINE_PARAM) {
         let d = humantime::parse_duration(value)
             .map_err(|e| ClientError::BadStartupParameter(format!("invalid {DEADLINE_PARAM} \"{value}\": {e}")))?;
         req.declared_deadline = Some(d);
     } else if listed(&cfg.weir.ignore_startup_parameters) {
-    } else if TRACKED.iter().any(|t| t.eq_ignore_ascii_case(name)) {
-        req.params.set(canonical(name), value);
+    } else if let Some(canonical) = tracked {
+        req.params.set(canonical, value);
     } else if listed(&cfg.weir.track_extra_parameters) && params::valid_name(name) {
         req.settings.set(&name.to_ascii_lowercase(), value);
     } else {
         return Err(ClientError::BadStartupParameter(format!("unsupported startup parameter: {name}")));
     }
     Ok(())
-}
-
-fn canonical(name: &str) -> &str {
-    TRACKED.iter().find(|t| t.eq_ignore_ascii_case(name)).copied().unwrap_or(name)
 }
 
 /// The client's tracked parameters: its own values over the server's defaults.
@@ -232,19 +234,26 @@ pub async fn check_startup_settings(
     }
 }
 
-/// AuthenticationOk, every ParameterStatus, BackendKeyData and ReadyForQuery.
+/// Room for a whole greeting (Postgres reports about 15 parameters).
+const GREETING_CAPACITY: usize = 1024;
+
+/// AuthenticationOk, every ParameterStatus, BackendKeyData and ReadyForQuery,
+/// in one buffer: the server's parameters with the client's values, then
+/// any the client has and the server does not report.
 pub fn greeting(server: &ParamMap, client: &ParamMap, key: (i32, i32), minor: u16, protocol_options: &[String]) -> BytesMut {
-    let mut out = BytesMut::with_capacity(512);
+    let mut out = BytesMut::with_capacity(GREETING_CAPACITY);
     if minor > 0 || !protocol_options.is_empty() {
         let opts: Vec<&str> = protocol_options.iter().map(String::as_str).collect();
         messages::negotiate_protocol_version(&mut out, 0, &opts);
     }
     messages::authentication(&mut out, auth::OK, &[]);
+    let mut overridden = 0;
     for (k, v) in server.iter() {
-        messages::parameter_status(&mut out, k, client.get(k).unwrap_or(v));
+        let value = client.get(k).inspect(|_| overridden += 1);
+        messages::parameter_status(&mut out, k, value.unwrap_or(v));
     }
-    for (k, v) in client.iter() {
-        if server.get(k).is_none() {
+    if overridden < client.len() {
+        for (k, v) in client.iter().filter(|(k, _)| server.get(k).is_none()) {
             messages::parameter_status(&mut out, k, v);
         }
     }
@@ -261,20 +270,16 @@ mod tests {
         Config::from_toml("[weir]\nauth_type = \"trust\"\n[databases.app]\n", std::path::Path::new(".")).unwrap()
     }
 
-    fn raw(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
-    }
-
     #[test]
     fn sorts_parameters() {
         let r = interpret(
-            raw(&[
+            &[
                 ("user", "bob"),
                 ("application_name", "x"),
                 ("options", "-c weir.client_deadline=800ms -c search_path=s"),
                 ("extra_float_digits", "2"),
                 ("datestyle", "ISO"),
-            ]),
+            ],
             &cfg(),
         )
         .unwrap();
@@ -288,33 +293,33 @@ mod tests {
 
     #[test]
     fn refuses_what_it_cannot_honour() {
-        assert!(matches!(interpret(raw(&[("database", "x")]), &cfg()), Err(ClientError::NoUser)));
-        let bad = interpret(raw(&[("user", "u"), ("weir.bogus", "1")]), &cfg());
+        assert!(matches!(interpret(&[("database", "x")], &cfg()), Err(ClientError::NoUser)));
+        let bad = interpret(&[("user", "u"), ("weir.bogus", "1")], &cfg());
         assert!(matches!(bad, Err(ClientError::BadStartupParameter(_))));
-        let repl = interpret(raw(&[("user", "u"), ("replication", "database")]), &cfg());
+        let repl = interpret(&[("user", "u"), ("replication", "database")], &cfg());
         assert!(matches!(repl, Err(ClientError::BadStartupParameter(_))));
     }
 
     #[test]
     fn only_the_allow_list_is_forwarded() {
-        let unlisted = interpret(raw(&[("user", "u"), ("options", "-c work_mem=1GB")]), &cfg());
+        let unlisted = interpret(&[("user", "u"), ("options", "-c work_mem=1GB")], &cfg());
         match unlisted {
             Err(ClientError::BadStartupParameter(m)) => {
                 assert_eq!(m, "unsupported startup parameter: work_mem")
             }
             other => panic!("{other:?}"),
         }
-        let plain = interpret(raw(&[("user", "u"), ("enable_seqscan", "off")]), &cfg());
+        let plain = interpret(&[("user", "u"), ("enable_seqscan", "off")], &cfg());
         assert!(matches!(plain, Err(ClientError::BadStartupParameter(_))), "plain parameters too");
         let text = "[weir]\nauth_type = \"trust\"\ntrack_extra_parameters = [\"Work_Mem\"]\n[databases.app]\n";
         let allowing = Config::from_toml(text, std::path::Path::new(".")).unwrap();
-        let r = interpret(raw(&[("user", "u"), ("options", "-c WORK_MEM=1GB")]), &allowing).unwrap();
+        let r = interpret(&[("user", "u"), ("options", "-c WORK_MEM=1GB")], &allowing).unwrap();
         assert_eq!(r.settings.get("work_mem"), Some("1GB"));
-        let search = interpret(raw(&[("user", "u"), ("search_path", "s")]), &allowing);
+        let search = interpret(&[("user", "u"), ("search_path", "s")], &allowing);
         assert!(matches!(search, Err(ClientError::BadStartupParameter(_))), "the list replaces the default");
         let text = "[weir]\nauth_type = \"trust\"\nignore_startup_parameters = [\"search_path\"]\n[databases.app]\n";
         let ignoring = Config::from_toml(text, std::path::Path::new(".")).unwrap();
-        let r = interpret(raw(&[("user", "u"), ("search_path", "s")]), &ignoring).unwrap();
+        let r = interpret(&[("user", "u"), ("search_path", "s")], &ignoring).unwrap();
         assert_eq!(r.settings.get("search_path"), None, "a name on both lists is ignored");
     }
 }

@@ -11,12 +11,14 @@ pub mod transfer;
 pub mod watchdog;
 
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::time::Sleep;
 pub use stream::ClientStream;
 use tracing::Instrument;
 use weir_metrics::ClientResult;
@@ -35,7 +37,7 @@ pub async fn serve(socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
     let span = tracing::info_span!("client", %peer, user = tracing::field::Empty, db = tracing::field::Empty);
     async move {
         let cfg = shared.config.load();
-        let started = Instant::now();
+        let started = cfg.weir.log_disconnections.then(Instant::now);
         if let Err(e) = run(&mut socket, peer, &shared, &cfg).await {
             if !e.is_silent() {
                 tracing::info!(error = %e, sqlstate = e.sqlstate().code(), "client refused or closed with an error");
@@ -46,7 +48,7 @@ pub async fn serve(socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
                 }
             }
         }
-        if cfg.weir.log_disconnections {
+        if let Some(started) = started {
             tracing::info!(age = ?started.elapsed(), "client disconnected");
         }
     }
@@ -100,18 +102,19 @@ async fn log_in<'a>(
     shared: &Arc<Shared>,
     cfg: &Arc<Config>,
 ) -> Result<Option<Session<'a>>, ClientError> {
-    let mut buf = BytesMut::with_capacity(8192);
+    let mut buf = BytesMut::with_capacity(crate::wire::LOGIN_READ_CHUNK);
     let tls = shared.client_tls.load_full();
     let login_deadline = Instant::now() + cfg.weir.client_login_timeout;
-    let first = within(login_deadline, login::read_startup(socket, &mut buf, tls.as_deref())).await?;
-    let (minor, raw) = match first {
+    // One timer for the whole login: the startup packet and the authentication.
+    let mut timer = std::pin::pin!(tokio::time::sleep_until(login_deadline.into()));
+    let first = within(timer.as_mut(), login::read_startup(socket, &mut buf, tls.as_deref(), cfg)).await?;
+    let (minor, req) = match first {
         First::Cancel { pid, secret } => {
             shared.cancels.cancel(pid, secret);
             return Ok(None);
         }
-        First::Startup { minor, params } => (minor, params),
+        First::Startup { minor, req } => (minor, req),
     };
-    let req = login::interpret(raw, cfg)?;
     let span = tracing::Span::current();
     span.record("user", req.user.as_str());
     span.record("db", req.database.as_str());
@@ -120,7 +123,7 @@ async fn log_in<'a>(
         let login = crate::admin::Login { req, minor, peer, local, deadline: login_deadline };
         return Box::pin(crate::admin::serve(socket, buf, shared, cfg, login)).await.map(|()| None);
     }
-    let session = within(login_deadline, Box::pin(authenticate(socket, &mut buf, shared, cfg, req, minor, peer))).await;
+    let session = within(timer, Box::pin(authenticate(socket, &mut buf, shared, cfg, req, minor, peer))).await;
     count_login(shared, &session);
     let session = session?;
     if cfg.weir.log_connections {
@@ -134,8 +137,7 @@ async fn log_in<'a>(
 async fn attend(session: &mut Session<'_>, shared: &Arc<Shared>, peer: SocketAddr) -> Result<Option<&'static str>, ClientError> {
     // Listed for SHOW CLIENTS and KILL while this runs.
     let _listed = shared.registry.register(registry::NewClient {
-        user: session.pool.key.user.clone(),
-        database: session.pool.key.database.clone(),
+        owner: registry::Owner::Pool(session.pool.clone()),
         peer,
         local: session.client.local_addr(),
         application_name: session.params.get("application_name").unwrap_or_default().to_owned(),
@@ -160,11 +162,16 @@ pub(crate) fn count_login<T>(shared: &Shared, login: &Result<T, ClientError>) {
     shared.cancels.metrics.record_client_connection(result);
 }
 
+/// Runs `f` until the login timer fires (LoginTimeout then).
 async fn within<T>(
-    deadline: Instant,
+    timer: Pin<&mut Sleep>,
     f: impl std::future::Future<Output = Result<T, ClientError>>,
 ) -> Result<T, ClientError> {
-    tokio::time::timeout_at(deadline.into(), f).await.map_err(|_| ClientError::LoginTimeout)?
+    tokio::select! {
+        biased;
+        r = f => r,
+        () = timer => Err(ClientError::LoginTimeout),
+    }
 }
 
 /// Authenticates, finds the pool and greets the client.
@@ -173,7 +180,7 @@ async fn authenticate<'a>(
     buf: &mut BytesMut,
     shared: &Arc<Shared>,
     cfg: &Arc<Config>,
-    req: Request,
+    mut req: Request,
     minor: u16,
     peer: SocketAddr,
 ) -> Result<Session<'a>, ClientError> {
@@ -188,9 +195,10 @@ async fn authenticate<'a>(
     };
     let method = auth_method(shared, cfg, peer, socket.is_tls(), &req)?;
     let authed = crate::auth::authenticate(socket, buf, method, &req.user, secret).await?;
-    let key = PoolKey { database: req.database.clone(), user: req.user.clone() };
     let credentials = crate::auth::server_credentials(secret, &authed);
-    let pool = shared.pool_for(cfg, &key, credentials).ok_or_else(|| ClientError::UnknownDatabase(req.database.clone()))?;
+    // The names move into the key: nothing after this reads them from `req`.
+    let key = PoolKey { database: std::mem::take(&mut req.database), user: std::mem::take(&mut req.user) };
+    let Some(pool) = shared.pool_for(cfg, &key, credentials) else { return Err(ClientError::UnknownDatabase(key.database)) };
     let settings = pool.settings();
     let budget = wait_budget(settings.query_wait_timeout, req.declared_deadline, cfg.weir.client_deadline_fraction);
     let deadline = Instant::now() + budget;

@@ -12,14 +12,30 @@ use std::time::{Instant, SystemTime};
 use weir_metrics::ClientState;
 
 use crate::cancel::CancelSlot;
-use crate::pool::Pools;
+use crate::pool::{Pool, PoolKey, Pools};
+
+/// Whose client it is: a pool's (its database and user are the pool's), or
+/// the admin console's.
+#[derive(Debug)]
+pub enum Owner {
+    Pool(Arc<Pool>),
+    Console(PoolKey),
+}
+
+impl Owner {
+    fn key(&self) -> &PoolKey {
+        match self {
+            Owner::Pool(pool) => &pool.key,
+            Owner::Console(key) => key,
+        }
+    }
+}
 
 /// What is known about one logged-in client.
 #[derive(Debug)]
 pub struct ClientEntry {
     pub id: u64,
-    pub user: String,
-    pub database: String,
+    owner: Owner,
     pub peer: SocketAddr,
     pub local: Option<SocketAddr>,
     pub application_name: String,
@@ -35,6 +51,14 @@ pub struct ClientEntry {
 }
 
 impl ClientEntry {
+    pub fn user(&self) -> &str {
+        &self.owner.key().user
+    }
+
+    pub fn database(&self) -> &str {
+        &self.owner.key().database
+    }
+
     /// Idle, waiting or active (console clients are always active).
     pub fn state(&self) -> ClientState {
         self.slot.as_ref().map_or(ClientState::Active, |s| s.client_state())
@@ -54,10 +78,9 @@ impl ClientEntry {
 }
 
 /// The details a client registers with.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct NewClient {
-    pub user: String,
-    pub database: String,
+    pub owner: Owner,
     pub peer: SocketAddr,
     pub local: Option<SocketAddr>,
     pub application_name: String,
@@ -100,8 +123,7 @@ impl ClientRegistry {
         let entry = Arc::new(ClientEntry {
             id,
             console: c.slot.is_none(),
-            user: c.user,
-            database: c.database,
+            owner: c.owner,
             peer: c.peer,
             local: c.local,
             application_name: c.application_name,
@@ -130,7 +152,7 @@ impl ClientRegistry {
     /// Kills the pooled clients of `database` (every pooled client when None).
     /// Returns how many were told to go.
     pub fn kill_database(&self, database: Option<&str>, why: &'static str) -> usize {
-        let doomed: Vec<_> = self.all().into_iter().filter(|c| !c.console && database.is_none_or(|d| c.database == d)).collect();
+        let doomed: Vec<_> = self.all().into_iter().filter(|c| !c.console && database.is_none_or(|d| c.database() == d)).collect();
         doomed.iter().for_each(|c| c.kill(why));
         doomed.len()
     }
@@ -151,7 +173,7 @@ impl ClientRegistry {
     pub fn idle_and_active(&self) -> HashMap<(String, String), (i64, i64)> {
         let mut counts: HashMap<(String, String), (i64, i64)> = HashMap::new();
         for c in self.all().iter().filter(|c| !c.console) {
-            let e = counts.entry((c.database.clone(), c.user.clone())).or_default();
+            let e = counts.entry((c.database().to_owned(), c.user().to_owned())).or_default();
             match c.state() {
                 ClientState::Idle => e.0 += 1,
                 ClientState::Active => e.1 += 1,
@@ -180,8 +202,7 @@ mod tests {
 
     fn client(db: &str, slot: Option<Arc<CancelSlot>>) -> NewClient {
         NewClient {
-            user: "u".into(),
-            database: db.into(),
+            owner: Owner::Console(PoolKey { user: "u".into(), database: db.into() }),
             peer: "127.0.0.1:1".parse().unwrap(),
             local: None,
             application_name: String::new(),
@@ -206,6 +227,6 @@ mod tests {
         assert!(!kb.slot.switch.is_killed());
         assert_eq!(reg.kill_database(None, "all"), 2, "console clients are not pooled clients");
         drop(a);
-        assert_eq!(reg.all().iter().map(|c| c.database.as_str()).collect::<Vec<_>>(), vec!["b", "weir"]);
+        assert_eq!(reg.all().iter().map(|c| c.database()).collect::<Vec<_>>(), vec!["b", "weir"]);
     }
 }

@@ -6,10 +6,11 @@ use super::{frame::read_cstr, tags::startup as code, ProtocolError};
 /// Postgres refuses startup packets longer than this (`MAX_STARTUP_PACKET_LENGTH`).
 pub const MAX_STARTUP_PACKET_LEN: usize = 10_000;
 
-/// A parsed untagged packet.
+/// A parsed untagged packet; a StartupMessage's parameters are read in
+/// place (borrowed from the packet).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StartupPacket {
-    Startup { major: u16, minor: u16, params: Vec<(String, String)> },
+pub enum StartupPacket<'a> {
+    Startup { major: u16, minor: u16, params: Vec<(&'a str, &'a str)> },
     Cancel { pid: i32, secret: i32 },
     SslRequest,
     GssEncRequest,
@@ -31,7 +32,7 @@ pub fn peek_len(buf: &[u8]) -> Result<Option<usize>, ProtocolError> {
 }
 
 /// Parses one whole untagged packet (length prefix included).
-pub fn parse(packet: &[u8]) -> Result<StartupPacket, ProtocolError> {
+pub fn parse(packet: &[u8]) -> Result<StartupPacket<'_>, ProtocolError> {
     if packet.len() < 8 {
         return Err(ProtocolError::Truncated);
     }
@@ -55,7 +56,7 @@ pub fn parse(packet: &[u8]) -> Result<StartupPacket, ProtocolError> {
                     break;
                 }
                 let value = read_cstr(&mut body)?;
-                params.push((key.to_owned(), value.to_owned()));
+                params.push((key, value));
             }
             if !body.is_empty() {
                 return Err(ProtocolError::TrailingBytes);
@@ -81,7 +82,7 @@ mod tests {
         let p = packet(code::PROTOCOL_3_0, b"user\0bob\0database\0app\0\0");
         let StartupPacket::Startup { major, minor, params } = parse(&p).unwrap() else { panic!() };
         assert_eq!((major, minor), (3, 0));
-        assert_eq!(params, vec![("user".into(), "bob".into()), ("database".into(), "app".into())]);
+        assert_eq!(params, vec![("user", "bob"), ("database", "app")]);
     }
 
     #[test]

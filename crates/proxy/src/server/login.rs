@@ -454,6 +454,7 @@ mod tests {
             let StartupPacket::Startup { params, .. } = startup::parse(&packet).unwrap() else {
                 panic!("not a startup")
             };
+            let params = params.into_iter().map(|(k, v)| (k.to_owned(), v.to_owned())).collect();
             script(s, buf, params).await;
         };
         let client = async move {
