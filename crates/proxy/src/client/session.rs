@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
-use tokio::io::AsyncWriteExt;
+use futures_util::FutureExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Sleep;
 use weir_metrics::{CloseReason, DropReason};
 
@@ -190,11 +191,14 @@ impl<'a> Session<'a> {
                 // readiness of its own and goes through `fill` below).
                 self.cbuf = wire::take_buffer();
                 if !self.client.is_tls() {
-                    match self.client.try_read_buf(&mut self.cbuf) {
-                        Ok(0) => return Ok(false),
-                        Ok(_) => continue,
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                        Err(_) => return Ok(false),
+                    // Polled once rather than `try_read_buf`: a short read
+                    // this way also clears the socket's readiness, so the
+                    // reads that follow (`left_meanwhile`, the transfer
+                    // loop) make no system call just to get EAGAIN.
+                    match self.client.read_buf(&mut self.cbuf).now_or_never() {
+                        None => continue,
+                        Some(Ok(0) | Err(_)) => return Ok(false),
+                        Some(Ok(_)) => continue,
                     }
                 }
             }
