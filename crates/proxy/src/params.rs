@@ -23,16 +23,27 @@ pub const TRACKED: &[&str] = &[
 /// process-wide number, a clone keeps it, and the empty map has 0. Equal
 /// stamps mean equal content, so a comparison that found two maps matching
 /// need not be repeated while neither stamp moves (`Stamps`).
+///
+/// The values sit behind a box that an empty map does not have: a session
+/// holds two maps for its whole life, and the second (startup settings) is
+/// almost always empty.
 #[derive(Debug, Clone, Default)]
 pub struct ParamMap {
-    tracked: [Option<String>; TRACKED.len()],
-    other: Vec<(String, String)>,
+    values: Option<Box<Values>>,
     stamp: u64,
 }
 
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Values {
+    tracked: [Option<String>; TRACKED.len()],
+    other: Vec<(String, String)>,
+}
+
+static EMPTY: Values = Values { tracked: [const { None }; TRACKED.len()], other: Vec::new() };
+
 impl PartialEq for ParamMap {
     fn eq(&self, other: &Self) -> bool {
-        self.tracked == other.tracked && self.other == other.other
+        self.vals() == other.vals()
     }
 }
 
@@ -79,17 +90,23 @@ impl ParamMap {
         ParamMap::default()
     }
 
+    fn vals(&self) -> &Values {
+        self.values.as_deref().unwrap_or(&EMPTY)
+    }
+
     pub fn get(&self, name: &str) -> Option<&str> {
+        let vals = self.vals();
         match slot(name) {
-            Some(i) => self.tracked[i].as_deref(),
-            None => self.other.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str()),
+            Some(i) => vals.tracked[i].as_deref(),
+            None => vals.other.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str()),
         }
     }
 
     pub fn set(&mut self, name: &str, value: &str) {
+        let vals = self.values.get_or_insert_with(Default::default);
         let v = match slot(name) {
-            Some(i) => &mut self.tracked[i],
-            None => match self.other.iter_mut().find(|(k, _)| k.eq_ignore_ascii_case(name)) {
+            Some(i) => &mut vals.tracked[i],
+            None => match vals.other.iter_mut().find(|(k, _)| k.eq_ignore_ascii_case(name)) {
                 Some((_, v)) => {
                     if v != value {
                         *v = value.to_owned();
@@ -98,7 +115,7 @@ impl ParamMap {
                     return;
                 }
                 None => {
-                    self.other.push((name.to_owned(), value.to_owned()));
+                    vals.other.push((name.to_owned(), value.to_owned()));
                     self.stamp = NEXT_STAMP.fetch_add(1, Ordering::Relaxed);
                     return;
                 }
@@ -116,12 +133,14 @@ impl ParamMap {
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
-        let tracked = self.tracked.iter().zip(TRACKED).filter_map(|(v, k)| v.as_deref().map(|v| (*k, v)));
-        tracked.chain(self.other.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        let vals = self.vals();
+        let tracked = vals.tracked.iter().zip(TRACKED).filter_map(|(v, k)| v.as_deref().map(|v| (*k, v)));
+        tracked.chain(vals.other.iter().map(|(k, v)| (k.as_str(), v.as_str())))
     }
 
     pub fn len(&self) -> usize {
-        self.tracked.iter().flatten().count() + self.other.len()
+        let vals = self.vals();
+        vals.tracked.iter().flatten().count() + vals.other.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -131,14 +150,14 @@ impl ParamMap {
     /// Appends the SET statements that make a server with `server` values
     /// match `self` for the names `self` has.
     pub fn push_sets(&self, server: &ParamMap, sql: &mut String) {
-        for ((mine, theirs), name) in self.tracked.iter().zip(&server.tracked).zip(TRACKED) {
+        for ((mine, theirs), name) in self.vals().tracked.iter().zip(&server.vals().tracked).zip(TRACKED) {
             if let Some(v) = mine {
                 if theirs.as_ref() != Some(v) {
                     sql.push_str(&set_statement(name, v));
                 }
             }
         }
-        for (k, v) in &self.other {
+        for (k, v) in &self.vals().other {
             if server.get(k) != Some(v.as_str()) {
                 sql.push_str(&set_statement(k, v));
             }
