@@ -31,11 +31,14 @@ pub use error::ClientError;
 use login::{First, Request};
 use session::Session;
 
-/// Serves one accepted client connection to the end.
-pub async fn serve(socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
-    let mut socket = ClientStream::Plain(socket);
+/// Serves one accepted client connection to the end. A plain function
+/// returning the instrumented future (not an `async fn` around it), so the
+/// client's task does not also keep the arguments' slots and a second copy
+/// of `peer` for its whole life.
+pub fn serve(socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>) -> impl std::future::Future<Output = ()> {
     let span = tracing::info_span!("client", %peer, user = tracing::field::Empty, db = tracing::field::Empty);
     async move {
+        let mut socket = ClientStream::Plain(socket);
         let cfg = shared.config.load();
         let started = cfg.weir.log_disconnections.then(Instant::now);
         if let Err(e) = run(&mut socket, peer, &shared, &cfg).await {
@@ -53,7 +56,6 @@ pub async fn serve(socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
         }
     }
     .instrument(span)
-    .await
 }
 
 /// How long a refused client's unread bytes are drained after its FATAL.
