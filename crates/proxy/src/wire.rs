@@ -39,12 +39,17 @@ pub fn take_buffer() -> BytesMut {
     SPARE.with_borrow_mut(|s| s.pop()).unwrap_or_else(|| BytesMut::with_capacity(BUFFER_SIZE))
 }
 
+/// The largest buffer kept as a spare: one that grew for a big message
+/// is freed rather than held on to.
+const SPARE_MAX: usize = 64 * 1024;
+
 /// Keeps `buf` (its contents dropped) for `take_buffer` if it can hold
 /// 8 KiB without allocating (it shares its memory with no bytes still in
-/// use elsewhere) and fewer than `SPARE_BUFFERS` are kept; else frees it.
+/// use elsewhere), is not over `SPARE_MAX`, and fewer than
+/// `SPARE_BUFFERS` are kept; else frees it.
 pub fn give_buffer(mut buf: BytesMut) {
     buf.clear();
-    if buf.try_reclaim(BUFFER_SIZE) {
+    if buf.try_reclaim(BUFFER_SIZE) && buf.capacity() <= SPARE_MAX {
         SPARE.with_borrow_mut(|s| {
             if s.len() < SPARE_BUFFERS {
                 s.push(buf);
@@ -96,6 +101,10 @@ mod tests {
         let d = take_buffer();
         assert_ne!(d.as_ptr(), ptr, "memory still shared with `held` is not kept");
         assert_eq!(&held[..], &[2; 5]);
+        let mut big = take_buffer();
+        big.reserve(SPARE_MAX * 2);
+        give_buffer(big);
+        assert!(take_buffer().capacity() <= SPARE_MAX, "a buffer grown past SPARE_MAX is freed, not kept");
     }
 }
 
