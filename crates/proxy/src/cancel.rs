@@ -55,18 +55,7 @@ impl CancelSlot {
 
     /// Resolves once a cancel has come while waiting. Cancel-safe.
     pub async fn cancelled_in_queue(&self) {
-        std::future::poll_fn(|cx| {
-            if self.wait_cancelled() {
-                return std::task::Poll::Ready(());
-            }
-            self.switch.register(cx.waker());
-            if self.wait_cancelled() {
-                std::task::Poll::Ready(())
-            } else {
-                std::task::Poll::Pending
-            }
-        })
-        .await
+        std::future::poll_fn(|cx| self.switch.poll_until(cx, || self.wait_cancelled())).await
     }
 
     /// Moves from waiting to running. Returns false, staying put, if a cancel

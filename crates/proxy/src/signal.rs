@@ -94,9 +94,19 @@ impl Switch {
         self.waker.wake();
     }
 
-    /// Registers the client task's waker, for `wake`.
-    pub fn register(&self, waker: &std::task::Waker) {
-        self.waker.register(waker);
+    /// Ready once `done()` holds, else Pending with the task's waker
+    /// registered for `kill`, `drain` and `wake` (checked again after
+    /// registering, so a wake in between is not lost).
+    pub fn poll_until(&self, cx: &mut std::task::Context<'_>, done: impl Fn() -> bool) -> Poll<()> {
+        if done() {
+            return Poll::Ready(());
+        }
+        self.waker.register(cx.waker());
+        if done() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
     }
 
     pub fn is_killed(&self) -> bool {
@@ -104,15 +114,7 @@ impl Switch {
     }
 
     fn poll_state(&self, cx: &mut std::task::Context<'_>, want: u8) -> Poll<()> {
-        if self.state.load(Ordering::SeqCst) == want {
-            return Poll::Ready(());
-        }
-        self.waker.register(cx.waker());
-        if self.state.load(Ordering::SeqCst) == want {
-            Poll::Ready(())
-        } else {
-            Poll::Pending
-        }
+        self.poll_until(cx, || self.state.load(Ordering::SeqCst) == want)
     }
 }
 

@@ -20,8 +20,9 @@ pub enum WireError {
     Protocol(#[from] ProtocolError),
 }
 
-/// The size of a client's read buffer.
-const BUFFER_SIZE: usize = 8192;
+/// How much a read buffer grows by when less than half of that is spare,
+/// and the size of a spare buffer.
+const READ_CHUNK: usize = 8192;
 
 /// Spare buffers kept per thread (512 KiB at most).
 const SPARE_BUFFERS: usize = 64;
@@ -36,7 +37,7 @@ thread_local! {
 
 /// An empty read buffer with room for 8 KiB, from the spares if any.
 pub fn take_buffer() -> BytesMut {
-    SPARE.with_borrow_mut(|s| s.pop()).unwrap_or_else(|| BytesMut::with_capacity(BUFFER_SIZE))
+    SPARE.with_borrow_mut(|s| s.pop()).unwrap_or_else(|| BytesMut::with_capacity(READ_CHUNK))
 }
 
 /// The largest buffer kept as a spare: one that grew for a big message
@@ -49,7 +50,7 @@ const SPARE_MAX: usize = 64 * 1024;
 /// `SPARE_BUFFERS` are kept; else frees it.
 pub fn give_buffer(mut buf: BytesMut) {
     buf.clear();
-    if buf.try_reclaim(BUFFER_SIZE) && buf.capacity() <= SPARE_MAX {
+    if buf.try_reclaim(READ_CHUNK) && buf.capacity() <= SPARE_MAX {
         SPARE.with_borrow_mut(|s| {
             if s.len() < SPARE_BUFFERS {
                 s.push(buf);
@@ -57,9 +58,6 @@ pub fn give_buffer(mut buf: BytesMut) {
         });
     }
 }
-
-/// How much a read buffer grows by when less than half of that is spare.
-const READ_CHUNK: usize = 8192;
 
 /// The same for a client's login, whose few short messages (startup,
 /// password, SASL) fit in far less: its buffer stays a small allocation.
@@ -92,7 +90,7 @@ mod tests {
         let ptr = a.as_ptr();
         give_buffer(a);
         let b = take_buffer();
-        assert!(b.is_empty() && b.capacity() >= BUFFER_SIZE);
+        assert!(b.is_empty() && b.capacity() >= READ_CHUNK);
         assert_eq!(b.as_ptr(), ptr, "the same memory, reused");
         let mut c = b;
         c.extend_from_slice(&[2; 10]);

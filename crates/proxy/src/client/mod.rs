@@ -169,11 +169,7 @@ async fn within<T>(
     timer: Pin<&mut Sleep>,
     f: impl std::future::Future<Output = Result<T, ClientError>>,
 ) -> Result<T, ClientError> {
-    tokio::select! {
-        biased;
-        r = f => r,
-        () = timer => Err(ClientError::LoginTimeout),
-    }
+    crate::pool::within(timer, f).await.unwrap_or(Err(ClientError::LoginTimeout))
 }
 
 /// Authenticates, finds the pool and greets the client.

@@ -187,7 +187,7 @@ impl<'a> Session<'a> {
                     _ = self.reg.slot.switch.drained() => continue,
                 }
                 // A plain socket that is readable is read at once, without a
-                // second wait on the shutdown token (a TLS one has no
+                // second wait on the drain switch (a TLS one has no
                 // readiness of its own and goes through `fill` below).
                 self.cbuf = wire::take_buffer();
                 if !self.client.is_tls() {

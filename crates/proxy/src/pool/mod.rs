@@ -170,9 +170,12 @@ impl Pool {
             return None;
         }
         let now = Instant::now();
-        let check_delay = st.opts.check_delay;
+        let last_used = st.idle.last()?.last_used;
+        if st.check_due(last_used, now) {
+            return None;
+        }
         let conn = st.idle.last_mut()?;
-        if State::unusable(conn, now).is_some() || now.saturating_duration_since(conn.last_used) >= check_delay {
+        if State::unusable(conn, now).is_some() {
             return None;
         }
         let conn = st.idle.pop()?;
@@ -207,7 +210,7 @@ impl Pool {
     /// sat idle past server_check_delay: run server_check_query on it first,
     /// within server_check_timeout. A failed check closes it.
     async fn vet(self: &Arc<Self>, mut lease: Lease) -> Option<Lease> {
-        if lease.conn().last_used.elapsed() < self.lock().opts.check_delay {
+        if !self.lock().check_due(lease.conn().last_used, Instant::now()) {
             return Some(lease);
         }
         let (query, timeout) = {
@@ -320,7 +323,7 @@ impl Pool {
 }
 
 /// `fut`'s output, or None if `timer` fires first.
-async fn within<F: std::future::Future>(timer: Pin<&mut Sleep>, fut: F) -> Option<F::Output> {
+pub(crate) async fn within<F: std::future::Future>(timer: Pin<&mut Sleep>, fut: F) -> Option<F::Output> {
     tokio::select! {
         biased;
         v = fut => Some(v),

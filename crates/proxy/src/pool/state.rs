@@ -149,6 +149,12 @@ impl State {
         self.total() > self.opts.settings.pool_size + self.opts.settings.reserve_pool_size
     }
 
+    /// True when a connection idle since `last_used` must pass
+    /// server_check_query before it is lent (server_check_delay).
+    pub fn check_due(&self, last_used: Instant, now: Instant) -> bool {
+        now.saturating_duration_since(last_used) >= self.opts.check_delay
+    }
+
     /// Why an idle connection must not be lent out, if it must not.
     pub fn unusable(conn: &mut ServerConn, now: Instant) -> Option<CloseReason> {
         if conn.has_unexpected_input() {
