@@ -18,7 +18,8 @@ use super::prepared::Stage;
 use super::stream::ClientStream;
 use super::watchdog::Watchdog;
 use crate::params::ParamMap;
-use crate::server::ServerConn;
+use crate::server::statements::ServerStatements;
+use crate::server::{Conversation, ServerConn};
 
 /// Read no more from a side while this much of its output is unsent.
 const HIGH_WATER: usize = 256 * 1024;
@@ -94,26 +95,14 @@ async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
         // connection (which the pool then closes), never reach this client.
         let releasing = settled && release && prepared.pinned().is_none() && conv.is_clean();
         if s_out.is_empty() && !sbuf.is_empty() && !releasing {
-            let owed = conv.pending_rfq;
-            let scanned = conv.scan_server(sbuf, |k, v| {
-                server_params.set(k, v);
-                client_params.set(k, v);
-            });
-            let inb = match scanned {
-                Ok(inb) => inb,
-                Err(e) => {
-                    // A server that breaks the protocol is not recovered.
-                    *broken = Some(weir_metrics::CloseReason::ProtocolError);
-                    return Err(ClientError::BadServerMessage(e));
-                }
-            };
-            s_out = prepared.inbound(sbuf.split_to(inb.forward).freeze(), statements);
-            settled |= inb.settled;
-            told |= inb.fatal;
-            if conv.pending_rfq < owed {
+            let got = from_server(sbuf, conv, server_params, client_params, broken, statements, prepared)?;
+            s_out = got.out;
+            settled |= got.settled;
+            told |= got.fatal;
+            if got.answered > 0 {
                 wd.answered();
                 // One query per ReadyForQuery (a simple Query, or a batch up to Sync).
-                (conv.pending_rfq..owed).for_each(|_| metrics.record_query());
+                (0..got.answered).for_each(|_| metrics.record_query());
             }
         }
         if let Some(owed) = s_out.is_empty().then(|| prepared.synthetic()).flatten() {
@@ -158,6 +147,45 @@ async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
             }
         }
     }
+}
+
+/// What the server's buffered bytes gave the client.
+struct FromServer {
+    /// The bytes to pass on.
+    out: Bytes,
+    /// They end what the server owed (its last ReadyForQuery).
+    settled: bool,
+    /// They carry a FATAL.
+    fatal: bool,
+    /// ReadyForQuery messages among them.
+    answered: usize,
+}
+
+/// Takes the whole messages buffered from the server: parameters it reports
+/// go to both the server's and the client's maps, prepared-statement
+/// replies are reconciled, and a server that breaks the protocol is marked
+/// broken (it is not recovered).
+fn from_server(
+    sbuf: &mut BytesMut,
+    conv: &mut Conversation,
+    server_params: &mut ParamMap,
+    client_params: &mut ParamMap,
+    broken: &mut Option<weir_metrics::CloseReason>,
+    statements: &mut ServerStatements,
+    prepared: &mut Stage,
+) -> Result<FromServer, ClientError> {
+    let owed = conv.pending_rfq;
+    let scanned = conv.scan_server(sbuf, |k, v| {
+        server_params.set(k, v);
+        client_params.set(k, v);
+    });
+    let inb = scanned.map_err(|e| {
+        *broken = Some(weir_metrics::CloseReason::ProtocolError);
+        ClientError::BadServerMessage(e)
+    })?;
+    let out = prepared.inbound(sbuf.split_to(inb.forward).freeze(), statements);
+    let answered = owed.saturating_sub(conv.pending_rfq) as usize;
+    Ok(FromServer { out, settled: inb.settled, fatal: inb.fatal, answered })
 }
 
 /// The client left. Client bytes already counted as sent are sent, so the
