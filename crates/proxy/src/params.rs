@@ -2,6 +2,7 @@
 //! the SET statement that makes a server match a client. Pure logic.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// Parameters Postgres reports with ParameterStatus and that a client may
 /// change; weir re-applies them when a server with other values is assigned.
@@ -24,12 +25,13 @@ pub const TRACKED: &[&str] = &[
 /// stamps mean equal content, so a comparison that found two maps matching
 /// need not be repeated while neither stamp moves (`Stamps`).
 ///
-/// The values sit behind a box that an empty map does not have: a session
-/// holds two maps for its whole life, and the second (startup settings) is
-/// almost always empty.
+/// The values sit behind a shared pointer that an empty map does not have:
+/// a session holds two maps for its whole life, the second (startup
+/// settings) is almost always empty, and clients with equal values share one
+/// copy (`StampCache::canonicalize`); a change copies first.
 #[derive(Debug, Clone, Default)]
 pub struct ParamMap {
-    values: Option<Box<Values>>,
+    values: Option<Arc<Values>>,
     stamp: u64,
 }
 
@@ -59,21 +61,22 @@ pub type Stamps = [u64; 4];
 const STAMP_CACHE: usize = 16;
 
 /// Canonical copies of parameter maps, so that clients with the same values
-/// (the usual case: one application's connections) share a stamp, and a
-/// server that matched one of them is known to match them all.
+/// (the usual case: one application's connections) share a stamp and one
+/// copy of the values, and a server that matched one of them is known to
+/// match them all.
 #[derive(Debug, Default)]
 pub struct StampCache(std::sync::Mutex<Vec<ParamMap>>);
 
 impl StampCache {
-    /// Gives `map` the stamp of an equal map seen before, or remembers it
-    /// (up to `STAMP_CACHE` of them).
+    /// Makes `map` a copy of an equal map seen before (its stamp and its
+    /// values), or remembers it (up to `STAMP_CACHE` of them).
     pub fn canonicalize(&self, map: &mut ParamMap) {
         if map.stamp == 0 {
             return;
         }
         let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
         match seen.iter().find(|m| **m == *map) {
-            Some(m) => map.stamp = m.stamp,
+            Some(m) => *map = m.clone(),
             None if seen.len() < STAMP_CACHE => seen.push(map.clone()),
             None => {}
         }
@@ -103,28 +106,18 @@ impl ParamMap {
     }
 
     pub fn set(&mut self, name: &str, value: &str) {
-        let vals = self.values.get_or_insert_with(Default::default);
-        let v = match slot(name) {
-            Some(i) => &mut vals.tracked[i],
-            None => match vals.other.iter_mut().find(|(k, _)| k.eq_ignore_ascii_case(name)) {
-                Some((_, v)) => {
-                    if v != value {
-                        *v = value.to_owned();
-                        self.stamp = NEXT_STAMP.fetch_add(1, Ordering::Relaxed);
-                    }
-                    return;
-                }
-                None => {
-                    vals.other.push((name.to_owned(), value.to_owned()));
-                    self.stamp = NEXT_STAMP.fetch_add(1, Ordering::Relaxed);
-                    return;
-                }
-            },
-        };
-        if v.as_deref() != Some(value) {
-            *v = Some(value.to_owned());
-            self.stamp = NEXT_STAMP.fetch_add(1, Ordering::Relaxed);
+        if self.get(name) == Some(value) {
+            return;
         }
+        let vals = Arc::make_mut(self.values.get_or_insert_with(Default::default));
+        match slot(name) {
+            Some(i) => vals.tracked[i] = Some(value.to_owned()),
+            None => match vals.other.iter_mut().find(|(k, _)| k.eq_ignore_ascii_case(name)) {
+                Some((_, v)) => *v = value.to_owned(),
+                None => vals.other.push((name.to_owned(), value.to_owned())),
+            },
+        }
+        self.stamp = NEXT_STAMP.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Names this map's content (see the type's documentation).
@@ -300,8 +293,10 @@ mod tests {
         cache.canonicalize(&mut c);
         assert_eq!(a.stamp(), b.stamp());
         assert_ne!(a.stamp(), c.stamp());
+        assert!(Arc::ptr_eq(a.values.as_ref().unwrap(), b.values.as_ref().unwrap()), "equal maps share one copy");
         b.set("application_name", "z");
         assert_ne!(a.stamp(), b.stamp(), "a change takes a fresh stamp");
+        assert_eq!(a.get("application_name"), Some("x"), "and a copy: the shared values stay as they were");
     }
 
     #[test]
