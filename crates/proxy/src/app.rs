@@ -408,14 +408,8 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             shared.tracker.spawn(refuse(socket, peer));
             continue;
         }
-        let task_shared = shared.clone();
-        shared.tracker.spawn(async move {
-            // Boxed: on its way into the runtime (spawn, the task cell, the
-            // task's end) the spawned future is moved whole several times;
-            // a box makes each move a pointer instead of a client's state.
-            Box::pin(client::serve(socket, peer, task_shared.clone())).await;
-            task_shared.clients.fetch_sub(1, Ordering::AcqRel);
-        });
+        // `serve` gives the count back when the client is done.
+        shared.tracker.spawn(client::serve(socket, peer, shared.clone()));
     }
     // The listener closes here: new connections are refused from now on.
     shared.listening.store(false, Ordering::SeqCst);

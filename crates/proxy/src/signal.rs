@@ -85,7 +85,12 @@ impl Switch {
 
     /// Resolves while a drain (and no KILL) is on. Cancel-safe.
     pub async fn drained(&self) {
-        poll_fn(|cx| self.poll_state(cx, DRAIN)).await
+        poll_fn(|cx| self.poll_drained(cx)).await
+    }
+
+    /// `drained` as a poll function, for waits that poll it beside a socket.
+    pub fn poll_drained(&self, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        self.poll_state(cx, DRAIN)
     }
 
     /// Wakes the client's task for a reason of its cancel slot's (a

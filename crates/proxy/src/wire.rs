@@ -68,11 +68,20 @@ pub async fn fill<R: AsyncRead + Unpin>(r: &mut R, buf: &mut BytesMut) -> Result
     fill_by(r, buf, READ_CHUNK).await
 }
 
-/// `fill`, growing `buf` by `chunk` at a time.
-async fn fill_by<R: AsyncRead + Unpin>(r: &mut R, buf: &mut BytesMut, chunk: usize) -> Result<usize, WireError> {
+/// Makes room in `buf` for a `fill`'s read.
+pub fn make_room(buf: &mut BytesMut) {
+    make_room_by(buf, READ_CHUNK);
+}
+
+fn make_room_by(buf: &mut BytesMut, chunk: usize) {
     if buf.capacity() - buf.len() < chunk / 2 {
         buf.reserve(chunk);
     }
+}
+
+/// `fill`, growing `buf` by `chunk` at a time.
+async fn fill_by<R: AsyncRead + Unpin>(r: &mut R, buf: &mut BytesMut, chunk: usize) -> Result<usize, WireError> {
+    make_room_by(buf, chunk);
     match r.read_buf(buf).await? {
         0 => Err(WireError::Eof),
         n => Ok(n),

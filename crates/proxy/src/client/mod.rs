@@ -31,31 +31,40 @@ pub use error::ClientError;
 use login::{First, Request};
 use session::Session;
 
-/// Serves one accepted client connection to the end. A plain function
+/// Serves one accepted client connection to the end, then takes it off
+/// `Shared::clients` (the accept loop counted it in). A plain function
 /// returning the instrumented future (not an `async fn` around it), so the
 /// client's task does not also keep the arguments' slots and a second copy
 /// of `peer` for its whole life.
 pub fn serve(socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>) -> impl std::future::Future<Output = ()> {
     let span = tracing::info_span!("client", %peer, user = tracing::field::Empty, db = tracing::field::Empty);
+    let mut socket = ClientStream::Plain(socket);
     async move {
-        let mut socket = ClientStream::Plain(socket);
         let cfg = shared.config.load();
         let started = cfg.weir.log_disconnections.then(Instant::now);
-        if let Err(e) = run(&mut socket, peer, &shared, &cfg).await {
-            if !e.is_silent() {
-                tracing::info!(error = %e, sqlstate = e.sqlstate().code(), "client refused or closed with an error");
-                let mut out = BytesMut::new();
-                messages::error_response(&mut out, Severity::Fatal, e.sqlstate(), &e.client_message());
-                if socket.write_all(&out).await.is_ok() {
-                    Box::pin(close_after_error(&mut socket)).await;
-                }
-            }
+        // The refusal is boxed, like every step an idle client is not in:
+        // the task's future is as large as its largest state (and an error
+        // held here across an await would be part of every state).
+        let refusal = run(&mut socket, &peer, &shared, &cfg).await.err().map(|e| Box::pin(refuse(&mut socket, e)));
+        if let Some(refusal) = refusal {
+            refusal.await;
         }
         if let Some(started) = started {
             tracing::info!(age = ?started.elapsed(), "client disconnected");
         }
+        shared.clients.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
     .instrument(span)
+}
+
+/// Tells a client the error that ended it (unless it is one the client
+/// cannot be told), then closes.
+async fn refuse(socket: &mut ClientStream, e: ClientError) {
+    if e.is_silent() {
+        return;
+    }
+    tracing::info!(error = %e, sqlstate = e.sqlstate().code(), "client refused or closed with an error");
+    fatal_and_close(socket, e.sqlstate(), &e.client_message()).await;
 }
 
 /// How long a refused client's unread bytes are drained after its FATAL.
@@ -81,19 +90,28 @@ pub async fn close_after_error(socket: &mut ClientStream) {
 /// A client's life: the login (boxed: it runs once, so the task's own
 /// future stays as small as its longest-lived state, an idle logged-in
 /// client), then the session until the client leaves or weir ends it.
-async fn run(socket: &mut ClientStream, peer: SocketAddr, shared: &Arc<Shared>, cfg: &Arc<Config>) -> Result<(), ClientError> {
-    let Some(mut session) = Box::pin(log_in(socket, peer, shared, cfg)).await? else { return Ok(()) };
+async fn run(socket: &mut ClientStream, peer: &SocketAddr, shared: &Arc<Shared>, cfg: &Arc<Config>) -> Result<(), ClientError> {
+    let Some(mut session) = Box::pin(log_in(socket, *peer, shared, cfg)).await? else { return Ok(()) };
     let Some(why) = attend(&mut session, shared, peer).await? else { return Ok(()) };
     // KILL or the end of a drain: the lease (if any) went back to the pool,
     // which recovers the server; the session ends and the client is told why.
-    let socket = session.into_client();
-    tracing::info!(reason = why, "client disconnected by weir");
-    let mut out = BytesMut::new();
-    messages::error_response(&mut out, Severity::Fatal, crate::protocol::sqlstate::ADMIN_SHUTDOWN, why);
-    if socket.write_all(&out).await.is_ok() {
-        Box::pin(close_after_error(socket)).await;
-    }
+    Box::pin(farewell(session.into_client(), why)).await;
     Ok(())
+}
+
+/// Tells a client that weir ended it, and why; then closes.
+async fn farewell(socket: &mut ClientStream, why: &'static str) {
+    tracing::info!(reason = why, "client disconnected by weir");
+    fatal_and_close(socket, crate::protocol::sqlstate::ADMIN_SHUTDOWN, why).await;
+}
+
+/// Sends a FATAL and closes (see `close_after_error`).
+async fn fatal_and_close(socket: &mut ClientStream, code: crate::protocol::SqlState, message: &str) {
+    let mut out = BytesMut::new();
+    messages::error_response(&mut out, Severity::Fatal, code, message);
+    if socket.write_all(&out).await.is_ok() {
+        close_after_error(socket).await;
+    }
 }
 
 /// Startup, authentication and greeting. None: nothing more to do (a
@@ -136,11 +154,11 @@ async fn log_in<'a>(
 
 /// A logged-in client, listed for SHOW CLIENTS, until it leaves (None) or
 /// is killed or drained (the reason).
-async fn attend(session: &mut Session<'_>, shared: &Arc<Shared>, peer: SocketAddr) -> Result<Option<&'static str>, ClientError> {
+async fn attend(session: &mut Session<'_>, shared: &Arc<Shared>, peer: &SocketAddr) -> Result<Option<&'static str>, ClientError> {
     // Listed for SHOW CLIENTS and KILL while this runs.
     let _listed = shared.registry.register(registry::NewClient {
         owner: registry::Owner::Pool(session.pool.clone()),
-        peer,
+        peer: *peer,
         local: session.client.local_addr(),
         application_name: session.params.get("application_name").unwrap_or_default().to_owned(),
         key_pid: session.reg.pid,
@@ -215,7 +233,7 @@ async fn authenticate<'a>(
         req.settings,
         reg,
         session::Budget { declared: req.declared_deadline, fraction: cfg.weir.client_deadline_fraction },
-        cfg.weir.max_message_size as usize,
+        cfg.weir.max_message_size,
         shared.shutdown.clone(),
     ))
 }

@@ -4,6 +4,7 @@
 //! leaves. A queued query whose client leaves or cancels is dropped, never run.
 
 use std::pin::Pin;
+use std::task::Poll;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -46,7 +47,7 @@ pub struct Session<'a> {
     pub reg: Registration,
     /// How long this client may wait for a server.
     pub budget: Budget,
-    pub max_message: usize,
+    pub max_message: u32,
     pub shutdown: crate::signal::Signal,
     /// Client messages are being discarded up to the next Sync.
     skipping: bool,
@@ -72,6 +73,15 @@ impl Budget {
     }
 }
 
+/// How a wait between requests ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Woke {
+    /// Bytes arrived (or, for `idle_wait`, can be read).
+    Data,
+    Drained,
+    Gone,
+}
+
 enum Wait {
     Got(Lease),
     Gone,
@@ -90,7 +100,7 @@ impl<'a> Session<'a> {
         mut settings: ParamMap,
         reg: Registration,
         budget: Budget,
-        max_message: usize,
+        max_message: u32,
         shutdown: crate::signal::Signal,
     ) -> Self {
         // Clients with the same values share stamps (see `sync_params`).
@@ -155,11 +165,11 @@ impl<'a> Session<'a> {
             // Draining: a client between transactions starts no new one,
             // even if its next request is already buffered.
             if self.shutdown.is_cancelled() {
-                let err = ClientError::ShuttingDown;
-                self.send_error(Severity::Fatal, err.sqlstate(), &err.client_message()).await;
+                // Boxed: rare, and kept out of the idle client's future.
+                Box::pin(self.say_shutting_down()).await;
                 return Ok(false);
             }
-            if let Some((tag, total)) = peek_header(&self.cbuf, self.max_message)? {
+            if let Some((tag, total)) = peek_header(&self.cbuf, self.max_message as usize)? {
                 let whole = self.cbuf.len() >= total;
                 if tag == fe::TERMINATE {
                     return Ok(false);
@@ -182,9 +192,10 @@ impl<'a> Session<'a> {
                 // Idle between transactions: hold no read buffer (8 KiB per
                 // idle client otherwise); the thread keeps it for the next.
                 wire::give_buffer(std::mem::take(&mut self.cbuf));
-                tokio::select! {
-                    r = self.client.readable() => if r.is_err() { return Ok(false) },
-                    _ = self.reg.slot.switch.drained() => continue,
+                match self.idle_wait().await {
+                    Woke::Data => {}
+                    Woke::Drained => continue,
+                    Woke::Gone => return Ok(false),
                 }
                 // A plain socket that is readable is read at once, without a
                 // second wait on the drain switch (a TLS one has no
@@ -202,14 +213,40 @@ impl<'a> Session<'a> {
                     }
                 }
             }
-            tokio::select! {
-                r = wire::fill(self.client, &mut self.cbuf) => match r {
-                    Ok(_) => {}
-                    Err(_) => return Ok(false),
-                },
-                _ = self.reg.slot.switch.drained() => {}
+            if self.read_more().await == Woke::Gone {
+                return Ok(false);
             }
         }
+    }
+
+    /// The wait of an idle client: for its socket to turn readable or for
+    /// the drain. A poll function (no futures held while it waits), as this
+    /// is where every idle client's task spends its time. Cancel-safe.
+    async fn idle_wait(&self) -> Woke {
+        std::future::poll_fn(|cx| {
+            if self.reg.slot.switch.poll_drained(cx).is_ready() {
+                return Poll::Ready(Woke::Drained);
+            }
+            self.client.poll_read_ready(cx).map(|r| if r.is_ok() { Woke::Data } else { Woke::Gone })
+        })
+        .await
+    }
+
+    /// Reads more of a request begun, unless the drain comes first; EOF or
+    /// an error is `Gone`. A poll function like `idle_wait`. Cancel-safe.
+    async fn read_more(&mut self) -> Woke {
+        wire::make_room(&mut self.cbuf);
+        let (switch, client, cbuf) = (&self.reg.slot.switch, &mut *self.client, &mut self.cbuf);
+        std::future::poll_fn(|cx| {
+            if switch.poll_drained(cx).is_ready() {
+                return Poll::Ready(Woke::Drained);
+            }
+            tokio_util::io::poll_read_buf(Pin::new(&mut *client), cx, cbuf).map(|r| match r {
+                Ok(0) | Err(_) => Woke::Gone,
+                Ok(_) => Woke::Data,
+            })
+        })
+        .await
     }
 
     /// Sync (ending a skip, or alone) gets ReadyForQuery; Flush and skipped
@@ -217,9 +254,7 @@ impl<'a> Session<'a> {
     async fn answer_without_server(&mut self, tag: u8) -> Result<(), ClientError> {
         if tag == fe::SYNC {
             self.skipping = false;
-            let mut out = BytesMut::new();
-            messages::ready_for_query(&mut out, status::IDLE);
-            self.client.write_all(&out).await.map_err(ClientError::Io)?;
+            self.client.write_all(&messages::READY_IDLE).await.map_err(ClientError::Io)?;
         }
         Ok(())
     }
@@ -299,7 +334,7 @@ impl<'a> Session<'a> {
 
     fn terminate_buffered(&self) -> bool {
         let mut seen = false;
-        let _ = scan_frames(&self.cbuf, self.max_message, |tag, _| {
+        let _ = scan_frames(&self.cbuf, self.max_message as usize, |tag, _| {
             seen = tag == fe::TERMINATE;
             !seen
         });
@@ -309,7 +344,7 @@ impl<'a> Session<'a> {
     /// Answers the buffered request with an error and skips the rest of it:
     /// a simple Query ends there; an extended batch ends at its Sync.
     async fn refuse_request(&mut self, code: crate::protocol::SqlState, message: &str) -> Result<(), ClientError> {
-        let Some((tag, total)) = peek_header(&self.cbuf, self.max_message)? else { return Ok(()) };
+        let Some((tag, total)) = peek_header(&self.cbuf, self.max_message as usize)? else { return Ok(()) };
         let mut out = BytesMut::new();
         messages::error_response(&mut out, Severity::Error, code, message);
         if tag == fe::QUERY || tag == fe::FUNCTION_CALL {
@@ -323,9 +358,11 @@ impl<'a> Session<'a> {
         self.client.write_all(&out).await.map_err(ClientError::Io)
     }
 
-    async fn send_error(&mut self, severity: Severity, code: crate::protocol::SqlState, message: &str) {
+    /// The FATAL of a client that the drain ends between transactions.
+    async fn say_shutting_down(&mut self) {
+        let err = ClientError::ShuttingDown;
         let mut out = BytesMut::new();
-        messages::error_response(&mut out, severity, code, message);
+        messages::error_response(&mut out, Severity::Fatal, err.sqlstate(), &err.client_message());
         let _ = self.client.write_all(&out).await;
         let _ = self.client.flush().await;
     }
@@ -354,7 +391,7 @@ impl<'a> Session<'a> {
         let conn = lease.conn_mut();
         self.prepared.begin(&mut conn.statements, &conn.conv);
         let ended =
-            transfer::run(self.client, &mut self.cbuf, conn, &mut self.params, self.max_message, !session_mode, &mut self.prepared)
+            transfer::run(self.client, &mut self.cbuf, conn, &mut self.params, self.max_message as usize, !session_mode, &mut self.prepared)
                 .await;
         self.prepared.end(&mut lease.conn_mut().statements);
         if self.prepared.pinned().is_some() {

@@ -64,14 +64,18 @@ impl ClientStream {
         Ok(())
     }
 
-    /// Resolves when a read may make progress. For TLS this is at once:
+    /// Ready when a read may make progress. For TLS this is at once:
     /// rustls may hold decrypted bytes the socket's readiness does not show,
-    /// so the caller's read is what waits.
-    pub async fn readable(&self) -> io::Result<()> {
+    /// so the caller's read is what waits. A poll function rather than a
+    /// future: an idle client's task waits here, and tokio's `readable()`
+    /// future would add its waiter node (over 100 bytes) to every idle
+    /// client. The socket's read waker is the task's own (no other task
+    /// reads this socket).
+    pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self {
-            ClientStream::Plain(s) => s.readable().await,
-            ClientStream::Tls(_) => Ok(()),
-            ClientStream::Closed => Err(closed()),
+            ClientStream::Plain(s) => s.poll_read_ready(cx),
+            ClientStream::Tls(_) => Poll::Ready(Ok(())),
+            ClientStream::Closed => Poll::Ready(Err(closed())),
         }
     }
 

@@ -54,6 +54,9 @@ pub fn error_response(buf: &mut BytesMut, severity: Severity, code: SqlState, me
     finish(buf, at);
 }
 
+/// ReadyForQuery, idle (outside a transaction).
+pub const READY_IDLE: [u8; 6] = [tag::READY_FOR_QUERY, 0, 0, 0, 5, super::tags::status::IDLE];
+
 pub fn ready_for_query(buf: &mut BytesMut, status: u8) {
     buf.put_slice(&[tag::READY_FOR_QUERY, 0, 0, 0, 5, status]);
 }
