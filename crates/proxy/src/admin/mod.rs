@@ -91,7 +91,7 @@ pub async fn serve(
         tracing::info!(role = ?role, "admin console login");
     }
     let _listed = shared.registry.register(NewClient {
-        owner: Owner::Console(PoolKey { user: login.req.user.clone(), database: login.req.database.clone() }),
+        owner: Owner::Console(Box::new(PoolKey { user: login.req.user.clone(), database: login.req.database.clone() })),
         peer: login.peer,
         local: login.local,
         application_name: login.req.params.get("application_name").unwrap_or_default().to_owned(),

@@ -15,11 +15,12 @@ use crate::cancel::CancelSlot;
 use crate::pool::{Pool, PoolKey, Pools};
 
 /// Whose client it is: a pool's (its database and user are the pool's), or
-/// the admin console's.
+/// the admin console's (boxed: the rare case, and every entry has the size
+/// of the larger).
 #[derive(Debug)]
 pub enum Owner {
     Pool(Arc<Pool>),
-    Console(PoolKey),
+    Console(Box<PoolKey>),
 }
 
 impl Owner {
@@ -202,7 +203,7 @@ mod tests {
 
     fn client(db: &str, slot: Option<Arc<CancelSlot>>) -> NewClient {
         NewClient {
-            owner: Owner::Console(PoolKey { user: "u".into(), database: db.into() }),
+            owner: Owner::Console(Box::new(PoolKey { user: "u".into(), database: db.into() })),
             peer: "127.0.0.1:1".parse().unwrap(),
             local: None,
             application_name: String::new(),

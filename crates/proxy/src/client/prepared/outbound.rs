@@ -374,7 +374,7 @@ impl Stage {
             extended::target(pre, fe::CLOSE, TARGET_STATEMENT, weir);
             self.expect.push_back(Expect::Close { pass: false, evicted: None });
         }
-        for old in server.insert(weir.clone(), self.max) {
+        for old in server.insert(weir.clone(), self.max as usize) {
             extended::target(pre, fe::CLOSE, TARGET_STATEMENT, &old);
             self.expect.push_back(Expect::Close { pass: false, evicted: Some(old) });
         }
