@@ -134,7 +134,15 @@ impl<'a> Session<'a> {
     /// Gets a server for the buffered request and serves it. Returns false
     /// when the session is over.
     async fn one_request(&mut self) -> Result<bool, ClientError> {
-        let lease = match self.wait_for_server().await? {
+        self.reg.slot.set_waiting();
+        // The common case, with nothing awaited: a server is idle and ready.
+        // The queue's wait is boxed apart (it is larger than the rest of a
+        // request), so a request that finds a server at once never builds it.
+        let outcome = match self.pool.try_checkout() {
+            Some(lease) => Wait::Got(lease),
+            None => Box::pin(self.wait_for_server()).await,
+        };
+        let lease = match self.settle(outcome) {
             Wait::Got(lease) => lease,
             Wait::Gone => {
                 self.pool.metrics.record_dropped_query(DropReason::ClientGone);
@@ -260,12 +268,7 @@ impl<'a> Session<'a> {
     }
 
     /// Queues for a server while watching the client and the cancel registry.
-    async fn wait_for_server(&mut self) -> Result<Wait, ClientError> {
-        self.reg.slot.set_waiting();
-        // The common case, with nothing awaited: a server is idle and ready.
-        if let Some(lease) = self.pool.try_checkout() {
-            return Ok(self.settle(Wait::Got(lease)));
-        }
+    async fn wait_for_server(&mut self) -> Wait {
         let deadline = Instant::now() + self.budget.now(&self.pool);
         let mut timer = match self.wait_timer.take() {
             Some(t) => t,
@@ -273,7 +276,7 @@ impl<'a> Session<'a> {
         };
         let outcome = self.queue(deadline, &mut timer).await;
         self.wait_timer = Some(timer);
-        Ok(self.settle(outcome))
+        outcome
     }
 
     /// The wait in the pool's queue, on the session's wait timer.
