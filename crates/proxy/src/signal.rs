@@ -79,8 +79,13 @@ impl Switch {
 
     /// Resolves with the reason once the client is killed.
     pub async fn killed(&self) -> &'static str {
-        poll_fn(|cx| self.poll_state(cx, KILL)).await;
-        self.reason.get().copied().unwrap_or("terminating connection due to administrator command")
+        poll_fn(|cx| self.poll_killed(cx)).await
+    }
+
+    /// `killed` as a poll function.
+    pub fn poll_killed(&self, cx: &mut std::task::Context<'_>) -> Poll<&'static str> {
+        self.poll_state(cx, KILL)
+            .map(|()| self.reason.get().copied().unwrap_or("terminating connection due to administrator command"))
     }
 
     /// Resolves while a drain (and no KILL) is on. Cancel-safe.

@@ -11,7 +11,9 @@ pub mod transfer;
 pub mod watchdog;
 
 use std::net::SocketAddr;
+use std::future::Future;
 use std::pin::Pin;
+use std::task::Poll;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -40,12 +42,11 @@ pub fn serve(socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>) -> impl s
     let span = tracing::info_span!("client", %peer, user = tracing::field::Empty, db = tracing::field::Empty);
     let mut socket = ClientStream::Plain(socket);
     async move {
-        let cfg = shared.config.load();
-        let started = cfg.weir.log_disconnections.then(Instant::now);
+        let started = shared.config.load().weir.log_disconnections.then(Instant::now);
         // The refusal is boxed, like every step an idle client is not in:
         // the task's future is as large as its largest state (and an error
         // held here across an await would be part of every state).
-        let refusal = run(&mut socket, &peer, &shared, &cfg).await.err().map(|e| Box::pin(refuse(&mut socket, e)));
+        let refusal = run(&mut socket, &peer, &shared).await.err().map(|e| Box::pin(refuse(&mut socket, e)));
         if let Some(refusal) = refusal {
             refusal.await;
         }
@@ -90,9 +91,23 @@ pub async fn close_after_error(socket: &mut ClientStream) {
 /// A client's life: the login (boxed: it runs once, so the task's own
 /// future stays as small as its longest-lived state, an idle logged-in
 /// client), then the session until the client leaves or weir ends it.
-async fn run(socket: &mut ClientStream, peer: &SocketAddr, shared: &Arc<Shared>, cfg: &Arc<Config>) -> Result<(), ClientError> {
-    let Some(mut session) = Box::pin(log_in(socket, *peer, shared, cfg)).await? else { return Ok(()) };
-    let Some(why) = attend(&mut session, shared, peer).await? else { return Ok(()) };
+async fn run(socket: &mut ClientStream, peer: &SocketAddr, shared: &Arc<Shared>) -> Result<(), ClientError> {
+    let Some(mut session) = Box::pin(log_in(socket, *peer, shared)).await? else { return Ok(()) };
+    // The session, raced against the client's switch (a KILL), by hand
+    // rather than by `select!` or a function of its own: this is part of
+    // every idle client's task.
+    let why = {
+        let slot = session.reg.slot.clone();
+        let mut run = std::pin::pin!(session.run());
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(r) = run.as_mut().poll(cx) {
+                return Poll::Ready(r.map(|()| None));
+            }
+            slot.switch.poll_killed(cx).map(|why| Ok(Some(why)))
+        })
+        .await?
+    };
+    let Some(why) = why else { return Ok(()) };
     // KILL or the end of a drain: the lease (if any) went back to the pool,
     // which recovers the server; the session ends and the client is told why.
     Box::pin(farewell(session.into_client(), why)).await;
@@ -116,12 +131,9 @@ async fn fatal_and_close(socket: &mut ClientStream, code: crate::protocol::SqlSt
 
 /// Startup, authentication and greeting. None: nothing more to do (a
 /// CancelRequest, or an admin-console session that has ended).
-async fn log_in<'a>(
-    socket: &'a mut ClientStream,
-    peer: SocketAddr,
-    shared: &Arc<Shared>,
-    cfg: &Arc<Config>,
-) -> Result<Option<Session<'a>>, ClientError> {
+async fn log_in<'a>(socket: &'a mut ClientStream, peer: SocketAddr, shared: &Arc<Shared>) -> Result<Option<Session<'a>>, ClientError> {
+    // The config as it is at login (a reload applies to later logins).
+    let cfg = &shared.config.load();
     let mut buf = BytesMut::with_capacity(crate::wire::LOGIN_READ_CHUNK);
     let tls = shared.client_tls.load_full();
     let login_deadline = Instant::now() + cfg.weir.client_login_timeout;
@@ -145,31 +157,20 @@ async fn log_in<'a>(
     }
     let session = within(timer, Box::pin(authenticate(socket, &mut buf, shared, cfg, req, minor, peer))).await;
     count_login(shared, &session);
-    let session = session?;
+    let mut session = session?;
     if cfg.weir.log_connections {
         tracing::info!(application_name = session.params.get("application_name").unwrap_or(""), "client logged in");
     }
-    Ok(Some(session))
-}
-
-/// A logged-in client, listed for SHOW CLIENTS, until it leaves (None) or
-/// is killed or drained (the reason).
-async fn attend(session: &mut Session<'_>, shared: &Arc<Shared>, peer: &SocketAddr) -> Result<Option<&'static str>, ClientError> {
-    // Listed for SHOW CLIENTS and KILL while this runs.
-    let _listed = shared.registry.register(registry::NewClient {
+    // Listed for SHOW CLIENTS and KILL until the session ends.
+    session.listed = Some(shared.registry.register(registry::NewClient {
         owner: registry::Owner::Pool(session.pool.clone()),
-        peer: *peer,
+        peer,
         local: session.client.local_addr(),
         application_name: session.params.get("application_name").unwrap_or_default().to_owned(),
         key_pid: session.reg.pid,
         slot: Some(session.reg.slot.clone()),
-    });
-    let slot = session.reg.slot.clone();
-    tokio::select! {
-        biased;
-        r = session.run() => r.map(|()| None),
-        why = slot.switch.killed() => Ok(Some(why)),
-    }
+    }));
+    Ok(Some(session))
 }
 
 /// Counts a login attempt in weir_client_connections_total by its result.
@@ -232,7 +233,7 @@ async fn authenticate<'a>(
         params,
         req.settings,
         reg,
-        session::Budget { declared: req.declared_deadline, fraction: cfg.weir.client_deadline_fraction },
+        session::Budget::new(req.declared_deadline, cfg.weir.client_deadline_fraction),
         cfg.weir.max_message_size,
         shared.shutdown.clone(),
     ))

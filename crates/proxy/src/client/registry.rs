@@ -36,6 +36,8 @@ impl Owner {
 #[derive(Debug)]
 pub struct ClientEntry {
     pub id: u64,
+    /// The registry it is listed in (for `ClientGuard`'s drop).
+    registry: std::sync::Weak<ClientRegistry>,
     owner: Owner,
     pub peer: SocketAddr,
     pub local: Option<SocketAddr>,
@@ -96,16 +98,18 @@ pub struct ClientRegistry {
     clients: Mutex<BTreeMap<u64, Arc<ClientEntry>>>,
 }
 
-/// Keeps a client listed; dropping it removes the entry.
+/// Keeps a client listed; dropping it removes the entry. One pointer (the
+/// entry knows its registry): every idle client's task holds one.
 #[derive(Debug)]
 pub struct ClientGuard {
-    registry: Arc<ClientRegistry>,
     pub entry: Arc<ClientEntry>,
 }
 
 impl Drop for ClientGuard {
     fn drop(&mut self) {
-        self.registry.lock().remove(&self.entry.id);
+        if let Some(registry) = self.entry.registry.upgrade() {
+            registry.lock().remove(&self.entry.id);
+        }
     }
 }
 
@@ -123,6 +127,7 @@ impl ClientRegistry {
         let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         let entry = Arc::new(ClientEntry {
             id,
+            registry: Arc::downgrade(self),
             console: c.slot.is_none(),
             owner: c.owner,
             peer: c.peer,
@@ -134,7 +139,7 @@ impl ClientRegistry {
             slot: c.slot,
         });
         self.lock().insert(id, entry.clone());
-        ClientGuard { registry: self.clone(), entry }
+        ClientGuard { entry }
     }
 
     /// Every listed client, oldest first.

@@ -56,20 +56,26 @@ pub struct Session<'a> {
     /// The timer of queue waits, kept from one wait to the next (see
     /// `Pool::acquire_with`); made at the first wait.
     wait_timer: Option<Pin<Box<Sleep>>>,
+    /// The client's listing for SHOW CLIENTS and KILL (set once logged in).
+    pub listed: Option<super::registry::ClientGuard>,
 }
 
 /// A client's wait budget: the pool's query_wait_timeout as configured at
 /// each wait (so a reload applies to connected clients at once), capped by a
-/// share of the deadline the client declared at startup.
+/// share (client_deadline_fraction at login) of the deadline the client
+/// declared at startup.
 #[derive(Debug, Clone, Copy)]
 pub struct Budget {
-    pub declared: Option<Duration>,
-    pub fraction: f64,
+    share: Option<Duration>,
 }
 
 impl Budget {
+    pub fn new(declared: Option<Duration>, fraction: f64) -> Self {
+        Budget { share: declared.map(|d| d.mul_f64(fraction)) }
+    }
+
     fn now(&self, pool: &Pool) -> Duration {
-        super::wait_budget(pool.query_wait_timeout(), self.declared, self.fraction)
+        super::wait_budget(pool.query_wait_timeout(), self.share, 1.0)
     }
 }
 
@@ -108,7 +114,7 @@ impl<'a> Session<'a> {
         pool.stamps.canonicalize(&mut settings);
         let transaction = mode == PoolMode::Transaction;
         let prepared = Stage::new(transaction, pool.settings().max_prepared_statements, pool.metrics.clone());
-        Session { client, cbuf, pool, mode, params, settings, reg, budget, max_message, shutdown, skipping: false, prepared, wait_timer: None }
+        Session { client, cbuf, pool, mode, params, settings, reg, budget, max_message, shutdown, skipping: false, prepared, wait_timer: None, listed: None }
     }
 
     /// Ends the session (its registration, pool handle and statement state
@@ -187,9 +193,14 @@ impl<'a> Session<'a> {
                     return Err(crate::protocol::ProtocolError::UnexpectedTag(tag).into());
                 }
                 if self.skipping || tag == fe::SYNC || tag == fe::FLUSH {
+                    // Sync (ending a skip, or alone) gets ReadyForQuery;
+                    // Flush and skipped messages get nothing.
                     if whole {
                         self.cbuf.advance(total);
-                        self.answer_without_server(tag).await?;
+                        if tag == fe::SYNC {
+                            self.skipping = false;
+                            self.client.write_all(&messages::READY_IDLE).await.map_err(ClientError::Io)?;
+                        }
                         continue;
                     }
                 } else {
@@ -228,43 +239,32 @@ impl<'a> Session<'a> {
     }
 
     /// The wait of an idle client: for its socket to turn readable or for
-    /// the drain. A poll function (no futures held while it waits), as this
-    /// is where every idle client's task spends its time. Cancel-safe.
-    async fn idle_wait(&self) -> Woke {
+    /// the drain. A poll function, not an `async fn` (no state of its own
+    /// while it waits), as this is where every idle client's task spends its
+    /// time. Cancel-safe.
+    fn idle_wait(&self) -> impl std::future::Future<Output = Woke> + '_ {
         std::future::poll_fn(|cx| {
             if self.reg.slot.switch.poll_drained(cx).is_ready() {
                 return Poll::Ready(Woke::Drained);
             }
             self.client.poll_read_ready(cx).map(|r| if r.is_ok() { Woke::Data } else { Woke::Gone })
         })
-        .await
     }
 
     /// Reads more of a request begun, unless the drain comes first; EOF or
     /// an error is `Gone`. A poll function like `idle_wait`. Cancel-safe.
-    async fn read_more(&mut self) -> Woke {
+    fn read_more(&mut self) -> impl std::future::Future<Output = Woke> + '_ {
         wire::make_room(&mut self.cbuf);
         let (switch, client, cbuf) = (&self.reg.slot.switch, &mut *self.client, &mut self.cbuf);
-        std::future::poll_fn(|cx| {
+        std::future::poll_fn(move |cx| {
             if switch.poll_drained(cx).is_ready() {
                 return Poll::Ready(Woke::Drained);
             }
-            tokio_util::io::poll_read_buf(Pin::new(&mut *client), cx, cbuf).map(|r| match r {
+            tokio_util::io::poll_read_buf(Pin::new(&mut *client), cx, &mut *cbuf).map(|r| match r {
                 Ok(0) | Err(_) => Woke::Gone,
                 Ok(_) => Woke::Data,
             })
         })
-        .await
-    }
-
-    /// Sync (ending a skip, or alone) gets ReadyForQuery; Flush and skipped
-    /// messages get nothing.
-    async fn answer_without_server(&mut self, tag: u8) -> Result<(), ClientError> {
-        if tag == fe::SYNC {
-            self.skipping = false;
-            self.client.write_all(&messages::READY_IDLE).await.map_err(ClientError::Io)?;
-        }
-        Ok(())
     }
 
     /// Queues for a server while watching the client and the cancel registry.
