@@ -38,8 +38,8 @@ impl Stage {
         }
         let src: &[u8] = &chunk;
         let mut rw = Rewrite::default();
-        let mut at = self.reply_partial.min(src.len());
-        self.reply_partial -= at;
+        let mut at = (self.reply_partial as usize).min(src.len());
+        self.reply_partial -= at as u32;
         if self.reply_partial > 0 {
             return chunk;
         }
@@ -51,7 +51,8 @@ impl Stage {
                 rw.splice(src, at, total, &[]);
             }
             if avail < total {
-                self.reply_partial = total - avail;
+                // A message length is an i32: the rest fits.
+                self.reply_partial = (total - avail) as u32;
                 break;
             }
             at += total;

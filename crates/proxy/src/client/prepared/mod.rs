@@ -133,9 +133,9 @@ pub struct Stage {
     statements: BTreeMap<Vec<u8>, Arc<Statement>>,
     expect: VecDeque<Expect>,
     /// Bytes of a client message being streamed through, not yet seen.
-    pass_remaining: usize,
+    pass_remaining: u32,
     /// Bytes of a server message being streamed through, not yet seen.
-    reply_partial: usize,
+    reply_partial: u32,
     /// Transaction status of the last ReadyForQuery the client got.
     status: u8,
     metrics: Arc<PoolMetrics>,

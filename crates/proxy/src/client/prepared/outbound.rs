@@ -76,8 +76,8 @@ impl Stage {
         }
         let src: &[u8] = cbuf;
         let mut rw = Rewrite::default();
-        let mut at = self.pass_remaining.min(src.len());
-        self.pass_remaining -= at;
+        let mut at = (self.pass_remaining as usize).min(src.len());
+        self.pass_remaining -= at as u32;
         if self.pass_remaining > 0 {
             return Ok(src.len());
         }
@@ -98,7 +98,8 @@ impl Stage {
                 Step::Wait => break,
                 Step::Again => continue,
                 Step::Stream => {
-                    self.pass_remaining = total - avail;
+                    // A message length is an i32: the rest fits.
+                    self.pass_remaining = (total - avail) as u32;
                     at = src.len();
                     break;
                 }
