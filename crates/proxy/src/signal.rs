@@ -5,7 +5,6 @@
 //! client's own task: KILL (end now) or the drain (end when idle), waited
 //! on with no lock at all.
 
-use std::future::poll_fn;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::Poll;
@@ -77,23 +76,15 @@ impl Switch {
         self.waker.wake();
     }
 
-    /// Resolves with the reason once the client is killed.
-    pub async fn killed(&self) -> &'static str {
-        poll_fn(|cx| self.poll_killed(cx)).await
-    }
-
-    /// `killed` as a poll function.
+    /// Ready with the reason once the client is killed. A poll function:
+    /// the session polls it beside its own future (no state while it waits).
     pub fn poll_killed(&self, cx: &mut std::task::Context<'_>) -> Poll<&'static str> {
         self.poll_state(cx, KILL)
             .map(|()| self.reason.get().copied().unwrap_or("terminating connection due to administrator command"))
     }
 
-    /// Resolves while a drain (and no KILL) is on. Cancel-safe.
-    pub async fn drained(&self) {
-        poll_fn(|cx| self.poll_drained(cx)).await
-    }
-
-    /// `drained` as a poll function, for waits that poll it beside a socket.
+    /// Ready while a drain (and no KILL) is on; polled beside the client's
+    /// socket in its waits between requests.
     pub fn poll_drained(&self, cx: &mut std::task::Context<'_>) -> Poll<()> {
         self.poll_state(cx, DRAIN)
     }
@@ -130,6 +121,8 @@ impl Switch {
 
 #[cfg(test)]
 mod tests {
+    use std::future::poll_fn;
+
     use super::*;
 
     #[tokio::test]
@@ -137,7 +130,7 @@ mod tests {
         let s = Arc::new(Switch::default());
         let waiting = tokio::spawn({
             let s = s.clone();
-            async move { s.drained().await }
+            async move { poll_fn(|cx| s.poll_drained(cx)).await }
         });
         tokio::task::yield_now().await;
         s.drain();
@@ -145,14 +138,14 @@ mod tests {
         assert!(!s.is_killed());
         let killed = tokio::spawn({
             let s = s.clone();
-            async move { s.killed().await }
+            async move { poll_fn(|cx| s.poll_killed(cx)).await }
         });
         tokio::task::yield_now().await;
         s.kill("bye");
         assert_eq!(tokio::time::timeout(std::time::Duration::from_secs(5), killed).await.unwrap().unwrap(), "bye");
         s.drain();
         assert!(s.is_killed(), "a later drain does not undo a kill");
-        let drained = futures_util::FutureExt::now_or_never(s.drained());
+        let drained = futures_util::FutureExt::now_or_never(poll_fn(|cx| s.poll_drained(cx)));
         assert!(drained.is_none(), "a killed client is not drained");
     }
 

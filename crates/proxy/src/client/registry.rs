@@ -223,13 +223,13 @@ mod tests {
         let cancels = crate::cancel::CancelRegistry::new();
         let (ka, kb) = (cancels.register(), cancels.register());
         let a = reg.register(client("a", Some(ka.slot.clone())));
-        let b = reg.register(client("b", Some(kb.slot.clone())));
+        let _b = reg.register(client("b", Some(kb.slot.clone())));
         let console = reg.register(client("weir", None));
         assert_eq!(reg.len(), 3);
         assert_eq!(a.entry.state(), ClientState::Idle);
         assert_eq!(console.entry.state(), ClientState::Active);
         assert_eq!(reg.kill_database(Some("a"), "bye"), 1);
-        assert_eq!(ka.slot.switch.killed().await, "bye");
+        assert_eq!(std::future::poll_fn(|cx| ka.slot.switch.poll_killed(cx)).await, "bye");
         assert!(!kb.slot.switch.is_killed());
         assert_eq!(reg.kill_database(None, "all"), 2, "console clients are not pooled clients");
         drop(a);
