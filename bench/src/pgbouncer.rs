@@ -19,10 +19,7 @@ pub struct PgBouncer {
 
 /// True when Debian's `pgbouncer` can be run.
 pub fn installed() -> bool {
-    Command::new("pgbouncer")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
+    Command::new("pgbouncer").arg("--version").output().is_ok_and(|o| o.status.success())
 }
 
 impl PgBouncer {
@@ -57,10 +54,7 @@ impl PgBouncer {
         };
         let status = cmd.arg(&ini).status().context("starting pgbouncer")?;
         if !status.success() {
-            bail!(
-                "pgbouncer did not start ({status}); see {}",
-                bouncer.log.display()
-            );
+            bail!("pgbouncer did not start ({status}); see {}", bouncer.log.display());
         }
         let ready = Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(&bouncer.addr).is_err() {
@@ -73,28 +67,18 @@ impl PgBouncer {
     }
 
     fn pid(&self) -> Option<String> {
-        std::fs::read_to_string(&self.pidfile)
-            .ok()
-            .map(|p| p.trim().to_string())
+        std::fs::read_to_string(&self.pidfile).ok().map(|p| p.trim().to_string())
     }
 
     /// True while the PgBouncer we started still runs.
     pub fn alive(&self) -> bool {
-        self.pid().is_some_and(|pid| {
-            Command::new("kill")
-                .args(["-0", &pid])
-                .status()
-                .is_ok_and(|s| s.success())
-        })
+        self.pid().is_some_and(|pid| Command::new("kill").args(["-0", &pid]).status().is_ok_and(|s| s.success()))
     }
 
     /// The last FATAL line of its log, if any.
     pub fn last_fatal(&self) -> Option<String> {
         let log = std::fs::read_to_string(&self.log).ok()?;
-        log.lines()
-            .filter(|l| l.contains("FATAL"))
-            .last()
-            .map(|l| l.trim().to_string())
+        log.lines().filter(|l| l.contains("FATAL")).last().map(|l| l.trim().to_string())
     }
 }
 
@@ -107,8 +91,5 @@ impl Drop for PgBouncer {
 }
 
 fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+    Command::new("id").arg("-u").output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
 }

@@ -34,12 +34,7 @@ struct Args {
 
 impl Args {
     fn parse(args: &[String]) -> anyhow::Result<Args> {
-        let mut a = Args {
-            pool: 50,
-            delays: vec![0, 50, 100],
-            window: Duration::from_secs(3),
-            pgbouncer: true,
-        };
+        let mut a = Args { pool: 50, delays: vec![0, 50, 100], window: Duration::from_secs(3), pgbouncer: true };
         let mut it = args.iter();
         while let Some(x) = it.next() {
             match x.as_str() {
@@ -70,20 +65,13 @@ struct Curve {
 
 pub fn run(args: &[String]) -> anyhow::Result<()> {
     let args = Args::parse(args)?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(refill(args))
 }
 
 async fn refill(args: Args) -> anyhow::Result<()> {
-    let pg = PgServer::start(PgOptions {
-        max_connections: 300,
-        log_connections: false,
-        extra_conf: vec![],
-    })
-    .context("starting the throwaway Postgres")?;
+    let pg = PgServer::start(PgOptions { max_connections: 300, log_connections: false, extra_conf: vec![] })
+        .context("starting the throwaway Postgres")?;
     let dir = work_dir()?;
     let pgbouncer = args.pgbouncer && crate::pgbouncer::installed();
     let mut curves = Vec::new();
@@ -114,38 +102,18 @@ enum Pooler {
 
 /// Runs one scenario: pooler behind a relay with `delay`, 50 busy clients,
 /// mass termination, sampling.
-async fn measure(
-    pg: &PgServer,
-    args: &Args,
-    delay: Duration,
-    pooler: Pooler,
-    dir: &Path,
-) -> anyhow::Result<Curve> {
-    let direct = connect(&format!(
-        "postgres://postgres@127.0.0.1:{}/{APP_DB}",
-        pg.port()
-    ))
-    .await?;
+async fn measure(pg: &PgServer, args: &Args, delay: Duration, pooler: Pooler, dir: &Path) -> anyhow::Result<Curve> {
+    let direct = connect(&format!("postgres://postgres@127.0.0.1:{}/{APP_DB}", pg.port())).await?;
     let relay = Relay::start(format!("127.0.0.1:{}", pg.port()).parse()?).await?;
     relay.set_connect_delay(delay);
-    let name = format!(
-        "{} {}ms",
-        if pooler == Pooler::Weir {
-            "weir"
-        } else {
-            "pgbouncer"
-        },
-        delay.as_millis()
-    );
+    let name = format!("{} {}ms", if pooler == Pooler::Weir { "weir" } else { "pgbouncer" }, delay.as_millis());
     eprintln!("== {name}");
     let (url, running) = match pooler {
         Pooler::Weir => start_weir(relay.addr().port(), args.pool, dir).await?,
         Pooler::PgBouncer => start_pgbouncer(relay.addr().port(), args.pool, dir).await?,
     };
     let stop = Arc::new(AtomicBool::new(false));
-    let clients: Vec<_> = (0..args.pool)
-        .map(|_| tokio::spawn(busy_client(url.clone(), stop.clone())))
-        .collect();
+    let clients: Vec<_> = (0..args.pool).map(|_| tokio::spawn(busy_client(url.clone(), stop.clone()))).collect();
     let warm = Instant::now() + Duration::from_secs(60);
     while count(&direct, "true").await? < args.pool as i64 {
         if Instant::now() > warm {
@@ -154,14 +122,9 @@ async fn measure(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let since: String = direct
-        .query_one("select clock_timestamp()::text", &[])
-        .await?
-        .get(0);
+    let since: String = direct.query_one("select clock_timestamp()::text", &[]).await?.get(0);
     direct
-        .simple_query(&format!(
-            "select pg_terminate_backend(pid) from pg_stat_activity where usename = '{TRUST_USER}'"
-        ))
+        .simple_query(&format!("select pg_terminate_backend(pid) from pg_stat_activity where usename = '{TRUST_USER}'"))
         .await?;
     let t0 = Instant::now();
     let fresh = format!("backend_start > '{since}'");
@@ -194,18 +157,12 @@ async fn measure(
             .await?;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    Ok(Curve {
-        name,
-        samples,
-        full_after,
-    })
+    Ok(Curve { name, samples, full_after })
 }
 
 /// Backends of the benchmark's user matching `filter`.
 async fn count(direct: &Client, filter: &str) -> anyhow::Result<i64> {
-    let sql = format!(
-        "select count(*) from pg_stat_activity where usename = '{TRUST_USER}' and {filter}"
-    );
+    let sql = format!("select count(*) from pg_stat_activity where usename = '{TRUST_USER}' and {filter}");
     Ok(direct.query_one(&sql, &[]).await?.get(0))
 }
 
@@ -220,12 +177,9 @@ async fn busy_client(url: String, stop: Arc<AtomicBool>) {
     let mut client: Option<Client> = None;
     while !stop.load(Ordering::SeqCst) {
         let ok = match &client {
-            Some(c) => tokio::time::timeout(
-                Duration::from_secs(30),
-                c.simple_query("select pg_sleep(0.05)"),
-            )
-            .await
-            .is_ok_and(|r| r.is_ok()),
+            Some(c) => tokio::time::timeout(Duration::from_secs(30), c.simple_query("select pg_sleep(0.05)"))
+                .await
+                .is_ok_and(|r| r.is_ok()),
             None => match tokio::time::timeout(Duration::from_secs(30), connect(&url)).await {
                 Ok(Ok(c)) => {
                     client = Some(c);
@@ -263,18 +217,12 @@ async fn start_weir(port: u16, pool: usize, dir: &Path) -> anyhow::Result<(Strin
          [databases.{APP_DB}]\nhost = \"127.0.0.1\"\nport = {port}\n"
     );
     let weir = weir::Weir::start(weir::Config::from_toml(&text, dir)?).await?;
-    let url = format!(
-        "postgres://{TRUST_USER}:{TRUST_PASS}@{}/{APP_DB}",
-        weir.local_addr()
-    );
+    let url = format!("postgres://{TRUST_USER}:{TRUST_PASS}@{}/{APP_DB}", weir.local_addr());
     Ok((url, Running::Weir(weir)))
 }
 
 async fn start_pgbouncer(port: u16, pool: usize, dir: &Path) -> anyhow::Result<(String, Running)> {
-    std::fs::write(
-        dir.join("userlist.txt"),
-        format!("\"{TRUST_USER}\" \"{TRUST_PASS}\"\n"),
-    )?;
+    std::fs::write(dir.join("userlist.txt"), format!("\"{TRUST_USER}\" \"{TRUST_PASS}\"\n"))?;
     let databases = format!("{APP_DB} = host=127.0.0.1 port={port} dbname={APP_DB}");
     let settings = format!(
         "auth_type = trust\nauth_file = {users}\npool_mode = transaction\ndefault_pool_size = {pool}\n\
@@ -284,14 +232,9 @@ async fn start_pgbouncer(port: u16, pool: usize, dir: &Path) -> anyhow::Result<(
     );
     let _ = std::fs::remove_file(dir.join("pgbouncer.pid"));
     let dir = dir.to_path_buf();
-    let bouncer = tokio::task::spawn_blocking(move || {
-        crate::pgbouncer::PgBouncer::start(&dir, &databases, &settings)
-    })
-    .await??;
-    let url = format!(
-        "postgres://{TRUST_USER}:{TRUST_PASS}@{}/{APP_DB}",
-        bouncer.addr
-    );
+    let bouncer =
+        tokio::task::spawn_blocking(move || crate::pgbouncer::PgBouncer::start(&dir, &databases, &settings)).await??;
+    let url = format!("postgres://{TRUST_USER}:{TRUST_PASS}@{}/{APP_DB}", bouncer.addr);
     Ok((url, Running::PgBouncer(bouncer)))
 }
 

@@ -144,10 +144,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
          grant all on ledger to public;",
     )?;
     let dir = work_dir()?;
-    std::fs::write(
-        dir.join("userlist.txt"),
-        format!("\"{TRUST_USER}\" \"{TRUST_PASS}\"\n"),
-    )?;
+    std::fs::write(dir.join("userlist.txt"), format!("\"{TRUST_USER}\" \"{TRUST_PASS}\"\n"))?;
 
     let mut reports = vec![run_weir(&clients, &pg, &dir, &shape)?];
     let pgbouncer_note = if !with_pgbouncer {
@@ -168,11 +165,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
 }
 
 fn runtime(name: &str) -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name(name)
-        .enable_all()
-        .build()
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name(name).enable_all().build()
 }
 
 fn work_dir() -> anyhow::Result<PathBuf> {
@@ -184,12 +177,7 @@ fn work_dir() -> anyhow::Result<PathBuf> {
     Ok(dir)
 }
 
-fn run_weir(
-    clients: &tokio::runtime::Runtime,
-    pg: &PgServer,
-    dir: &Path,
-    shape: &Shape,
-) -> anyhow::Result<Report> {
+fn run_weir(clients: &tokio::runtime::Runtime, pg: &PgServer, dir: &Path, shape: &Shape) -> anyhow::Result<Report> {
     let text = format!(
         "[weir]\nlisten_addr = \"127.0.0.1:0\"\nauth_type = \"trust\"\nauth_file = \"userlist.txt\"\n\
          pool_mode = \"transaction\"\ndefault_pool_size = {pool}\nmax_client_conn = 2000\n\
@@ -203,33 +191,20 @@ fn run_weir(
     let cfg = weir::Config::from_toml(&text, dir)?;
     let server = runtime("weir")?;
     let weir = server.block_on(weir::Weir::start(cfg))?;
-    let url = format!(
-        "postgres://{TRUST_USER}:{TRUST_PASS}@{}/{APP_DB}",
-        weir.local_addr()
-    );
+    let url = format!("postgres://{TRUST_USER}:{TRUST_PASS}@{}/{APP_DB}", weir.local_addr());
     let mut report = clients.block_on(drive(pg, "weir", &url, shape, 1))?;
     if let Some(pool) = weir.shared().pools.get(APP_DB, TRUST_USER) {
         let m = &pool.metrics;
-        report.weir_closes = Some(by_label(
-            CloseReason::ALL
-                .iter()
-                .map(|r| (r.as_label(), m.closed(*r))),
-        ));
-        report.weir_drops = Some(by_label(
-            weir_metrics::DropReason::ALL
-                .iter()
-                .map(|r| (r.as_label(), m.dropped_queries(*r))),
-        ));
+        report.weir_closes = Some(by_label(CloseReason::ALL.iter().map(|r| (r.as_label(), m.closed(*r)))));
+        report.weir_drops =
+            Some(by_label(weir_metrics::DropReason::ALL.iter().map(|r| (r.as_label(), m.dropped_queries(*r)))));
     }
     server.block_on(weir.shutdown());
     Ok(report)
 }
 
 fn by_label<'a>(counts: impl Iterator<Item = (&'a str, u64)>) -> String {
-    let parts: Vec<String> = counts
-        .filter(|(_, n)| *n > 0)
-        .map(|(l, n)| format!("{l}={n}"))
-        .collect();
+    let parts: Vec<String> = counts.filter(|(_, n)| *n > 0).map(|(l, n)| format!("{l}={n}")).collect();
     if parts.is_empty() {
         "none".into()
     } else {
@@ -238,13 +213,7 @@ fn by_label<'a>(counts: impl Iterator<Item = (&'a str, u64)>) -> String {
 }
 
 /// Runs the load through `url` and measures what Postgres saw.
-async fn drive(
-    pg: &PgServer,
-    name: &str,
-    url: &str,
-    shape: &Shape,
-    first_id: i64,
-) -> anyhow::Result<Report> {
+async fn drive(pg: &PgServer, name: &str, url: &str, shape: &Shape, first_id: i64) -> anyhow::Result<Report> {
     warm_up(url, shape.pool).await?;
     let log_before = server_log_counts(pg);
     let ids = Arc::new(AtomicI64::new(first_id));
@@ -298,14 +267,8 @@ async fn warm_up(url: &str, pool: u32) -> anyhow::Result<()> {
     // Opening the servers may take longer than the short wait budget: retry
     // until one round runs on all of them at once.
     for _ in 0..50 {
-        let runs = clients
-            .iter()
-            .map(|c| c.simple_query("select pg_sleep(0.1)"));
-        if futures_util::future::join_all(runs)
-            .await
-            .iter()
-            .all(Result::is_ok)
-        {
+        let runs = clients.iter().map(|c| c.simple_query("select pg_sleep(0.1)"));
+        if futures_util::future::join_all(runs).await.iter().all(Result::is_ok) {
             return Ok(());
         }
     }
@@ -372,9 +335,7 @@ async fn reconnect(ctx: &ClientCtx, again: bool) -> Option<Client> {
         match tokio::time::timeout(Duration::from_secs(2), connect(&ctx.url)).await {
             Ok(Ok(c)) => return Some(c),
             _ => {
-                ctx.counters
-                    .connect_failures
-                    .fetch_add(1, Ordering::Relaxed);
+                ctx.counters.connect_failures.fetch_add(1, Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
@@ -387,10 +348,7 @@ async fn reconnect(ctx: &ClientCtx, again: bool) -> Option<Client> {
 async fn one_query(ctx: &ClientCtx, client: Client) -> (Sent, Option<Client>) {
     let id = ctx.ids.fetch_add(1, Ordering::Relaxed);
     let deadline_us = wall_us() + ctx.shape.deadline.as_micros() as i64;
-    let sql = format!(
-        "insert into ledger(id) select {id} from pg_sleep({})",
-        ctx.shape.query.as_secs_f64()
-    );
+    let sql = format!("insert into ledger(id) select {id} from pg_sleep({})", ctx.shape.query.as_secs_f64());
     let asked = Instant::now();
     let outcome = match tokio::time::timeout(ctx.shape.deadline, client.simple_query(&sql)).await {
         Ok(Ok(_)) => Outcome::Ok,
@@ -401,35 +359,17 @@ async fn one_query(ctx: &ClientCtx, client: Client) -> (Sent, Option<Client>) {
             let _ = tokio::time::timeout(Duration::from_secs(1), token.cancel_query(NoTls)).await;
             drop(client);
             let latency = asked.elapsed();
-            return (
-                Sent {
-                    id,
-                    deadline_us,
-                    outcome: Outcome::DeadlineExpired,
-                    latency,
-                },
-                None,
-            );
+            return (Sent { id, deadline_us, outcome: Outcome::DeadlineExpired, latency }, None);
         }
     };
     let latency = asked.elapsed();
     let keep = (!client.is_closed()).then_some(client);
-    (
-        Sent {
-            id,
-            deadline_us,
-            outcome,
-            latency,
-        },
-        keep,
-    )
+    (Sent { id, deadline_us, outcome, latency }, keep)
 }
 
 fn classify(ctx: &ClientCtx, e: &tokio_postgres::Error) -> Outcome {
     let weir_wait = e.code().is_some_and(|c| c.code() == "53300");
-    let pgbouncer_wait = e
-        .as_db_error()
-        .is_some_and(|d| d.message().contains("query_wait_timeout"));
+    let pgbouncer_wait = e.as_db_error().is_some_and(|d| d.message().contains("query_wait_timeout"));
     if weir_wait || pgbouncer_wait {
         return Outcome::WaitTimeout;
     }
@@ -444,10 +384,7 @@ fn classify(ctx: &ClientCtx, e: &tokio_postgres::Error) -> Outcome {
 }
 
 fn wall_us() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as i64)
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as i64).unwrap_or(0)
 }
 
 async fn connect(url: &str) -> anyhow::Result<Client> {
@@ -464,14 +401,8 @@ fn server_log_counts(pg: &PgServer) -> (usize, usize) {
     let log = std::fs::read(pg.log_file()).unwrap_or_default();
     let log = String::from_utf8_lossy(&log);
     let user = format!("user={TRUST_USER} ");
-    let opened = log
-        .lines()
-        .filter(|l| l.contains(&format!("connection authorized: {user}")))
-        .count();
-    let closed = log
-        .lines()
-        .filter(|l| l.contains("disconnection:") && l.contains(&user))
-        .count();
+    let opened = log.lines().filter(|l| l.contains(&format!("connection authorized: {user}"))).count();
+    let closed = log.lines().filter(|l| l.contains("disconnection:") && l.contains(&user)).count();
     (opened, closed)
 }
 
@@ -506,20 +437,14 @@ fn late_rows(pg: &PgServer, sent: &[Sent], first_id: i64) -> anyhow::Result<Late
     let by_id: std::collections::HashMap<i64, Sent> = sent.iter().map(|s| (s.id, *s)).collect();
     let mut late = Late::default();
     for line in out.lines().filter(|l| !l.is_empty()) {
-        let v: Vec<i64> = line
-            .split_whitespace()
-            .map(|v| v.parse().unwrap_or(0))
-            .collect();
-        let (Some(s), [_, started, ts]) = (v.first().and_then(|id| by_id.get(id)), v.as_slice())
-        else {
+        let v: Vec<i64> = line.split_whitespace().map(|v| v.parse().unwrap_or(0)).collect();
+        let (Some(s), [_, started, ts]) = (v.first().and_then(|id| by_id.get(id)), v.as_slice()) else {
             continue;
         };
         late.started_after += usize::from(*started > s.deadline_us);
         if *ts > s.deadline_us {
             late.committed_after += 1;
-            late.worst_past = late
-                .worst_past
-                .max(Duration::from_micros((ts - s.deadline_us) as u64));
+            late.worst_past = late.worst_past.max(Duration::from_micros((ts - s.deadline_us) as u64));
         }
         late.for_gone_clients += usize::from(s.outcome == Outcome::DeadlineExpired);
     }
@@ -534,10 +459,7 @@ fn run_pgbouncer(
     dir: &Path,
     shape: &Shape,
 ) -> anyhow::Result<Report> {
-    let databases = format!(
-        "{APP_DB} = host=127.0.0.1 port={} dbname={APP_DB}",
-        pg.port()
-    );
+    let databases = format!("{APP_DB} = host=127.0.0.1 port={} dbname={APP_DB}", pg.port());
     let settings = format!(
         "auth_type = trust\nauth_file = {users}\npool_mode = transaction\n\
          default_pool_size = {pool}\nmax_client_conn = 2000\n\
@@ -548,15 +470,10 @@ fn run_pgbouncer(
         pool = shape.pool,
     );
     let bouncer = PgBouncer::start(dir, &databases, &settings)?;
-    let url = format!(
-        "postgres://{TRUST_USER}:{TRUST_PASS}@{}/{APP_DB}",
-        bouncer.addr
-    );
+    let url = format!("postgres://{TRUST_USER}:{TRUST_PASS}@{}/{APP_DB}", bouncer.addr);
     let mut report = clients.block_on(drive(pg, "pgbouncer", &url, shape, 100_000_000))?;
     if !bouncer.alive() {
-        let fatal = bouncer
-            .last_fatal()
-            .unwrap_or_else(|| "no FATAL line in its log".into());
+        let fatal = bouncer.last_fatal().unwrap_or_else(|| "no FATAL line in its log".into());
         report.note = Some(format!("PgBouncer exited during the run; its log: {fatal}"));
     }
     Ok(report)

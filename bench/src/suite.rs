@@ -37,20 +37,13 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     env::ensure_fd_limit(opts.fd_limit_wanted())?;
     let started = Instant::now();
     let weir_bin = env::weir_binary(&opts)?;
-    let pgbouncer_bin = if opts.want(Kind::PgBouncer) {
-        env::find_pgbouncer()
-    } else {
-        None
-    };
+    let pgbouncer_bin = if opts.want(Kind::PgBouncer) { env::find_pgbouncer() } else { None };
     if opts.want(Kind::PgBouncer) && pgbouncer_bin.is_none() {
         eprintln!("\n*** PgBouncer not installed: skipped (apt-get install -y pgbouncer) ***\n");
     }
     let work = env::WorkDir::create()?;
 
-    eprintln!(
-        "== starting a throwaway Postgres (max_connections {})",
-        pg_max_connections(&opts)
-    );
+    eprintln!("== starting a throwaway Postgres (max_connections {})", pg_max_connections(&opts));
     let pg = PgServer::start(PgOptions {
         max_connections: pg_max_connections(&opts),
         log_connections: false,
@@ -75,9 +68,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
 
     let mut results = report::Results::new(&opts, &pg, pgbouncer_bin.as_deref(), &targets);
     for w in workloads::list(&opts) {
-        results
-            .rows
-            .push(workloads::run(&w, &targets, &opts, &work)?);
+        results.rows.push(workloads::run(&w, &targets, &opts, &work)?);
     }
     if opts.stream_mb > 0 {
         results.stream = Some(stream::run(&targets, &opts)?);

@@ -31,7 +31,17 @@ async fn every_show_renders_in_psql() {
     assert_eq!(pools["cl_idle"], "1", "{pools:?}");
     assert_eq!(pools["cl_waiting"], "0");
     assert!(pools["sv_idle"].parse::<u32>().unwrap() + pools["sv_used"].parse::<u32>().unwrap() >= 1, "{pools:?}");
-    for col in ["cl_active", "sv_active", "sv_tested", "sv_login", "maxwait", "maxwait_us", "opens_per_sec", "closes_per_sec", "dropped"] {
+    for col in [
+        "cl_active",
+        "sv_active",
+        "sv_tested",
+        "sv_login",
+        "maxwait",
+        "maxwait_us",
+        "opens_per_sec",
+        "closes_per_sec",
+        "dropped",
+    ] {
         assert!(pools.contains_key(col), "SHOW POOLS lacks {col}");
     }
 
@@ -119,7 +129,10 @@ async fn pause_holds_new_queries_and_resume_releases_them() {
     });
     assert!(
         eventually(Duration::from_secs(5), || pg
-            .psql("app", "select count(*) from pg_stat_activity where query = 'select pg_sleep(1)' and state = 'active'")
+            .psql(
+                "app",
+                "select count(*) from pg_stat_activity where query = 'select pg_sleep(1)' and state = 'active'"
+            )
             .unwrap()
             .trim()
             == "1")
@@ -130,7 +143,11 @@ async fn pause_holds_new_queries_and_resume_releases_them() {
     let (finished_at, _busy) = running.await.unwrap();
     assert!(finished_at <= paused_at, "PAUSE returned before the running query finished");
     let row = pool_row(&w).await;
-    assert_eq!((row["paused"].as_str(), row["sv_active"].as_str(), row["sv_idle"].as_str()), ("1", "0", "0"), "{row:?}");
+    assert_eq!(
+        (row["paused"].as_str(), row["sv_active"].as_str(), row["sv_idle"].as_str()),
+        ("1", "0", "0"),
+        "{row:?}"
+    );
     assert!(
         metric(&w.metrics(), "weir_server_connections_closed_total", &[("reason", "admin")]) >= 1.0,
         "PAUSE closes the released servers"
@@ -152,7 +169,8 @@ async fn pause_holds_new_queries_and_resume_releases_them() {
     // ...and RESUME releases it.
     let resumed_at = Instant::now();
     w.admin("RESUME app").await.unwrap();
-    let ran_at = tokio::time::timeout(Duration::from_secs(10), held).await.expect("released after RESUME").unwrap().unwrap();
+    let ran_at =
+        tokio::time::timeout(Duration::from_secs(10), held).await.expect("released after RESUME").unwrap().unwrap();
     assert!(ran_at >= resumed_at);
     assert_eq!(pool_row(&w).await["paused"], "0");
 }
@@ -169,7 +187,11 @@ async fn kill_disconnects_the_database_and_keeps_it_paused_until_resume() {
     assert!(out.contains("KILL"), "{out}");
     assert!(victim.simple_query("select 1").await.is_err(), "the killed client is disconnected");
     let row = pool_row(&w).await;
-    assert_eq!((row["sv_idle"].as_str(), row["sv_active"].as_str(), row["paused"].as_str()), ("0", "0", "1"), "{row:?}");
+    assert_eq!(
+        (row["sv_idle"].as_str(), row["sv_active"].as_str(), row["paused"].as_str()),
+        ("0", "0", "1"),
+        "{row:?}"
+    );
     assert!(metric(&w.metrics(), "weir_server_connections_closed_total", &[("reason", "admin")]) > before);
     let left = pg.psql("app", "select count(*) from pg_stat_activity where usename = 'scram_user'").unwrap();
     assert_eq!(left.trim(), "0", "KILL closed the servers");

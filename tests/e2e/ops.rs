@@ -65,18 +65,25 @@ async fn metrics_move_under_load_and_count_server_closes_by_reason() {
     });
     assert!(
         eventually(Duration::from_secs(5), || pg
-            .psql("app", "select count(*) from pg_stat_activity where query = 'select pg_sleep(30)' and state = 'active'")
+            .psql(
+                "app",
+                "select count(*) from pg_stat_activity where query = 'select pg_sleep(30)' and state = 'active'"
+            )
             .unwrap()
             .trim()
             == "1")
         .await
     );
-    let sleeping = rows(&w.admin("SHOW CLIENTS").await.unwrap()).into_iter().find(|r| r["state"] == "active").expect("active client");
+    let sleeping = rows(&w.admin("SHOW CLIENTS").await.unwrap())
+        .into_iter()
+        .find(|r| r["state"] == "active")
+        .expect("active client");
     assert!(!sleeping["server_pid"].is_empty());
     sleeper.abort();
 
     // Postgres kills weir's backends: the closes are counted as server_closed.
-    let closed_before = metric(&w.metrics(), "weir_server_connections_closed_total", &with(&[("reason", "server_closed")]));
+    let closed_before =
+        metric(&w.metrics(), "weir_server_connections_closed_total", &with(&[("reason", "server_closed")]));
     let killed: usize = pg
         .psql("app", "select count(*) from (select pg_terminate_backend(pid) from pg_stat_activity where usename = 'scram_user' and query <> 'select pg_sleep(30)') t")
         .unwrap()
@@ -107,7 +114,10 @@ async fn readyz_follows_whether_servers_can_be_reached() {
     assert_eq!(w.http_get("/readyz").0, 200);
     pg.stop().unwrap();
     assert!(connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.is_err(), "no server, no login");
-    assert!(eventually(Duration::from_secs(5), || w.http_get("/readyz").0 == 503).await, "not ready while connects fail");
+    assert!(
+        eventually(Duration::from_secs(5), || w.http_get("/readyz").0 == 503).await,
+        "not ready while connects fail"
+    );
     assert_eq!(w.http_get("/healthz").0, 200, "alive all the same");
     pg.start_again().unwrap();
     let c = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.expect("connects once Postgres is back");
@@ -124,7 +134,10 @@ async fn cancel_requests_are_counted() {
     let q = tokio::spawn(async move { c.simple_query("select pg_sleep(30)").await.map(|_| ()) });
     assert!(
         eventually(Duration::from_secs(5), || pg
-            .psql("app", "select count(*) from pg_stat_activity where query = 'select pg_sleep(30)' and state = 'active'")
+            .psql(
+                "app",
+                "select count(*) from pg_stat_activity where query = 'select pg_sleep(30)' and state = 'active'"
+            )
             .unwrap()
             .trim()
             == "1")
@@ -134,7 +147,12 @@ async fn cancel_requests_are_counted() {
     let e = tokio::time::timeout(Duration::from_secs(10), q).await.unwrap().unwrap().unwrap_err();
     assert_eq!(sqlstate(&e).as_deref(), Some("57014"));
     assert!(
-        eventually(Duration::from_secs(3), || metric(&w.metrics(), "weir_cancel_requests_total", &[("outcome", "forwarded")]) == 1.0).await
+        eventually(Duration::from_secs(3), || metric(
+            &w.metrics(),
+            "weir_cancel_requests_total",
+            &[("outcome", "forwarded")]
+        ) == 1.0)
+        .await
     );
 }
 
@@ -169,7 +187,10 @@ async fn metrics_answer_within_100ms_while_500_clients_saturate_a_pool_of_2() {
     }
     stop.store(true, Ordering::Relaxed);
     let slowest = *times.iter().max().unwrap();
-    eprintln!("/metrics under saturation: slowest {slowest:?}, all {times:?}; {} queries ran", done.load(Ordering::Relaxed));
+    eprintln!(
+        "/metrics under saturation: slowest {slowest:?}, all {times:?}; {} queries ran",
+        done.load(Ordering::Relaxed)
+    );
     assert!(slowest < Duration::from_millis(100), "a scrape took {slowest:?} while the pool was saturated: {times:?}");
     assert!(done.load(Ordering::Relaxed) > 0, "the pool was working, not stuck");
     for t in tasks {
@@ -232,11 +253,18 @@ async fn sigterm_lets_a_running_transaction_finish_then_exits() {
     w.signal("TERM");
     // Not ready, not accepting; the idle client is told and let go.
     assert!(eventually(Duration::from_secs(2), || w.http_get("/readyz").0 == 503).await, "/readyz turns 503");
-    assert!(eventually(Duration::from_secs(2), || TcpStream::connect(("127.0.0.1", w.port)).is_err()).await, "listener closed");
+    assert!(
+        eventually(Duration::from_secs(2), || TcpStream::connect(("127.0.0.1", w.port)).is_err()).await,
+        "listener closed"
+    );
     let e = idle.simple_query("select 1").await.unwrap_err();
     assert!(e.is_closed() || sqlstate(&e).as_deref() == Some("57P01"), "{e}");
 
-    tokio::time::timeout(Duration::from_secs(10), txn).await.unwrap().unwrap().expect("the running transaction finished");
+    tokio::time::timeout(Duration::from_secs(10), txn)
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the running transaction finished");
     assert_eq!(pg.psql("app", "select count(*) from drain_check").unwrap().trim(), "1", "its COMMIT went through");
     let status = w.wait_exit(Duration::from_secs(10)).await.expect("weir exits after the drain");
     assert!(status.success(), "{status:?}");
@@ -263,14 +291,18 @@ async fn sigint_stops_and_shutdown_command_drains() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_logs_with_connection_logging() {
     let pg = pg().await;
-    let w = WeirProcess::start(&pg, "log_format = \"json\"\nlog_connections = true\nlog_disconnections = true", "").await;
+    let w =
+        WeirProcess::start(&pg, "log_format = \"json\"\nlog_connections = true\nlog_disconnections = true", "").await;
     let c = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
     c.simple_query("select 1").await.unwrap();
     drop(c);
     assert!(eventually(Duration::from_secs(5), || w.logs().contains("client disconnected")).await, "{}", w.logs());
     let logs = w.logs();
     let login = logs.lines().find(|l| l.contains("client logged in")).expect("login logged");
-    assert!(login.starts_with('{') && login.contains("\"user\":\"scram_user\"") && login.contains("\"db\":\"app\""), "{login}");
+    assert!(
+        login.starts_with('{') && login.contains("\"user\":\"scram_user\"") && login.contains("\"db\":\"app\""),
+        "{login}"
+    );
 }
 
 #[test]
@@ -294,6 +326,11 @@ fn migrate_config_output_passes_check_config() {
     assert!(toml.contains("server_tls_sslmode = \"require\""), "{toml}");
     std::fs::write(dir.join("weir.toml"), &toml).unwrap();
     let check = Command::new(weir_bin()).arg("check-config").arg(dir.join("weir.toml")).output().unwrap();
-    assert!(check.status.success(), "{}{}", String::from_utf8_lossy(&check.stdout), String::from_utf8_lossy(&check.stderr));
+    assert!(
+        check.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

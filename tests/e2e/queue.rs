@@ -34,35 +34,21 @@ pub async fn create_ledger(h: &Harness) -> Client {
 
 /// Ids in the ledger, read straight from Postgres.
 pub async fn ledger_ids(direct: &Client) -> Vec<i64> {
-    direct
-        .query("select id from ledger order by ts", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect()
+    direct.query("select id from ledger order by ts", &[]).await.unwrap().iter().map(|r| r.get(0)).collect()
 }
 
 /// A client through weir holding one server connection in an open transaction.
 pub async fn hold_server(h: &Harness) -> (Client, i32) {
     let c = h.client().await;
     c.batch_execute("begin").await.unwrap();
-    let pid: i32 = c
-        .query_one("select pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let pid: i32 = c.query_one("select pg_backend_pid()", &[]).await.unwrap().get(0);
     (c, pid)
 }
 
 /// Options with `trust` client auth (raw-socket clients log in without a
 /// password exchange; weir still logs into Postgres with the auth_file).
 pub fn trust_opts(pool_size: u32) -> Opts {
-    Opts {
-        pool_size,
-        auth_type: "trust",
-        ..Opts::default()
-    }
+    Opts { pool_size, auth_type: "trust", ..Opts::default() }
 }
 
 /// Waits until the pool has `n` waiters (panics after 10 s).

@@ -15,11 +15,7 @@ use crate::{create_ledger, hold_server, ledger_ids, trust_opts, until_waiting};
 /// never appears, and B's connection keeps working.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queued_cancel_answers_57014_and_the_query_never_runs() {
-    let h = Harness::start(Opts {
-        pool_size: 1,
-        ..Opts::default()
-    })
-    .await;
+    let h = Harness::start(Opts { pool_size: 1, ..Opts::default() }).await;
     let direct = create_ledger(&h).await;
     let (a, a_pid) = hold_server(&h).await;
     let b = h.client().await;
@@ -31,14 +27,8 @@ async fn queued_cancel_answers_57014_and_the_query_never_runs() {
     until_waiting(&h, 1).await;
 
     let asked = Instant::now();
-    token
-        .cancel_query(NoTls)
-        .await
-        .expect("the cancel socket is answered and closed");
-    let (r, answered, b) = tokio::time::timeout(Duration::from_secs(5), queued)
-        .await
-        .expect("B is answered")
-        .unwrap();
+    token.cancel_query(NoTls).await.expect("the cancel socket is answered and closed");
+    let (r, answered, b) = tokio::time::timeout(Duration::from_secs(5), queued).await.expect("B is answered").unwrap();
     let err = r.expect_err("a cancelled query fails");
     assert_eq!(sqlstate(&err).as_deref(), Some("57014"), "{err}");
     let took = answered.duration_since(asked);
@@ -46,33 +36,16 @@ async fn queued_cancel_answers_57014_and_the_query_never_runs() {
 
     a.batch_execute("commit").await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        ledger_ids(&direct).await.is_empty(),
-        "the cancelled INSERT ran"
-    );
-    let pid: i32 = b
-        .query_one("select pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
+    assert!(ledger_ids(&direct).await.is_empty(), "the cancelled INSERT ran");
+    let pid: i32 = b.query_one("select pg_backend_pid()", &[]).await.unwrap().get(0);
     assert_eq!(pid, a_pid, "B runs on the pool's one server afterwards");
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(
-        ledger_ids(&direct).await.is_empty(),
-        "the cancelled INSERT ran late"
-    );
+    assert!(ledger_ids(&direct).await.is_empty(), "the cancelled INSERT ran late");
 
     let m = &h.pool().metrics;
     assert_eq!(m.dropped_queries(DropReason::Cancelled), 1);
     assert_eq!(m.opened(), 1, "no server was opened for the cancel");
-    assert_eq!(
-        h.weir()
-            .shared()
-            .cancels
-            .metrics
-            .cancels(CancelOutcome::AnsweredLocally),
-        1
-    );
+    assert_eq!(h.weir().shared().cancels.metrics.cancels(CancelOutcome::AnsweredLocally), 1);
 }
 
 /// Queued cancel (raw socket, simple protocol, several queued clients): each
@@ -86,25 +59,17 @@ async fn queued_cancel_over_raw_sockets_keeps_each_connection() {
     let mut raws = Vec::new();
     for id in 0..5 {
         let mut r = Raw::login(h.addr(), SCRAM_USER, "", &[]).await.unwrap();
-        r.send_query(&format!("insert into ledger(id) values ({id})"))
-            .await
-            .unwrap();
+        r.send_query(&format!("insert into ledger(id) values ({id})")).await.unwrap();
         raws.push(r);
     }
     until_waiting(&h, 5).await;
     for r in raws.iter_mut() {
         let asked = Instant::now();
-        queue_raw::cancel(h.addr(), r.key)
-            .await
-            .expect("cancel socket closed without an answer");
+        queue_raw::cancel(h.addr(), r.key).await.expect("cancel socket closed without an answer");
         let reply = r.reply().await.unwrap();
         assert_eq!(reply.code(), Some("57014"), "{reply:?}");
         assert_eq!(reply.status, b'I');
-        assert!(
-            asked.elapsed() < Duration::from_millis(100),
-            "took {:?}",
-            asked.elapsed()
-        );
+        assert!(asked.elapsed() < Duration::from_millis(100), "took {:?}", asked.elapsed());
     }
     assert_eq!(h.pool().snapshot().waiting, 0);
     a.batch_execute("commit").await.unwrap();
@@ -125,19 +90,13 @@ async fn the_oldest_waiter_still_there_gets_the_server() {
     let direct = create_ledger(&h).await;
     let (a, _) = hold_server(&h).await;
     let mut w1 = Raw::login(h.addr(), SCRAM_USER, "", &[]).await.unwrap();
-    w1.send_query("insert into ledger(id) values (71)")
-        .await
-        .unwrap();
+    w1.send_query("insert into ledger(id) values (71)").await.unwrap();
     until_waiting(&h, 1).await;
     let mut w2 = Raw::login(h.addr(), SCRAM_USER, "", &[]).await.unwrap();
-    w2.send_query("insert into ledger(id) values (72)")
-        .await
-        .unwrap();
+    w2.send_query("insert into ledger(id) values (72)").await.unwrap();
     until_waiting(&h, 2).await;
     let mut w3 = Raw::login(h.addr(), SCRAM_USER, "", &[]).await.unwrap();
-    w3.send_query("insert into ledger(id) values (73)")
-        .await
-        .unwrap();
+    w3.send_query("insert into ledger(id) values (73)").await.unwrap();
     until_waiting(&h, 3).await;
     w1.reset();
     until_waiting(&h, 2).await;
@@ -146,18 +105,10 @@ async fn the_oldest_waiter_still_there_gets_the_server() {
     a.batch_execute("commit").await.unwrap();
     let r2 = w2.reply().await.unwrap();
     assert_eq!(r2.error, None);
-    assert!(
-        released.elapsed() < Duration::from_millis(500),
-        "W2 waited {:?}",
-        released.elapsed()
-    );
+    assert!(released.elapsed() < Duration::from_millis(500), "W2 waited {:?}", released.elapsed());
     let r3 = w3.reply().await.unwrap();
     assert_eq!(r3.error, None);
-    assert_eq!(
-        ledger_ids(&direct).await,
-        vec![72, 73],
-        "W2 first, W3 next, W1 never"
-    );
+    assert_eq!(ledger_ids(&direct).await, vec![72, 73], "W2 first, W3 next, W1 never");
     assert_eq!(h.pool().metrics.dropped_queries(DropReason::ClientGone), 1);
 }
 
@@ -166,11 +117,7 @@ async fn the_oldest_waiter_still_there_gets_the_server() {
 /// while client 2 keeps reusing the same server. Client 2 never sees 57014.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancels_for_one_client_never_hit_the_next() {
-    let h = Harness::start(Opts {
-        pool_size: 1,
-        ..Opts::default()
-    })
-    .await;
+    let h = Harness::start(Opts { pool_size: 1, ..Opts::default() }).await;
     let c1 = h.client().await;
     let c2 = h.client().await;
     let token = c1.cancel_token();
@@ -200,11 +147,7 @@ async fn cancels_for_one_client_never_hit_the_next() {
         b.await.unwrap().expect("cancel request accepted");
     }
     let (r, c1) = running.await.unwrap();
-    assert_eq!(
-        r.map(|_| ()).err().and_then(|e| sqlstate(&e)).as_deref(),
-        Some("57014"),
-        "client 1 was cancelled"
-    );
+    assert_eq!(r.map(|_| ()).err().and_then(|e| sqlstate(&e)).as_deref(), Some("57014"), "client 1 was cancelled");
 
     // Interleaved: client 1 loops on short queries, 50 more cancels land at
     // random moments, client 2 loops on the same server.
@@ -219,9 +162,7 @@ async fn cancels_for_one_client_never_hit_the_next() {
         }
         seen
     });
-    let c2 = c2_task
-        .await
-        .expect("client 2 never saw 57014 during the burst");
+    let c2 = c2_task.await.expect("client 2 never saw 57014 during the burst");
     let c2_loop = tokio::spawn(async move {
         for _ in 0..60 {
             if let Err(e) = c2.simple_query("select pg_sleep(0.005)").await {
@@ -231,10 +172,7 @@ async fn cancels_for_one_client_never_hit_the_next() {
     });
     for i in 0..50u64 {
         tokio::time::sleep(Duration::from_millis(3 + (i * 7) % 11)).await;
-        token
-            .cancel_query(NoTls)
-            .await
-            .expect("cancel request accepted");
+        token.cancel_query(NoTls).await.expect("cancel request accepted");
     }
     c2_loop.await.expect("client 2 never saw 57014");
     let seen = c1_task.await.unwrap();

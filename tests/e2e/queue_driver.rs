@@ -29,11 +29,7 @@ async fn require_asyncpg() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn asyncpg_timeouts_drop_the_queued_query_and_keep_the_connection() {
     require_asyncpg().await;
-    let h = Harness::start(Opts {
-        pool_size: 1,
-        ..Opts::default()
-    })
-    .await;
+    let h = Harness::start(Opts { pool_size: 1, ..Opts::default() }).await;
     let direct = create_ledger(&h).await;
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("drivers/python/asyncpg_timeouts.py");
     let run = tokio::process::Command::new("python3")
@@ -41,26 +37,15 @@ async fn asyncpg_timeouts_drop_the_queued_query_and_keep_the_connection() {
         .arg(h.url(SCRAM_USER, SCRAM_PASS))
         .kill_on_drop(true)
         .output();
-    let out = tokio::time::timeout(Duration::from_secs(90), run)
-        .await
-        .expect("the asyncpg scenario finished")
-        .unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(90), run).await.expect("the asyncpg scenario finished").unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "asyncpg scenario failed ({}):\n{stdout}\n{stderr}",
-        out.status
-    );
+    assert!(out.status.success(), "asyncpg scenario failed ({}):\n{stdout}\n{stderr}", out.status);
     eprintln!("{stdout}");
 
     assert!(ledger_ids(&direct).await.is_empty());
     let m = &h.pool().metrics;
-    assert_eq!(
-        m.dropped_queries(DropReason::Cancelled),
-        1,
-        "the queued INSERT was dropped on asyncpg's cancel"
-    );
+    assert_eq!(m.dropped_queries(DropReason::Cancelled), 1, "the queued INSERT was dropped on asyncpg's cancel");
     assert_eq!(m.opened(), 1, "one server did everything");
     assert_eq!(m.closed_total(), 0, "no server was closed");
 }

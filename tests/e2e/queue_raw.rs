@@ -65,10 +65,7 @@ pub fn startup_packet(params: &[(&str, &str)]) -> Vec<u8> {
     out
 }
 
-async fn limit<T>(
-    what: &str,
-    f: impl std::future::Future<Output = std::io::Result<T>>,
-) -> Result<T> {
+async fn limit<T>(what: &str, f: impl std::future::Future<Output = std::io::Result<T>>) -> Result<T> {
     match tokio::time::timeout(STEP_LIMIT, f).await {
         Ok(r) => r.map_err(|e| format!("{what}: {e}")),
         Err(_) => Err(format!("{what}: no answer in {STEP_LIMIT:?}")),
@@ -78,19 +75,10 @@ async fn limit<T>(
 impl Raw {
     /// Connects and logs in as `user` to database `app` (trust or cleartext
     /// password), returning once the first ReadyForQuery has come.
-    pub async fn login(
-        addr: SocketAddr,
-        user: &str,
-        password: &str,
-        extra: &[(&str, &str)],
-    ) -> Result<Raw> {
+    pub async fn login(addr: SocketAddr, user: &str, password: &str, extra: &[(&str, &str)]) -> Result<Raw> {
         let stream = limit("connect", TcpStream::connect(addr)).await?;
         let _ = stream.set_nodelay(true);
-        let mut raw = Raw {
-            stream,
-            buf: BytesMut::with_capacity(8192),
-            key: (0, 0),
-        };
+        let mut raw = Raw { stream, buf: BytesMut::with_capacity(8192), key: (0, 0) };
         let mut params = vec![("user", user), ("database", weir_e2e::APP_DB)];
         params.extend_from_slice(extra);
         raw.send(&startup_packet(&params)).await?;
@@ -107,16 +95,10 @@ impl Raw {
                         out.put_u8(0);
                         raw.send(&out).await?;
                     }
-                    other => {
-                        return Err(format!(
-                            "raw client supports trust/cleartext only, got auth request {other}"
-                        ))
-                    }
+                    other => return Err(format!("raw client supports trust/cleartext only, got auth request {other}")),
                 },
                 be::BACKEND_KEY_DATA => raw.key = (body.get_i32(), body.get_i32()),
-                be::ERROR_RESPONSE => {
-                    return Err(format!("login refused: {:?}", error_fields(&body)))
-                }
+                be::ERROR_RESPONSE => return Err(format!("login refused: {:?}", error_fields(&body))),
                 be::READY_FOR_QUERY => return Ok(raw),
                 _ => {}
             }
@@ -147,9 +129,7 @@ impl Raw {
             let (tag, mut body) = self.read_msg().await?;
             match tag {
                 be::DATA_ROW => reply.rows.push(data_row(&mut body)),
-                be::ERROR_RESPONSE if reply.error.is_none() => {
-                    reply.error = Some(error_fields(&body))
-                }
+                be::ERROR_RESPONSE if reply.error.is_none() => reply.error = Some(error_fields(&body)),
                 be::READY_FOR_QUERY => {
                     reply.status = body.first().copied().unwrap_or(0);
                     return Ok(reply);
@@ -163,8 +143,7 @@ impl Raw {
     pub async fn read_msg(&mut self) -> Result<(u8, BytesMut)> {
         loop {
             if self.buf.len() >= 5 {
-                let len = i32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]])
-                    as usize;
+                let len = i32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
                 if self.buf.len() > len {
                     let tag = self.buf.get_u8();
                     self.buf.advance(4);
@@ -204,11 +183,7 @@ impl Raw {
 /// Sends a CancelRequest on a new socket and waits for weir to close it.
 pub async fn cancel(addr: SocketAddr, key: (i32, i32)) -> Result<()> {
     let mut s = limit("cancel connect", TcpStream::connect(addr)).await?;
-    limit(
-        "cancel write",
-        s.write_all(&messages::cancel_request(key.0, key.1)),
-    )
-    .await?;
+    limit("cancel write", s.write_all(&messages::cancel_request(key.0, key.1))).await?;
     let mut sink = [0u8; 64];
     match limit("cancel read", s.read(&mut sink)).await? {
         0 => Ok(()),

@@ -20,7 +20,10 @@ const SLEEP_SECS: u32 = 4;
 /// (sessions, sessions_abandoned) of database `app` from pg_stat_database,
 /// read over a connection to another database so the reading adds nothing.
 fn session_counters(h: &Harness) -> (i64, i64) {
-    let out = h.pg.psql("postgres", "select sessions || ' ' || sessions_abandoned from pg_stat_database where datname = 'app'").unwrap();
+    let out = h
+        .pg
+        .psql("postgres", "select sessions || ' ' || sessions_abandoned from pg_stat_database where datname = 'app'")
+        .unwrap();
     let mut it = out.split_whitespace().map(|v| v.parse::<i64>().unwrap());
     (it.next().unwrap(), it.next().unwrap())
 }
@@ -28,14 +31,7 @@ fn session_counters(h: &Harness) -> (i64, i64) {
 async fn open_pool(h: &Harness) -> Vec<Client> {
     let holders = join_all((0..POOL).map(|_| h.client())).await;
     // All at once, long enough that every one needs its own server.
-    join_all(
-        holders
-            .iter()
-            .map(|c| c.simple_query("select pg_sleep(0.5)")),
-    )
-    .await
-    .into_iter()
-    .for_each(|r| {
+    join_all(holders.iter().map(|c| c.simple_query("select pg_sleep(0.5)"))).await.into_iter().for_each(|r| {
         r.unwrap();
     });
     assert_eq!(h.pool().metrics.opened(), POOL as u64);
@@ -48,17 +44,10 @@ async fn open_pool(h: &Harness) -> Vec<Client> {
 async fn queue_clients(h: &Harness) -> Vec<Raw> {
     let mut raws = Vec::with_capacity(QUEUED);
     for chunk in (0..QUEUED).collect::<Vec<_>>().chunks(50) {
-        let logins = join_all(
-            chunk
-                .iter()
-                .map(|_| Raw::login(h.addr(), SCRAM_USER, "", &[])),
-        )
-        .await;
+        let logins = join_all(chunk.iter().map(|_| Raw::login(h.addr(), SCRAM_USER, "", &[]))).await;
         for (i, r) in chunk.iter().zip(logins) {
             let mut r = r.expect("queued client logs in");
-            r.send_query(&format!("insert into ledger(id) values ({})", 1000 + i))
-                .await
-                .unwrap();
+            r.send_query(&format!("insert into ledger(id) values ({})", 1000 + i)).await.unwrap();
             raws.push(r);
         }
     }
@@ -93,57 +82,32 @@ async fn a_storm_of_departing_queued_clients_costs_nothing() {
 
     let sleeping = tokio::spawn(async move {
         let sql = format!("select pg_sleep({SLEEP_SECS})");
-        join_all(holders.iter().map(|c| c.simple_query(&sql)))
-            .await
-            .into_iter()
-            .for_each(|r| {
-                r.unwrap();
-            });
+        join_all(holders.iter().map(|c| c.simple_query(&sql))).await.into_iter().for_each(|r| {
+            r.unwrap();
+        });
         (Instant::now(), holders)
     });
-    weir_e2e::eventually(Duration::from_secs(5), || {
-        h.pool().snapshot().active == POOL
-    })
-    .await;
+    weir_e2e::eventually(Duration::from_secs(5), || h.pool().snapshot().active == POOL).await;
     let raws = queue_clients(&h).await;
     until_waiting(&h, QUEUED as u32).await;
 
     let leaving = Instant::now();
     leave_all(&h, raws).await;
-    let emptied =
-        weir_e2e::eventually(Duration::from_secs(1), || h.pool().snapshot().waiting == 0).await;
-    assert!(
-        emptied,
-        "the queue still holds departed clients: {:?}",
-        h.pool().snapshot()
-    );
+    let emptied = weir_e2e::eventually(Duration::from_secs(1), || h.pool().snapshot().waiting == 0).await;
+    assert!(emptied, "the queue still holds departed clients: {:?}", h.pool().snapshot());
     eprintln!("300 departures seen by weir within {:?}", leaving.elapsed());
-    assert!(
-        !sleeping.is_finished(),
-        "the storm must happen while the pool is busy"
-    );
+    assert!(!sleeping.is_finished(), "the storm must happen while the pool is busy");
 
     let (woke, _holders) = sleeping.await.unwrap();
     let (settled, seen) = backends_until(&direct, Duration::from_secs(1), |b| {
         b.len() == POOL as usize && b.iter().all(|r| r.1 == "idle")
     })
     .await;
-    assert!(
-        settled,
-        "servers not all idle within 1 s of the sleeps ending: {seen:?}"
-    );
-    eprintln!(
-        "all {POOL} backends idle {:?} after the sleeps ended",
-        woke.elapsed()
-    );
+    assert!(settled, "servers not all idle within 1 s of the sleeps ending: {seen:?}");
+    eprintln!("all {POOL} backends idle {:?} after the sleeps ended", woke.elapsed());
     let after: BTreeSet<i32> = seen.iter().map(|r| r.0).collect();
     assert_eq!(after, pids, "the same backends, none replaced");
-    assert!(
-        !seen
-            .iter()
-            .any(|r| r.1.starts_with("idle in transaction") || r.1 == "active"),
-        "{seen:?}"
-    );
+    assert!(!seen.iter().any(|r| r.1.starts_with("idle in transaction") || r.1 == "active"), "{seen:?}");
 
     nothing_ran_or_changed(&h, &direct, logins_before, sessions_before).await;
 }
@@ -157,32 +121,15 @@ async fn nothing_ran_or_changed(
     logins_before: usize,
     sessions_before: (i64, i64),
 ) {
-    assert!(
-        ledger_ids(direct).await.is_empty(),
-        "a departed client's queued INSERT ran"
-    );
+    assert!(ledger_ids(direct).await.is_empty(), "a departed client's queued INSERT ran");
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(
-        ledger_ids(direct).await.is_empty(),
-        "a departed client's queued INSERT ran late"
-    );
-    assert_eq!(
-        logins_of(h, SCRAM_USER),
-        logins_before,
-        "Postgres saw new backends"
-    );
-    assert_eq!(
-        session_counters(h),
-        sessions_before,
-        "pg_stat_database counted new or abandoned sessions"
-    );
+    assert!(ledger_ids(direct).await.is_empty(), "a departed client's queued INSERT ran late");
+    assert_eq!(logins_of(h, SCRAM_USER), logins_before, "Postgres saw new backends");
+    assert_eq!(session_counters(h), sessions_before, "pg_stat_database counted new or abandoned sessions");
     let m = &h.pool().metrics;
     assert_eq!(m.closed_total(), 0, "a server was closed");
     assert_eq!(m.opened(), POOL as u64, "a server was opened");
-    let dropped =
-        m.dropped_queries(DropReason::ClientGone) + m.dropped_queries(DropReason::Cancelled);
-    assert_eq!(
-        dropped, QUEUED as u64,
-        "every departed query is counted as dropped"
-    );
-    assert_eq!(h.pool().snapshot().recovering, 0);}
+    let dropped = m.dropped_queries(DropReason::ClientGone) + m.dropped_queries(DropReason::Cancelled);
+    assert_eq!(dropped, QUEUED as u64, "every departed query is counted as dropped");
+    assert_eq!(h.pool().snapshot().recovering, 0);
+}

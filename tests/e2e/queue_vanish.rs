@@ -42,39 +42,16 @@ async fn vanish(in_tx: bool, doing: Doing, leave: Leave) {
 }
 
 async fn vanish_in(pool_mode: &'static str, in_tx: bool, doing: Doing, leave: Leave) {
-    let h = Harness::start(Opts {
-        pool_mode,
-        ..trust_opts(1)
-    })
-    .await;
+    let h = Harness::start(Opts { pool_mode, ..trust_opts(1) }).await;
     let direct = create_ledger(&h).await;
     let mut raw = Raw::login(h.addr(), SCRAM_USER, "", &[]).await.unwrap();
-    let pid: i32 = raw
-        .query("select pg_backend_pid()")
-        .await
-        .unwrap()
-        .scalar()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let pid: i32 = raw.query("select pg_backend_pid()").await.unwrap().scalar().unwrap().parse().unwrap();
     if pool_mode == "session" {
-        assert_eq!(
-            raw.query("set statement_timeout = '4321s'")
-                .await
-                .unwrap()
-                .error,
-            None
-        );
+        assert_eq!(raw.query("set statement_timeout = '4321s'").await.unwrap().error, None);
     }
     if in_tx {
         assert_eq!(raw.query("begin").await.unwrap().status, b'T');
-        assert_eq!(
-            raw.query("insert into ledger(id) values (1)")
-                .await
-                .unwrap()
-                .error,
-            None
-        );
+        assert_eq!(raw.query("insert into ledger(id) values (1)").await.unwrap().error, None);
     }
     start(&mut raw, &direct, pid, doing).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -83,19 +60,10 @@ async fn vanish_in(pool_mode: &'static str, in_tx: bool, doing: Doing, leave: Le
         Leave::Reset => raw.reset(),
         Leave::Terminate => raw.terminate().await,
     }
-    let (idle, seen) = backends_until(&direct, Duration::from_secs(3), |b| {
-        b.len() == 1 && b[0].0 == pid && b[0].1 == "idle"
-    })
-    .await;
-    assert!(
-        idle,
-        "backend {pid} not idle after the client left: {seen:?}"
-    );
-    assert!(
-        left.elapsed() < Duration::from_millis(1500),
-        "cleanup took {:?}",
-        left.elapsed()
-    );
+    let (idle, seen) =
+        backends_until(&direct, Duration::from_secs(3), |b| b.len() == 1 && b[0].0 == pid && b[0].1 == "idle").await;
+    assert!(idle, "backend {pid} not idle after the client left: {seen:?}");
+    assert!(left.elapsed() < Duration::from_millis(1500), "cleanup took {:?}", left.elapsed());
 
     server_kept(&h, &direct, pid, doing).await;
 }
@@ -110,10 +78,9 @@ async fn start(raw: &mut Raw, direct: &tokio_postgres::Client, pid: i32, doing: 
             } else {
                 raw.send(&execute_without_sync(sleeper)).await.unwrap();
             }
-            let (running, seen) = backends_until(direct, Duration::from_secs(10), |b| {
-                b.iter().any(|r| r.0 == pid && r.1 == "active")
-            })
-            .await;
+            let (running, seen) =
+                backends_until(direct, Duration::from_secs(10), |b| b.iter().any(|r| r.0 == pid && r.1 == "active"))
+                    .await;
             assert!(running, "the query never started: {seen:?}");
         }
         Doing::HalfShortMessage => {
@@ -122,9 +89,7 @@ async fn start(raw: &mut Raw, direct: &tokio_postgres::Client, pid: i32, doing: 
         }
         Doing::HalfLongMessage => {
             let filler = "x".repeat(200 * 1024);
-            let msg = query_bytes(&format!(
-                "insert into ledger(id) select 4 where length('{filler}') > 0"
-            ));
+            let msg = query_bytes(&format!("insert into ledger(id) select 4 where length('{filler}') > 0"));
             raw.send(&msg[..msg.len() / 2]).await.unwrap();
         }
     }
@@ -133,22 +98,11 @@ async fn start(raw: &mut Raw, direct: &tokio_postgres::Client, pid: i32, doing: 
 /// The next client gets the same backend, clean, and nothing was closed or kept.
 async fn server_kept(h: &Harness, direct: &tokio_postgres::Client, pid: i32, doing: Doing) {
     let next = h.client().await;
-    let next_pid: i32 = next
-        .query_one("select pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let next_pid: i32 = next.query_one("select pg_backend_pid()", &[]).await.unwrap().get(0);
     assert_eq!(next_pid, pid, "the same server serves the next client");
-    let timeout: String = next
-        .query_one("show statement_timeout", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let timeout: String = next.query_one("show statement_timeout", &[]).await.unwrap().get(0);
     assert_eq!(timeout, "0", "the departed client's session state is gone");
-    assert!(
-        ledger_ids(direct).await.is_empty(),
-        "nothing of the departed client's work was kept"
-    );
+    assert!(ledger_ids(direct).await.is_empty(), "nothing of the departed client's work was kept");
     let m = &h.pool().metrics;
     assert_eq!(m.closed_total(), 0, "a server was closed");
     assert_eq!(m.opened(), 1);
@@ -222,56 +176,25 @@ async fn reset_halfway_through_a_long_message_in_a_transaction() {
 /// node-postgres `query_timeout`, where nobody cancels the running query).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_driver_connection_closed_mid_query_costs_nothing() {
-    let h = Harness::start(Opts {
-        pool_size: 1,
-        ..Opts::default()
-    })
-    .await;
+    let h = Harness::start(Opts { pool_size: 1, ..Opts::default() }).await;
     let direct = create_ledger(&h).await;
-    let (c, conn) = tokio_postgres::connect(
-        &h.url(SCRAM_USER, weir_e2e::SCRAM_PASS),
-        tokio_postgres::NoTls,
-    )
-    .await
-    .unwrap();
+    let (c, conn) =
+        tokio_postgres::connect(&h.url(SCRAM_USER, weir_e2e::SCRAM_PASS), tokio_postgres::NoTls).await.unwrap();
     let driver = tokio::spawn(conn);
-    let pid: i32 = c
-        .query_one("select pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
-    c.batch_execute("begin; insert into ledger(id) values (1)")
-        .await
-        .unwrap();
-    let running =
-        tokio::spawn(async move { c.simple_query("select pg_sleep(30)").await.map(|_| ()) });
-    let (started, seen) = backends_until(&direct, Duration::from_secs(10), |b| {
-        b.iter().any(|r| r.0 == pid && r.1 == "active")
-    })
-    .await;
+    let pid: i32 = c.query_one("select pg_backend_pid()", &[]).await.unwrap().get(0);
+    c.batch_execute("begin; insert into ledger(id) values (1)").await.unwrap();
+    let running = tokio::spawn(async move { c.simple_query("select pg_sleep(30)").await.map(|_| ()) });
+    let (started, seen) =
+        backends_until(&direct, Duration::from_secs(10), |b| b.iter().any(|r| r.0 == pid && r.1 == "active")).await;
     assert!(started, "{seen:?}");
     driver.abort();
-    assert!(
-        running.await.unwrap().is_err(),
-        "the query cannot finish without its connection"
-    );
+    assert!(running.await.unwrap().is_err(), "the query cannot finish without its connection");
     let left = Instant::now();
-    let (idle, seen) = backends_until(&direct, Duration::from_secs(3), |b| {
-        b.iter().all(|r| r.1 == "idle")
-    })
-    .await;
+    let (idle, seen) = backends_until(&direct, Duration::from_secs(3), |b| b.iter().all(|r| r.1 == "idle")).await;
     assert!(idle, "{seen:?}");
-    assert!(
-        left.elapsed() < Duration::from_millis(1500),
-        "cleanup took {:?}",
-        left.elapsed()
-    );
+    assert!(left.elapsed() < Duration::from_millis(1500), "cleanup took {:?}", left.elapsed());
     let next = h.client().await;
-    let next_pid: i32 = next
-        .query_one("select pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let next_pid: i32 = next.query_one("select pg_backend_pid()", &[]).await.unwrap().get(0);
     assert_eq!(next_pid, pid);
     assert!(ledger_ids(&direct).await.is_empty());
     assert_eq!(h.pool().metrics.closed_total(), 0);
@@ -292,10 +215,7 @@ async fn a_client_gone_during_login_costs_no_server_work() {
             let mut head = [0u8; 9];
             s.read_exact(&mut head).await.unwrap();
             assert_eq!(head[0], be::AUTHENTICATION);
-            assert_eq!(
-                i32::from_be_bytes([head[5], head[6], head[7], head[8]]),
-                auth::MD5_PASSWORD
-            );
+            assert_eq!(i32::from_be_bytes([head[5], head[6], head[7], head[8]]), auth::MD5_PASSWORD);
         } else {
             s.write_all(&startup[..startup.len() / 2]).await.unwrap();
         }
@@ -322,60 +242,28 @@ async fn a_client_gone_during_login_costs_no_server_work() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recovery_that_cannot_finish_closes_the_server_with_its_reason() {
     let general = "server_reset_timeout = \"500ms\"".to_string();
-    let h = Harness::start(Opts {
-        relay: true,
-        general,
-        ..trust_opts(1)
-    })
-    .await;
+    let h = Harness::start(Opts { relay: true, general, ..trust_opts(1) }).await;
     let direct = create_ledger(&h).await;
     let mut raw = Raw::login(h.addr(), SCRAM_USER, "", &[]).await.unwrap();
-    let pid = raw
-        .query("select pg_backend_pid()")
-        .await
-        .unwrap()
-        .scalar()
-        .unwrap()
-        .to_owned();
+    let pid = raw.query("select pg_backend_pid()").await.unwrap().scalar().unwrap().to_owned();
     assert_eq!(raw.query("begin").await.unwrap().status, b'T');
-    raw.send_query("insert into ledger(id) select 5 from pg_sleep(30)")
-        .await
-        .unwrap();
+    raw.send_query("insert into ledger(id) select 5 from pg_sleep(30)").await.unwrap();
     let pid: i32 = pid.parse().unwrap();
-    let (running, seen) = backends_until(&direct, Duration::from_secs(10), |b| {
-        b.iter().any(|r| r.0 == pid && r.1 == "active")
-    })
-    .await;
+    let (running, seen) =
+        backends_until(&direct, Duration::from_secs(10), |b| b.iter().any(|r| r.0 == pid && r.1 == "active")).await;
     assert!(running, "{seen:?}");
     h.relay.as_ref().unwrap().freeze_existing();
     let left = Instant::now();
     raw.reset();
 
     let m = h.pool().metrics.clone();
-    let closed = weir_e2e::eventually(Duration::from_secs(3), || {
-        m.closed(CloseReason::ResetFailed) == 1
-    })
-    .await;
+    let closed = weir_e2e::eventually(Duration::from_secs(3), || m.closed(CloseReason::ResetFailed) == 1).await;
     assert!(closed, "closed: {}", m.closed_total());
     let took = left.elapsed();
-    assert!(
-        took >= Duration::from_millis(450) && took < Duration::from_millis(1500),
-        "closed after {took:?}"
-    );
-    assert_eq!(
-        m.closed_total(),
-        1,
-        "only that server, only for that reason"
-    );
+    assert!(took >= Duration::from_millis(450) && took < Duration::from_millis(1500), "closed after {took:?}");
+    assert_eq!(m.closed_total(), 1, "only that server, only for that reason");
     let next = h.client().await;
-    let next_pid: i32 = next
-        .query_one("select pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_ne!(
-        next_pid, pid,
-        "a fresh server replaced the one that could not be recovered"
-    );
+    let next_pid: i32 = next.query_one("select pg_backend_pid()", &[]).await.unwrap().get(0);
+    assert_ne!(next_pid, pid, "a fresh server replaced the one that could not be recovered");
     assert!(ledger_ids(&direct).await.is_empty());
 }

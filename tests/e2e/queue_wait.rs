@@ -15,16 +15,10 @@ const NO_SERVER: &str = "no server connection became free within the wait budget
 /// Runs `sql` and returns (SQLSTATE, message, how long the answer took).
 async fn timed_failure(c: &Client, sql: &str, simple: bool) -> (String, String, Duration) {
     let t = Instant::now();
-    let err = if simple {
-        c.simple_query(sql).await.err()
-    } else {
-        c.query(sql, &[]).await.err()
-    };
+    let err = if simple { c.simple_query(sql).await.err() } else { c.query(sql, &[]).await.err() };
     let took = t.elapsed();
     let err = err.unwrap_or_else(|| panic!("{sql} should have failed"));
-    let db = err
-        .as_db_error()
-        .unwrap_or_else(|| panic!("not a server error: {err}"));
+    let db = err.as_db_error().unwrap_or_else(|| panic!("not a server error: {err}"));
     (db.code().code().to_owned(), db.message().to_owned(), took)
 }
 
@@ -34,45 +28,24 @@ async fn timed_failure(c: &Client, sql: &str, simple: bool) -> (String, String, 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_get_the_budget_error_and_keep_their_connection() {
     let general = "query_wait_timeout = \"200ms\"".to_string();
-    let h = Harness::start(Opts {
-        pool_size: 1,
-        general,
-        ..Opts::default()
-    })
-    .await;
+    let h = Harness::start(Opts { pool_size: 1, general, ..Opts::default() }).await;
     let direct = create_ledger(&h).await;
     let (a, a_pid) = hold_server(&h).await;
     let mut waiters = Vec::new();
     for _ in 0..4 {
         waiters.push(h.client().await);
     }
-    let results =
-        futures_util::future::join_all(waiters.iter().enumerate().map(|(i, c)| async move {
-            timed_failure(
-                c,
-                &format!("insert into ledger(id) values ({i})"),
-                i % 2 == 0,
-            )
-            .await
-        }))
-        .await;
+    let results = futures_util::future::join_all(waiters.iter().enumerate().map(|(i, c)| async move {
+        timed_failure(c, &format!("insert into ledger(id) values ({i})"), i % 2 == 0).await
+    }))
+    .await;
     for (code, message, took) in &results {
         assert_eq!(code, "53300", "{message}");
-        assert!(
-            message.contains(NO_SERVER) && message.contains("200ms"),
-            "{message}"
-        );
-        assert!(
-            *took >= Duration::from_millis(200) && *took < Duration::from_millis(300),
-            "answered after {took:?}"
-        );
+        assert!(message.contains(NO_SERVER) && message.contains("200ms"), "{message}");
+        assert!(*took >= Duration::from_millis(200) && *took < Duration::from_millis(300), "answered after {took:?}");
     }
 
-    assert_eq!(
-        h.pool().snapshot().waiting,
-        0,
-        "the queue is empty after the timeouts"
-    );
+    assert_eq!(h.pool().snapshot().waiting, 0, "the queue is empty after the timeouts");
 
     // A pipeline of two extended-protocol queries: each is skipped to its own
     // Sync and answered on its own.
@@ -84,17 +57,10 @@ async fn waiters_get_the_budget_error_and_keep_their_connection() {
 
     a.batch_execute("commit").await.unwrap();
     for c in &waiters {
-        let pid: i32 = c
-            .query_one("select pg_backend_pid()", &[])
-            .await
-            .unwrap()
-            .get(0);
+        let pid: i32 = c.query_one("select pg_backend_pid()", &[]).await.unwrap().get(0);
         assert_eq!(pid, a_pid, "the pool's one server");
     }
-    assert!(
-        ledger_ids(&direct).await.is_empty(),
-        "timed-out INSERTs never run"
-    );
+    assert!(ledger_ids(&direct).await.is_empty(), "timed-out INSERTs never run");
     let m = &h.pool().metrics;
     assert_eq!(m.opened(), 1, "no server opened");
     assert_eq!(m.closed_total(), 0, "no server closed");
@@ -108,62 +74,30 @@ async fn waiters_get_the_budget_error_and_keep_their_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_declared_deadline_sets_the_budget_and_stays_in_weir() {
     let general = "query_wait_timeout = \"10s\"".to_string();
-    let h = Harness::start(Opts {
-        pool_size: 1,
-        general,
-        auth_type: "trust",
-        ..Opts::default()
-    })
-    .await;
+    let h = Harness::start(Opts { pool_size: 1, general, auth_type: "trust", ..Opts::default() }).await;
     let (a, _) = hold_server(&h).await;
 
     let mut cfg: tokio_postgres::Config = h.url(SCRAM_USER, SCRAM_PASS).parse().unwrap();
     cfg.options("-c weir.client_deadline=500ms");
-    let (c, conn) = cfg
-        .connect(NoTls)
-        .await
-        .expect("weir accepts the declared deadline");
+    let (c, conn) = cfg.connect(NoTls).await.expect("weir accepts the declared deadline");
     tokio::spawn(conn);
     let (code, message, took) = timed_failure(&c, "select 1", false).await;
     assert_eq!(code, "53300", "{message}");
     assert!(message.contains("400ms"), "{message}");
-    assert!(
-        took >= Duration::from_millis(400) && took < Duration::from_millis(500),
-        "answered after {took:?}"
-    );
+    assert!(took >= Duration::from_millis(400) && took < Duration::from_millis(500), "answered after {took:?}");
 
-    let mut raw = Raw::login(
-        h.addr(),
-        SCRAM_USER,
-        "",
-        &[("weir.client_deadline", "250ms")],
-    )
-    .await
-    .unwrap();
+    let mut raw = Raw::login(h.addr(), SCRAM_USER, "", &[("weir.client_deadline", "250ms")]).await.unwrap();
     let t = Instant::now();
     let reply = raw.query("select 1").await.unwrap();
     assert_eq!(reply.code(), Some("53300"), "{reply:?}");
     let took = t.elapsed();
-    assert!(
-        took >= Duration::from_millis(200) && took < Duration::from_millis(300),
-        "answered after {took:?}"
-    );
+    assert!(took >= Duration::from_millis(200) && took < Duration::from_millis(300), "answered after {took:?}");
 
     a.batch_execute("commit").await.unwrap();
-    let seen: Option<String> = c
-        .query_one("select current_setting('weir.client_deadline', true)", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(
-        seen.filter(|s| !s.is_empty()),
-        None,
-        "weir.client_deadline reached Postgres"
-    );
-    let reply = raw
-        .query("select current_setting('weir.client_deadline', true)")
-        .await
-        .unwrap();
+    let seen: Option<String> =
+        c.query_one("select current_setting('weir.client_deadline', true)", &[]).await.unwrap().get(0);
+    assert_eq!(seen.filter(|s| !s.is_empty()), None, "weir.client_deadline reached Postgres");
+    let reply = raw.query("select current_setting('weir.client_deadline', true)").await.unwrap();
     assert_eq!(reply.scalar().filter(|s| !s.is_empty()), None, "{reply:?}");
 }
 
@@ -174,29 +108,16 @@ fn a_budget_at_or_above_the_client_deadline_is_refused() {
     let base = "[weir]\nauth_type = \"trust\"\nlisten_addr = \"127.0.0.1:0\"\n";
     let cases = [
         format!("{base}query_wait_timeout = \"1s\"\nclient_deadline = \"1s\"\n[databases.app]\n"),
-        format!(
-            "{base}client_deadline = \"800ms\"\n[databases.app]\nquery_wait_timeout = \"2s\"\n"
-        ),
+        format!("{base}client_deadline = \"800ms\"\n[databases.app]\nquery_wait_timeout = \"2s\"\n"),
         format!("{base}query_wait_timeout = \"5s\"\n[databases.app]\nclient_deadline = \"3s\"\n"),
     ];
     for text in &cases {
-        let err = weir::Config::from_toml(text, std::path::Path::new("."))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("query_wait_timeout") && err.contains("must be below client_deadline"),
-            "{err}"
-        );
-        assert!(
-            err.contains("abandoned by the client"),
-            "the error explains why: {err}"
-        );
+        let err = weir::Config::from_toml(text, std::path::Path::new(".")).unwrap_err().to_string();
+        assert!(err.contains("query_wait_timeout") && err.contains("must be below client_deadline"), "{err}");
+        assert!(err.contains("abandoned by the client"), "the error explains why: {err}");
     }
-    let ok = format!(
-        "{base}query_wait_timeout = \"800ms\"\nclient_deadline = \"1s\"\n[databases.app]\n"
-    );
-    weir::Config::from_toml(&ok, std::path::Path::new("."))
-        .expect("a budget below the deadline is fine");
+    let ok = format!("{base}query_wait_timeout = \"800ms\"\nclient_deadline = \"1s\"\n[databases.app]\n");
+    weir::Config::from_toml(&ok, std::path::Path::new(".")).expect("a budget below the deadline is fine");
 }
 
 /// Reload (RELOAD / SIGHUP re-read the file) refuses a budget at or above the
@@ -204,12 +125,7 @@ fn a_budget_at_or_above_the_client_deadline_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reload_refuses_a_budget_above_the_deadline_and_keeps_the_old_one() {
     let general = "query_wait_timeout = \"200ms\"".to_string();
-    let h = Harness::start(Opts {
-        pool_size: 1,
-        general,
-        ..Opts::default()
-    })
-    .await;
+    let h = Harness::start(Opts { pool_size: 1, general, ..Opts::default() }).await;
     let file = h.dir.join("weir.toml");
     let write = |wait: &str, deadline: &str| {
         let text = format!(
@@ -225,37 +141,17 @@ async fn reload_refuses_a_budget_above_the_deadline_and_keeps_the_old_one() {
     let c = h.client().await;
 
     write("2s", "1s");
-    let err = h
-        .weir()
-        .shared()
-        .reload_from_disk()
-        .expect_err("reload must refuse")
-        .to_string();
-    assert!(
-        err.contains("must be below client_deadline") && err.contains("abandoned by the client"),
-        "{err}"
-    );
+    let err = h.weir().shared().reload_from_disk().expect_err("reload must refuse").to_string();
+    assert!(err.contains("must be below client_deadline") && err.contains("abandoned by the client"), "{err}");
     let (code, message, took) = timed_failure(&c, "select 1", true).await;
     assert_eq!(code, "53300");
-    assert!(
-        message.contains("200ms"),
-        "the running budget is kept: {message}"
-    );
+    assert!(message.contains("200ms"), "the running budget is kept: {message}");
     assert!(took < Duration::from_millis(300), "{took:?}");
 
     write("300ms", "1s");
-    h.weir()
-        .shared()
-        .reload_from_disk()
-        .expect("a budget below the deadline reloads");
+    h.weir().shared().reload_from_disk().expect("a budget below the deadline reloads");
     let (code, message, took) = timed_failure(&c, "select 1", true).await;
     assert_eq!(code, "53300");
-    assert!(
-        message.contains("300ms"),
-        "the new budget applies: {message}"
-    );
-    assert!(
-        took >= Duration::from_millis(300) && took < Duration::from_millis(400),
-        "{took:?}"
-    );
+    assert!(message.contains("300ms"), "the new budget applies: {message}");
+    assert!(took >= Duration::from_millis(300) && took < Duration::from_millis(400), "{took:?}");
 }

@@ -42,17 +42,8 @@ impl Certs {
     fn new() -> Certs {
         let dir = std::env::temp_dir().join(format!("weir-tls-{}", rand::random::<u32>()));
         std::fs::create_dir_all(&dir).unwrap();
-        let out = Command::new("sh")
-            .arg("-c")
-            .arg(GEN_CERTS)
-            .current_dir(&dir)
-            .output()
-            .expect("run openssl");
-        assert!(
-            out.status.success(),
-            "openssl failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = Command::new("sh").arg("-c").arg(GEN_CERTS).current_dir(&dir).output().expect("run openssl");
+        assert!(out.status.success(), "openssl failed: {}", String::from_utf8_lossy(&out.stderr));
         Certs(dir)
     }
     fn path(&self, name: &str) -> String {
@@ -76,12 +67,7 @@ impl Drop for Certs {
 }
 
 async fn start(certs: &Certs, mode: &str) -> Harness {
-    Harness::start(Opts {
-        auth_type: "trust",
-        general: certs.general(mode),
-        ..Opts::default()
-    })
-    .await
+    Harness::start(Opts { auth_type: "trust", general: certs.general(mode), ..Opts::default() }).await
 }
 
 /// Runs `select 1` through weir with psql and the given connection options.
@@ -90,10 +76,7 @@ fn psql(h: &Harness, opts: &str) -> Result<String, String> {
         "host=127.0.0.1 port={} dbname={APP_DB} user={TRUST_USER} password={TRUST_PASS} connect_timeout=10 {opts}",
         h.addr().port()
     );
-    let out = Command::new("psql")
-        .args(["-XAtq", "-d", &conn, "-c", "select 'tls:' || 1"])
-        .output()
-        .expect("run psql");
+    let out = Command::new("psql").args(["-XAtq", "-d", &conn, "-c", "select 'tls:' || 1"]).output().expect("run psql");
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
     } else {
@@ -102,10 +85,7 @@ fn psql(h: &Harness, opts: &str) -> Result<String, String> {
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    tokio::time::timeout(LIMIT, tokio::task::spawn_blocking(f))
-        .await
-        .expect("bounded")
-        .unwrap()
+    tokio::time::timeout(LIMIT, tokio::task::spawn_blocking(f)).await.expect("bounded").unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -116,13 +96,9 @@ async fn require_serves_tls_and_refuses_plaintext() {
     let ok = blocking(move || psql(&h2, "sslmode=require")).await;
     assert_eq!(ok.as_deref(), Ok("tls:1"));
     let h2 = h.clone();
-    let refused = blocking(move || psql(&h2, "sslmode=disable"))
-        .await
-        .expect_err("plaintext refused");
+    let refused = blocking(move || psql(&h2, "sslmode=disable")).await.expect_err("plaintext refused");
     assert!(refused.contains("SSL required"), "{refused}");
-    let e = weir_e2e::connect(&h.url(TRUST_USER, TRUST_PASS))
-        .await
-        .expect_err("tokio-postgres without TLS is refused");
+    let e = weir_e2e::connect(&h.url(TRUST_USER, TRUST_PASS)).await.expect_err("tokio-postgres without TLS is refused");
     assert_eq!(weir_e2e::sqlstate(&e).as_deref(), Some("28000"), "{e}");
 }
 
@@ -134,21 +110,11 @@ async fn verify_full_client_checks_weirs_certificate() {
     let ok = blocking(move || psql(&h2, &format!("sslmode=verify-full sslrootcert={ca}"))).await;
     assert_eq!(ok.as_deref(), Ok("tls:1"));
     let (h2, rogue) = (h.clone(), certs.path("rogue_ca.crt"));
-    let bad =
-        blocking(move || psql(&h2, &format!("sslmode=verify-full sslrootcert={rogue}"))).await;
-    assert!(
-        bad.as_ref()
-            .is_err_and(|e| e.contains("certificate verify failed")),
-        "{bad:?}"
-    );
+    let bad = blocking(move || psql(&h2, &format!("sslmode=verify-full sslrootcert={rogue}"))).await;
+    assert!(bad.as_ref().is_err_and(|e| e.contains("certificate verify failed")), "{bad:?}");
     // prefer also serves plaintext clients.
     let h2 = h.clone();
-    assert_eq!(
-        blocking(move || psql(&h2, "sslmode=disable"))
-            .await
-            .as_deref(),
-        Ok("tls:1")
-    );
+    assert_eq!(blocking(move || psql(&h2, "sslmode=disable")).await.as_deref(), Ok("tls:1"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -156,27 +122,14 @@ async fn verify_ca_requires_a_client_certificate_that_verifies() {
     let certs = Certs::new();
     let h = Arc::new(start(&certs, "verify-ca").await);
     let with = |cert: &str| {
-        let (h, cert, key) = (
-            h.clone(),
-            certs.path(&format!("{cert}.crt")),
-            certs.path(&format!("{cert}.key")),
-        );
+        let (h, cert, key) = (h.clone(), certs.path(&format!("{cert}.crt")), certs.path(&format!("{cert}.key")));
         blocking(move || psql(&h, &format!("sslmode=require sslcert={cert} sslkey={key}")))
     };
     assert_eq!(with("client").await.as_deref(), Ok("tls:1"));
     let rogue = with("rogue_client").await;
-    assert!(
-        rogue.is_err(),
-        "a client certificate from another CA is refused: {rogue:?}"
-    );
+    assert!(rogue.is_err(), "a client certificate from another CA is refused: {rogue:?}");
     let h2 = h.clone();
-    let none = blocking(move || {
-        psql(
-            &h2,
-            "sslmode=require sslcert=/nonexistent sslkey=/nonexistent",
-        )
-    })
-    .await;
+    let none = blocking(move || psql(&h2, "sslmode=require sslcert=/nonexistent sslkey=/nonexistent")).await;
     assert!(none.is_err(), "no client certificate is refused: {none:?}");
     // The pool is unharmed: a good client still gets in.
     assert_eq!(with("client").await.as_deref(), Ok("tls:1"));
@@ -235,21 +188,14 @@ fn connector(ca: &Path) -> tokio_rustls::TlsConnector {
 }
 
 /// TLS through SSLRequest (`direct` false) or a ClientHello at once.
-async fn tls_connect(
-    h: &Harness,
-    ca: &Path,
-    direct: bool,
-) -> tokio_rustls::client::TlsStream<TcpStream> {
+async fn tls_connect(h: &Harness, ca: &Path, direct: bool) -> tokio_rustls::client::TlsStream<TcpStream> {
     let mut tcp = TcpStream::connect(h.addr()).await.unwrap();
     if !direct {
         tcp.write_all(&untagged(SSL_REQUEST, &[])).await.unwrap();
         assert_eq!(tcp.read_u8().await.unwrap(), b'S');
     }
     let name = ServerName::try_from("127.0.0.1").unwrap();
-    connector(ca)
-        .connect(name, tcp)
-        .await
-        .expect("TLS handshake with weir")
+    connector(ca).connect(name, tcp).await.expect("TLS handshake with weir")
 }
 
 /// Logs in as trust_user; returns the BackendKeyData weir gave.
@@ -292,9 +238,9 @@ async fn direct_tls_and_a_cancel_inside_tls() {
         s.flush().await.unwrap();
         // Let the query reach Postgres, then cancel it over a second TLS session.
         assert!(
-            weir_e2e::eventually(Duration::from_secs(5), || h.psql(
-                "select count(*) from pg_stat_activity where query = 'select pg_sleep(60)'"
-            ) == "1")
+            weir_e2e::eventually(Duration::from_secs(5), || h
+                .psql("select count(*) from pg_stat_activity where query = 'select pg_sleep(60)'")
+                == "1")
             .await
         );
         let mut c = tls_connect(&h, &ca, false).await;
@@ -309,11 +255,7 @@ async fn direct_tls_and_a_cancel_inside_tls() {
                 _ => {}
             }
         };
-        assert_eq!(
-            (tag, sqlstate_of(&body).as_str()),
-            (b'E', "57014"),
-            "the sleep was cancelled"
-        );
+        assert_eq!((tag, sqlstate_of(&body).as_str()), (b'E', "57014"), "the sleep was cancelled");
         // The session goes on over TLS.
         assert_eq!(read_msg(&mut s).await.0, b'Z');
         s.write_all(&query("select 1")).await.unwrap();
@@ -338,11 +280,7 @@ async fn plaintext_pipelined_after_ssl_request_is_a_protocol_violation() {
         both.extend_from_slice(&startup());
         tcp.write_all(&both).await.unwrap();
         let (tag, body) = read_msg(&mut tcp).await;
-        assert_eq!(
-            (tag, sqlstate_of(&body).as_str()),
-            (b'E', "08P01"),
-            "never 'S', never plaintext accepted"
-        );
+        assert_eq!((tag, sqlstate_of(&body).as_str()), (b'E', "08P01"), "never 'S', never plaintext accepted");
     })
     .await
     .expect("bounded");
@@ -351,20 +289,10 @@ async fn plaintext_pipelined_after_ssl_request_is_a_protocol_violation() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disable_answers_n_and_reload_picks_up_new_certificates() {
     let certs = Certs::new();
-    let h = Harness::start(Opts {
-        auth_type: "trust",
-        ..Opts::default()
-    })
-    .await;
+    let h = Harness::start(Opts { auth_type: "trust", ..Opts::default() }).await;
     let mut tcp = TcpStream::connect(h.addr()).await.unwrap();
     tcp.write_all(&untagged(SSL_REQUEST, &[])).await.unwrap();
-    assert_eq!(
-        tokio::time::timeout(LIMIT, tcp.read_u8())
-            .await
-            .unwrap()
-            .unwrap(),
-        b'N'
-    );
+    assert_eq!(tokio::time::timeout(LIMIT, tcp.read_u8()).await.unwrap().unwrap(), b'N');
     drop(tcp);
     // RELOAD turns TLS on with the CA's certificate ...
     let mut cfg = (*h.weir().shared().config.load()).clone();
@@ -372,53 +300,32 @@ async fn disable_answers_n_and_reload_picks_up_new_certificates() {
     cfg.weir.client_tls_cert_file = Some(certs.0.join("server.crt"));
     cfg.weir.client_tls_key_file = Some(certs.0.join("server.key"));
     h.weir().reload(cfg.clone()).expect("reload with TLS");
-    let _ = tokio::time::timeout(LIMIT, tls_connect(&h, &certs.0.join("ca.crt"), false))
-        .await
-        .expect("bounded");
+    let _ = tokio::time::timeout(LIMIT, tls_connect(&h, &certs.0.join("ca.crt"), false)).await.expect("bounded");
     // ... and a later RELOAD reads the files again: the rogue CA's certificate now.
     cfg.weir.client_tls_cert_file = Some(certs.0.join("rogue_server.crt"));
     cfg.weir.client_tls_key_file = Some(certs.0.join("rogue_server.key"));
-    h.weir()
-        .reload(cfg.clone())
-        .expect("reload with new certificate");
-    let _ = tokio::time::timeout(LIMIT, tls_connect(&h, &certs.0.join("rogue_ca.crt"), false))
-        .await
-        .expect("bounded");
+    h.weir().reload(cfg.clone()).expect("reload with new certificate");
+    let _ = tokio::time::timeout(LIMIT, tls_connect(&h, &certs.0.join("rogue_ca.crt"), false)).await.expect("bounded");
     // A reload whose key does not load is refused; the running certificate stays.
     cfg.weir.client_tls_key_file = Some(certs.0.join("ca.srl"));
     assert!(h.weir().reload(cfg).is_err());
-    let _ = tokio::time::timeout(LIMIT, tls_connect(&h, &certs.0.join("rogue_ca.crt"), false))
-        .await
-        .expect("bounded");
+    let _ = tokio::time::timeout(LIMIT, tls_connect(&h, &certs.0.join("rogue_ca.crt"), false)).await.expect("bounded");
 }
 
 /// A Postgres with ssl = on and the CA-signed certificate for 127.0.0.1.
 /// Postgres wants its key owned by its own user with mode 0600.
 fn pg_with_ssl(certs: &Certs) -> weir_e2e::PgOptions {
-    let run_as_root = Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| o.stdout.starts_with(b"0\n"))
-        .unwrap_or(false);
+    let run_as_root = Command::new("id").arg("-u").output().map(|o| o.stdout.starts_with(b"0\n")).unwrap_or(false);
     if run_as_root {
         for f in ["server.crt", "server.key"] {
-            let st = Command::new("chown")
-                .args(["postgres", &certs.path(f)])
-                .status()
-                .expect("chown");
+            let st = Command::new("chown").args(["postgres", &certs.path(f)]).status().expect("chown");
             assert!(st.success());
         }
     }
     let mut pg = weir_e2e::PgOptions::default();
     pg.extra_conf.push(("ssl".into(), "on".into()));
-    pg.extra_conf.push((
-        "ssl_cert_file".into(),
-        format!("'{}'", certs.path("server.crt")),
-    ));
-    pg.extra_conf.push((
-        "ssl_key_file".into(),
-        format!("'{}'", certs.path("server.key")),
-    ));
+    pg.extra_conf.push(("ssl_cert_file".into(), format!("'{}'", certs.path("server.crt"))));
+    pg.extra_conf.push(("ssl_key_file".into(), format!("'{}'", certs.path("server.key"))));
     pg
 }
 
@@ -436,24 +343,11 @@ async fn server_verify_full_encrypts_weirs_connections_to_postgres() {
         ..Opts::default()
     };
     let h = Harness::start(opts).await;
-    let c = tokio::time::timeout(LIMIT, weir_e2e::connect(&h.url(TRUST_USER, TRUST_PASS)))
-        .await
-        .unwrap()
-        .unwrap();
-    let got: i32 = tokio::time::timeout(LIMIT, c.query_one("select 41 + 1", &[]))
-        .await
-        .unwrap()
-        .unwrap()
-        .get(0);
+    let c = tokio::time::timeout(LIMIT, weir_e2e::connect(&h.url(TRUST_USER, TRUST_PASS))).await.unwrap().unwrap();
+    let got: i32 = tokio::time::timeout(LIMIT, c.query_one("select 41 + 1", &[])).await.unwrap().unwrap().get(0);
     assert_eq!(got, 42);
     // Many round trips and a large result over the TLS server connection.
-    let rows = c
-        .query(
-            "select repeat('x', 1000) from generate_series(1, 2000)",
-            &[],
-        )
-        .await
-        .unwrap();
+    let rows = c.query("select repeat('x', 1000) from generate_series(1, 2000)", &[]).await.unwrap();
     assert_eq!(rows.len(), 2000);
     let ssl = h.psql(&format!(
         "select bool_and(s.ssl) || ':' || count(*) from pg_stat_ssl s join pg_stat_activity a using (pid) where a.usename = '{TRUST_USER}'"
@@ -466,78 +360,34 @@ async fn server_certificate_from_another_ca_fails_with_a_clear_error() {
     let certs = Certs::new();
     let opts = Opts {
         auth_type: "trust",
-        general: format!(
-            "{}query_wait_timeout = \"2s\"\n",
-            server_tls("verify-ca", &certs.path("rogue_ca.crt"))
-        ),
+        general: format!("{}query_wait_timeout = \"2s\"\n", server_tls("verify-ca", &certs.path("rogue_ca.crt"))),
         pg: pg_with_ssl(&certs),
         ..Opts::default()
     };
     let h = Harness::start(opts).await;
-    let err = match tokio::time::timeout(LIMIT, weir_e2e::connect(&h.url(TRUST_USER, TRUST_PASS)))
-        .await
-        .unwrap()
-    {
-        Ok(c) => c
-            .query_one("select 1", &[])
-            .await
-            .expect_err("no server connection without a verified certificate"),
+    let err = match tokio::time::timeout(LIMIT, weir_e2e::connect(&h.url(TRUST_USER, TRUST_PASS))).await.unwrap() {
+        Ok(c) => c.query_one("select 1", &[]).await.expect_err("no server connection without a verified certificate"),
         Err(e) => e,
     };
     let text = format!("{err:?}");
-    assert!(
-        text.contains("server_tls_sslmode = verify-ca") && text.contains("certificate"),
-        "{text}"
-    );
+    assert!(text.contains("server_tls_sslmode = verify-ca") && text.contains("certificate"), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_require_refuses_a_postgres_without_tls_and_prefer_falls_back() {
-    let pg = Arc::new(
-        tokio::task::spawn_blocking(|| weir_e2e::PgServer::start(Default::default()))
-            .await
-            .unwrap()
-            .unwrap(),
-    );
+    let pg =
+        Arc::new(tokio::task::spawn_blocking(|| weir_e2e::PgServer::start(Default::default())).await.unwrap().unwrap());
     let general = "server_tls_sslmode = \"require\"\nquery_wait_timeout = \"2s\"\n".to_string();
-    let h = Harness::start_with(
-        pg.clone(),
-        Opts {
-            auth_type: "trust",
-            general,
-            ..Opts::default()
-        },
-    )
-    .await;
-    let err = match tokio::time::timeout(LIMIT, weir_e2e::connect(&h.url(TRUST_USER, TRUST_PASS)))
-        .await
-        .unwrap()
-    {
-        Ok(c) => c
-            .query_one("select 1", &[])
-            .await
-            .expect_err("require: no plaintext fallback"),
+    let h = Harness::start_with(pg.clone(), Opts { auth_type: "trust", general, ..Opts::default() }).await;
+    let err = match tokio::time::timeout(LIMIT, weir_e2e::connect(&h.url(TRUST_USER, TRUST_PASS))).await.unwrap() {
+        Ok(c) => c.query_one("select 1", &[]).await.expect_err("require: no plaintext fallback"),
         Err(e) => e,
     };
-    assert!(
-        format!("{err:?}").contains("does not accept TLS"),
-        "{err:?}"
-    );
+    assert!(format!("{err:?}").contains("does not accept TLS"), "{err:?}");
     drop(h);
     let general = "server_tls_sslmode = \"prefer\"\n".to_string();
-    let h = Harness::start_with(
-        pg,
-        Opts {
-            auth_type: "trust",
-            general,
-            ..Opts::default()
-        },
-    )
-    .await;
-    let c = tokio::time::timeout(LIMIT, weir_e2e::connect(&h.url(TRUST_USER, TRUST_PASS)))
-        .await
-        .unwrap()
-        .unwrap();
+    let h = Harness::start_with(pg, Opts { auth_type: "trust", general, ..Opts::default() }).await;
+    let c = tokio::time::timeout(LIMIT, weir_e2e::connect(&h.url(TRUST_USER, TRUST_PASS))).await.unwrap().unwrap();
     let got: i32 = c.query_one("select 1", &[]).await.unwrap().get(0);
     assert_eq!(got, 1);
 }

@@ -5,12 +5,7 @@ use super::{Outcome, Report, Shape};
 
 /// p50/p99/max latency in ms of the queries that ended with `o`.
 fn percentiles(r: &Report, o: Outcome) -> String {
-    let mut ms: Vec<f64> = r
-        .sent
-        .iter()
-        .filter(|s| s.outcome == o)
-        .map(|s| s.latency.as_secs_f64() * 1e3)
-        .collect();
+    let mut ms: Vec<f64> = r.sent.iter().filter(|s| s.outcome == o).map(|s| s.latency.as_secs_f64() * 1e3).collect();
     if ms.is_empty() {
         return "-".into();
     }
@@ -26,35 +21,17 @@ fn cells(r: &Report) -> Vec<(&'static str, String)> {
         ("queries sent", r.sent.len().to_string()),
         ("  ok", count(Outcome::Ok)),
         ("  pooler wait-timeout error", count(Outcome::WaitTimeout)),
-        (
-            "  client deadline expired (cancel+close)",
-            count(Outcome::DeadlineExpired),
-        ),
+        ("  client deadline expired (cancel+close)", count(Outcome::DeadlineExpired)),
         ("  other errors", count(Outcome::Other)),
         ("ok latency p50/p99/max (ms)", percentiles(r, Outcome::Ok)),
-        (
-            "wait-timeout answer p50/p99/max (ms)",
-            percentiles(r, Outcome::WaitTimeout),
-        ),
+        ("wait-timeout answer p50/p99/max (ms)", percentiles(r, Outcome::WaitTimeout)),
         ("client reconnects", r.reconnects.to_string()),
         ("server connections opened (PG log)", r.opened.to_string()),
         ("server connections closed (PG log)", r.closed.to_string()),
-        (
-            "queries started after client deadline",
-            r.late.started_after.to_string(),
-        ),
-        (
-            "queries committed after client deadline",
-            r.late.committed_after.to_string(),
-        ),
-        (
-            "  latest commit past its deadline (ms)",
-            format!("{:.1}", r.late.worst_past.as_secs_f64() * 1e3),
-        ),
-        (
-            "rows written for clients that gave up",
-            r.late.for_gone_clients.to_string(),
-        ),
+        ("queries started after client deadline", r.late.started_after.to_string()),
+        ("queries committed after client deadline", r.late.committed_after.to_string()),
+        ("  latest commit past its deadline (ms)", format!("{:.1}", r.late.worst_past.as_secs_f64() * 1e3)),
+        ("rows written for clients that gave up", r.late.for_gone_clients.to_string()),
     ]
 }
 
@@ -103,10 +80,7 @@ fn print_notes(r: &Report) {
         println!("{} queries dropped by reason: {d}", r.name);
     }
     if r.connect_failures > 0 {
-        println!(
-            "{}: {} client connect attempts failed",
-            r.name, r.connect_failures
-        );
+        println!("{}: {} client connect attempts failed", r.name, r.connect_failures);
     }
     if let Some(n) = &r.note {
         println!("{}: {n}", r.name);

@@ -14,10 +14,7 @@ const REEXEC_MARK: &str = "WEIR_BENCH_FD_RAISED";
 
 /// The workspace root (bench/..).
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."))
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."))
 }
 
 /// The soft and hard `Max open files` of this process.
@@ -41,9 +38,7 @@ pub fn ensure_fd_limit(want: u64) -> anyhow::Result<()> {
         return Ok(());
     }
     if std::env::var_os(REEXEC_MARK).is_some() {
-        eprintln!(
-            "warning: open-files limit is {soft}, wanted {want}; large client counts may fail"
-        );
+        eprintln!("warning: open-files limit is {soft}, wanted {want}; large client counts may fail");
         return Ok(());
     }
     let exe = std::env::current_exe().context("finding the bench executable")?;
@@ -66,9 +61,8 @@ pub fn weir_binary(opts: &Opts) -> anyhow::Result<PathBuf> {
     if let Some(p) = &opts.weir_bin {
         return Ok(p.clone());
     }
-    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"));
+    let target_dir =
+        std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace_root().join("target"));
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     eprintln!("== cargo build --release -p weir --bin weir");
     let status = Command::new(cargo)
@@ -81,23 +75,17 @@ pub fn weir_binary(opts: &Opts) -> anyhow::Result<PathBuf> {
     }
     let bin = target_dir.join("release/weir");
     if !bin.is_file() {
-        bail!(
-            "{} not found after the build; pass --weir-bin PATH",
-            bin.display()
-        );
+        bail!("{} not found after the build; pass --weir-bin PATH", bin.display());
     }
     Ok(bin)
 }
 
 /// Debian's pgbouncer (in /usr/sbin, which may not be on PATH), or None.
 pub fn find_pgbouncer() -> Option<PathBuf> {
-    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect())
-        .unwrap_or_default();
+    let mut dirs: Vec<PathBuf> =
+        std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default();
     dirs.extend(["/usr/sbin", "/usr/bin", "/usr/local/bin", "/usr/local/sbin"].map(PathBuf::from));
-    dirs.into_iter()
-        .map(|d| d.join("pgbouncer"))
-        .find(|p| p.is_file())
+    dirs.into_iter().map(|d| d.join("pgbouncer")).find(|p| p.is_file())
 }
 
 /// True when we run as root (PgBouncer then runs as `postgres`).
@@ -126,10 +114,7 @@ impl WorkDir {
     /// Hands the directory (and what is in it) to `postgres` when root.
     pub fn give_to_postgres(&self) -> anyhow::Result<()> {
         if is_root() {
-            let st = Command::new("chown")
-                .args(["-R", "postgres:postgres"])
-                .arg(&self.0)
-                .status()?;
+            let st = Command::new("chown").args(["-R", "postgres:postgres"]).arg(&self.0).status()?;
             if !st.success() {
                 bail!("chown postgres {} failed", self.0.display());
             }
@@ -152,11 +137,6 @@ pub fn first_line(cmd: &str, args: &[&str]) -> String {
         .args(args)
         .output()
         .ok()
-        .and_then(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .next()
-                .map(str::to_owned)
-        })
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).lines().next().map(str::to_owned))
         .unwrap_or_else(|| "?".into())
 }

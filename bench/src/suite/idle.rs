@@ -31,16 +31,12 @@ pub struct IdleCell {
 
 impl IdleCell {
     pub fn bytes_per_client(&self) -> f64 {
-        (self.rss_after_kib.saturating_sub(self.rss_before_kib) * 1024) as f64
-            / self.clients.max(1) as f64
+        (self.rss_after_kib.saturating_sub(self.rss_before_kib) * 1024) as f64 / self.clients.max(1) as f64
     }
 }
 
 pub fn run(targets: &[Target], clients: usize) -> anyhow::Result<Vec<IdleCell>> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     let mut cells = vec![];
     for t in targets.iter().filter(|t| t.kind != Kind::Direct) {
         eprintln!("== {clients} idle clients on {}", t.label());
@@ -50,17 +46,8 @@ pub fn run(targets: &[Target], clients: usize) -> anyhow::Result<Vec<IdleCell>> 
         let login_secs = started.elapsed().as_secs_f64();
         std::thread::sleep(SETTLE);
         let after = t.rss_kib().context("reading the proxy's RSS")?;
-        rt.block_on(check_some(
-            conns.iter().step_by((clients / 10).max(1)).count(),
-            t.port,
-        ))?;
-        let cell = IdleCell {
-            kind: t.kind,
-            clients,
-            rss_before_kib: before,
-            rss_after_kib: after,
-            login_secs,
-        };
+        rt.block_on(check_some(conns.iter().step_by((clients / 10).max(1)).count(), t.port))?;
+        let cell = IdleCell { kind: t.kind, clients, rss_before_kib: before, rss_after_kib: after, login_secs };
         eprintln!(
             "   {}: RSS {} → {} KiB, {:.0} bytes per idle client (logins took {login_secs:.1} s)",
             t.label(),
@@ -77,11 +64,7 @@ pub fn run(targets: &[Target], clients: usize) -> anyhow::Result<Vec<IdleCell>> 
 
 async fn open_all(port: u16, n: usize) -> anyhow::Result<Vec<TcpStream>> {
     stream::iter(0..n)
-        .map(|_| async move {
-            tokio::time::timeout(LOGIN_LIMIT, login(port))
-                .await
-                .context("login timed out")?
-        })
+        .map(|_| async move { tokio::time::timeout(LOGIN_LIMIT, login(port)).await.context("login timed out")? })
         .buffer_unordered(CONCURRENCY)
         .try_collect()
         .await
@@ -95,9 +78,7 @@ async fn check_some(n: usize, port: u16) -> anyhow::Result<()> {
         frontend::query("select 1", &mut buf)?;
         s.write_all(&buf).await?;
         let mut rbuf = BytesMut::new();
-        tokio::time::timeout(LOGIN_LIMIT, until_ready(&mut s, &mut rbuf, None))
-            .await
-            .context("query timed out")??;
+        tokio::time::timeout(LOGIN_LIMIT, until_ready(&mut s, &mut rbuf, None)).await.context("query timed out")??;
     }
     Ok(())
 }
@@ -115,20 +96,12 @@ async fn login(port: u16) -> anyhow::Result<TcpStream> {
 }
 
 /// Reads messages until ReadyForQuery, answering an md5 challenge if `user` is set.
-async fn until_ready(
-    s: &mut TcpStream,
-    rbuf: &mut BytesMut,
-    user: Option<&str>,
-) -> anyhow::Result<()> {
+async fn until_ready(s: &mut TcpStream, rbuf: &mut BytesMut, user: Option<&str>) -> anyhow::Result<()> {
     loop {
         while let Some(msg) = backend::Message::parse(rbuf)? {
             match msg {
                 backend::Message::AuthenticationMd5Password(body) => {
-                    let hash = md5_hash(
-                        user.unwrap_or(MD5_USER).as_bytes(),
-                        MD5_PASS.as_bytes(),
-                        body.salt(),
-                    );
+                    let hash = md5_hash(user.unwrap_or(MD5_USER).as_bytes(), MD5_PASS.as_bytes(), body.salt());
                     let mut out = BytesMut::new();
                     frontend::password_message(hash.as_bytes(), &mut out)?;
                     s.write_all(&out).await?;

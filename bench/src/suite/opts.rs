@@ -55,10 +55,7 @@ impl Opts {
         };
         let mut it = args.iter();
         while let Some(a) = it.next() {
-            let mut value = || {
-                it.next()
-                    .with_context(|| format!("{a} needs a value\n{USAGE}"))
-            };
+            let mut value = || it.next().with_context(|| format!("{a} needs a value\n{USAGE}"));
             match a.as_str() {
                 "--quick" => o.quick = true,
                 "--duration" => o.duration = value()?.parse().context("--duration")?,

@@ -58,31 +58,18 @@ pub fn init(pg: &PgServer, scale: u32) -> anyhow::Result<()> {
         .output()
         .context("running pgbench -i (is pgbench installed?)")?;
     if !out.status.success() {
-        bail!(
-            "pgbench -i failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        bail!("pgbench -i failed: {}", String::from_utf8_lossy(&out.stderr));
     }
     Ok(())
 }
 
 /// Opens the proxy's server connections before anything is measured.
 pub fn warm_up(t: &Target) -> anyhow::Result<()> {
-    let spec = Spec {
-        select_only: true,
-        clients: 20,
-        protocol: Protocol::Simple,
-        connect_each: false,
-        secs: 1,
-    };
+    let spec = Spec { select_only: true, clients: 20, protocol: Protocol::Simple, connect_each: false, secs: 1 };
     let dir = std::env::temp_dir().join(format!("weir-bench-warm-{}", std::process::id()));
     let o = run(t, &spec, &dir)?;
     if let Some(f) = o.failure {
-        bail!(
-            "warm-up against {} failed: {f}\n{}",
-            t.label(),
-            t.log_tail()
-        );
+        bail!("warm-up against {} failed: {f}\n{}", t.label(), t.log_tail());
     }
     Ok(())
 }
@@ -93,21 +80,9 @@ pub fn run(t: &Target, spec: &Spec, log_dir: &Path) -> anyhow::Result<Outcome> {
     std::fs::create_dir_all(log_dir)?;
     let threads = spec.clients.clamp(1, 2);
     let mut cmd = base(t.port);
-    cmd.args([
-        "-n",
-        "-c",
-        &spec.clients.to_string(),
-        "-j",
-        &threads.to_string(),
-    ])
-    .args([
-        "-T",
-        &spec.secs.to_string(),
-        "-M",
-        spec.protocol.as_str(),
-        "-l",
-    ])
-    .arg(format!("--log-prefix={}", log_dir.join("tx").display()));
+    cmd.args(["-n", "-c", &spec.clients.to_string(), "-j", &threads.to_string()])
+        .args(["-T", &spec.secs.to_string(), "-M", spec.protocol.as_str(), "-l"])
+        .arg(format!("--log-prefix={}", log_dir.join("tx").display()));
     if spec.select_only {
         cmd.arg("-S");
     }
@@ -124,14 +99,11 @@ pub fn run(t: &Target, spec: &Spec, log_dir: &Path) -> anyhow::Result<Outcome> {
     let _ = std::fs::remove_dir_all(log_dir);
     let failed = failed_count(&stdout);
     if !out.status.success() || failed > 0 || o.txns == 0 {
-        let why = stderr
-            .lines()
-            .find(|l| l.contains("error") || l.contains("ERROR") || l.contains("FATAL"));
+        let why = stderr.lines().find(|l| l.contains("error") || l.contains("ERROR") || l.contains("FATAL"));
         o.failure = Some(format!(
             "pgbench exit {}, {failed} failed txns: {}",
             out.status.code().unwrap_or(-1),
-            why.unwrap_or_else(|| stderr.lines().last().unwrap_or(""))
-                .trim()
+            why.unwrap_or_else(|| stderr.lines().last().unwrap_or("")).trim()
         ));
     }
     Ok(o)
@@ -185,10 +157,7 @@ fn latencies(dir: &Path) -> anyhow::Result<(Option<f64>, Option<f64>)> {
     let mut us: Vec<u64> = Vec::new();
     for entry in std::fs::read_dir(dir)? {
         let text = std::fs::read_to_string(entry?.path())?;
-        us.extend(
-            text.lines()
-                .filter_map(|l| l.split_whitespace().nth(2)?.parse::<u64>().ok()),
-        );
+        us.extend(text.lines().filter_map(|l| l.split_whitespace().nth(2)?.parse::<u64>().ok()));
     }
     if us.is_empty() {
         return Ok((None, None));

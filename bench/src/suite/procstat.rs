@@ -44,12 +44,7 @@ fn status_kib(pid: u32, key: &str) -> Option<u64> {
 
 fn clock_ticks() -> f64 {
     static TICKS: OnceLock<f64> = OnceLock::new();
-    *TICKS.get_or_init(|| {
-        super::env::first_line("getconf", &["CLK_TCK"])
-            .trim()
-            .parse()
-            .unwrap_or(100.0)
-    })
+    *TICKS.get_or_init(|| super::env::first_line("getconf", &["CLK_TCK"]).trim().parse().unwrap_or(100.0))
 }
 
 #[cfg(test)]

@@ -28,26 +28,10 @@ pub struct Results {
 }
 
 impl Results {
-    pub fn new(
-        opts: &Opts,
-        pg: &PgServer,
-        pgbouncer: Option<&Path>,
-        targets: &[Target],
-    ) -> Results {
-        let pg_version = pg
-            .psql("postgres", "show server_version")
-            .unwrap_or_else(|_| "?".into());
+    pub fn new(opts: &Opts, pg: &PgServer, pgbouncer: Option<&Path>, targets: &[Target]) -> Results {
+        let pg_version = pg.psql("postgres", "show server_version").unwrap_or_else(|_| "?".into());
         let pgb = pgbouncer.map(|b| first_line(&b.display().to_string(), &["--version"]));
-        let rev = first_line(
-            "git",
-            &[
-                "-C",
-                &workspace_root().display().to_string(),
-                "rev-parse",
-                "--short",
-                "HEAD",
-            ],
-        );
+        let rev = first_line("git", &["-C", &workspace_root().display().to_string(), "rev-parse", "--short", "HEAD"]);
         let cpu = std::fs::read_to_string("/proc/cpuinfo")
             .ok()
             .and_then(|t| {
@@ -56,9 +40,7 @@ impl Results {
                     .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
             })
             .unwrap_or_default();
-        let cores = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(0);
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
         let mut h = String::new();
         let _ = writeln!(h, "- command: `{}`", opts.command);
         let _ = writeln!(
@@ -98,8 +80,7 @@ impl Results {
 pub fn write(r: &Results, opts: &Opts) -> anyhow::Result<()> {
     let md = markdown(r);
     println!("\n{md}");
-    std::fs::create_dir_all(&opts.out)
-        .with_context(|| format!("creating {}", opts.out.display()))?;
+    std::fs::create_dir_all(&opts.out).with_context(|| format!("creating {}", opts.out.display()))?;
     let stem = if opts.quick { "quick" } else { "results" };
     let md_path = opts.out.join(format!("{stem}.md"));
     std::fs::write(&md_path, &md)?;
@@ -112,20 +93,13 @@ pub fn write(r: &Results, opts: &Opts) -> anyhow::Result<()> {
 
 fn plot(json: &Path, png: &Path) {
     let script = workspace_root().join("bench/plot.py");
-    let importable = Command::new("python3")
-        .args(["-c", "import matplotlib"])
-        .output()
-        .is_ok_and(|o| o.status.success());
+    let importable =
+        Command::new("python3").args(["-c", "import matplotlib"]).output().is_ok_and(|o| o.status.success());
     if !importable {
         eprintln!("matplotlib not importable: no chart (pip install matplotlib); the Markdown table is written");
         return;
     }
-    match Command::new("python3")
-        .arg(&script)
-        .arg(json)
-        .arg(png)
-        .status()
-    {
+    match Command::new("python3").arg(&script).arg(json).arg(png).status() {
         Ok(s) if s.success() => eprintln!("wrote {}", png.display()),
         other => eprintln!("plot.py failed ({other:?}); the Markdown table is written"),
     }
@@ -175,8 +149,7 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> String {
 }
 
 fn ok_tps(c: Option<&Cell>) -> Option<f64> {
-    c.filter(|c| c.failure.is_none() && c.skipped.is_none())
-        .map(|c| c.tps)
+    c.filter(|c| c.failure.is_none() && c.skipped.is_none()).map(|c| c.tps)
 }
 
 fn throughput_table(s: &mut String, r: &Results) {
@@ -184,11 +157,7 @@ fn throughput_table(s: &mut String, r: &Results) {
     s.push_str("| workload | direct TPS | weir TPS | PgBouncer TPS | weir ÷ PgBouncer | direct avg / p99 ms | weir avg / p99 ms | PgBouncer avg / p99 ms |\n");
     s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|\n");
     for row in &r.rows {
-        let (d, w, b) = (
-            row.cell(Kind::Direct),
-            row.cell(Kind::Weir),
-            row.cell(Kind::PgBouncer),
-        );
+        let (d, w, b) = (row.cell(Kind::Direct), row.cell(Kind::Weir), row.cell(Kind::PgBouncer));
         let _ = writeln!(
             s,
             "| `{}` | {} | {} | {} | {} | {} | {} | {} |",
@@ -210,26 +179,20 @@ fn cost_table(s: &mut String, r: &Results) {
         return;
     }
     s.push_str("## Proxy cost (medians)\n\n");
-    s.push_str("CPU µs/txn is user + system time (user part in brackets; the system part is the kernel's socket work).\n\n");
+    s.push_str(
+        "CPU µs/txn is user + system time (user part in brackets; the system part is the kernel's socket work).\n\n",
+    );
     s.push_str("| workload | weir CPU µs/txn | PgBouncer CPU µs/txn | weir ÷ PgBouncer | weir CPU (share of a core) | PgBouncer CPU (share of a core) | weir peak RSS MiB | PgBouncer peak RSS MiB |\n");
     s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|\n");
     let us = |c: Option<&Cell>| match c {
-        Some(Cell {
-            cpu_us_per_txn: Some(v),
-            user_us_per_txn: Some(u),
-            ..
-        }) => format!("{v:.1} ({u:.1})"),
+        Some(Cell { cpu_us_per_txn: Some(v), user_us_per_txn: Some(u), .. }) => format!("{v:.1} ({u:.1})"),
         _ => "—".into(),
     };
     let share = |c: Option<&Cell>| {
-        c.and_then(|c| c.cpu_share)
-            .map(|v| format!("{:.0}%", v * 100.0))
-            .unwrap_or_else(|| "—".into())
+        c.and_then(|c| c.cpu_share).map(|v| format!("{:.0}%", v * 100.0)).unwrap_or_else(|| "—".into())
     };
     let rss = |c: Option<&Cell>| {
-        c.and_then(|c| c.peak_rss_kib)
-            .map(|v| format!("{:.1}", v as f64 / 1024.0))
-            .unwrap_or_else(|| "—".into())
+        c.and_then(|c| c.peak_rss_kib).map(|v| format!("{:.1}", v as f64 / 1024.0)).unwrap_or_else(|| "—".into())
     };
     for row in &r.rows {
         let (w, b) = (row.cell(Kind::Weir), row.cell(Kind::PgBouncer));
@@ -239,10 +202,7 @@ fn cost_table(s: &mut String, r: &Results) {
             row.workload.title,
             us(w),
             us(b),
-            ratio(
-                w.and_then(|c| c.cpu_us_per_txn),
-                b.and_then(|c| c.cpu_us_per_txn)
-            ),
+            ratio(w.and_then(|c| c.cpu_us_per_txn), b.and_then(|c| c.cpu_us_per_txn)),
             share(w),
             share(b),
             rss(w),
@@ -254,17 +214,10 @@ fn cost_table(s: &mut String, r: &Results) {
 
 fn stream_table(s: &mut String, r: &Results) {
     let Some(st) = &r.stream else { return };
-    let _ = writeln!(
-        s,
-        "## Large-result stream ({} MB via COPY … TO STDOUT, psql into /dev/null)\n",
-        st.megabytes
-    );
+    let _ = writeln!(s, "## Large-result stream ({} MB via COPY … TO STDOUT, psql into /dev/null)\n", st.megabytes);
     s.push_str("| target | MB/s | proxy CPU s per GB |\n|---|---:|---:|\n");
     for c in &st.cells {
-        let cpu = c
-            .cpu_s_per_gb
-            .map(|v| format!("{v:.2}"))
-            .unwrap_or_else(|| "—".into());
+        let cpu = c.cpu_s_per_gb.map(|v| format!("{v:.2}")).unwrap_or_else(|| "—".into());
         let _ = writeln!(s, "| {} | {:.0} | {cpu} |", c.kind.label(), c.mb_per_s);
     }
     s.push('\n');
@@ -294,15 +247,9 @@ fn targets_table(s: &mut String, r: &Results) {
         s.push_str("_Targets vs PgBouncer not checked: PgBouncer was not part of this run._\n\n");
         return;
     }
-    s.push_str(
-        "## Issue 7 targets (ratios from this run)\n\n| target | figure | met |\n|---|---|---|\n",
-    );
+    s.push_str("## Issue 7 targets (ratios from this run)\n\n| target | figure | met |\n|---|---|---|\n");
     for (name, fig, met) in super::report_targets::check(r) {
-        let _ = writeln!(
-            s,
-            "| {name} | {fig} | {} |",
-            if met { "yes" } else { "**no**" }
-        );
+        let _ = writeln!(s, "| {name} | {fig} | {} |", if met { "yes" } else { "**no**" });
     }
     s.push('\n');
 }
@@ -334,16 +281,10 @@ fn json(r: &Results) -> String {
         if i > 0 {
             s.push(',');
         }
-        let _ = write!(
-            s,
-            "\n  {{\"id\": \"{}\", \"title\": \"{}\", \"cells\": {{",
-            row.workload.id, row.workload.title
-        );
+        let _ =
+            write!(s, "\n  {{\"id\": \"{}\", \"title\": \"{}\", \"cells\": {{", row.workload.id, row.workload.title);
         for (j, (k, c)) in row.cells.iter().enumerate() {
-            let num = |v: Option<f64>| {
-                v.map(|v| format!("{v:.3}"))
-                    .unwrap_or_else(|| "null".into())
-            };
+            let num = |v: Option<f64>| v.map(|v| format!("{v:.3}")).unwrap_or_else(|| "null".into());
             let _ = write!(
                 s,
                 "{}\"{}\": {{\"tps\": {:.1}, \"avg_ms\": {:.4}, \"p99_ms\": {:.4}, \"cpu_us_per_txn\": {}, \"failed\": {}, \"skipped\": {}}}",

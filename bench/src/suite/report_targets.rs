@@ -26,14 +26,7 @@ pub fn check(r: &Results) -> Vec<Check> {
             ));
         }
     }
-    for id in [
-        "S-c10-simple",
-        "S-c10-extended",
-        "S-c100-simple",
-        "S-c100-extended",
-        "S-c1000-simple",
-        "tpcb-c10",
-    ] {
+    for id in ["S-c10-simple", "S-c10-extended", "S-c100-simple", "S-c100-extended", "S-c1000-simple", "tpcb-c10"] {
         if let Some((w, b, row)) = pair(r, id) {
             if let (Some(wc), Some(bc)) = (w.cpu_us_per_txn, b.cpu_us_per_txn) {
                 let ratio = wc / bc;
@@ -46,21 +39,13 @@ pub fn check(r: &Results) -> Vec<Check> {
         }
     }
     if let Some(row) = find(r, "S-c1-simple") {
-        if let (Some(d), Some(w), Some(b)) = (
-            ok(row.cell(Kind::Direct)),
-            ok(row.cell(Kind::Weir)),
-            ok(row.cell(Kind::PgBouncer)),
-        ) {
-            let (wa, ba) = (
-                (w.avg_ms - d.avg_ms) * 1000.0,
-                (b.avg_ms - d.avg_ms) * 1000.0,
-            );
+        if let (Some(d), Some(w), Some(b)) =
+            (ok(row.cell(Kind::Direct)), ok(row.cell(Kind::Weir)), ok(row.cell(Kind::PgBouncer)))
+        {
+            let (wa, ba) = ((w.avg_ms - d.avg_ms) * 1000.0, (b.avg_ms - d.avg_ms) * 1000.0);
             out.push((
                 "added latency over direct at `-c 1` ≤ PgBouncer's".into(),
-                format!(
-                    "weir +{wa:.1} µs, PgBouncer +{ba:.1} µs (direct {:.1} µs)",
-                    d.avg_ms * 1000.0
-                ),
+                format!("weir +{wa:.1} µs, PgBouncer +{ba:.1} µs (direct {:.1} µs)", d.avg_ms * 1000.0),
                 wa <= ba,
             ));
         }
@@ -77,11 +62,7 @@ pub fn check(r: &Results) -> Vec<Check> {
         if let (Some(w), Some(b)) = (get(Kind::Weir), get(Kind::PgBouncer)) {
             out.push((
                 "memory per idle client ≤ PgBouncer's".into(),
-                format!(
-                    "{:.0} B vs {:.0} B",
-                    w.bytes_per_client(),
-                    b.bytes_per_client()
-                ),
+                format!("{:.0} B vs {:.0} B", w.bytes_per_client(), b.bytes_per_client()),
                 w.bytes_per_client() <= b.bytes_per_client(),
             ));
         }

@@ -31,15 +31,9 @@ pub struct StreamResult {
 
 pub fn run(targets: &[Target], opts: &Opts) -> anyhow::Result<StreamResult> {
     let rows = opts.stream_mb * 1_000_000 / ROW_BYTES;
-    let sql = format!(
-        "COPY (SELECT repeat('x', {}) FROM generate_series(1, {rows})) TO STDOUT",
-        ROW_BYTES - 1
-    );
+    let sql = format!("COPY (SELECT repeat('x', {}) FROM generate_series(1, {rows})) TO STDOUT", ROW_BYTES - 1);
     let megabytes = rows * ROW_BYTES / 1_000_000;
-    eprintln!(
-        "== large-result stream: {megabytes} MB via COPY TO STDOUT × {} rounds",
-        opts.rounds
-    );
+    eprintln!("== large-result stream: {megabytes} MB via COPY TO STDOUT × {} rounds", opts.rounds);
     let mut rates: Vec<Vec<f64>> = targets.iter().map(|_| vec![]).collect();
     let mut cpus: Vec<Vec<f64>> = targets.iter().map(|_| vec![]).collect();
     for round in 0..opts.rounds {
@@ -70,20 +64,7 @@ pub fn run(targets: &[Target], opts: &Opts) -> anyhow::Result<StreamResult> {
 
 fn copy_out(port: u16, sql: &str) -> anyhow::Result<()> {
     let out = Command::new("psql")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-            "-U",
-            MD5_USER,
-            "-d",
-            APP_DB,
-            "-X",
-            "-q",
-            "-c",
-            sql,
-        ])
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", MD5_USER, "-d", APP_DB, "-X", "-q", "-c", sql])
         .env("PGPASSWORD", MD5_PASS)
         .stdin(Stdio::null())
         .stdout(Stdio::null())

@@ -48,13 +48,7 @@ pub struct Target {
 
 impl Target {
     pub fn direct(port: u16) -> Target {
-        Target {
-            kind: Kind::Direct,
-            port,
-            child: None,
-            pid: None,
-            log: None,
-        }
+        Target { kind: Kind::Direct, port, child: None, pid: None, log: None }
     }
 
     pub fn start_weir(bin: &Path, work: &WorkDir, pg_port: u16) -> anyhow::Result<Target> {
@@ -79,13 +73,7 @@ impl Target {
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
         let pid = child.id();
-        let mut t = Target {
-            kind: Kind::Weir,
-            port,
-            child: Some(child),
-            pid: Some(pid),
-            log: Some(log),
-        };
+        let mut t = Target { kind: Kind::Weir, port, child: Some(child), pid: Some(pid), log: Some(log) };
         t.wait_listening()?;
         eprintln!("== weir {} listening on {port} (pid {pid})", bin.display());
         Ok(t)
@@ -113,15 +101,7 @@ impl Target {
         let mut cmd = if is_root() {
             // runuser's PAM session resets the soft open-files limit; raise it back.
             let mut c = Command::new("runuser");
-            c.args([
-                "-u",
-                "postgres",
-                "--",
-                "sh",
-                "-c",
-                "ulimit -Sn \"$(ulimit -Hn)\"; exec \"$0\" \"$@\"",
-            ])
-            .arg(bin);
+            c.args(["-u", "postgres", "--", "sh", "-c", "ulimit -Sn \"$(ulimit -Hn)\"; exec \"$0\" \"$@\""]).arg(bin);
             c
         } else {
             Command::new(bin)
@@ -134,23 +114,14 @@ impl Target {
             .stderr(std::fs::File::create(&log)?)
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
-        let mut t = Target {
-            kind: Kind::PgBouncer,
-            port,
-            child: Some(child),
-            pid: None,
-            log: Some(log),
-        };
+        let mut t = Target { kind: Kind::PgBouncer, port, child: Some(child), pid: None, log: Some(log) };
         t.wait_listening()?;
         let pid = std::fs::read_to_string(&pidfile)
             .ok()
             .and_then(|s| s.trim().parse().ok())
             .with_context(|| format!("reading {}", pidfile.display()))?;
         t.pid = Some(pid);
-        eprintln!(
-            "== PgBouncer {} listening on {port} (pid {pid})",
-            bin.display()
-        );
+        eprintln!("== PgBouncer {} listening on {port} (pid {pid})", bin.display());
         Ok(t)
     }
 
@@ -164,30 +135,18 @@ impl Target {
             }
             if let Some(child) = &mut self.child {
                 if let Some(status) = child.try_wait()? {
-                    bail!(
-                        "{} exited at start ({status}):\n{}",
-                        self.kind.label(),
-                        self.log_tail()
-                    );
+                    bail!("{} exited at start ({status}):\n{}", self.kind.label(), self.log_tail());
                 }
             }
             if Instant::now() > end {
-                bail!(
-                    "{} did not listen within {START_LIMIT:?}:\n{}",
-                    self.kind.label(),
-                    self.log_tail()
-                );
+                bail!("{} did not listen within {START_LIMIT:?}:\n{}", self.kind.label(), self.log_tail());
             }
             std::thread::sleep(Duration::from_millis(50));
         }
     }
 
     pub fn log_tail(&self) -> String {
-        let text = self
-            .log
-            .as_ref()
-            .and_then(|p| std::fs::read_to_string(p).ok())
-            .unwrap_or_default();
+        let text = self.log.as_ref().and_then(|p| std::fs::read_to_string(p).ok()).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(20)..].join("\n")
     }
@@ -224,10 +183,7 @@ impl Drop for Target {
     fn drop(&mut self) {
         let Some(child) = &mut self.child else { return };
         if let Some(pid) = self.pid {
-            let _ = Command::new("kill")
-                .args(["-INT", &pid.to_string()])
-                .stderr(Stdio::null())
-                .status();
+            let _ = Command::new("kill").args(["-INT", &pid.to_string()]).stderr(Stdio::null()).status();
         }
         let end = Instant::now() + Duration::from_secs(5);
         while matches!(child.try_wait(), Ok(None)) && Instant::now() < end {
@@ -239,9 +195,6 @@ impl Drop for Target {
 }
 
 fn write_userlist(dir: &Path) -> anyhow::Result<()> {
-    std::fs::write(
-        dir.join("userlist.txt"),
-        format!("\"{MD5_USER}\" \"{MD5_PASS}\"\n"),
-    )?;
+    std::fs::write(dir.join("userlist.txt"), format!("\"{MD5_USER}\" \"{MD5_PASS}\"\n"))?;
     Ok(())
 }

@@ -88,10 +88,7 @@ pub fn list(opts: &Opts) -> Vec<Workload> {
 
 /// Runs one workload over all targets, interleaved, and takes medians.
 pub fn run(w: &Workload, targets: &[Target], opts: &Opts, work: &WorkDir) -> anyhow::Result<Row> {
-    eprintln!(
-        "== {} ({} s × {} rounds)",
-        w.title, w.spec.secs, opts.rounds
-    );
+    eprintln!("== {} ({} s × {} rounds)", w.title, w.spec.secs, opts.rounds);
     let mut samples: Vec<Vec<Sample>> = targets.iter().map(|_| Vec::new()).collect();
     for t in targets {
         t.reset_peak();
@@ -118,10 +115,7 @@ pub fn run(w: &Workload, targets: &[Target], opts: &Opts, work: &WorkDir) -> any
             (t.kind, cell)
         })
         .collect();
-    Ok(Row {
-        workload: w.clone(),
-        cells,
-    })
+    Ok(Row { workload: w.clone(), cells })
 }
 
 /// One run with the proxy's CPU time around it.
@@ -139,15 +133,8 @@ impl Sample {
             Some(c) if o.txns > 0 => format!(", proxy {:.1} µs/txn", c * 1e6 / o.txns as f64),
             _ => String::new(),
         };
-        let fail = o
-            .failure
-            .as_deref()
-            .map(|f| format!("  FAILS: {f}"))
-            .unwrap_or_default();
-        format!(
-            "{:>9.0} tps, avg {:.3} ms, p99 {:.3} ms{cpu}{fail}",
-            o.tps, o.avg_ms, o.p99_ms
-        )
+        let fail = o.failure.as_deref().map(|f| format!("  FAILS: {f}")).unwrap_or_default();
+        format!("{:>9.0} tps, avg {:.3} ms, p99 {:.3} ms{cpu}{fail}", o.tps, o.avg_ms, o.p99_ms)
     }
 }
 
@@ -160,12 +147,7 @@ fn measure(t: &Target, spec: &Spec, work: &WorkDir) -> anyhow::Result<Sample> {
         (Some((u0, s0)), Some((u1, s1))) => (Some(u1 + s1 - u0 - s0), Some(u1 - u0)),
         _ => (None, None),
     };
-    Ok(Sample {
-        outcome,
-        cpu_secs,
-        user_secs,
-        wall_secs,
-    })
+    Ok(Sample { outcome, cpu_secs, user_secs, wall_secs })
 }
 
 fn summarize(samples: &[Sample]) -> Cell {
@@ -173,15 +155,8 @@ fn summarize(samples: &[Sample]) -> Cell {
         return Cell::default();
     }
     let failure = samples.iter().find_map(|s| s.outcome.failure.clone());
-    let ok: Vec<&Sample> = samples
-        .iter()
-        .filter(|s| s.outcome.failure.is_none())
-        .collect();
-    let use_set: Vec<&Sample> = if ok.is_empty() {
-        samples.iter().collect()
-    } else {
-        ok
-    };
+    let ok: Vec<&Sample> = samples.iter().filter(|s| s.outcome.failure.is_none()).collect();
+    let use_set: Vec<&Sample> = if ok.is_empty() { samples.iter().collect() } else { ok };
     let per_txn: Vec<f64> = use_set
         .iter()
         .filter(|s| s.outcome.txns > 0)
@@ -192,10 +167,7 @@ fn summarize(samples: &[Sample]) -> Cell {
         .filter(|s| s.outcome.txns > 0)
         .filter_map(|s| s.user_secs.map(|c| c * 1e6 / s.outcome.txns as f64))
         .collect();
-    let share: Vec<f64> = use_set
-        .iter()
-        .filter_map(|s| s.cpu_secs.map(|c| c / s.wall_secs))
-        .collect();
+    let share: Vec<f64> = use_set.iter().filter_map(|s| s.cpu_secs.map(|c| c / s.wall_secs)).collect();
     Cell {
         tps: median(use_set.iter().map(|s| s.outcome.tps).collect()),
         avg_ms: median(use_set.iter().map(|s| s.outcome.avg_ms).collect()),

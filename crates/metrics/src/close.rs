@@ -142,11 +142,7 @@ label_enum! {
 mod tests {
     use super::*;
 
-    fn check<T: Copy + PartialEq + fmt::Debug>(
-        all: &[T],
-        idx: impl Fn(T) -> usize,
-        label: impl Fn(T) -> &'static str,
-    ) {
+    fn check<T: Copy + PartialEq + fmt::Debug>(all: &[T], idx: impl Fn(T) -> usize, label: impl Fn(T) -> &'static str) {
         let mut labels = std::collections::HashSet::new();
         for (i, v) in all.iter().enumerate() {
             assert_eq!(idx(*v), i);
@@ -159,27 +155,12 @@ mod tests {
     #[test]
     fn labels_are_dense_unique_snake_case() {
         check(CloseReason::ALL, CloseReason::index, CloseReason::as_label);
-        check(
-            ConnectFailure::ALL,
-            ConnectFailure::index,
-            ConnectFailure::as_label,
-        );
+        check(ConnectFailure::ALL, ConnectFailure::index, ConnectFailure::as_label);
         check(DropReason::ALL, DropReason::index, DropReason::as_label);
-        check(
-            CancelOutcome::ALL,
-            CancelOutcome::index,
-            CancelOutcome::as_label,
-        );
-        check(
-            ClientResult::ALL,
-            ClientResult::index,
-            ClientResult::as_label,
-        );
+        check(CancelOutcome::ALL, CancelOutcome::index, CancelOutcome::as_label);
+        check(ClientResult::ALL, ClientResult::index, ClientResult::as_label);
         assert_eq!(CloseReason::COUNT, 15);
-        assert_eq!(
-            CloseReason::ClientGoneUnclean.to_string(),
-            "client_gone_unclean"
-        );
+        assert_eq!(CloseReason::ClientGoneUnclean.to_string(), "client_gone_unclean");
         assert_eq!(CloseReason::Dropped.as_label(), "dropped");
     }
 }

@@ -20,10 +20,8 @@ use crate::names::{describe_all, histogram_names};
 pub type ReadyFn = Arc<dyn Fn() -> bool + Send + Sync>;
 
 /// Histogram buckets (seconds) for every `*_seconds` histogram.
-pub const BUCKETS: &[f64] = &[
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-    60.0,
-];
+pub const BUCKETS: &[f64] =
+    &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
 /// Maximum concurrent request-handling threads; beyond it, requests get 503.
 const MAX_CONN_THREADS: usize = 16;
 const UPKEEP_INTERVAL: Duration = Duration::from_secs(1);
@@ -75,19 +73,10 @@ pub struct Exporter {
 /// [`PoolMetrics`](crate::PoolMetrics) / [`GlobalMetrics`](crate::GlobalMetrics).
 pub fn install(listen: SocketAddr, ready: ReadyFn) -> Result<Exporter, MetricsError> {
     let (handle, is_global) = recorder_handle()?;
-    let listener = TcpListener::bind(listen).map_err(|source| MetricsError::Bind {
-        addr: listen,
-        source,
-    })?;
-    let local_addr = listener.local_addr().map_err(|source| MetricsError::Bind {
-        addr: listen,
-        source,
-    })?;
+    let listener = TcpListener::bind(listen).map_err(|source| MetricsError::Bind { addr: listen, source })?;
+    let local_addr = listener.local_addr().map_err(|source| MetricsError::Bind { addr: listen, source })?;
     let stop = Arc::new(AtomicBool::new(false));
-    let ctx = Arc::new(Ctx {
-        handle: handle.clone(),
-        ready,
-    });
+    let ctx = Arc::new(Ctx { handle: handle.clone(), ready });
     let accept = spawn("weir-metrics-http", {
         let stop = Arc::clone(&stop);
         move || accept_loop(listener, ctx, stop)
@@ -100,9 +89,7 @@ pub fn install(listen: SocketAddr, ready: ReadyFn) -> Result<Exporter, MetricsEr
         accept: Some(accept),
         upkeep: None,
     };
-    exporter.upkeep = Some(spawn("weir-metrics-upkeep", move || {
-        upkeep_loop(handle, stop)
-    })?);
+    exporter.upkeep = Some(spawn("weir-metrics-upkeep", move || upkeep_loop(handle, stop))?);
     tracing::info!(%local_addr, is_global, "metrics exporter listening");
     Ok(exporter)
 }
@@ -157,9 +144,8 @@ fn wake_addr(addr: SocketAddr) -> SocketAddr {
 }
 
 fn builder() -> Result<PrometheusBuilder, BuildError> {
-    histogram_names().try_fold(PrometheusBuilder::new(), |b, name| {
-        b.set_buckets_for_metric(Matcher::Full(name.to_owned()), BUCKETS)
-    })
+    histogram_names()
+        .try_fold(PrometheusBuilder::new(), |b, name| b.set_buckets_for_metric(Matcher::Full(name.to_owned()), BUCKETS))
 }
 
 /// Returns the handle to serve and whether it belongs to the global recorder.
@@ -187,10 +173,7 @@ fn recorder_handle() -> Result<(PrometheusHandle, bool), MetricsError> {
 }
 
 fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, MetricsError> {
-    thread::Builder::new()
-        .name(name.to_owned())
-        .spawn(f)
-        .map_err(MetricsError::Spawn)
+    thread::Builder::new().name(name.to_owned()).spawn(f).map_err(MetricsError::Spawn)
 }
 
 fn upkeep_loop(handle: PrometheusHandle, stop: Arc<AtomicBool>) {
@@ -236,12 +219,10 @@ fn dispatch(mut stream: TcpStream, ctx: &Arc<Ctx>, active: &Arc<AtomicUsize>) {
     }
     let slot = Slot(Arc::clone(active));
     let ctx = Arc::clone(ctx);
-    let spawned = thread::Builder::new()
-        .name("weir-metrics-conn".into())
-        .spawn(move || {
-            let _slot = slot;
-            http::serve_conn(stream, &ctx);
-        });
+    let spawned = thread::Builder::new().name("weir-metrics-conn".into()).spawn(move || {
+        let _slot = slot;
+        http::serve_conn(stream, &ctx);
+    });
     if let Err(e) = spawned {
         tracing::warn!(error = %e, "metrics: cannot spawn request thread");
     }

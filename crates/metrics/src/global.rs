@@ -7,8 +7,7 @@ use metrics::Counter;
 
 use crate::close::{CancelOutcome, ClientResult};
 use crate::names::{
-    BUILD_INFO, CANCEL_REQUESTS_TOTAL, CLIENT_CONNECTIONS_TOTAL, LABEL_OUTCOME, LABEL_RESULT,
-    LABEL_VERSION,
+    BUILD_INFO, CANCEL_REQUESTS_TOTAL, CLIENT_CONNECTIONS_TOTAL, LABEL_OUTCOME, LABEL_RESULT, LABEL_VERSION,
 };
 
 /// Unlabelled-by-pool counters. Create once (after installing the exporter)

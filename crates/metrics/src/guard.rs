@@ -34,12 +34,7 @@ impl ServerConnGuard {
     /// Counts one server connection open that took `connect_duration`.
     pub fn opened(pool: Arc<PoolMetrics>, connect_duration: Duration) -> Self {
         pool.record_open(connect_duration);
-        ServerConnGuard {
-            pool,
-            reason: CloseReason::Dropped,
-            opened_at: Instant::now(),
-            live: None,
-        }
+        ServerConnGuard { pool, reason: CloseReason::Dropped, opened_at: Instant::now(), live: None }
     }
 
     /// Lists the connection in its pool's live server table (`SHOW SERVERS`)
@@ -191,9 +186,7 @@ mod tests {
     #[test]
     fn many_guards_balance_and_feed_rates() {
         let p = pool("many");
-        let guards: Vec<_> = (0..100)
-            .map(|_| ServerConnGuard::opened(Arc::clone(&p), Duration::ZERO))
-            .collect();
+        let guards: Vec<_> = (0..100).map(|_| ServerConnGuard::opened(Arc::clone(&p), Duration::ZERO)).collect();
         for (i, g) in guards.into_iter().enumerate() {
             if i % 2 == 0 {
                 g.close(CloseReason::Lifetime);

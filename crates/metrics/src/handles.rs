@@ -63,24 +63,14 @@ impl Labels {
 impl PoolHandles {
     pub fn new(database: &str, user: &str) -> Self {
         let l = Labels {
-            base: vec![
-                Label::new(LABEL_DATABASE, database.to_owned()),
-                Label::new(LABEL_USER, user.to_owned()),
-            ],
+            base: vec![Label::new(LABEL_DATABASE, database.to_owned()), Label::new(LABEL_USER, user.to_owned())],
         };
-        let per_window = |name| {
-            Window::ALL
-                .iter()
-                .map(|w| l.gauge_with(name, LABEL_WINDOW, w.label()))
-                .collect()
-        };
+        let per_window = |name| Window::ALL.iter().map(|w| l.gauge_with(name, LABEL_WINDOW, w.label())).collect();
         PoolHandles {
             opened: l.counter(SERVER_CONNECTIONS_OPENED_TOTAL),
             closed: CloseReason::ALL
                 .iter()
-                .map(|r| {
-                    l.counter_with(SERVER_CONNECTIONS_CLOSED_TOTAL, LABEL_REASON, r.as_label())
-                })
+                .map(|r| l.counter_with(SERVER_CONNECTIONS_CLOSED_TOTAL, LABEL_REASON, r.as_label()))
                 .collect(),
             connect_failures: ConnectFailure::ALL
                 .iter()
@@ -100,14 +90,8 @@ impl PoolHandles {
             transaction_duration: l.histogram(TRANSACTION_DURATION_SECONDS),
             opens_rate: per_window(SERVER_CONNECTION_OPENS_PER_SECOND),
             closes_rate: per_window(SERVER_CONNECTION_CLOSES_PER_SECOND),
-            servers: ServerState::ALL
-                .iter()
-                .map(|s| l.gauge_with(POOL_SERVERS, LABEL_STATE, s.as_label()))
-                .collect(),
-            clients: ClientState::ALL
-                .iter()
-                .map(|s| l.gauge_with(POOL_CLIENTS, LABEL_STATE, s.as_label()))
-                .collect(),
+            servers: ServerState::ALL.iter().map(|s| l.gauge_with(POOL_SERVERS, LABEL_STATE, s.as_label())).collect(),
+            clients: ClientState::ALL.iter().map(|s| l.gauge_with(POOL_CLIENTS, LABEL_STATE, s.as_label())).collect(),
             maxwait: metrics::gauge!(POOL_MAXWAIT_SECONDS, l.base.clone()),
         }
     }

@@ -34,12 +34,7 @@ pub(crate) struct Response {
 
 impl Response {
     pub(crate) fn text(status: u16, reason: &'static str, body: &str) -> Self {
-        Response {
-            status,
-            reason,
-            content_type: TEXT,
-            body: body.to_owned(),
-        }
+        Response { status, reason, content_type: TEXT, body: body.to_owned() }
     }
 }
 
@@ -109,12 +104,7 @@ fn route(method: &str, path: &str, ctx: &Ctx) -> Response {
 fn metrics_response(ctx: &Ctx) -> Response {
     crate::pool::publish_all();
     let body = ctx.handle.render();
-    Response {
-        status: 200,
-        reason: "OK",
-        content_type: PROM_CONTENT_TYPE,
-        body,
-    }
+    Response { status: 200, reason: "OK", content_type: PROM_CONTENT_TYPE, body }
 }
 
 /// A panicking readiness callback means "not ready", not a dead exporter.
@@ -122,11 +112,7 @@ fn is_ready(ctx: &Ctx) -> bool {
     catch_unwind(AssertUnwindSafe(|| (ctx.ready)())).unwrap_or(false)
 }
 
-pub(crate) fn write_response(
-    stream: &mut TcpStream,
-    resp: &Response,
-    head_only: bool,
-) -> io::Result<()> {
+pub(crate) fn write_response(stream: &mut TcpStream, resp: &Response, head_only: bool) -> io::Result<()> {
     let head = format!(
         "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         resp.status,
@@ -147,14 +133,8 @@ mod tests {
 
     #[test]
     fn request_line_parsing() {
-        assert_eq!(
-            parse_request_line("GET /metrics HTTP/1.1\r\n\r\n"),
-            Some(("GET", "/metrics"))
-        );
-        assert_eq!(
-            parse_request_line("GET /readyz?x=1 HTTP/1.0\r\n"),
-            Some(("GET", "/readyz"))
-        );
+        assert_eq!(parse_request_line("GET /metrics HTTP/1.1\r\n\r\n"), Some(("GET", "/metrics")));
+        assert_eq!(parse_request_line("GET /readyz?x=1 HTTP/1.0\r\n"), Some(("GET", "/readyz")));
         assert_eq!(parse_request_line("GET /metrics\r\n"), None);
         assert_eq!(parse_request_line("\r\n"), None);
         assert!(head_complete(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"));

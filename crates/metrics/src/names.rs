@@ -54,11 +54,9 @@ pub const QUERIES_TOTAL: &str = "weir_queries_total";
 /// Histogram (database,user): transaction duration.
 pub const TRANSACTION_DURATION_SECONDS: &str = "weir_transaction_duration_seconds";
 /// Counter (database,user): Parse messages received from clients.
-pub const PREPARED_STATEMENTS_CLIENT_PARSES_TOTAL: &str =
-    "weir_prepared_statements_client_parses_total";
+pub const PREPARED_STATEMENTS_CLIENT_PARSES_TOTAL: &str = "weir_prepared_statements_client_parses_total";
 /// Counter (database,user): Parse messages sent to servers.
-pub const PREPARED_STATEMENTS_SERVER_PARSES_TOTAL: &str =
-    "weir_prepared_statements_server_parses_total";
+pub const PREPARED_STATEMENTS_SERVER_PARSES_TOTAL: &str = "weir_prepared_statements_server_parses_total";
 /// Counter (database,user): sessions pinned to a server connection.
 pub const PINNED_SESSIONS_TOTAL: &str = "weir_pinned_sessions_total";
 /// Gauge (version): always 1; carries the weir version as a label.
@@ -77,16 +75,8 @@ pub enum Kind {
 
 /// Every metric: (name, kind, help text).
 pub const ALL: &[(&str, Kind, &str)] = &[
-    (
-        SERVER_CONNECTIONS_OPENED_TOTAL,
-        Kind::Counter,
-        "Server connections successfully opened.",
-    ),
-    (
-        SERVER_CONNECTIONS_CLOSED_TOTAL,
-        Kind::Counter,
-        "Server connections closed, by reason.",
-    ),
+    (SERVER_CONNECTIONS_OPENED_TOTAL, Kind::Counter, "Server connections successfully opened."),
+    (SERVER_CONNECTIONS_CLOSED_TOTAL, Kind::Counter, "Server connections closed, by reason."),
     (
         SERVER_CONNECTION_OPENS_PER_SECOND,
         Kind::Gauge,
@@ -102,76 +92,26 @@ pub const ALL: &[(&str, Kind, &str)] = &[
         Kind::Counter,
         "Failed server connection attempts, by reason (not counted as opens or closes).",
     ),
-    (
-        SERVER_CONNECT_DURATION_SECONDS,
-        Kind::Histogram,
-        "Time to connect and authenticate a server connection.",
-    ),
+    (SERVER_CONNECT_DURATION_SECONDS, Kind::Histogram, "Time to connect and authenticate a server connection."),
     (POOL_SERVERS, Kind::Gauge, "Server connections by state."),
     (POOL_CLIENTS, Kind::Gauge, "Client connections by state."),
-    (
-        POOL_MAXWAIT_SECONDS,
-        Kind::Gauge,
-        "How long the oldest waiting client has waited.",
-    ),
-    (
-        CLIENT_WAIT_DURATION_SECONDS,
-        Kind::Histogram,
-        "Time clients waited for a server connection.",
-    ),
-    (
-        QUERIES_DROPPED_TOTAL,
-        Kind::Counter,
-        "Queries dropped before completing, by reason.",
-    ),
-    (
-        CANCEL_REQUESTS_TOTAL,
-        Kind::Counter,
-        "Cancel requests received, by outcome.",
-    ),
-    (
-        CLIENT_CONNECTIONS_TOTAL,
-        Kind::Counter,
-        "Client connection attempts, by result.",
-    ),
+    (POOL_MAXWAIT_SECONDS, Kind::Gauge, "How long the oldest waiting client has waited."),
+    (CLIENT_WAIT_DURATION_SECONDS, Kind::Histogram, "Time clients waited for a server connection."),
+    (QUERIES_DROPPED_TOTAL, Kind::Counter, "Queries dropped before completing, by reason."),
+    (CANCEL_REQUESTS_TOTAL, Kind::Counter, "Cancel requests received, by outcome."),
+    (CLIENT_CONNECTIONS_TOTAL, Kind::Counter, "Client connection attempts, by result."),
     (TRANSACTIONS_TOTAL, Kind::Counter, "Transactions completed."),
-    (
-        QUERIES_TOTAL,
-        Kind::Counter,
-        "Queries forwarded to servers.",
-    ),
-    (
-        TRANSACTION_DURATION_SECONDS,
-        Kind::Histogram,
-        "Transaction duration.",
-    ),
-    (
-        PREPARED_STATEMENTS_CLIENT_PARSES_TOTAL,
-        Kind::Counter,
-        "Parse messages received from clients.",
-    ),
-    (
-        PREPARED_STATEMENTS_SERVER_PARSES_TOTAL,
-        Kind::Counter,
-        "Parse messages sent to servers.",
-    ),
-    (
-        PINNED_SESSIONS_TOTAL,
-        Kind::Counter,
-        "Client sessions pinned to one server connection.",
-    ),
-    (
-        BUILD_INFO,
-        Kind::Gauge,
-        "Build information; the value is always 1.",
-    ),
+    (QUERIES_TOTAL, Kind::Counter, "Queries forwarded to servers."),
+    (TRANSACTION_DURATION_SECONDS, Kind::Histogram, "Transaction duration."),
+    (PREPARED_STATEMENTS_CLIENT_PARSES_TOTAL, Kind::Counter, "Parse messages received from clients."),
+    (PREPARED_STATEMENTS_SERVER_PARSES_TOTAL, Kind::Counter, "Parse messages sent to servers."),
+    (PINNED_SESSIONS_TOTAL, Kind::Counter, "Client sessions pinned to one server connection."),
+    (BUILD_INFO, Kind::Gauge, "Build information; the value is always 1."),
 ];
 
 /// Names of all histograms (they get explicit Prometheus buckets).
 pub fn histogram_names() -> impl Iterator<Item = &'static str> {
-    ALL.iter()
-        .filter(|(_, k, _)| *k == Kind::Histogram)
-        .map(|(n, _, _)| *n)
+    ALL.iter().filter(|(_, k, _)| *k == Kind::Histogram).map(|(n, _, _)| *n)
 }
 
 /// Registers the help text (and unit) of every metric with the current recorder.

@@ -176,9 +176,7 @@ impl PoolMetrics {
         self.opened.fetch_add(1, R);
         self.opens.record();
         self.h.opened.increment(1);
-        self.h
-            .connect_duration
-            .record(connect_duration.as_secs_f64());
+        self.h.connect_duration.record(connect_duration.as_secs_f64());
     }
 
     pub(crate) fn record_close(&self, reason: CloseReason) {
@@ -335,28 +333,17 @@ impl PoolMetrics {
 
     /// The open server connections described so far, oldest first.
     pub fn live_servers(&self) -> Vec<ServerInfo> {
-        self.live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .cloned()
-            .collect()
+        self.live.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
     }
 
     pub(crate) fn add_live(&self, info: ServerInfo) -> u64 {
         let id = self.next_live.fetch_add(1, R);
-        self.live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, info);
+        self.live.lock().unwrap_or_else(|e| e.into_inner()).insert(id, info);
         id
     }
 
     pub(crate) fn remove_live(&self, id: u64) {
-        self.live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&id);
+        self.live.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
     }
 
     /// Client Parse messages.
@@ -428,9 +415,7 @@ impl PoolMetrics {
 
     fn zero_gauges(&self) {
         let all = self.h.opens_rate.iter().chain(&self.h.closes_rate);
-        all.chain(&self.h.servers)
-            .chain(&self.h.clients)
-            .for_each(|g| g.set(0.0));
+        all.chain(&self.h.servers).chain(&self.h.clients).for_each(|g| g.set(0.0));
         self.h.maxwait.set(0.0);
     }
 }
@@ -482,14 +467,8 @@ mod tests {
         assert_eq!(p.dropped_queries_total(), 1);
         assert_eq!((p.transactions(), p.queries()), (1, 2));
         assert_eq!(p.transaction_time(), Duration::from_millis(3));
-        assert_eq!(
-            (p.server_assignments(), p.wait_time()),
-            (1, Duration::from_millis(1))
-        );
-        assert_eq!(
-            (p.client_parses(), p.server_parses(), p.pinned()),
-            (1, 1, 1)
-        );
+        assert_eq!((p.server_assignments(), p.wait_time()), (1, Duration::from_millis(1)));
+        assert_eq!((p.client_parses(), p.server_parses(), p.pinned()), (1, 1, 1));
         assert_eq!(p.opened(), 0, "connect failures are not opens");
 
         p.add_servers(ServerState::Login, 1);

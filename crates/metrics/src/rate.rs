@@ -92,10 +92,7 @@ fn unpack(v: u64) -> (u64, u64) {
 impl RateWindow {
     /// A new, empty window whose clock starts now.
     pub fn new() -> Self {
-        RateWindow {
-            epoch: Instant::now(),
-            slots: std::array::from_fn(|_| AtomicU64::new(0)),
-        }
+        RateWindow { epoch: Instant::now(), slots: std::array::from_fn(|_| AtomicU64::new(0)) }
     }
 
     /// Whole seconds since this window was created (its clock).
@@ -155,10 +152,7 @@ impl RateWindow {
 
     /// Raw number of events in the complete seconds covered by `window` at `now_secs`.
     pub fn count_at(&self, window: Window, now_secs: u64) -> u64 {
-        (1..=window.seconds())
-            .filter_map(|back| now_secs.checked_sub(back))
-            .map(|sec| self.count_in_second(sec))
-            .sum()
+        (1..=window.seconds()).filter_map(|back| now_secs.checked_sub(back)).map(|sec| self.count_in_second(sec)).sum()
     }
 
     fn count_in_second(&self, sec: u64) -> u64 {

@@ -7,8 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use weir_metrics::{
-    install, set_build_info, CancelOutcome, CloseReason, GlobalMetrics, PoolMetrics,
-    ServerConnGuard, ServerState,
+    install, set_build_info, CancelOutcome, CloseReason, GlobalMetrics, PoolMetrics, ServerConnGuard, ServerState,
 };
 
 fn request(addr: SocketAddr, raw: &str) -> (u16, String, String) {
@@ -23,36 +22,25 @@ fn request(addr: SocketAddr, raw: &str) -> (u16, String, String) {
 }
 
 fn get(addr: SocketAddr, path: &str) -> (u16, String, String) {
-    request(
-        addr,
-        &format!("GET {path} HTTP/1.1\r\nHost: x\r\nAccept: */*\r\n\r\n"),
-    )
+    request(addr, &format!("GET {path} HTTP/1.1\r\nHost: x\r\nAccept: */*\r\n\r\n"))
 }
 
 fn metric_line<'a>(text: &'a str, name: &str, must_contain: &[&str]) -> Option<&'a str> {
-    text.lines()
-        .find(|l| l.starts_with(&format!("{name}{{")) && must_contain.iter().all(|c| l.contains(c)))
+    text.lines().find(|l| l.starts_with(&format!("{name}{{")) && must_contain.iter().all(|c| l.contains(c)))
 }
 
 #[test]
 fn exporter_end_to_end() {
     let ready = Arc::new(AtomicBool::new(false));
     let r = Arc::clone(&ready);
-    let exp = install(
-        "127.0.0.1:0".parse().unwrap(),
-        Arc::new(move || r.load(Ordering::SeqCst)),
-    )
-    .unwrap();
+    let exp = install("127.0.0.1:0".parse().unwrap(), Arc::new(move || r.load(Ordering::SeqCst))).unwrap();
     assert!(exp.is_global());
     let addr = exp.local_addr();
 
     let pool = PoolMetrics::new("exp_db", "exp_user");
     let g = ServerConnGuard::opened(Arc::clone(&pool), Duration::from_millis(7));
     g.close(CloseReason::IdleTimeout);
-    drop(ServerConnGuard::opened(
-        Arc::clone(&pool),
-        Duration::from_millis(3),
-    ));
+    drop(ServerConnGuard::opened(Arc::clone(&pool), Duration::from_millis(3)));
     pool.add_servers(ServerState::Idle, 4);
     let global = GlobalMetrics::new();
     global.record_cancel(CancelOutcome::Forwarded);
@@ -60,55 +48,24 @@ fn exporter_end_to_end() {
 
     let (status, head, body) = get(addr, "/metrics");
     assert_eq!(status, 200);
-    assert!(
-        head.contains("Content-Type: text/plain; version=0.0.4"),
-        "{head}"
-    );
+    assert!(head.contains("Content-Type: text/plain; version=0.0.4"), "{head}");
     let db = r#"database="exp_db""#;
     let opened = metric_line(&body, "weir_server_connections_opened_total", &[db]);
     assert!(opened.unwrap_or_default().ends_with(" 2"), "{body}");
-    let idle = metric_line(
-        &body,
-        "weir_server_connections_closed_total",
-        &[db, "idle_timeout"],
-    );
+    let idle = metric_line(&body, "weir_server_connections_closed_total", &[db, "idle_timeout"]);
     assert!(idle.unwrap_or_default().ends_with(" 1"), "{body}");
-    let dropped = metric_line(
-        &body,
-        "weir_server_connections_closed_total",
-        &[db, r#""dropped""#],
-    );
+    let dropped = metric_line(&body, "weir_server_connections_closed_total", &[db, r#""dropped""#]);
     assert!(dropped.unwrap_or_default().ends_with(" 1"), "{body}");
     let servers = metric_line(&body, "weir_pool_servers", &[db, r#"state="idle""#]);
     assert!(servers.unwrap_or_default().ends_with(" 4"), "{body}");
-    assert!(metric_line(
-        &body,
-        "weir_server_connection_opens_per_second",
-        &[db, r#"window="10s""#]
-    )
-    .is_some());
-    assert!(
-        body.contains("weir_server_connect_duration_seconds_bucket{"),
-        "{body}"
-    );
-    assert!(
-        body.contains("# HELP weir_server_connections_opened_total"),
-        "{body}"
-    );
-    assert!(
-        metric_line(&body, "weir_cancel_requests_total", &["forwarded"]).is_some(),
-        "{body}"
-    );
-    assert!(
-        metric_line(&body, "weir_build_info", &["9.9.9-test"]).is_some(),
-        "{body}"
-    );
+    assert!(metric_line(&body, "weir_server_connection_opens_per_second", &[db, r#"window="10s""#]).is_some());
+    assert!(body.contains("weir_server_connect_duration_seconds_bucket{"), "{body}");
+    assert!(body.contains("# HELP weir_server_connections_opened_total"), "{body}");
+    assert!(metric_line(&body, "weir_cancel_requests_total", &["forwarded"]).is_some(), "{body}");
+    assert!(metric_line(&body, "weir_build_info", &["9.9.9-test"]).is_some(), "{body}");
     assert!(weir_metrics::render().unwrap().contains("exp_db"));
 
-    assert_eq!(
-        get(addr, "/healthz"),
-        (200, get(addr, "/healthz").1, "ok\n".into())
-    );
+    assert_eq!(get(addr, "/healthz"), (200, get(addr, "/healthz").1, "ok\n".into()));
     let (status, _, body) = get(addr, "/readyz");
     assert_eq!((status, body.as_str()), (503, "not ready\n"));
     ready.store(true, Ordering::SeqCst);
@@ -139,8 +96,5 @@ fn exporter_end_to_end() {
     assert_eq!(get(exp3.local_addr(), "/healthz").0, 200);
 
     drop(exp);
-    assert!(
-        TcpStream::connect(addr).is_err(),
-        "listener closed after drop"
-    );
+    assert!(TcpStream::connect(addr).is_err(), "listener closed after drop");
 }

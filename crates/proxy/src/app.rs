@@ -113,7 +113,9 @@ pub fn load_users(cfg: &Config) -> Result<UserList, StartError> {
 /// Loads the auth_hba_file named by the config (None when there is none).
 pub fn load_hba(cfg: &Config) -> Result<Option<Arc<Hba>>, StartError> {
     match cfg.auth_hba_file_path() {
-        Some(p) => Hba::load(&p).map(|h| Some(Arc::new(h))).map_err(|e| StartError::HbaFile(p.display().to_string(), e.to_string())),
+        Some(p) => Hba::load(&p)
+            .map(|h| Some(Arc::new(h)))
+            .map_err(|e| StartError::HbaFile(p.display().to_string(), e.to_string())),
         None => Ok(None),
     }
 }
@@ -135,7 +137,8 @@ impl Weir {
         let hba = load_hba(&cfg)?;
         let client_tls = crate::tls::load_client_tls(&cfg)?;
         crate::tls::load_server_tls(&cfg)?;
-        let listener = TcpListener::bind(cfg.weir.listen_addr).await.map_err(|e| StartError::Listen(cfg.weir.listen_addr, e))?;
+        let listener =
+            TcpListener::bind(cfg.weir.listen_addr).await.map_err(|e| StartError::Listen(cfg.weir.listen_addr, e))?;
         let addr = listener.local_addr().map_err(|e| StartError::Listen(cfg.weir.listen_addr, e))?;
         let shared = Arc::new(Shared::new(cfg, users));
         shared.hba.store(hba);
@@ -242,7 +245,8 @@ impl Shared {
                 }
             }
         }
-        let pools: Vec<_> = self.pools.all().into_iter().filter(|p| database.is_none_or(|d| p.key.database == d)).collect();
+        let pools: Vec<_> =
+            self.pools.all().into_iter().filter(|p| database.is_none_or(|d| p.key.database == d)).collect();
         for pool in &pools {
             if paused {
                 pool.pause();
@@ -266,7 +270,8 @@ impl Shared {
 
     /// Re-reads the config file and applies it (RELOAD, SIGHUP).
     pub fn reload_from_disk(&self) -> Result<Vec<String>, ReloadError> {
-        let path = self.config_path.lock().unwrap_or_else(|e| e.into_inner()).clone().ok_or(ReloadError::NoConfigFile)?;
+        let path =
+            self.config_path.lock().unwrap_or_else(|e| e.into_inner()).clone().ok_or(ReloadError::NoConfigFile)?;
         let cfg = Config::load(&path)?;
         self.reload(cfg)
     }
@@ -443,7 +448,8 @@ mod tests {
     use super::*;
 
     fn shared() -> Shared {
-        let cfg = Config::from_toml("[weir]\nauth_type = \"trust\"\n[databases.app]\n", std::path::Path::new(".")).unwrap();
+        let cfg =
+            Config::from_toml("[weir]\nauth_type = \"trust\"\n[databases.app]\n", std::path::Path::new(".")).unwrap();
         Shared::new(cfg, UserList::default())
     }
 

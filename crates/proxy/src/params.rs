@@ -6,14 +6,8 @@ use std::sync::Arc;
 
 /// Parameters Postgres reports with ParameterStatus and that a client may
 /// change; weir re-applies them when a server with other values is assigned.
-pub const TRACKED: &[&str] = &[
-    "application_name",
-    "client_encoding",
-    "DateStyle",
-    "TimeZone",
-    "IntervalStyle",
-    "standard_conforming_strings",
-];
+pub const TRACKED: &[&str] =
+    &["application_name", "client_encoding", "DateStyle", "TimeZone", "IntervalStyle", "standard_conforming_strings"];
 
 /// Parameter values by name. The `TRACKED` ones sit in fixed slots, so
 /// comparing a client's with a server's is six string comparisons and no
@@ -168,7 +162,12 @@ impl ParamMap {
 
     /// The SQL that makes a server's reported params and applied settings
     /// match a client's, or None when nothing differs.
-    pub fn sync_sql(params: &ParamMap, settings: &ParamMap, server_params: &ParamMap, server_settings: &ParamMap) -> Option<String> {
+    pub fn sync_sql(
+        params: &ParamMap,
+        settings: &ParamMap,
+        server_params: &ParamMap,
+        server_settings: &ParamMap,
+    ) -> Option<String> {
         let mut sql = String::new();
         params.push_sets(server_params, &mut sql);
         settings.push_sets(server_settings, &mut sql);
@@ -179,9 +178,7 @@ impl ParamMap {
 
 /// True for names that are safe to splice into SQL as an identifier.
 pub fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 63
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
+    !name.is_empty() && name.len() <= 63 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
 }
 
 /// `SET "name" TO 'value';` with the value quoted for any server setting of

@@ -39,9 +39,7 @@ pub struct ClientTls {
 
 impl std::fmt::Debug for ClientTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientTls")
-            .field("mode", &self.mode)
-            .finish_non_exhaustive()
+        f.debug_struct("ClientTls").field("mode", &self.mode).finish_non_exhaustive()
     }
 }
 
@@ -64,17 +62,14 @@ pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError>
 
 /// The first private key in a PEM file (PKCS#8, PKCS#1 or SEC1).
 pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    PrivateKeyDer::from_pem_file(path)
-        .map_err(|e| TlsError::File(path.display().to_string(), e.to_string()))
+    PrivateKeyDer::from_pem_file(path).map_err(|e| TlsError::File(path.display().to_string(), e.to_string()))
 }
 
 /// A root store from a PEM file of CA certificates.
 pub fn load_roots(path: &Path) -> Result<RootCertStore, TlsError> {
     let mut roots = RootCertStore::empty();
     for cert in load_certs(path)? {
-        roots
-            .add(cert)
-            .map_err(|e| TlsError::File(path.display().to_string(), e.to_string()))?;
+        roots.add(cert).map_err(|e| TlsError::File(path.display().to_string(), e.to_string()))?;
     }
     Ok(roots)
 }
@@ -85,23 +80,16 @@ pub fn load_client_tls(cfg: &Config) -> Result<Option<Arc<ClientTls>>, TlsError>
     if g.client_tls_sslmode == ClientTlsMode::Disable {
         return Ok(None);
     }
-    let cert = cfg
-        .resolve(&g.client_tls_cert_file)
-        .ok_or(TlsError::Missing("client_tls_cert_file"))?;
-    let key = cfg
-        .resolve(&g.client_tls_key_file)
-        .ok_or(TlsError::Missing("client_tls_key_file"))?;
+    let cert = cfg.resolve(&g.client_tls_cert_file).ok_or(TlsError::Missing("client_tls_cert_file"))?;
+    let key = cfg.resolve(&g.client_tls_key_file).ok_or(TlsError::Missing("client_tls_key_file"))?;
     let builder = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Setup(e.to_string()))?;
     let builder = if g.client_tls_sslmode.verifies_client() {
-        let ca = cfg
-            .resolve(&g.client_tls_ca_file)
-            .ok_or(TlsError::Missing("client_tls_ca_file"))?;
-        let verifier =
-            WebPkiClientVerifier::builder_with_provider(Arc::new(load_roots(&ca)?), provider())
-                .build()
-                .map_err(|e| TlsError::Setup(e.to_string()))?;
+        let ca = cfg.resolve(&g.client_tls_ca_file).ok_or(TlsError::Missing("client_tls_ca_file"))?;
+        let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(load_roots(&ca)?), provider())
+            .build()
+            .map_err(|e| TlsError::Setup(e.to_string()))?;
         builder.with_client_cert_verifier(verifier)
     } else {
         builder.with_no_client_auth()
@@ -110,10 +98,7 @@ pub fn load_client_tls(cfg: &Config) -> Result<Option<Arc<ClientTls>>, TlsError>
         .with_single_cert(load_certs(&cert)?, load_key(&key)?)
         .map_err(|e| TlsError::Setup(format!("{}: {e}", cert.display())))?;
     server.alpn_protocols = vec![ALPN_POSTGRESQL.to_vec()];
-    Ok(Some(Arc::new(ClientTls {
-        mode: g.client_tls_sslmode,
-        acceptor: TlsAcceptor::from(Arc::new(server)),
-    })))
+    Ok(Some(Arc::new(ClientTls { mode: g.client_tls_sslmode, acceptor: TlsAcceptor::from(Arc::new(server)) })))
 }
 
 /// Server-side TLS as configured: the mode and the connector.
@@ -125,9 +110,7 @@ pub struct ServerTls {
 
 impl std::fmt::Debug for ServerTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ServerTls")
-            .field("mode", &self.mode)
-            .finish_non_exhaustive()
+        f.debug_struct("ServerTls").field("mode", &self.mode).finish_non_exhaustive()
     }
 }
 
@@ -146,17 +129,11 @@ pub fn load_server_tls(cfg: &Config) -> Result<Option<Arc<ServerTls>>, TlsError>
         ServerTlsMode::Disable => return Ok(None),
         ServerTlsMode::Prefer | ServerTlsMode::Require => Arc::new(Unverified(provider())),
         mode => {
-            let ca = cfg
-                .resolve(&g.server_tls_ca_file)
-                .ok_or(TlsError::Missing("server_tls_ca_file"))?;
-            let webpki =
-                WebPkiServerVerifier::builder_with_provider(Arc::new(load_roots(&ca)?), provider())
-                    .build()
-                    .map_err(|e| TlsError::Setup(e.to_string()))?;
-            Arc::new(Verified {
-                webpki,
-                check_name: mode == ServerTlsMode::VerifyFull,
-            })
+            let ca = cfg.resolve(&g.server_tls_ca_file).ok_or(TlsError::Missing("server_tls_ca_file"))?;
+            let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(load_roots(&ca)?), provider())
+                .build()
+                .map_err(|e| TlsError::Setup(e.to_string()))?;
+            Arc::new(Verified { webpki, check_name: mode == ServerTlsMode::VerifyFull })
         }
     };
     let builder = rustls::ClientConfig::builder_with_provider(provider())
@@ -164,30 +141,19 @@ pub fn load_server_tls(cfg: &Config) -> Result<Option<Arc<ServerTls>>, TlsError>
         .map_err(|e| TlsError::Setup(e.to_string()))?
         .dangerous()
         .with_custom_certificate_verifier(verifier);
-    let mut client = match (
-        cfg.resolve(&g.server_tls_cert_file),
-        cfg.resolve(&g.server_tls_key_file),
-    ) {
+    let mut client = match (cfg.resolve(&g.server_tls_cert_file), cfg.resolve(&g.server_tls_key_file)) {
         (Some(cert), Some(key)) => builder
             .with_client_auth_cert(load_certs(&cert)?, load_key(&key)?)
             .map_err(|e| TlsError::Setup(format!("{}: {e}", cert.display())))?,
         _ => builder.with_no_client_auth(),
     };
     client.alpn_protocols = vec![ALPN_POSTGRESQL.to_vec()];
-    Ok(Some(Arc::new(ServerTls {
-        mode: g.server_tls_sslmode,
-        connector: Ok(TlsConnector::from(Arc::new(client))),
-    })))
+    Ok(Some(Arc::new(ServerTls { mode: g.server_tls_sslmode, connector: Ok(TlsConnector::from(Arc::new(client))) })))
 }
 
 /// For a mode whose files no longer load: every connection fails (never plain).
 pub fn broken_server_tls(mode: ServerTlsMode, why: String) -> Option<Arc<ServerTls>> {
-    (mode != ServerTlsMode::Disable).then(|| {
-        Arc::new(ServerTls {
-            mode,
-            connector: Err(why),
-        })
-    })
+    (mode != ServerTlsMode::Disable).then(|| Arc::new(ServerTls { mode, connector: Err(why) }))
 }
 
 /// prefer / require: encryption without checking who the server is (as
@@ -211,10 +177,7 @@ impl ServerCertVerifier for Verified {
         ocsp: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        match self
-            .webpki
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
-        {
+        match self.webpki.verify_server_cert(end_entity, intermediates, server_name, ocsp, now) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
             )) if !self.check_name => Ok(ServerCertVerified::assertion()),
@@ -263,12 +226,7 @@ impl ServerCertVerifier for Unverified {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
     }
 
     fn verify_tls13_signature(
@@ -277,12 +235,7 @@ impl ServerCertVerifier for Unverified {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
@@ -295,10 +248,7 @@ mod tests {
     use super::*;
 
     fn config(lines: &str) -> Result<Config, crate::config::ConfigError> {
-        Config::from_toml(
-            &format!("[weir]\nauth_type = \"trust\"\n{lines}"),
-            Path::new("/nonexistent-weir-dir"),
-        )
+        Config::from_toml(&format!("[weir]\nauth_type = \"trust\"\n{lines}"), Path::new("/nonexistent-weir-dir"))
     }
 
     #[test]
@@ -309,20 +259,10 @@ mod tests {
 
     #[test]
     fn modes_name_the_missing_file() {
-        let e = config("client_tls_sslmode = \"require\"")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("client_tls_cert_file") && e.contains("require"),
-            "{e}"
-        );
-        let e = config("client_tls_sslmode = \"prefer\"\nclient_tls_cert_file = \"a.crt\"")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("/nonexistent-weir-dir/a.crt does not exist"),
-            "{e}"
-        );
+        let e = config("client_tls_sslmode = \"require\"").unwrap_err().to_string();
+        assert!(e.contains("client_tls_cert_file") && e.contains("require"), "{e}");
+        let e = config("client_tls_sslmode = \"prefer\"\nclient_tls_cert_file = \"a.crt\"").unwrap_err().to_string();
+        assert!(e.contains("/nonexistent-weir-dir/a.crt does not exist"), "{e}");
         assert!(config("client_tls_sslmode = \"sometimes\"").is_err());
     }
 
@@ -333,14 +273,8 @@ mod tests {
         let junk = dir.join("junk.pem");
         std::fs::write(&junk, "not a certificate\n").unwrap();
         let e = load_certs(&junk).unwrap_err().to_string();
-        assert!(
-            e.contains("junk.pem") && e.contains("no PEM certificate"),
-            "{e}"
-        );
-        assert!(load_key(&junk)
-            .unwrap_err()
-            .to_string()
-            .contains("junk.pem"));
+        assert!(e.contains("junk.pem") && e.contains("no PEM certificate"), "{e}");
+        assert!(load_key(&junk).unwrap_err().to_string().contains("junk.pem"));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

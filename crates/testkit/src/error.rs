@@ -22,9 +22,7 @@ pub enum TestkitError {
     },
 
     /// An external command ran but exited unsuccessfully.
-    #[error(
-        "command `{command}` failed ({status})\n--- stderr ---\n{stderr}\n--- stdout ---\n{stdout}"
-    )]
+    #[error("command `{command}` failed ({status})\n--- stderr ---\n{stderr}\n--- stdout ---\n{stdout}")]
     Command {
         /// The command line, for humans.
         command: String,
@@ -37,9 +35,7 @@ pub enum TestkitError {
     },
 
     /// An external command did not finish in time and was killed.
-    #[error(
-        "command `{command}` timed out after {timeout:?} (killed)\n--- stderr so far ---\n{stderr}"
-    )]
+    #[error("command `{command}` timed out after {timeout:?} (killed)\n--- stderr so far ---\n{stderr}")]
     Timeout {
         /// The command line, for humans.
         command: String,
@@ -63,9 +59,6 @@ pub enum TestkitError {
 
 impl TestkitError {
     pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
-        TestkitError::Io {
-            context: context.into(),
-            source,
-        }
+        TestkitError::Io { context: context.into(), source }
     }
 }

@@ -56,11 +56,7 @@ pub struct PgOptions {
 
 impl Default for PgOptions {
     fn default() -> Self {
-        PgOptions {
-            extra_conf: Vec::new(),
-            max_connections: 200,
-            log_connections: true,
-        }
+        PgOptions { extra_conf: Vec::new(), max_connections: 200, log_connections: true }
     }
 }
 
@@ -124,14 +120,12 @@ impl PgServer {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            srv.port = crate::try_free_port()
-                .map_err(|e| TestkitError::io("binding 127.0.0.1:0 to find a free port", e))?;
+            srv.port =
+                crate::try_free_port().map_err(|e| TestkitError::io("binding 127.0.0.1:0 to find a free port", e))?;
             let conf = format!("{base_conf}\n{}", srv.conf_block(&opts));
             std::fs::write(&conf_path, conf)
                 .map_err(|e| TestkitError::io(format!("writing {}", conf_path.display()), e))?;
-            let log_before = std::fs::metadata(srv.log_file())
-                .map(|m| m.len())
-                .unwrap_or(0);
+            let log_before = std::fs::metadata(srv.log_file()).map(|m| m.len()).unwrap_or(0);
             match srv.pg_ctl_start() {
                 Ok(()) => break,
                 Err(err) => {
@@ -228,10 +222,7 @@ impl PgServer {
     /// Number of lines of the server log containing `needle`, e.g.
     /// `"connection authorized"` or `"disconnection:"`. 0 if the log is unreadable.
     pub fn count_log_lines(&self, needle: &str) -> usize {
-        read_lossy(&self.log_file())
-            .lines()
-            .filter(|l| l.contains(needle))
-            .count()
+        read_lossy(&self.log_file()).lines().filter(|l| l.contains(needle)).count()
     }
 
     // ---- internals -------------------------------------------------------
@@ -265,8 +256,7 @@ host all all 127.0.0.1/32 scram-sha-256
 ";
         let path = self.data_dir.join("pg_hba.conf");
         // Truncating an existing file keeps its owner (postgres when run as root).
-        std::fs::write(&path, hba)
-            .map_err(|e| TestkitError::io(format!("writing {}", path.display()), e))
+        std::fs::write(&path, hba).map_err(|e| TestkitError::io(format!("writing {}", path.display()), e))
     }
 
     fn conf_block(&self, opts: &PgOptions) -> String {
@@ -306,13 +296,8 @@ host all all 127.0.0.1/32 scram-sha-256
 
     /// `pg_ctl -D <data> -w -t 30 <args...>`, as the postgres user when root.
     fn pg_ctl<S: AsRef<OsStr>>(&self, args: &[S]) -> Result<(), TestkitError> {
-        let mut full: Vec<&OsStr> = vec![
-            OsStr::new("-D"),
-            self.data_dir.as_os_str(),
-            OsStr::new("-w"),
-            OsStr::new("-t"),
-            OsStr::new("30"),
-        ];
+        let mut full: Vec<&OsStr> =
+            vec![OsStr::new("-D"), self.data_dir.as_os_str(), OsStr::new("-w"), OsStr::new("-t"), OsStr::new("30")];
         full.extend(args.iter().map(AsRef::as_ref));
         run(self.server_cmd("pg_ctl", &full), PG_CTL_TIMEOUT).map(drop)
     }
@@ -329,16 +314,8 @@ host all all 127.0.0.1/32 scram-sha-256
             ),
         )?;
         // CREATE DATABASE cannot run inside the implicit multi-statement transaction.
-        self.psql(
-            "postgres",
-            &format!("CREATE DATABASE {APP_DB} OWNER {SUPERUSER}"),
-        )?;
-        self.psql(
-            APP_DB,
-            &format!(
-                "GRANT ALL ON DATABASE {APP_DB} TO PUBLIC; GRANT ALL ON SCHEMA public TO PUBLIC;"
-            ),
-        )?;
+        self.psql("postgres", &format!("CREATE DATABASE {APP_DB} OWNER {SUPERUSER}"))?;
+        self.psql(APP_DB, &format!("GRANT ALL ON DATABASE {APP_DB} TO PUBLIC; GRANT ALL ON SCHEMA public TO PUBLIC;"))?;
         Ok(())
     }
 
@@ -403,11 +380,7 @@ impl Drop for PgServer {
 /// Last resort when `pg_ctl stop` failed: SIGKILL the pid in `postmaster.pid`.
 fn kill_postmaster(data_dir: &Path) {
     let pid_file = read_lossy(&data_dir.join("postmaster.pid"));
-    if let Some(pid) = pid_file
-        .lines()
-        .next()
-        .and_then(|l| l.trim().parse::<u32>().ok())
-    {
+    if let Some(pid) = pid_file.lines().next().and_then(|l| l.trim().parse::<u32>().ok()) {
         let _ = Command::new("kill")
             .args(["-KILL", &pid.to_string()])
             .stdin(Stdio::null())
@@ -424,21 +397,14 @@ fn find_bin_dir() -> Result<PathBuf, TestkitError> {
         if dir.join("initdb").is_file() && dir.join("pg_ctl").is_file() {
             return Ok(dir);
         }
-        return Err(TestkitError::NoPostgres(format!(
-            "WEIR_PG_BIN={} has no initdb/pg_ctl",
-            dir.display()
-        )));
+        return Err(TestkitError::NoPostgres(format!("WEIR_PG_BIN={} has no initdb/pg_ctl", dir.display())));
     }
     let root = Path::new("/usr/lib/postgresql");
     let mut best: Option<(Vec<u32>, PathBuf)> = None;
     if let Ok(entries) = std::fs::read_dir(root) {
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            let Some(version) = name
-                .split('.')
-                .map(|p| p.parse::<u32>().ok())
-                .collect::<Option<Vec<u32>>>()
-            else {
+            let Some(version) = name.split('.').map(|p| p.parse::<u32>().ok()).collect::<Option<Vec<u32>>>() else {
                 continue;
             };
             let bin = entry.path().join("bin");
@@ -477,15 +443,10 @@ fn runuser_path() -> Option<&'static Path> {
     static RUNUSER: OnceLock<Option<PathBuf>> = OnceLock::new();
     RUNUSER
         .get_or_init(|| {
-            [
-                "/usr/sbin/runuser",
-                "/sbin/runuser",
-                "/usr/bin/runuser",
-                "/bin/runuser",
-            ]
-            .iter()
-            .map(PathBuf::from)
-            .find(|p| p.is_file())
+            ["/usr/sbin/runuser", "/sbin/runuser", "/usr/bin/runuser", "/bin/runuser"]
+                .iter()
+                .map(PathBuf::from)
+                .find(|p| p.is_file())
         })
         .as_deref()
 }
@@ -498,16 +459,12 @@ fn make_temp_dir(as_root: bool) -> Result<PathBuf, TestkitError> {
     let mut parent = std::env::temp_dir();
     if as_root {
         // postgres must be able to traverse the parent; fall back to /tmp if it can't.
-        let traversable =
-            std::fs::metadata(&parent).is_ok_and(|m| m.permissions().mode() & 0o001 != 0);
+        let traversable = std::fs::metadata(&parent).is_ok_and(|m| m.permissions().mode() & 0o001 != 0);
         if !traversable {
             parent = PathBuf::from("/tmp");
         }
     }
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     let dir = parent.join(format!("weir-pg-{}-{n}-{nanos}", std::process::id()));
     std::fs::DirBuilder::new()
@@ -551,9 +508,7 @@ fn shell_quote(s: &OsStr) -> String {
 }
 
 fn read_lossy(path: &Path) -> String {
-    std::fs::read(path)
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default()
+    std::fs::read(path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
 }
 
 fn tail(s: &str, n: usize) -> String {
@@ -590,18 +545,8 @@ fn run(mut cmd: Command, timeout: Duration) -> Result<String, TestkitError> {
             String::from_utf8_lossy(&buf).into_owned()
         })
     };
-    let out_t = reader(
-        child
-            .stdout
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let err_t = reader(
-        child
-            .stderr
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
+    let out_t = reader(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let err_t = reader(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
     let deadline = Instant::now() + timeout;
     let status = loop {
         match child.try_wait() {
@@ -610,11 +555,7 @@ fn run(mut cmd: Command, timeout: Duration) -> Result<String, TestkitError> {
                 let _ = child.kill();
                 let _ = child.wait();
                 // Grandchildren may still hold the pipes; don't wait for the readers.
-                return Err(TestkitError::Timeout {
-                    command,
-                    timeout,
-                    stderr: String::new(),
-                });
+                return Err(TestkitError::Timeout { command, timeout, stderr: String::new() });
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(5)),
             Err(e) => return Err(TestkitError::io(format!("waiting for `{command}`"), e)),
@@ -625,12 +566,7 @@ fn run(mut cmd: Command, timeout: Duration) -> Result<String, TestkitError> {
     if status.success() {
         Ok(stdout)
     } else {
-        Err(TestkitError::Command {
-            command,
-            status: status.to_string(),
-            stdout,
-            stderr,
-        })
+        Err(TestkitError::Command { command, status: status.to_string(), stdout, stderr })
     }
 }
 
@@ -654,36 +590,23 @@ mod tests {
                  where rolname in ('scram_user','md5_user','trust_user') order by 1",
             )
             .unwrap();
-        assert_eq!(
-            roles, "md5_user:md5\nscram_user:SCR\ntrust_user:SCR",
-            "{roles}"
-        );
-        pg.psql(APP_DB, "create table t(x int); insert into t values (1)")
-            .unwrap();
+        assert_eq!(roles, "md5_user:md5\nscram_user:SCR\ntrust_user:SCR", "{roles}");
+        pg.psql(APP_DB, "create table t(x int); insert into t values (1)").unwrap();
         // pg_stat_database.sessions counts finished sessions (flushed at backend exit).
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
             let sessions: u64 = pg
-                .psql(
-                    "postgres",
-                    "select sessions from pg_stat_database where datname = 'app'",
-                )
+                .psql("postgres", "select sessions from pg_stat_database where datname = 'app'")
                 .unwrap()
                 .parse()
                 .unwrap();
             if sessions >= 1 {
                 break;
             }
-            assert!(
-                Instant::now() < deadline,
-                "pg_stat_database.sessions stayed 0"
-            );
+            assert!(Instant::now() < deadline, "pg_stat_database.sessions stayed 0");
             std::thread::sleep(Duration::from_millis(50));
         }
-        let err = pg
-            .psql(APP_DB, "select nonsense_column")
-            .unwrap_err()
-            .to_string();
+        let err = pg.psql(APP_DB, "select nonsense_column").unwrap_err().to_string();
         assert!(err.contains("nonsense_column"), "{err}");
 
         pg.restart(StopMode::Fast).expect("restart fast");
@@ -711,10 +634,7 @@ mod tests {
         })
         .expect("start postgres");
         assert_eq!(pg.psql("postgres", "show max_connections").unwrap(), "37");
-        assert_eq!(
-            pg.psql("postgres", "show statement_timeout").unwrap(),
-            "12s"
-        );
+        assert_eq!(pg.psql("postgres", "show statement_timeout").unwrap(), "12s");
         assert_eq!(pg.count_log_lines("connection authorized"), 0);
     }
 }

@@ -117,14 +117,7 @@ impl Relay {
             max_connecting: AtomicUsize::new(0),
         });
         let accept_task = tokio::spawn(accept_loop(listener, shared.clone()));
-        Ok(Relay {
-            _guard: Arc::new(Guard {
-                shared: shared.clone(),
-                accept_task,
-            }),
-            shared,
-            addr,
-        })
+        Ok(Relay { _guard: Arc::new(Guard { shared: shared.clone(), accept_task }), shared, addr })
     }
 
     /// The address clients should connect to.
@@ -139,9 +132,7 @@ impl Relay {
 
     /// Delay applied once per new connection before dialling upstream.
     pub fn set_connect_delay(&self, d: Duration) {
-        self.shared
-            .connect_delay_ns
-            .store(dur_ns(d), Ordering::Relaxed);
+        self.shared.connect_delay_ns.store(dur_ns(d), Ordering::Relaxed);
     }
 
     /// Delay applied before forwarding each chunk, in both directions.
@@ -252,12 +243,7 @@ impl Drop for CountGuard<'_> {
     }
 }
 
-async fn handle_conn(
-    shared: Arc<Shared>,
-    client: TcpStream,
-    mut reset_rx: watch::Receiver<u64>,
-    id: u64,
-) {
+async fn handle_conn(shared: Arc<Shared>, client: TcpStream, mut reset_rx: watch::Receiver<u64>, id: u64) {
     shared.open.fetch_add(1, Ordering::SeqCst);
     let _open = CountGuard(&shared.open);
     let _ = client.set_nodelay(true);
@@ -294,12 +280,8 @@ async fn handle_conn(
     let reset = {
         let (mut cr, mut cw) = client.split();
         let (mut sr, mut sw) = server.split();
-        let pumps = async {
-            tokio::try_join!(
-                pump(&shared, id, &mut cr, &mut sw),
-                pump(&shared, id, &mut sr, &mut cw)
-            )
-        };
+        let pumps =
+            async { tokio::try_join!(pump(&shared, id, &mut cr, &mut sw), pump(&shared, id, &mut sr, &mut cw)) };
         tokio::select! {
             _ = pumps => false,
             _ = reset_rx.changed() => true,
@@ -391,10 +373,7 @@ mod tests {
     async fn relay_faults() {
         let (echo, echo_task) = echo_server().await;
         let relay = Relay::start(echo).await.unwrap();
-        let mut c = timeout(T, TcpStream::connect(relay.addr()))
-            .await
-            .unwrap()
-            .unwrap();
+        let mut c = timeout(T, TcpStream::connect(relay.addr())).await.unwrap().unwrap();
         roundtrip(&mut c, b"hello").await;
         assert_eq!(relay.connections_accepted(), 1);
         assert_eq!(relay.connections_open(), 1);
@@ -405,20 +384,13 @@ mod tests {
         timeout(T, c.write_all(b"x")).await.unwrap().unwrap();
         let mut one = [0u8; 1];
         assert!(
-            timeout(Duration::from_millis(300), c.read(&mut one))
-                .await
-                .is_err(),
+            timeout(Duration::from_millis(300), c.read(&mut one)).await.is_err(),
             "read must time out while frozen"
         );
         // A new connection while frozen is accepted but gets nothing.
-        let mut c2 = timeout(T, TcpStream::connect(relay.addr()))
-            .await
-            .unwrap()
-            .unwrap();
+        let mut c2 = timeout(T, TcpStream::connect(relay.addr())).await.unwrap().unwrap();
         timeout(T, c2.write_all(b"y")).await.unwrap().unwrap();
-        assert!(timeout(Duration::from_millis(300), c2.read(&mut one))
-            .await
-            .is_err());
+        assert!(timeout(Duration::from_millis(300), c2.read(&mut one)).await.is_err());
         assert_eq!(relay.connections_open(), 2);
         assert_eq!(relay.connecting_now(), 1);
 
@@ -434,11 +406,7 @@ mod tests {
         relay.set_latency(Duration::from_millis(100));
         let t0 = std::time::Instant::now();
         roundtrip(&mut c, b"slow").await;
-        assert!(
-            t0.elapsed() >= Duration::from_millis(200),
-            "{:?}",
-            t0.elapsed()
-        );
+        assert!(t0.elapsed() >= Duration::from_millis(200), "{:?}", t0.elapsed());
         relay.set_latency(Duration::ZERO);
 
         // reset_all: both clients see RST (error) or EOF.
@@ -461,10 +429,7 @@ mod tests {
         }
         assert_eq!(relay.connections_refused(), 1);
         relay.refuse(false);
-        let mut c4 = timeout(T, TcpStream::connect(relay.addr()))
-            .await
-            .unwrap()
-            .unwrap();
+        let mut c4 = timeout(T, TcpStream::connect(relay.addr())).await.unwrap().unwrap();
         roundtrip(&mut c4, b"back").await;
 
         // Dropping the relay closes its connections.
@@ -477,21 +442,13 @@ mod tests {
     async fn freeze_existing_spares_new_connections() {
         let (echo, echo_task) = echo_server().await;
         let relay = Relay::start(echo).await.unwrap();
-        let mut old = timeout(T, TcpStream::connect(relay.addr()))
-            .await
-            .unwrap()
-            .unwrap();
+        let mut old = timeout(T, TcpStream::connect(relay.addr())).await.unwrap().unwrap();
         roundtrip(&mut old, b"before").await;
         relay.freeze_existing();
         timeout(T, old.write_all(b"x")).await.unwrap().unwrap();
         let mut one = [0u8; 1];
-        assert!(timeout(Duration::from_millis(300), old.read(&mut one))
-            .await
-            .is_err());
-        let mut new = timeout(T, TcpStream::connect(relay.addr()))
-            .await
-            .unwrap()
-            .unwrap();
+        assert!(timeout(Duration::from_millis(300), old.read(&mut one)).await.is_err());
+        let mut new = timeout(T, TcpStream::connect(relay.addr())).await.unwrap().unwrap();
         roundtrip(&mut new, b"fresh").await;
         relay.thaw();
         timeout(T, old.read_exact(&mut one)).await.unwrap().unwrap();
@@ -507,12 +464,7 @@ mod tests {
         let t0 = std::time::Instant::now();
         let mut clients = Vec::new();
         for _ in 0..3 {
-            clients.push(
-                timeout(T, TcpStream::connect(relay.addr()))
-                    .await
-                    .unwrap()
-                    .unwrap(),
-            );
+            clients.push(timeout(T, TcpStream::connect(relay.addr())).await.unwrap().unwrap());
         }
         for c in &mut clients {
             roundtrip(c, b"ping").await;
@@ -527,13 +479,8 @@ mod tests {
     #[tokio::test]
     async fn upstream_down_closes_client() {
         let port = crate::free_port();
-        let relay = Relay::start(SocketAddr::from(([127, 0, 0, 1], port)))
-            .await
-            .unwrap();
-        let mut c = timeout(T, TcpStream::connect(relay.addr()))
-            .await
-            .unwrap()
-            .unwrap();
+        let relay = Relay::start(SocketAddr::from(([127, 0, 0, 1], port))).await.unwrap();
+        let mut c = timeout(T, TcpStream::connect(relay.addr())).await.unwrap().unwrap();
         assert!(closes_soon(&mut c).await);
     }
 }

@@ -104,7 +104,9 @@ impl Harness {
 
     /// A tokio-postgres client straight to Postgres as the superuser.
     pub async fn direct(&self) -> Client {
-        connect(&format!("postgres://postgres@127.0.0.1:{}/{APP_DB}", self.pg.port())).await.expect("connect to postgres")
+        connect(&format!("postgres://postgres@127.0.0.1:{}/{APP_DB}", self.pg.port()))
+            .await
+            .expect("connect to postgres")
     }
 
     /// Runs SQL as the superuser through psql, straight to Postgres.

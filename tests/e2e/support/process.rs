@@ -62,7 +62,8 @@ impl WeirProcess {
         std::fs::write(dir.join("userlist.txt"), userlist()).unwrap();
         let (port, metrics_port) = (weir_testkit::free_port(), weir_testkit::free_port());
         let config_path = dir.join("weir.toml");
-        let mut p = WeirProcess { child: spawn_placeholder(), dir, config_path, port, metrics_port, pg_port: pg.port() };
+        let mut p =
+            WeirProcess { child: spawn_placeholder(), dir, config_path, port, metrics_port, pg_port: pg.port() };
         p.write_config(general, database);
         let log = std::fs::File::create(p.dir.join("weir.log")).unwrap();
         p.child = Command::new(weir_bin())
@@ -73,7 +74,8 @@ impl WeirProcess {
             .stderr(log)
             .spawn()
             .expect("spawn weir");
-        let ready = crate::eventually(Duration::from_secs(30), || TcpStream::connect(("127.0.0.1", p.port)).is_ok()).await;
+        let ready =
+            crate::eventually(Duration::from_secs(30), || TcpStream::connect(("127.0.0.1", p.port)).is_ok()).await;
         assert!(ready, "weir did not start listening; its log:\n{}", p.logs());
         p
     }
@@ -185,22 +187,47 @@ fn spawn_placeholder() -> Child {
 }
 
 fn userlist() -> String {
-    [(SCRAM_USER, SCRAM_PASS), (MD5_USER, MD5_PASS), (TRUST_USER, TRUST_PASS), (ADMIN_USER, ADMIN_PASS), (STATS_USER, STATS_PASS)]
-        .iter()
-        .map(|(u, p)| format!("\"{u}\" \"{p}\"\n"))
-        .collect()
+    [
+        (SCRAM_USER, SCRAM_PASS),
+        (MD5_USER, MD5_PASS),
+        (TRUST_USER, TRUST_PASS),
+        (ADMIN_USER, ADMIN_PASS),
+        (STATS_USER, STATS_PASS),
+    ]
+    .iter()
+    .map(|(u, p)| format!("\"{u}\" \"{p}\"\n"))
+    .collect()
 }
 
 /// `psql -X -A -F'|' -v ON_ERROR_STOP=1 -c sql` against 127.0.0.1:`port`, bounded by 60 s.
 pub async fn psql_at(port: u16, user: &str, password: &str, db: &str, sql: &str) -> Result<String, String> {
     let out = tokio::process::Command::new("psql")
-        .args(["-X", "-A", "-F", "|", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", &port.to_string(), "-U", user, "-d", db, "-c", sql])
+        .args([
+            "-X",
+            "-A",
+            "-F",
+            "|",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-U",
+            user,
+            "-d",
+            db,
+            "-c",
+            sql,
+        ])
         .env("PGPASSWORD", password)
         .env("PGCONNECT_TIMEOUT", "10")
         .kill_on_drop(true)
         .output();
-    let out =
-        tokio::time::timeout(Duration::from_secs(60), out).await.map_err(|_| "psql timed out".to_string())?.map_err(|e| e.to_string())?;
+    let out = tokio::time::timeout(Duration::from_secs(60), out)
+        .await
+        .map_err(|_| "psql timed out".to_string())?
+        .map_err(|e| e.to_string())?;
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     if out.status.success() {

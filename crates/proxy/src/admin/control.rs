@@ -52,7 +52,11 @@ pub async fn pause(shared: &Arc<Shared>, db: Option<&str>) -> Outcome {
     }
     let pools = shared.set_paused(db, true);
     let busy: u32 = pools.iter().map(|p| p.snapshot().active).sum();
-    tracing::info!(database = db.unwrap_or("*"), servers_in_use = busy, "PAUSE: waiting for servers in use to be released");
+    tracing::info!(
+        database = db.unwrap_or("*"),
+        servers_in_use = busy,
+        "PAUSE: waiting for servers in use to be released"
+    );
     quiesce(&pools, CloseReason::Admin, None).await;
     Ok(vec![notice(format!("paused {}; RESUME releases it", db.unwrap_or("all databases")))])
 }
@@ -98,7 +102,10 @@ pub fn reload(shared: &Arc<Shared>) -> Outcome {
         }
         Err(e) => {
             tracing::error!(error = %e, "RELOAD failed; keeping the old config");
-            Err(AdminError::new(sqlstate::CONFIG_FILE_ERROR, format!("RELOAD failed, the old config stays in effect: {e}")))
+            Err(AdminError::new(
+                sqlstate::CONFIG_FILE_ERROR,
+                format!("RELOAD failed, the old config stays in effect: {e}"),
+            ))
         }
     }
 }

@@ -219,7 +219,10 @@ impl Console<'_> {
         if cmd.needs_admin() && self.role != Role::Admin {
             return Ok(Err(AdminError::new(
                 sqlstate::INSUFFICIENT_PRIVILEGE,
-                format!("permission denied: {} needs a user listed in admin_users (this user is a stats user)", cmd.tag()),
+                format!(
+                    "permission denied: {} needs a user listed in admin_users (this user is a stats user)",
+                    cmd.tag()
+                ),
             )));
         }
         if cmd.needs_admin() {
@@ -239,7 +242,8 @@ impl Console<'_> {
         };
         Ok(done.map(|notices| {
             for (code, text) in notices {
-                let severity = if code == sqlstate::SUCCESSFUL_COMPLETION { Severity::Notice } else { Severity::Warning };
+                let severity =
+                    if code == sqlstate::SUCCESSFUL_COMPLETION { Severity::Notice } else { Severity::Warning };
                 messages::error_response(out, severity, code, &text);
             }
             result::command_complete(out, cmd.tag());

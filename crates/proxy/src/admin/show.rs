@@ -82,7 +82,8 @@ fn pools(shared: &Arc<Shared>) -> ResultSet {
     for pool in shared.pools.all() {
         let s = pool.snapshot();
         let m = &pool.metrics;
-        let (idle, active) = counts.get(&(pool.key.database.clone(), pool.key.user.clone())).copied().unwrap_or_default();
+        let (idle, active) =
+            counts.get(&(pool.key.database.clone(), pool.key.user.clone())).copied().unwrap_or_default();
         let used = used_servers(&pool, cfg.weir.server_check_delay) as u32;
         rs.push(vec![
             text(&pool.key.database),
@@ -201,8 +202,17 @@ impl Connection<'_> {
     fn cells(&self, more: impl IntoIterator<Item = Cell>) -> Vec<Cell> {
         let [addr, port] = addr_cells(Some(self.peer));
         let [laddr, lport] = addr_cells(self.local);
-        let head =
-            [text(self.kind), text(self.user), text(self.database), text(self.state), addr, port, laddr, lport, timestamp(self.since)];
+        let head = [
+            text(self.kind),
+            text(self.user),
+            text(self.database),
+            text(self.state),
+            addr,
+            port,
+            laddr,
+            lport,
+            timestamp(self.since),
+        ];
         head.into_iter().chain(more).collect()
     }
 }
@@ -232,7 +242,8 @@ fn clients(shared: &Arc<Shared>) -> ResultSet {
 fn servers(shared: &Arc<Shared>) -> ResultSet {
     let mut rs = connection_set(&[("remote_pid", Int), ("client_key", Int), ("prepared_statements", Int)]);
     let check_delay = shared.config.load().weir.server_check_delay;
-    let linked: HashMap<i32, i32> = shared.registry.all().iter().filter_map(|c| Some((c.server_pid()?, c.key_pid))).collect();
+    let linked: HashMap<i32, i32> =
+        shared.registry.all().iter().filter_map(|c| Some((c.server_pid()?, c.key_pid))).collect();
     for pool in shared.pools.all() {
         let idle: HashMap<i32, Duration> = pool.idle_servers().into_iter().map(|s| (s.pid, s.idle_for)).collect();
         for s in pool.metrics.live_servers() {

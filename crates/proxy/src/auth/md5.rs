@@ -53,12 +53,7 @@ pub fn expected_response(stored_md5: &str, salt: [u8; 4]) -> String {
 /// Checks a client's PasswordMessage payload (without its NUL) against
 /// `secret`. SCRAM verifiers cannot check md5 responses, and an empty
 /// plaintext password never matches.
-pub fn verify_md5_response(
-    secret: &Secret,
-    user: &str,
-    salt: [u8; 4],
-    client_response: &[u8],
-) -> bool {
+pub fn verify_md5_response(secret: &Secret, user: &str, salt: [u8; 4], client_response: &[u8]) -> bool {
     let expected = match secret {
         Secret::Plain(p) if !p.is_empty() => response_to(&stored_form(p, user), salt),
         Secret::Md5(m) => response_to(m.as_bytes(), salt),
@@ -74,10 +69,7 @@ mod tests {
 
     #[test]
     fn stored_form_matches_postgres() {
-        assert_eq!(
-            md5_hex_password("pw", "alice"),
-            postgres_protocol::password::md5(b"pw", "alice")
-        );
+        assert_eq!(md5_hex_password("pw", "alice"), postgres_protocol::password::md5(b"pw", "alice"));
     }
 
     #[test]
@@ -88,12 +80,7 @@ mod tests {
         let hashed = Secret::Md5(md5_hex_password("pw", "alice"));
         assert!(verify_md5_response(&plain, "alice", salt, good.as_bytes()));
         assert!(verify_md5_response(&hashed, "alice", salt, good.as_bytes()));
-        assert!(!verify_md5_response(
-            &plain,
-            "alice",
-            [4, 3, 2, 1],
-            good.as_bytes()
-        ));
+        assert!(!verify_md5_response(&plain, "alice", [4, 3, 2, 1], good.as_bytes()));
         assert!(!verify_md5_response(&plain, "bob", salt, good.as_bytes()));
         assert!(!verify_md5_response(&hashed, "alice", salt, b"md5"));
         assert!(!verify_md5_response(&hashed, "alice", salt, b""));
@@ -103,18 +90,8 @@ mod tests {
     fn scram_and_empty_secrets_never_match() {
         let salt = [9, 9, 9, 9];
         let scram = Secret::Scram(crate::auth::scram::ScramSecret::from_password("pw"));
-        assert!(!verify_md5_response(
-            &scram,
-            "alice",
-            salt,
-            md5_hash(b"alice", b"pw", salt).as_bytes()
-        ));
+        assert!(!verify_md5_response(&scram, "alice", salt, md5_hash(b"alice", b"pw", salt).as_bytes()));
         let empty = Secret::Plain(String::new());
-        assert!(!verify_md5_response(
-            &empty,
-            "alice",
-            salt,
-            md5_hash(b"alice", b"", salt).as_bytes()
-        ));
+        assert!(!verify_md5_response(&empty, "alice", salt, md5_hash(b"alice", b"", salt).as_bytes()));
     }
 }

@@ -13,9 +13,9 @@ use rand::RngCore;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use crate::config::AuthType;
+use crate::protocol::{frame::read_cstr, messages, sqlstate, tags, SqlState};
 use crate::server::login::Credentials;
 use crate::server::scram_client::ScramKeys;
-use crate::protocol::{frame::read_cstr, messages, sqlstate, tags, SqlState};
 use crate::wire::{self, WireError};
 
 pub use scram::{ScramError, ScramSecret, ScramServer, ScramSuccess};
@@ -82,9 +82,7 @@ pub struct Authenticated {
 
 impl std::fmt::Debug for Authenticated {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Authenticated")
-            .field("scram_client_key", &self.scram_client_key.map(|_| ".."))
-            .finish()
+        f.debug_struct("Authenticated").field("scram_client_key", &self.scram_client_key.map(|_| "..")).finish()
     }
 }
 
@@ -126,11 +124,7 @@ pub async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
-async fn send<S: AsyncWrite + Unpin>(
-    stream: &mut S,
-    code: i32,
-    payload: &[u8],
-) -> Result<(), AuthError> {
+async fn send<S: AsyncWrite + Unpin>(stream: &mut S, code: i32, payload: &[u8]) -> Result<(), AuthError> {
     let mut out = BytesMut::with_capacity(payload.len() + 9);
     messages::authentication(&mut out, code, payload);
     stream.write_all(&out).await?;
@@ -147,17 +141,12 @@ async fn read_password_message<S: AsyncRead + Unpin>(
     match frame.tag {
         tags::frontend::PASSWORD => Ok(frame.bytes.slice(crate::protocol::HEADER_LEN..)),
         tags::frontend::TERMINATE => Err(AuthError::Eof),
-        t => Err(AuthError::Protocol(format!(
-            "expected password response, got message type {:?}",
-            char::from(t)
-        ))),
+        t => Err(AuthError::Protocol(format!("expected password response, got message type {:?}", char::from(t)))),
     }
 }
 
 fn wrong_password(user: &str) -> AuthError {
-    AuthError::WrongPassword {
-        user: user.to_owned(),
-    }
+    AuthError::WrongPassword { user: user.to_owned() }
 }
 
 async fn md5_exchange<S: AsyncRead + AsyncWrite + Unpin>(
@@ -171,17 +160,12 @@ async fn md5_exchange<S: AsyncRead + AsyncWrite + Unpin>(
     send(stream, tags::auth::MD5_PASSWORD, &salt).await?;
     let body = read_password_message(stream, buf).await?;
     let mut rest = &body[..];
-    let response = read_cstr(&mut rest)
-        .map_err(|e| AuthError::Protocol(format!("invalid password packet: {e}")))?;
+    let response = read_cstr(&mut rest).map_err(|e| AuthError::Protocol(format!("invalid password packet: {e}")))?;
     if !rest.is_empty() {
-        return Err(AuthError::Protocol(
-            "invalid password packet: trailing bytes".into(),
-        ));
+        return Err(AuthError::Protocol("invalid password packet: trailing bytes".into()));
     }
     match secret {
-        Some(s) if md5::verify_md5_response(s, user, salt, response.as_bytes()) => {
-            Ok(Authenticated::default())
-        }
+        Some(s) if md5::verify_md5_response(s, user, salt, response.as_bytes()) => Ok(Authenticated::default()),
         Some(_) => Err(wrong_password(user)),
         None => {
             tracing::debug!(user, "md5 authentication for a user not in auth_file");
@@ -200,10 +184,7 @@ fn scram_secret_for(user: &str, secret: Option<&Secret>) -> ScramSecret {
             ScramSecret::mock_for(user)
         }
         Some(Secret::Md5(_)) => {
-            tracing::debug!(
-                user,
-                "auth_file holds an md5 password, which cannot do SCRAM; SCRAM will fail"
-            );
+            tracing::debug!(user, "auth_file holds an md5 password, which cannot do SCRAM; SCRAM will fail");
             ScramSecret::mock_for(user)
         }
         None => {
@@ -259,26 +240,16 @@ async fn scram_exchange<S: AsyncRead + AsyncWrite + Unpin>(
     let body = read_password_message(stream, buf).await?;
     let (mechanism, client_first) = parse_sasl_initial_response(&body)?;
     if mechanism != scram::MECHANISM {
-        tracing::debug!(
-            user,
-            mechanism,
-            "client chose an unsupported SASL mechanism"
-        );
+        tracing::debug!(user, mechanism, "client chose an unsupported SASL mechanism");
         return Err(AuthError::UnsupportedMechanism);
     }
-    let server_first = server
-        .handle_client_first(client_first)
-        .map_err(|e| scram_failure(user, e))?;
+    let server_first = server.handle_client_first(client_first).map_err(|e| scram_failure(user, e))?;
     send(stream, tags::auth::SASL_CONTINUE, server_first.as_bytes()).await?;
 
     let client_final = read_password_message(stream, buf).await?;
-    let ok = server
-        .handle_client_final(&client_final)
-        .map_err(|e| scram_failure(user, e))?;
+    let ok = server.handle_client_final(&client_final).map_err(|e| scram_failure(user, e))?;
     send(stream, tags::auth::SASL_FINAL, ok.server_final.as_bytes()).await?;
-    Ok(Authenticated {
-        scram_client_key: Some(ok.client_key),
-    })
+    Ok(Authenticated { scram_client_key: Some(ok.client_key) })
 }
 
 #[cfg(test)]

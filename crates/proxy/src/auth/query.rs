@@ -56,11 +56,7 @@ impl AuthQueryCache {
     fn get(&self, key: &(String, String), ttl: Duration) -> Option<Option<Secret>> {
         let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         let (at, secret) = entries.get(key)?;
-        let ttl = if secret.is_some() {
-            ttl
-        } else {
-            ttl.min(NEGATIVE_TTL)
-        };
+        let ttl = if secret.is_some() { ttl } else { ttl.min(NEGATIVE_TTL) };
         (at.elapsed() < ttl).then(|| secret.clone())
     }
 
@@ -84,40 +80,22 @@ pub async fn lookup(
     deadline: Instant,
 ) -> Result<Option<Secret>, AuthQueryError> {
     let g = &cfg.weir;
-    let db = if g.auth_dbname.is_empty() {
-        database
-    } else {
-        g.auth_dbname.as_str()
-    };
+    let db = if g.auth_dbname.is_empty() { database } else { g.auth_dbname.as_str() };
     let cache_key = (db.to_owned(), user.to_owned());
-    if let Some(hit) = shared
-        .auth_query_cache
-        .get(&cache_key, g.auth_query_cache_ttl)
-    {
+    if let Some(hit) = shared.auth_query_cache.get(&cache_key, g.auth_query_cache_ttl) {
         return Ok(hit);
     }
     let users = shared.users.load();
-    let auth_secret = users
-        .get(&g.auth_user)
-        .ok_or_else(|| AuthQueryError::NoAuthUser(g.auth_user.clone()))?;
-    let key = PoolKey {
-        database: db.to_owned(),
-        user: g.auth_user.clone(),
-    };
+    let auth_secret = users.get(&g.auth_user).ok_or_else(|| AuthQueryError::NoAuthUser(g.auth_user.clone()))?;
+    let key = PoolKey { database: db.to_owned(), user: g.auth_user.clone() };
     let credentials = match auth_secret {
         Secret::Plain(p) => crate::server::login::Credentials::Password(p.clone()),
         Secret::Md5(m) => crate::server::login::Credentials::Md5(m.clone()),
         Secret::Scram(_) => crate::server::login::Credentials::None,
     };
-    let pool = shared
-        .pool_for(cfg, &key, credentials)
-        .ok_or_else(|| AuthQueryError::UnknownDatabase(db.to_owned()))?;
-    let mut lease = pool
-        .acquire(deadline)
-        .await
-        .map_err(|e| AuthQueryError::NoServer(e.to_string()))?;
-    let answer =
-        tokio::time::timeout_at(deadline.into(), run(lease.conn_mut(), &g.auth_query, user)).await;
+    let pool = shared.pool_for(cfg, &key, credentials).ok_or_else(|| AuthQueryError::UnknownDatabase(db.to_owned()))?;
+    let mut lease = pool.acquire(deadline).await.map_err(|e| AuthQueryError::NoServer(e.to_string()))?;
+    let answer = tokio::time::timeout_at(deadline.into(), run(lease.conn_mut(), &g.auth_query, user)).await;
     let answer = match answer {
         Ok(Ok(a)) => a,
         Ok(Err(e)) => {
@@ -142,28 +120,21 @@ pub async fn lookup(
 /// Runs `sql` with `$1 = user` on a quiet connection: `Ok(Ok(passwd))` from
 /// the second column of the first row (None: no row or NULL), `Ok(Err(..))`
 /// when Postgres refused the query. Reads through ReadyForQuery.
-async fn run(
-    conn: &mut ServerConn,
-    sql: &str,
-    user: &str,
-) -> Result<Result<Option<String>, String>, AuthQueryError> {
+async fn run(conn: &mut ServerConn, sql: &str, user: &str) -> Result<Result<Option<String>, String>, AuthQueryError> {
     let mut out = BytesMut::new();
     let bad = |e: std::io::Error| AuthQueryError::Query(e.to_string());
     frontend::parse("", sql, std::iter::empty(), &mut out).map_err(bad)?;
-    let param =
-        |v: &str, buf: &mut BytesMut| -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
-            buf.extend_from_slice(v.as_bytes());
-            Ok(IsNull::No)
-        };
+    let param = |v: &str, buf: &mut BytesMut| -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        buf.extend_from_slice(v.as_bytes());
+        Ok(IsNull::No)
+    };
     frontend::bind("", "", [0i16], [user], param, [0i16], &mut out).map_err(|e| match e {
         frontend::BindError::Conversion(e) => AuthQueryError::Query(e.to_string()),
         frontend::BindError::Serialization(e) => bad(e),
     })?;
     frontend::execute("", 0, &mut out).map_err(bad)?;
     frontend::sync(&mut out);
-    crate::server::exchange::write(conn, &out)
-        .await
-        .map_err(|_| AuthQueryError::ServerLost)?;
+    crate::server::exchange::write(conn, &out).await.map_err(|_| AuthQueryError::ServerLost)?;
     let mut result: Result<Option<String>, String> = Ok(None);
     let mut seen_row = false;
     loop {
@@ -173,12 +144,10 @@ async fn run(
         match frame.tag {
             be::DATA_ROW if !seen_row => {
                 seen_row = true;
-                result = Ok(second_column(frame.body())
-                    .ok_or(AuthQueryError::Query("malformed DataRow".into()))?);
+                result = Ok(second_column(frame.body()).ok_or(AuthQueryError::Query("malformed DataRow".into()))?);
             }
             be::ERROR_RESPONSE => {
-                let f = messages::parse_error_fields(frame.body())
-                    .map_err(|e| AuthQueryError::Query(e.to_string()))?;
+                let f = messages::parse_error_fields(frame.body()).map_err(|e| AuthQueryError::Query(e.to_string()))?;
                 result = Err(f.message);
             }
             be::READY_FOR_QUERY => {
@@ -235,10 +204,7 @@ mod tests {
 
     #[test]
     fn second_column_of_data_rows() {
-        assert_eq!(
-            second_column(&row(&[Some(b"u"), Some(b"md5abc")])),
-            Some(Some("md5abc".into()))
-        );
+        assert_eq!(second_column(&row(&[Some(b"u"), Some(b"md5abc")])), Some(Some("md5abc".into())));
         assert_eq!(second_column(&row(&[Some(b"u"), None])), Some(None));
         assert_eq!(second_column(&row(&[Some(b"u")])), Some(None));
         assert_eq!(second_column(&row(&[])), Some(None));
@@ -252,10 +218,7 @@ mod tests {
         let k = ("db".to_owned(), "u".to_owned());
         assert_eq!(c.get(&k, Duration::from_secs(30)), None);
         c.put(k.clone(), Some(Secret::Plain("x".into())));
-        assert_eq!(
-            c.get(&k, Duration::from_secs(30)),
-            Some(Some(Secret::Plain("x".into())))
-        );
+        assert_eq!(c.get(&k, Duration::from_secs(30)), Some(Some(Secret::Plain("x".into()))));
         assert_eq!(c.get(&k, Duration::ZERO), None);
         c.put(k.clone(), None);
         assert_eq!(c.get(&k, Duration::from_secs(30)), Some(None));

@@ -64,26 +64,18 @@ pub struct ScramSecret {
 
 impl std::fmt::Debug for ScramSecret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ScramSecret")
-            .field("iterations", &self.iterations)
-            .finish_non_exhaustive()
+        f.debug_struct("ScramSecret").field("iterations", &self.iterations).finish_non_exhaustive()
     }
 }
 
 impl ScramSecret {
     /// Parses `SCRAM-SHA-256$<iter>:<salt b64>$<StoredKey b64>:<ServerKey b64>`.
     pub fn parse(s: &str) -> Result<ScramSecret, &'static str> {
-        let rest = s
-            .strip_prefix("SCRAM-SHA-256$")
-            .ok_or("missing SCRAM-SHA-256$ prefix")?;
+        let rest = s.strip_prefix("SCRAM-SHA-256$").ok_or("missing SCRAM-SHA-256$ prefix")?;
         let (params, keys) = rest.split_once('$').ok_or("missing '$' before the keys")?;
-        let (iter, salt) = params
-            .split_once(':')
-            .ok_or("missing ':' between iterations and salt")?;
+        let (iter, salt) = params.split_once(':').ok_or("missing ':' between iterations and salt")?;
         let (stored, server) = keys.split_once(':').ok_or("missing ':' between the keys")?;
-        let iterations: u32 = iter
-            .parse()
-            .map_err(|_| "iteration count is not a number")?;
+        let iterations: u32 = iter.parse().map_err(|_| "iteration count is not a number")?;
         if iterations == 0 || iterations > MAX_ITERATIONS {
             return Err("iteration count is out of range");
         }
@@ -93,12 +85,7 @@ impl ScramSecret {
         }
         let stored_key = decode_key(stored).ok_or("StoredKey is not 32 bytes of base64")?;
         let server_key = decode_key(server).ok_or("ServerKey is not 32 bytes of base64")?;
-        Ok(ScramSecret {
-            iterations,
-            salt,
-            stored_key,
-            server_key,
-        })
+        Ok(ScramSecret { iterations, salt, stored_key, server_key })
     }
 
     /// Derives a verifier from a plaintext password with a random salt.
@@ -117,12 +104,7 @@ impl ScramSecret {
         let client_key = hmac(&salted, b"Client Key");
         let stored_key: [u8; 32] = Sha256::digest(client_key).into();
         let server_key = hmac(&salted, b"Server Key");
-        ScramSecret {
-            iterations: iterations.max(1),
-            salt,
-            stored_key,
-            server_key,
-        }
+        ScramSecret { iterations: iterations.max(1), salt, stored_key, server_key }
     }
 
     /// A verifier for a user that does not exist: deterministic per user for
@@ -214,9 +196,7 @@ pub struct ScramSuccess {
 
 impl std::fmt::Debug for ScramSuccess {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ScramSuccess")
-            .field("server_final", &self.server_final)
-            .finish_non_exhaustive()
+        f.debug_struct("ScramSuccess").field("server_final", &self.server_final).finish_non_exhaustive()
     }
 }
 
@@ -242,10 +222,7 @@ pub struct ScramServer {
 
 impl ScramServer {
     pub fn new(secret: ScramSecret) -> ScramServer {
-        ScramServer {
-            secret,
-            state: State::Initial,
-        }
+        ScramServer { secret, state: State::Initial }
     }
 
     /// Handles the client-first-message; returns the server-first-message.
@@ -258,12 +235,7 @@ impl ScramServer {
         let mut server_nonce = [0u8; SERVER_NONCE_LEN];
         rand::thread_rng().fill_bytes(&mut server_nonce);
         let nonce = format!("{}{}", parsed.client_nonce, B64.encode(server_nonce));
-        let server_first = format!(
-            "r={},s={},i={}",
-            nonce,
-            B64.encode(&self.secret.salt),
-            self.secret.iterations
-        );
+        let server_first = format!("r={},s={},i={}", nonce, B64.encode(&self.secret.salt), self.secret.iterations);
         self.state = State::SentServerFirst(FirstExchange {
             gs2_header: parsed.gs2_header,
             client_first_bare: parsed.bare.to_owned(),
@@ -286,25 +258,16 @@ impl ScramServer {
         if parsed.nonce != first.nonce {
             return Err(ScramError::NonceMismatch);
         }
-        let auth_message = format!(
-            "{},{},{}",
-            first.client_first_bare, first.server_first, parsed.without_proof
-        );
+        let auth_message = format!("{},{},{}", first.client_first_bare, first.server_first, parsed.without_proof);
         let client_key = self.verify_proof(auth_message.as_bytes(), &parsed.proof)?;
         let server_signature = hmac(&self.secret.server_key, auth_message.as_bytes());
-        Ok(ScramSuccess {
-            server_final: format!("v={}", B64.encode(server_signature)),
-            client_key,
-        })
+        Ok(ScramSuccess { server_final: format!("v={}", B64.encode(server_signature)), client_key })
     }
 
     fn verify_proof(&self, auth_message: &[u8], proof: &[u8; 32]) -> Result<[u8; 32], ScramError> {
         let client_signature = hmac(&self.secret.stored_key, auth_message);
         let mut client_key = [0u8; 32];
-        for (k, (p, s)) in client_key
-            .iter_mut()
-            .zip(proof.iter().zip(client_signature.iter()))
-        {
+        for (k, (p, s)) in client_key.iter_mut().zip(proof.iter().zip(client_signature.iter())) {
             *k = p ^ s;
         }
         let stored: [u8; 32] = Sha256::digest(client_key).into();
@@ -331,18 +294,14 @@ fn as_text(msg: &[u8]) -> Result<&str, ScramError> {
 
 /// Splits `gs2-header` off a client-first-message.
 fn split_gs2_header(msg: &str) -> Result<(&'static str, &str), ScramError> {
-    let (flag, rest) = msg
-        .split_once(',')
-        .ok_or(ScramError::Malformed("missing gs2 header"))?;
+    let (flag, rest) = msg.split_once(',').ok_or(ScramError::Malformed("missing gs2 header"))?;
     let header = match flag {
         "n" => "n,,",
         "y" => "y,,",
         f if f.starts_with("p=") => return Err(ScramError::ChannelBindingUnsupported),
         _ => return Err(ScramError::Malformed("invalid channel binding flag")),
     };
-    let (authzid, bare) = rest
-        .split_once(',')
-        .ok_or(ScramError::Malformed("missing gs2 header"))?;
+    let (authzid, bare) = rest.split_once(',').ok_or(ScramError::Malformed("missing gs2 header"))?;
     match authzid {
         "" => Ok((header, bare)),
         a if a.starts_with("a=") => Err(ScramError::AuthzidUnsupported),
@@ -354,33 +313,22 @@ fn parse_client_first(msg: &[u8]) -> Result<ClientFirst<'_>, ScramError> {
     let (gs2_header, bare) = split_gs2_header(as_text(msg)?)?;
     let mut attrs = bare.split(',');
     match attrs.next() {
-        Some(a) if a.starts_with("m=") => {
-            return Err(ScramError::Malformed("unsupported mandatory extension"))
-        }
+        Some(a) if a.starts_with("m=") => return Err(ScramError::Malformed("unsupported mandatory extension")),
         Some(a) if a.starts_with("n=") => {}
         _ => return Err(ScramError::Malformed("missing username attribute")),
     }
-    let client_nonce = attrs
-        .next()
-        .and_then(|a| a.strip_prefix("r="))
-        .ok_or(ScramError::Malformed("missing nonce attribute"))?;
+    let client_nonce =
+        attrs.next().and_then(|a| a.strip_prefix("r=")).ok_or(ScramError::Malformed("missing nonce attribute"))?;
     check_nonce(client_nonce)?;
     attrs.try_for_each(check_extension)?;
-    Ok(ClientFirst {
-        gs2_header,
-        bare,
-        client_nonce,
-    })
+    Ok(ClientFirst { gs2_header, bare, client_nonce })
 }
 
 fn check_nonce(nonce: &str) -> Result<(), ScramError> {
     if nonce.is_empty() || nonce.len() > MAX_NONCE_LEN {
         return Err(ScramError::Malformed("nonce length is out of range"));
     }
-    if !nonce
-        .bytes()
-        .all(|b| (0x21..=0x7e).contains(&b) && b != b',')
-    {
+    if !nonce.bytes().all(|b| (0x21..=0x7e).contains(&b) && b != b',') {
         return Err(ScramError::Malformed("nonce contains invalid characters"));
     }
     Ok(())
@@ -405,31 +353,18 @@ struct ClientFinal<'a> {
 
 fn parse_client_final(msg: &[u8]) -> Result<ClientFinal<'_>, ScramError> {
     let text = as_text(msg)?;
-    let (without_proof, proof) = text
-        .rsplit_once(",p=")
-        .ok_or(ScramError::Malformed("missing proof attribute"))?;
-    let proof = B64
-        .decode(proof)
-        .map_err(|_| ScramError::Malformed("proof is not valid base64"))?;
-    let proof: [u8; 32] = proof
-        .try_into()
-        .map_err(|_| ScramError::Malformed("proof is not 32 bytes"))?;
+    let (without_proof, proof) = text.rsplit_once(",p=").ok_or(ScramError::Malformed("missing proof attribute"))?;
+    let proof = B64.decode(proof).map_err(|_| ScramError::Malformed("proof is not valid base64"))?;
+    let proof: [u8; 32] = proof.try_into().map_err(|_| ScramError::Malformed("proof is not 32 bytes"))?;
     let mut attrs = without_proof.split(',');
     let channel_binding = attrs
         .next()
         .and_then(|a| a.strip_prefix("c="))
         .ok_or(ScramError::Malformed("missing channel binding attribute"))?;
-    let nonce = attrs
-        .next()
-        .and_then(|a| a.strip_prefix("r="))
-        .ok_or(ScramError::Malformed("missing nonce attribute"))?;
+    let nonce =
+        attrs.next().and_then(|a| a.strip_prefix("r=")).ok_or(ScramError::Malformed("missing nonce attribute"))?;
     attrs.try_for_each(check_extension)?;
-    Ok(ClientFinal {
-        channel_binding,
-        nonce,
-        without_proof,
-        proof,
-    })
+    Ok(ClientFinal { channel_binding, nonce, without_proof, proof })
 }
 
 #[cfg(test)]
@@ -443,13 +378,9 @@ mod tests {
         let mut client = ScramSha256::new(password.as_bytes(), ChannelBinding::unsupported());
         let mut server = ScramServer::new(secret);
         let server_first = server.handle_client_first(client.message())?;
-        client
-            .update(server_first.as_bytes())
-            .expect("client accepts server-first");
+        client.update(server_first.as_bytes()).expect("client accepts server-first");
         let ok = server.handle_client_final(client.message())?;
-        client
-            .finish(ok.server_final.as_bytes())
-            .expect("client verifies server signature");
+        client.finish(ok.server_final.as_bytes()).expect("client verifies server signature");
         Ok(ok.client_key)
     }
 
@@ -457,10 +388,7 @@ mod tests {
     fn round_trip_with_derived_verifier() {
         let key = round_trip(ScramSecret::from_password("s3cret"), "s3cret").unwrap();
         assert_ne!(key, [0u8; 32]);
-        assert_eq!(
-            round_trip(ScramSecret::from_password("s3cret"), "wrong"),
-            Err(ScramError::InvalidProof)
-        );
+        assert_eq!(round_trip(ScramSecret::from_password("s3cret"), "wrong"), Err(ScramError::InvalidProof));
     }
 
     #[test]
@@ -487,10 +415,7 @@ mod tests {
         assert_eq!(a, ScramSecret::mock("alice", b"k1"));
         assert_ne!(a, ScramSecret::mock("bob", b"k1"));
         assert_ne!(a, ScramSecret::mock("alice", b"k2"));
-        assert_eq!(
-            round_trip(ScramSecret::mock_for("alice"), ""),
-            Err(ScramError::InvalidProof)
-        );
+        assert_eq!(round_trip(ScramSecret::mock_for("alice"), ""), Err(ScramError::InvalidProof));
     }
 
     #[test]
@@ -517,53 +442,26 @@ mod tests {
         let cases: [(&[u8], ScramError); 11] = [
             (b"", ScramError::Malformed("missing gs2 header")),
             (b"n", ScramError::Malformed("missing gs2 header")),
-            (
-                b"x,,n=,r=abc",
-                ScramError::Malformed("invalid channel binding flag"),
-            ),
-            (
-                b"p=tls-server-end-point,,n=,r=abc",
-                ScramError::ChannelBindingUnsupported,
-            ),
+            (b"x,,n=,r=abc", ScramError::Malformed("invalid channel binding flag")),
+            (b"p=tls-server-end-point,,n=,r=abc", ScramError::ChannelBindingUnsupported),
             (b"n,a=bob,n=,r=abc", ScramError::AuthzidUnsupported),
-            (
-                b"n,,m=ext,n=,r=abc",
-                ScramError::Malformed("unsupported mandatory extension"),
-            ),
+            (b"n,,m=ext,n=,r=abc", ScramError::Malformed("unsupported mandatory extension")),
             (b"n,,n=", ScramError::Malformed("missing nonce attribute")),
-            (
-                b"n,,n=,r=",
-                ScramError::Malformed("nonce length is out of range"),
-            ),
-            (
-                b"n,,n=,r=a b",
-                ScramError::Malformed("nonce contains invalid characters"),
-            ),
+            (b"n,,n=,r=", ScramError::Malformed("nonce length is out of range")),
+            (b"n,,n=,r=a b", ScramError::Malformed("nonce contains invalid characters")),
             (b"n,,n=,r=abc,,", ScramError::Malformed("invalid attribute")),
-            (
-                b"n,,n=,r=\xff",
-                ScramError::Malformed("message is not valid UTF-8"),
-            ),
+            (b"n,,n=,r=\xff", ScramError::Malformed("message is not valid UTF-8")),
         ];
         for (msg, want) in cases {
-            assert_eq!(
-                server().handle_client_first(msg),
-                Err(want),
-                "{:?}",
-                String::from_utf8_lossy(msg)
-            );
+            assert_eq!(server().handle_client_first(msg), Err(want), "{:?}", String::from_utf8_lossy(msg));
         }
         assert!(server().handle_client_first(long_nonce.as_bytes()).is_err());
-        assert!(server()
-            .handle_client_first(&vec![b'a'; MAX_MESSAGE_LEN + 1])
-            .is_err());
+        assert!(server().handle_client_first(&vec![b'a'; MAX_MESSAGE_LEN + 1]).is_err());
     }
 
     fn after_first(gs2: &str) -> (ScramServer, String) {
         let mut s = server();
-        let first = s
-            .handle_client_first(format!("{gs2}n=,r=abc").as_bytes())
-            .unwrap();
+        let first = s.handle_client_first(format!("{gs2}n=,r=abc").as_bytes()).unwrap();
         let nonce = first.split(',').next().unwrap()[2..].to_owned();
         (s, nonce)
     }
@@ -572,42 +470,15 @@ mod tests {
     fn malformed_client_final_is_an_error() {
         let proof = B64.encode([0u8; 32]);
         let cases = [
-            (
-                "c=biws,r=NONCE".to_owned(),
-                ScramError::Malformed("missing proof attribute"),
-            ),
-            (
-                "c=biws,r=NONCE,p=!!".to_owned(),
-                ScramError::Malformed("proof is not valid base64"),
-            ),
-            (
-                "c=biws,r=NONCE,p=AAAA".to_owned(),
-                ScramError::Malformed("proof is not 32 bytes"),
-            ),
-            (
-                format!("r=NONCE,p={proof}"),
-                ScramError::Malformed("missing channel binding attribute"),
-            ),
-            (
-                format!("c=biws,p={proof}"),
-                ScramError::Malformed("missing nonce attribute"),
-            ),
-            (
-                format!("c=eSws,r=NONCE,p={proof}"),
-                ScramError::ChannelBindingMismatch,
-            ),
-            (
-                format!("c=!!,r=NONCE,p={proof}"),
-                ScramError::ChannelBindingMismatch,
-            ),
-            (
-                format!("c=biws,r=NONCEx,p={proof}"),
-                ScramError::NonceMismatch,
-            ),
-            (
-                format!("c=biws,r=NONCE,p={proof}"),
-                ScramError::InvalidProof,
-            ),
+            ("c=biws,r=NONCE".to_owned(), ScramError::Malformed("missing proof attribute")),
+            ("c=biws,r=NONCE,p=!!".to_owned(), ScramError::Malformed("proof is not valid base64")),
+            ("c=biws,r=NONCE,p=AAAA".to_owned(), ScramError::Malformed("proof is not 32 bytes")),
+            (format!("r=NONCE,p={proof}"), ScramError::Malformed("missing channel binding attribute")),
+            (format!("c=biws,p={proof}"), ScramError::Malformed("missing nonce attribute")),
+            (format!("c=eSws,r=NONCE,p={proof}"), ScramError::ChannelBindingMismatch),
+            (format!("c=!!,r=NONCE,p={proof}"), ScramError::ChannelBindingMismatch),
+            (format!("c=biws,r=NONCEx,p={proof}"), ScramError::NonceMismatch),
+            (format!("c=biws,r=NONCE,p={proof}"), ScramError::InvalidProof),
         ];
         for (msg, want) in cases {
             let (mut s, nonce) = after_first("n,,");
@@ -621,21 +492,9 @@ mod tests {
         let proof = B64.encode([0u8; 32]);
         let (mut s, nonce) = after_first("y,,");
         let msg = format!("c=eSws,r={nonce},p={proof}");
-        assert_eq!(
-            s.handle_client_final(msg.as_bytes()),
-            Err(ScramError::InvalidProof)
-        );
-        assert_eq!(
-            s.handle_client_final(msg.as_bytes()),
-            Err(ScramError::OutOfOrder)
-        );
-        assert_eq!(
-            s.handle_client_first(b"n,,n=,r=abc"),
-            Err(ScramError::OutOfOrder)
-        );
-        assert_eq!(
-            server().handle_client_final(msg.as_bytes()),
-            Err(ScramError::OutOfOrder)
-        );
+        assert_eq!(s.handle_client_final(msg.as_bytes()), Err(ScramError::InvalidProof));
+        assert_eq!(s.handle_client_final(msg.as_bytes()), Err(ScramError::OutOfOrder));
+        assert_eq!(s.handle_client_first(b"n,,n=,r=abc"), Err(ScramError::OutOfOrder));
+        assert_eq!(server().handle_client_final(msg.as_bytes()), Err(ScramError::OutOfOrder));
     }
 }

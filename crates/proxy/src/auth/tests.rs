@@ -13,10 +13,7 @@ async fn read_auth(client: &mut DuplexStream, buf: &mut BytesMut) -> (i32, Vec<u
     let frame = wire::read_frame(client, buf, 1 << 16).await.unwrap();
     assert_eq!(frame.tag, tags::backend::AUTHENTICATION);
     let body = frame.body();
-    (
-        i32::from_be_bytes(body[..4].try_into().unwrap()),
-        body[4..].to_vec(),
-    )
+    (i32::from_be_bytes(body[..4].try_into().unwrap()), body[4..].to_vec())
 }
 
 async fn send(client: &mut DuplexStream, build: impl FnOnce(&mut BytesMut)) {
@@ -48,15 +45,8 @@ async fn md5_client(mut c: DuplexStream, user: &'static str, password: &'static 
     let mut buf = BytesMut::new();
     let (code, salt) = read_auth(&mut c, &mut buf).await;
     assert_eq!(code, tags::auth::MD5_PASSWORD);
-    let hash = md5_hash(
-        user.as_bytes(),
-        password.as_bytes(),
-        salt.try_into().unwrap(),
-    );
-    send(&mut c, |b| {
-        frontend::password_message(hash.as_bytes(), b).unwrap()
-    })
-    .await;
+    let hash = md5_hash(user.as_bytes(), password.as_bytes(), salt.try_into().unwrap());
+    send(&mut c, |b| frontend::password_message(hash.as_bytes(), b).unwrap()).await;
 }
 
 /// A SCRAM client; returns whether it verified the server's final message.
@@ -66,17 +56,11 @@ async fn scram_client(mut c: DuplexStream, password: &'static str) -> bool {
     assert_eq!(code, tags::auth::SASL);
     assert_eq!(mechs, b"SCRAM-SHA-256\0\0");
     let mut scram = ScramSha256::new(password.as_bytes(), ChannelBinding::unsupported());
-    send(&mut c, |b| {
-        frontend::sasl_initial_response("SCRAM-SHA-256", scram.message(), b).unwrap()
-    })
-    .await;
+    send(&mut c, |b| frontend::sasl_initial_response("SCRAM-SHA-256", scram.message(), b).unwrap()).await;
     let (code, server_first) = read_auth(&mut c, &mut buf).await;
     assert_eq!(code, tags::auth::SASL_CONTINUE);
     scram.update(&server_first).unwrap();
-    send(&mut c, |b| {
-        frontend::sasl_response(scram.message(), b).unwrap()
-    })
-    .await;
+    send(&mut c, |b| frontend::sasl_response(scram.message(), b).unwrap()).await;
     match wire::read_frame(&mut c, &mut buf, 1 << 16).await {
         Ok(f) if f.tag == tags::backend::AUTHENTICATION => {
             assert_eq!(f.body()[..4], tags::auth::SASL_FINAL.to_be_bytes());
@@ -90,10 +74,7 @@ fn assert_wrong_password(r: Result<Authenticated, AuthError>, user: &str) {
     let e = r.unwrap_err();
     assert!(matches!(e, AuthError::WrongPassword { .. }), "{e:?}");
     assert_eq!(e.sqlstate(), sqlstate::INVALID_PASSWORD);
-    assert_eq!(
-        e.client_message(),
-        format!("password authentication failed for user \"{user}\"")
-    );
+    assert_eq!(e.client_message(), format!("password authentication failed for user \"{user}\""));
 }
 
 #[tokio::test]
@@ -110,75 +91,42 @@ async fn trust_exchanges_nothing() {
 
 #[tokio::test]
 async fn md5_accepts_plain_and_md5_secrets() {
-    let (r, ()) = run(
-        AuthType::Md5,
-        "alice",
-        Some(Secret::Plain("pw".into())),
-        |c| md5_client(c, "alice", "pw"),
-    )
-    .await;
+    let (r, ()) = run(AuthType::Md5, "alice", Some(Secret::Plain("pw".into())), |c| md5_client(c, "alice", "pw")).await;
     assert_eq!(r.unwrap().scram_client_key, None);
     let stored = Secret::Md5(md5::md5_hex_password("pw", "alice"));
-    let (r, ()) = run(AuthType::Md5, "alice", Some(stored), |c| {
-        md5_client(c, "alice", "pw")
-    })
-    .await;
+    let (r, ()) = run(AuthType::Md5, "alice", Some(stored), |c| md5_client(c, "alice", "pw")).await;
     assert!(r.is_ok());
 }
 
 #[tokio::test]
 async fn md5_wrong_password_and_unknown_user_fail_alike() {
-    let (r, ()) = run(
-        AuthType::Md5,
-        "alice",
-        Some(Secret::Plain("pw".into())),
-        |c| md5_client(c, "alice", "nope"),
-    )
-    .await;
+    let (r, ()) =
+        run(AuthType::Md5, "alice", Some(Secret::Plain("pw".into())), |c| md5_client(c, "alice", "nope")).await;
     assert_wrong_password(r, "alice");
-    let (r, ()) = run(AuthType::Md5, "ghost", None, |c| {
-        md5_client(c, "ghost", "pw")
-    })
-    .await;
+    let (r, ()) = run(AuthType::Md5, "ghost", None, |c| md5_client(c, "ghost", "pw")).await;
     assert_wrong_password(r, "ghost");
 }
 
 #[tokio::test]
 async fn md5_method_with_scram_secret_uses_scram() {
     let secret = Secret::Scram(ScramSecret::from_password("pw"));
-    let (r, verified) = run(AuthType::Md5, "alice", Some(secret), |c| {
-        scram_client(c, "pw")
-    })
-    .await;
+    let (r, verified) = run(AuthType::Md5, "alice", Some(secret), |c| scram_client(c, "pw")).await;
     assert!(r.unwrap().scram_client_key.is_some());
     assert!(verified);
 }
 
 #[tokio::test]
 async fn scram_accepts_plain_and_verifier_secrets() {
-    let (r, verified) = run(
-        AuthType::ScramSha256,
-        "alice",
-        Some(Secret::Plain("pw".into())),
-        |c| scram_client(c, "pw"),
-    )
-    .await;
+    let (r, verified) =
+        run(AuthType::ScramSha256, "alice", Some(Secret::Plain("pw".into())), |c| scram_client(c, "pw")).await;
     assert!(r.unwrap().scram_client_key.is_some());
     assert!(verified);
     let verifier = Secret::parse(&postgres_protocol::password::scram_sha_256(b"pw")).unwrap();
-    let Secret::Scram(v) = &verifier else {
-        panic!("not a SCRAM verifier")
-    };
+    let Secret::Scram(v) = &verifier else { panic!("not a SCRAM verifier") };
     let stored_key = v.stored_key;
-    let (r, verified) = run(AuthType::ScramSha256, "alice", Some(verifier), |c| {
-        scram_client(c, "pw")
-    })
-    .await;
+    let (r, verified) = run(AuthType::ScramSha256, "alice", Some(verifier), |c| scram_client(c, "pw")).await;
     let key = r.unwrap().scram_client_key.unwrap();
-    assert_eq!(
-        <[u8; 32]>::from(<sha2::Sha256 as sha2::Digest>::digest(key)),
-        stored_key
-    );
+    assert_eq!(<[u8; 32]>::from(<sha2::Sha256 as sha2::Digest>::digest(key)), stored_key);
     assert!(verified);
 }
 
@@ -186,18 +134,12 @@ async fn scram_accepts_plain_and_verifier_secrets() {
 async fn scram_failures_look_like_wrong_passwords() {
     let cases = [
         ("alice", Some(Secret::Plain("pw".into()))),
-        (
-            "alice",
-            Some(Secret::Md5(md5::md5_hex_password("pw", "alice"))),
-        ),
+        ("alice", Some(Secret::Md5(md5::md5_hex_password("pw", "alice")))),
         ("alice", Some(Secret::Plain(String::new()))),
         ("ghost", None),
     ];
     for (user, secret) in cases {
-        let (r, verified) = run(AuthType::ScramSha256, user, secret, |c| {
-            scram_client(c, "wrong")
-        })
-        .await;
+        let (r, verified) = run(AuthType::ScramSha256, user, secret, |c| scram_client(c, "wrong")).await;
         assert_wrong_password(r, user);
         assert!(!verified);
     }
@@ -205,14 +147,9 @@ async fn scram_failures_look_like_wrong_passwords() {
 
 #[tokio::test]
 async fn non_password_message_is_a_protocol_violation() {
-    let (r, ()) = run(
-        AuthType::Md5,
-        "alice",
-        Some(Secret::Plain("pw".into())),
-        |mut c| async move {
-            send(&mut c, |b| frontend::query("select 1", b).unwrap()).await;
-        },
-    )
+    let (r, ()) = run(AuthType::Md5, "alice", Some(Secret::Plain("pw".into())), |mut c| async move {
+        send(&mut c, |b| frontend::query("select 1", b).unwrap()).await;
+    })
     .await;
     let e = r.unwrap_err();
     assert!(matches!(e, AuthError::Protocol(_)), "{e:?}");
@@ -223,76 +160,44 @@ async fn non_password_message_is_a_protocol_violation() {
 async fn oversized_and_eof_are_errors() {
     let (r, ()) = run(AuthType::Md5, "alice", None, |mut c| async move {
         let big = "x".repeat(MAX_AUTH_MESSAGE_LEN + 1);
-        send(&mut c, |b| {
-            frontend::password_message(big.as_bytes(), b).unwrap()
-        })
-        .await;
+        send(&mut c, |b| frontend::password_message(big.as_bytes(), b).unwrap()).await;
     })
     .await;
     assert!(matches!(r, Err(AuthError::Protocol(_))), "{r:?}");
-    let (r, ()) = run(
-        AuthType::ScramSha256,
-        "alice",
-        None,
-        |c| async move { drop(c) },
-    )
-    .await;
+    let (r, ()) = run(AuthType::ScramSha256, "alice", None, |c| async move { drop(c) }).await;
     assert!(matches!(r, Err(AuthError::Eof | AuthError::Io(_))), "{r:?}");
 }
 
 #[tokio::test]
 async fn sasl_initial_response_is_checked() {
     let plain = || Some(Secret::Plain("pw".into()));
-    let (r, ()) = run(
-        AuthType::ScramSha256,
-        "alice",
-        plain(),
-        |mut c| async move {
-            send(&mut c, |b| {
-                frontend::sasl_initial_response("SCRAM-SHA-256-PLUS", b"p=x,,n=,r=abc", b).unwrap()
-            })
-            .await;
-        },
-    )
+    let (r, ()) = run(AuthType::ScramSha256, "alice", plain(), |mut c| async move {
+        send(&mut c, |b| frontend::sasl_initial_response("SCRAM-SHA-256-PLUS", b"p=x,,n=,r=abc", b).unwrap()).await;
+    })
     .await;
     let e = r.unwrap_err();
     assert!(matches!(e, AuthError::UnsupportedMechanism), "{e:?}");
     assert_eq!(e.sqlstate(), sqlstate::INVALID_AUTHORIZATION_SPECIFICATION);
 
     // Declared length 100, but only 3 bytes follow.
-    let (r, ()) = run(
-        AuthType::ScramSha256,
-        "alice",
-        plain(),
-        |mut c| async move {
-            let mut body = b"SCRAM-SHA-256\0".to_vec();
-            body.extend_from_slice(&100i32.to_be_bytes());
-            body.extend_from_slice(b"abc");
-            let mut msg = vec![tags::frontend::PASSWORD];
-            msg.extend_from_slice(&(body.len() as i32 + 4).to_be_bytes());
-            msg.extend_from_slice(&body);
-            c.write_all(&msg).await.unwrap();
-        },
-    )
+    let (r, ()) = run(AuthType::ScramSha256, "alice", plain(), |mut c| async move {
+        let mut body = b"SCRAM-SHA-256\0".to_vec();
+        body.extend_from_slice(&100i32.to_be_bytes());
+        body.extend_from_slice(b"abc");
+        let mut msg = vec![tags::frontend::PASSWORD];
+        msg.extend_from_slice(&(body.len() as i32 + 4).to_be_bytes());
+        msg.extend_from_slice(&body);
+        c.write_all(&msg).await.unwrap();
+    })
     .await;
     assert!(matches!(r, Err(AuthError::Protocol(_))), "{r:?}");
 
-    let (r, ()) = run(
-        AuthType::ScramSha256,
-        "alice",
-        plain(),
-        |mut c| async move {
-            send(&mut c, |b| {
-                frontend::sasl_initial_response(
-                    "SCRAM-SHA-256",
-                    b"p=tls-server-end-point,,n=,r=abc",
-                    b,
-                )
-                .unwrap()
-            })
-            .await;
-        },
-    )
+    let (r, ()) = run(AuthType::ScramSha256, "alice", plain(), |mut c| async move {
+        send(&mut c, |b| {
+            frontend::sasl_initial_response("SCRAM-SHA-256", b"p=tls-server-end-point,,n=,r=abc", b).unwrap()
+        })
+        .await;
+    })
     .await;
     let e = r.unwrap_err();
     assert!(e.client_message().contains("SCRAM-SHA-256-PLUS"), "{e:?}");
@@ -309,8 +214,5 @@ fn parse_sasl_initial_response_never_panics() {
     ] {
         assert!(parse_sasl_initial_response(body).is_err());
     }
-    assert_eq!(
-        parse_sasl_initial_response(b"M\0\0\0\0\x01a").unwrap(),
-        ("M", &b"a"[..])
-    );
+    assert_eq!(parse_sasl_initial_response(b"M\0\0\0\0\x01a").unwrap(), ("M", &b"a"[..]));
 }

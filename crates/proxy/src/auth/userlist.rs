@@ -75,10 +75,7 @@ impl UserList {
     pub fn parse(text: &str) -> Result<UserList, UserListError> {
         let mut users = HashMap::new();
         for (i, line) in text.lines().enumerate() {
-            let syntax = |reason| UserListError::Syntax {
-                line: i + 1,
-                reason,
-            };
+            let syntax = |reason| UserListError::Syntax { line: i + 1, reason };
             if let Some((user, password)) = parse_line(line).map_err(syntax)? {
                 let secret = Secret::parse(&password).map_err(syntax)?;
                 users.insert(user, secret);
@@ -88,10 +85,8 @@ impl UserList {
     }
 
     pub fn load(path: &Path) -> Result<UserList, UserListError> {
-        let text = std::fs::read_to_string(path).map_err(|source| UserListError::Io {
-            path: path.to_owned(),
-            source,
-        })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| UserListError::Io { path: path.to_owned(), source })?;
         Self::parse(&text)
     }
 
@@ -124,9 +119,7 @@ fn parse_line(line: &str) -> Result<Option<(String, String)>, &'static str> {
 
 /// A double-quoted field at the front of `s`, and what follows it.
 fn quoted(s: &str) -> Result<(String, &str), &'static str> {
-    let mut rest = s
-        .strip_prefix('"')
-        .ok_or("expected a double-quoted field")?;
+    let mut rest = s.strip_prefix('"').ok_or("expected a double-quoted field")?;
     let mut out = String::new();
     loop {
         let end = rest.find('"').ok_or("unterminated quoted field")?;
@@ -156,14 +149,8 @@ mod tests {
         let list = UserList::parse(&text).unwrap();
         assert_eq!(list.len(), 3);
         assert_eq!(list.get("alice"), Some(&Secret::Plain("plain pw".into())));
-        assert_eq!(
-            list.get("alice").unwrap().plain_password(),
-            Some("plain pw")
-        );
-        assert_eq!(
-            list.get("bob"),
-            Some(&Secret::Md5("md50123456789abcdef0123456789abcdef".into()))
-        );
+        assert_eq!(list.get("alice").unwrap().plain_password(), Some("plain pw"));
+        assert_eq!(list.get("bob"), Some(&Secret::Md5("md50123456789abcdef0123456789abcdef".into())));
         assert_eq!(list.get("bob").unwrap().plain_password(), None);
         match list.get("carol") {
             Some(Secret::Scram(s)) => assert_eq!(s.to_verifier_string(), scram),
@@ -175,20 +162,14 @@ mod tests {
     #[test]
     fn doubled_quotes_are_literal_quotes() {
         let list = UserList::parse(r#""we""ird" "p""w""""#).unwrap();
-        assert_eq!(
-            list.get(r#"we"ird"#),
-            Some(&Secret::Plain(r#"p"w""#.into()))
-        );
+        assert_eq!(list.get(r#"we"ird"#), Some(&Secret::Plain(r#"p"w""#.into())));
         let list = UserList::parse(r#""u" """#).unwrap();
         assert_eq!(list.get("u"), Some(&Secret::Plain(String::new())));
     }
 
     #[test]
     fn md5_lookalikes_are_plaintext() {
-        assert_eq!(
-            Secret::parse("md5secret"),
-            Ok(Secret::Plain("md5secret".into()))
-        );
+        assert_eq!(Secret::parse("md5secret"), Ok(Secret::Plain("md5secret".into())));
         let not_hex = format!("md5{}", "g".repeat(32));
         assert_eq!(Secret::parse(&not_hex), Ok(Secret::Plain(not_hex.clone())));
     }

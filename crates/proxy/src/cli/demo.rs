@@ -52,7 +52,9 @@ port = {port}
     println!("  psql \"postgres://{SCRAM_USER}:{SCRAM_PASS}@{listen}/app\"");
     println!("  pgbench -i -s 1 \"postgres://{SCRAM_USER}:{SCRAM_PASS}@{listen}/app\"");
     println!("  curl http://{metrics}/metrics");
-    println!("  psql \"postgres://{DEMO_ADMIN}:{DEMO_ADMIN_PASS}@{listen}/weir\" -c 'SHOW POOLS'   # the admin console");
+    println!(
+        "  psql \"postgres://{DEMO_ADMIN}:{DEMO_ADMIN_PASS}@{listen}/weir\" -c 'SHOW POOLS'   # the admin console"
+    );
     println!("\nPostgres itself listens on 127.0.0.1:{}. Ctrl-C stops everything.", pg.port());
     let result = super::runtime()?.block_on(super::serve(cfg, None));
     drop(pg);

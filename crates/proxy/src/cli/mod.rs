@@ -157,7 +157,10 @@ fn migrate_config(path: &Path) -> anyhow::Result<()> {
         eprintln!("weir migrate-config: warning: {}: {w}", path.display());
     }
     if !m.warnings.is_empty() {
-        eprintln!("weir migrate-config: {} setting(s) not carried over; check with `weir check-config`", m.warnings.len());
+        eprintln!(
+            "weir migrate-config: {} setting(s) not carried over; check with `weir check-config`",
+            m.warnings.len()
+        );
     }
     Ok(())
 }

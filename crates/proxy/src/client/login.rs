@@ -40,9 +40,15 @@ pub const DEADLINE_PARAM: &str = "weir.client_deadline";
 /// caller matches on it, and a box would cost every login an allocation.
 #[allow(clippy::large_enum_variant)]
 pub enum First {
-    Cancel { pid: i32, secret: i32 },
+    Cancel {
+        pid: i32,
+        secret: i32,
+    },
     /// A StartupMessage, its parameters sorted by `interpret`.
-    Startup { minor: u16, req: Request },
+    Startup {
+        minor: u16,
+        req: Request,
+    },
 }
 
 /// Reads the startup packet. SSLRequest gets `S` and a TLS handshake when
@@ -83,7 +89,9 @@ pub async fn read_startup(
             }
             StartupPacket::Cancel { pid, secret } => return Ok(First::Cancel { pid, secret }),
             _ if tls.is_some_and(|t| t.mode.required()) && !stream.is_tls() => return Err(ClientError::TlsRequired),
-            StartupPacket::Startup { major: 3, minor, params } => return Ok(First::Startup { minor, req: interpret(&params, cfg)? }),
+            StartupPacket::Startup { major: 3, minor, params } => {
+                return Ok(First::Startup { minor, req: interpret(&params, cfg)? })
+            }
             StartupPacket::Startup { major, minor, .. } => return Err(ClientError::UnsupportedProtocol(major, minor)),
         }
     }
@@ -138,7 +146,9 @@ pub fn interpret(raw: &[(&str, &str)], cfg: &Config) -> Result<Request, ClientEr
                 }
             }
             "replication" if v != "false" && v != "0" => {
-                return Err(ClientError::BadStartupParameter("replication connections are not supported by weir".into()))
+                return Err(ClientError::BadStartupParameter(
+                    "replication connections are not supported by weir".into(),
+                ))
             }
             "replication" => {}
             _ if k.starts_with("_pq_.") => req.protocol_options.push(k.to_owned()),
@@ -240,7 +250,13 @@ const GREETING_CAPACITY: usize = 1024;
 /// AuthenticationOk, every ParameterStatus, BackendKeyData and ReadyForQuery,
 /// in one buffer: the server's parameters with the client's values, then
 /// any the client has and the server does not report.
-pub fn greeting(server: &ParamMap, client: &ParamMap, key: (i32, i32), minor: u16, protocol_options: &[String]) -> BytesMut {
+pub fn greeting(
+    server: &ParamMap,
+    client: &ParamMap,
+    key: (i32, i32),
+    minor: u16,
+    protocol_options: &[String],
+) -> BytesMut {
     let mut out = BytesMut::with_capacity(GREETING_CAPACITY);
     if minor > 0 || !protocol_options.is_empty() {
         let opts: Vec<&str> = protocol_options.iter().map(String::as_str).collect();

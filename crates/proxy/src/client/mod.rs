@@ -10,18 +10,18 @@ pub mod stream;
 pub mod transfer;
 pub mod watchdog;
 
-use std::net::SocketAddr;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
-use std::task::Poll;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
+pub use stream::ClientStream;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Sleep;
-pub use stream::ClientStream;
 use tracing::Instrument;
 use weir_metrics::ClientResult;
 
@@ -131,7 +131,11 @@ async fn fatal_and_close(socket: &mut ClientStream, code: crate::protocol::SqlSt
 
 /// Startup, authentication and greeting. None: nothing more to do (a
 /// CancelRequest, or an admin-console session that has ended).
-async fn log_in<'a>(socket: &'a mut ClientStream, peer: SocketAddr, shared: &Arc<Shared>) -> Result<Option<Session<'a>>, ClientError> {
+async fn log_in<'a>(
+    socket: &'a mut ClientStream,
+    peer: SocketAddr,
+    shared: &Arc<Shared>,
+) -> Result<Option<Session<'a>>, ClientError> {
     // The config as it is at login (a reload applies to later logins).
     let cfg = &shared.config.load();
     let mut buf = BytesMut::with_capacity(crate::wire::LOGIN_READ_CHUNK);
@@ -215,7 +219,9 @@ async fn authenticate<'a>(
     let credentials = crate::auth::server_credentials(secret, &authed);
     // The names move into the key: nothing after this reads them from `req`.
     let key = PoolKey { database: std::mem::take(&mut req.database), user: std::mem::take(&mut req.user) };
-    let Some(pool) = shared.pool_for(cfg, &key, credentials) else { return Err(ClientError::UnknownDatabase(key.database)) };
+    let Some(pool) = shared.pool_for(cfg, &key, credentials) else {
+        return Err(ClientError::UnknownDatabase(key.database));
+    };
     let settings = pool.settings();
     let budget = wait_budget(settings.query_wait_timeout, req.declared_deadline, cfg.weir.client_deadline_fraction);
     let deadline = Instant::now() + budget;

@@ -158,7 +158,8 @@ impl ClientRegistry {
     /// Kills the pooled clients of `database` (every pooled client when None).
     /// Returns how many were told to go.
     pub fn kill_database(&self, database: Option<&str>, why: &'static str) -> usize {
-        let doomed: Vec<_> = self.all().into_iter().filter(|c| !c.console && database.is_none_or(|d| c.database() == d)).collect();
+        let doomed: Vec<_> =
+            self.all().into_iter().filter(|c| !c.console && database.is_none_or(|d| c.database() == d)).collect();
         doomed.iter().for_each(|c| c.kill(why));
         doomed.len()
     }
@@ -194,7 +195,8 @@ impl ClientRegistry {
     pub fn publish_gauges(&self, pools: &Pools) {
         let counts = self.idle_and_active();
         for pool in pools.all() {
-            let (idle, active) = counts.get(&(pool.key.database.clone(), pool.key.user.clone())).copied().unwrap_or_default();
+            let (idle, active) =
+                counts.get(&(pool.key.database.clone(), pool.key.user.clone())).copied().unwrap_or_default();
             let m = &pool.metrics;
             m.add_clients(ClientState::Idle, idle - m.clients(ClientState::Idle));
             m.add_clients(ClientState::Active, active - m.clients(ClientState::Active));

@@ -4,8 +4,8 @@
 //! leaves. A queued query whose client leaves or cancels is dropped, never run.
 
 use std::pin::Pin;
-use std::task::Poll;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
@@ -114,7 +114,22 @@ impl<'a> Session<'a> {
         pool.stamps.canonicalize(&mut settings);
         let transaction = mode == PoolMode::Transaction;
         let prepared = Stage::new(transaction, pool.settings().max_prepared_statements, pool.metrics.clone());
-        Session { client, cbuf, pool, mode, params, settings, reg, budget, max_message, shutdown, skipping: false, prepared, wait_timer: None, listed: None }
+        Session {
+            client,
+            cbuf,
+            pool,
+            mode,
+            params,
+            settings,
+            reg,
+            budget,
+            max_message,
+            shutdown,
+            skipping: false,
+            prepared,
+            wait_timer: None,
+            listed: None,
+        }
     }
 
     /// Ends the session (its registration, pool handle and statement state
@@ -393,9 +408,16 @@ impl<'a> Session<'a> {
         }
         let conn = lease.conn_mut();
         self.prepared.begin(&mut conn.statements, &conn.conv);
-        let ended =
-            transfer::run(self.client, &mut self.cbuf, conn, &mut self.params, self.max_message as usize, !session_mode, &mut self.prepared)
-                .await;
+        let ended = transfer::run(
+            self.client,
+            &mut self.cbuf,
+            conn,
+            &mut self.params,
+            self.max_message as usize,
+            !session_mode,
+            &mut self.prepared,
+        )
+        .await;
         self.prepared.end(&mut lease.conn_mut().statements);
         if self.prepared.pinned().is_some() {
             // LISTEN, locks, cursors... stay on it: reset before anyone else gets it.

@@ -54,10 +54,7 @@ impl ClientStream {
     /// Runs the TLS handshake on a plain stream and becomes the TLS stream.
     pub async fn upgrade(&mut self, acceptor: &tokio_rustls::TlsAcceptor) -> io::Result<()> {
         let ClientStream::Plain(tcp) = std::mem::replace(self, ClientStream::Closed) else {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "TLS requested twice",
-            ));
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "TLS requested twice"));
         };
         let tls = acceptor.accept(tcp).await?;
         *self = ClientStream::Tls(Box::new(tls));
@@ -98,11 +95,7 @@ impl ClientStream {
 }
 
 impl AsyncRead for ClientStream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             ClientStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
             ClientStream::Tls(s) => {
@@ -117,11 +110,7 @@ impl AsyncRead for ClientStream {
 }
 
 impl AsyncWrite for ClientStream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             ClientStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
             ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),

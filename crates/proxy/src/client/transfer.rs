@@ -75,7 +75,8 @@ async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
     prepared: &mut Stage,
 ) -> Result<Ended, ClientError> {
     let metrics = server.metrics().clone();
-    let ServerConn { stream, rbuf: sbuf, conv, params: server_params, broken, statements, spec, cancel, alarm, .. } = server;
+    let ServerConn { stream, rbuf: sbuf, conv, params: server_params, broken, statements, spec, cancel, alarm, .. } =
+        server;
     let mut wd = Watchdog::new(spec, cancel, alarm);
     let (mut sr, mut sw) = stream.split();
     let mut c_out = Bytes::new();

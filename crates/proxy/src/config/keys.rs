@@ -96,7 +96,12 @@ pub fn config_rows(cfg: &Config) -> Vec<ConfigRow> {
     general
         .map(|((k, v), (_, d))| (k.to_owned(), v, d))
         .chain(prefixed)
-        .map(|(key, value, default)| ConfigRow { changeable: !RESTART_KEYS.contains(&key.as_str()), key, value, default })
+        .map(|(key, value, default)| ConfigRow {
+            changeable: !RESTART_KEYS.contains(&key.as_str()),
+            key,
+            value,
+            default,
+        })
         .collect()
 }
 
@@ -129,7 +134,9 @@ mod tests {
 
     #[test]
     fn config_rows_cover_every_key_once() {
-        let cfg = Config::from_toml("[weir]\nauth_type = \"trust\"\ndefault_pool_size = 7\n", std::path::Path::new(".")).unwrap();
+        let cfg =
+            Config::from_toml("[weir]\nauth_type = \"trust\"\ndefault_pool_size = 7\n", std::path::Path::new("."))
+                .unwrap();
         let rows = config_rows(&cfg);
         assert_eq!(rows.len(), general_keys().len() + metrics_keys().len());
         let size = rows.iter().find(|r| r.key == "default_pool_size").unwrap();

@@ -195,7 +195,9 @@ impl Mapper {
                 Ok(())
             }
             "any" => Err("\"any\" has no weir equivalent (there is no forced user); use trust".into()),
-            other => Err(format!("weir supports trust, md5, scram-sha-256 and hba, not {other}; weir's default md5 is kept")),
+            other => {
+                Err(format!("weir supports trust, md5, scram-sha-256 and hba, not {other}; weir's default md5 is kept"))
+            }
         }
     }
 
@@ -211,7 +213,8 @@ impl Mapper {
 
     /// A duration in PgBouncer units of `unit` seconds.
     fn duration(&mut self, key: &str, value: &str, unit: f64) -> Result<(), String> {
-        let n: f64 = value.parse().map_err(|_| format!("not a number of {}", if unit < 1.0 { "ms" } else { "seconds" }))?;
+        let n: f64 =
+            value.parse().map_err(|_| format!("not a number of {}", if unit < 1.0 { "ms" } else { "seconds" }))?;
         if n < 0.0 || !n.is_finite() {
             return Err("not a valid duration".into());
         }
@@ -271,7 +274,8 @@ impl Mapper {
             "pool_mode" if v == "session" || v == "transaction" => kv("pool_mode", quoted(v)),
             "pool_mode" => Err("weir supports session and transaction pooling".into()),
             "user" | "password" | "auth_user" => {
-                Err("weir has no forced user: clients log in to Postgres as themselves with their auth_file password".into())
+                Err("weir has no forced user: clients log in to Postgres as themselves with their auth_file password"
+                    .into())
             }
             _ => Err("not supported by weir".into()),
         }
@@ -424,7 +428,8 @@ reporter = pool_mode=session
     #[test]
     fn sample_migrates_to_a_valid_config() {
         let m = from_pgbouncer_ini(SAMPLE);
-        let cfg = Config::from_toml(&m.toml, std::path::Path::new("/etc/weir")).unwrap_or_else(|e| panic!("{e}\n{}", m.toml));
+        let cfg =
+            Config::from_toml(&m.toml, std::path::Path::new("/etc/weir")).unwrap_or_else(|e| panic!("{e}\n{}", m.toml));
         let g = &cfg.weir;
         assert_eq!(g.listen_addr.to_string(), "0.0.0.0:6543");
         assert_eq!(g.auth_type, AuthType::ScramSha256);
@@ -481,7 +486,9 @@ reporter = pool_mode=session
 
     #[test]
     fn missing_auth_file_and_odd_lines_are_reported() {
-        let m = from_pgbouncer_ini("[pgbouncer]\nauth_type = md5\n%include other.ini\nnonsense\n[databases]\nx-y = host=/tmp port=5432\n");
+        let m = from_pgbouncer_ini(
+            "[pgbouncer]\nauth_type = md5\n%include other.ini\nnonsense\n[databases]\nx-y = host=/tmp port=5432\n",
+        );
         assert!(m.warnings.iter().any(|w| w.contains("auth_file is not set")));
         assert!(m.warnings.iter().any(|w| w.contains("%include")));
         assert!(m.warnings.iter().any(|w| w.contains("nonsense")));
@@ -492,7 +499,10 @@ reporter = pool_mode=session
     #[test]
     fn conninfo_handles_quotes_and_spaces() {
         let kv = conninfo(" host = db  dbname='a \\'b\\' c' port=1 ");
-        assert_eq!(kv, vec![("host".into(), "db".into()), ("dbname".into(), "a 'b' c".into()), ("port".into(), "1".into())]);
+        assert_eq!(
+            kv,
+            vec![("host".into(), "db".into()), ("dbname".into(), "a 'b' c".into()), ("port".into(), "1".into())]
+        );
         assert_eq!(strip_comment("a = 'x;y' ; note"), "a = 'x;y' ");
         assert_eq!(strip_comment("password=abc#def"), "password=abc#def");
         assert_eq!(seconds(0.25), "250ms");

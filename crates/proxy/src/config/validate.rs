@@ -71,7 +71,10 @@ impl Config {
         ];
         for (key, list) in lists {
             if let Some(bad) = list.iter().find(|n| !crate::params::valid_name(n) || n.starts_with("weir.")) {
-                return Err(invalid(format!("weir.{key}"), format!("\"{bad}\" is not a setting name a client may send")));
+                return Err(invalid(
+                    format!("weir.{key}"),
+                    format!("\"{bad}\" is not a setting name a client may send"),
+                ));
             }
         }
         Ok(())
@@ -85,10 +88,14 @@ impl Config {
             return Ok(());
         }
         let mode = || format!("is required when client_tls_sslmode = \"{}\"", g.client_tls_sslmode.as_str());
-        for (key, file) in [("client_tls_cert_file", &g.client_tls_cert_file), ("client_tls_key_file", &g.client_tls_key_file)] {
+        for (key, file) in
+            [("client_tls_cert_file", &g.client_tls_cert_file), ("client_tls_key_file", &g.client_tls_key_file)]
+        {
             match self.resolve(file) {
                 None => return Err(invalid(format!("weir.{key}"), mode())),
-                Some(p) if !p.is_file() => return Err(invalid(format!("weir.{key}"), format!("{} does not exist", p.display()))),
+                Some(p) if !p.is_file() => {
+                    return Err(invalid(format!("weir.{key}"), format!("{} does not exist", p.display())))
+                }
                 Some(_) => {}
             }
         }
@@ -120,7 +127,10 @@ impl Config {
             return Err(invalid("weir.server_tls_ca_file", why));
         }
         if g.server_tls_cert_file.is_some() != g.server_tls_key_file.is_some() {
-            return Err(invalid("weir.server_tls_key_file", "server_tls_cert_file and server_tls_key_file go together"));
+            return Err(invalid(
+                "weir.server_tls_key_file",
+                "server_tls_cert_file and server_tls_key_file go together",
+            ));
         }
         Ok(())
     }
@@ -135,7 +145,10 @@ impl Config {
             return Err(invalid(key("pool_size"), "must be at least 1"));
         }
         if s.min_pool_size > s.pool_size {
-            return Err(invalid(key("min_pool_size"), format!("{} exceeds pool_size {}", s.min_pool_size, s.pool_size)));
+            return Err(invalid(
+                key("min_pool_size"),
+                format!("{} exceeds pool_size {}", s.min_pool_size, s.pool_size),
+            ));
         }
         if s.query_wait_timeout.is_zero() {
             return Err(invalid(key("query_wait_timeout"), "must be above zero"));

@@ -79,7 +79,13 @@ pub struct Pool {
 impl Pool {
     pub(crate) fn new(key: PoolKey, opts: PoolOptions, db_servers: Arc<registry::DbCount>) -> Arc<Pool> {
         let metrics = PoolMetrics::new(key.database.clone(), key.user.clone());
-        let pool = Arc::new(Pool { key, metrics, stamps: Default::default(), state: Mutex::new(State::new(opts)), db_servers });
+        let pool = Arc::new(Pool {
+            key,
+            metrics,
+            stamps: Default::default(),
+            state: Mutex::new(State::new(opts)),
+            db_servers,
+        });
         pool.db_servers.pools.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::downgrade(&pool));
         upkeep::spawn(&pool);
         pool
@@ -119,13 +125,18 @@ impl Pool {
     /// that waits often keeps one, and moving it later is one atomic
     /// operation where a new timer is an insert into and a removal from
     /// tokio's timer wheel per wait.
-    pub async fn acquire_with(self: &Arc<Self>, deadline: Instant, timer: &mut Pin<Box<Sleep>>) -> Result<Lease, PoolError> {
+    pub async fn acquire_with(
+        self: &Arc<Self>,
+        deadline: Instant,
+        timer: &mut Pin<Box<Sleep>>,
+    ) -> Result<Lease, PoolError> {
         timer.as_mut().reset(deadline.into());
         let started = Instant::now();
         let timed_out = || {
             let last_error = self.lock().last_error.clone();
             // Rounded to whole milliseconds: the budget as configured.
-            let budget = Duration::from_millis(((deadline.saturating_duration_since(started).as_micros() + 500) / 1000) as u64);
+            let budget =
+                Duration::from_millis(((deadline.saturating_duration_since(started).as_micros() + 500) / 1000) as u64);
             PoolError::WaitTimeout { budget, waited: started.elapsed(), last_error }
         };
         loop {

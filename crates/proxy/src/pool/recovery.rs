@@ -99,7 +99,6 @@ fn copy_fail(buf: &mut BytesMut, why: &str) {
     buf.put_u8(0);
 }
 
-
 /// Runs the server check query before an idle-too-long server is lent out.
 pub(super) async fn check(conn: &mut ServerConn, query: &str, limit: Duration) -> Result<(), CloseReason> {
     match tokio::time::timeout(limit, run(conn, query)).await {

@@ -114,7 +114,10 @@ impl PoolOptions {
             }),
         };
         Some(PoolOptions {
-            connect_concurrency: g.server_connect_concurrency.min(settings.pool_size + settings.reserve_pool_size).max(1),
+            connect_concurrency: g
+                .server_connect_concurrency
+                .min(settings.pool_size + settings.reserve_pool_size)
+                .max(1),
             reserve_pool_timeout: g.reserve_pool_timeout,
             login_retry_max: g.server_login_retry,
             // Run only on connections marked for it: every one in session mode,

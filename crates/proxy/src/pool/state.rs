@@ -189,8 +189,11 @@ mod tests {
     use super::*;
 
     fn state() -> State {
-        let cfg = crate::config::Config::from_toml("[weir]\nauth_type = \"trust\"\n[databases.app]\n", std::path::Path::new("."))
-            .unwrap();
+        let cfg = crate::config::Config::from_toml(
+            "[weir]\nauth_type = \"trust\"\n[databases.app]\n",
+            std::path::Path::new("."),
+        )
+        .unwrap();
         let key = super::super::PoolKey { database: "app".into(), user: "u".into() };
         State::new(PoolOptions::from_config(&cfg, &key, crate::server::login::Credentials::None).unwrap())
     }

@@ -236,7 +236,9 @@ fn cancel_target(addr: SocketAddr, pid: i32, secret: i32) -> CancelTarget {
 
 /// TCP connect, socket options and login, unbounded (callers bound it).
 /// Bytes the server sent after ReadyForQuery stay in the returned buffer.
-pub(super) async fn open(spec: &ConnectSpec) -> Result<(ServerStream, BytesMut, super::login::LoginResult), ConnectError> {
+pub(super) async fn open(
+    spec: &ConnectSpec,
+) -> Result<(ServerStream, BytesMut, super::login::LoginResult), ConnectError> {
     let tcp = TcpStream::connect((spec.host.as_str(), spec.port)).await?;
     socket::apply(&tcp, &spec.liveness)?;
     let mut stream = match &spec.tls {
@@ -244,12 +246,8 @@ pub(super) async fn open(spec: &ConnectSpec) -> Result<(ServerStream, BytesMut, 
         None => ServerStream::Plain(tcp),
     };
     let mut buf = BytesMut::with_capacity(8192);
-    let params = LoginParams {
-        user: &spec.user,
-        credentials: &spec.credentials,
-        database: &spec.dbname,
-        startup_params: &[],
-    };
+    let params =
+        LoginParams { user: &spec.user, credentials: &spec.credentials, database: &spec.dbname, startup_params: &[] };
     let result = login(&mut stream, &mut buf, &params).await?;
     Ok((stream, buf, result))
 }
@@ -262,7 +260,11 @@ const SSL_REFUSED: u8 = b'N';
 /// the server sent after its `S` is read by rustls as TLS records and fails
 /// the handshake, never taken as plaintext: CVE-2021-23222's class); `N`
 /// continues in plaintext only with `prefer`.
-async fn negotiate_tls(mut tcp: TcpStream, tls: &crate::tls::ServerTls, host: &str) -> Result<ServerStream, ConnectError> {
+async fn negotiate_tls(
+    mut tcp: TcpStream,
+    tls: &crate::tls::ServerTls,
+    host: &str,
+) -> Result<ServerStream, ConnectError> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let fail = |why: String| ConnectError::Tls { mode: tls.mode.as_str(), why };
     tcp.write_all(&crate::protocol::messages::encryption_request(crate::protocol::tags::startup::SSL_REQUEST)).await?;

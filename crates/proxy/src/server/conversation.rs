@@ -194,11 +194,7 @@ impl Conversation {
     /// the rest if needed); everything else streams. Stops right after a
     /// ReadyForQuery that settles what the server owed, so bytes after it stay
     /// with the connection. `on_param` sees every ParameterStatus.
-    pub fn scan_server(
-        &mut self,
-        buf: &[u8],
-        mut on_param: impl FnMut(&str, &str),
-    ) -> Result<Inbound, ProtocolError> {
+    pub fn scan_server(&mut self, buf: &[u8], mut on_param: impl FnMut(&str, &str)) -> Result<Inbound, ProtocolError> {
         let mut out = Inbound::default();
         let n = self.from_server_partial.min(buf.len());
         self.from_server_partial -= n;
@@ -211,7 +207,11 @@ impl Conversation {
             let avail = buf.len() - at;
             let inspect = matches!(
                 tag,
-                be::READY_FOR_QUERY | be::PARAMETER_STATUS | be::ERROR_RESPONSE | be::COPY_IN_RESPONSE | be::COPY_BOTH_RESPONSE
+                be::READY_FOR_QUERY
+                    | be::PARAMETER_STATUS
+                    | be::ERROR_RESPONSE
+                    | be::COPY_IN_RESPONSE
+                    | be::COPY_BOTH_RESPONSE
             ) && total <= STREAM_THRESHOLD;
             if avail < total {
                 if !inspect {
@@ -344,7 +344,8 @@ mod tests {
         let replies = [msg(be::BIND_COMPLETE, b""), msg(be::COPY_IN_RESPONSE, b"\0\0\0")].concat();
         c.scan_server(&replies, |_, _| {}).unwrap();
         assert_eq!((c.pending_rfq, c.copy_in, c.in_batch), (0, true, true));
-        let rest = [msg(fe::COPY_DATA, b"1\n"), msg(fe::SYNC, b""), msg(fe::COPY_DONE, b""), msg(fe::SYNC, b"")].concat();
+        let rest =
+            [msg(fe::COPY_DATA, b"1\n"), msg(fe::SYNC, b""), msg(fe::COPY_DONE, b""), msg(fe::SYNC, b"")].concat();
         c.scan_client(&rest, 1 << 20).unwrap();
         assert_eq!(c.pending_rfq, 1, "only the Sync after CopyDone is answered");
         let done = [msg(be::COMMAND_COMPLETE, b"COPY 1\0"), msg(be::READY_FOR_QUERY, b"I")].concat();

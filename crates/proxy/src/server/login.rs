@@ -77,7 +77,9 @@ pub enum LoginError {
     NoPassword,
     /// The server asked for a method the stored credentials cannot serve
     /// (e.g. cleartext with only a SCRAM ClientKey).
-    #[error("the server asked for {asked} authentication, which weir cannot do with the {held} it holds for this user")]
+    #[error(
+        "the server asked for {asked} authentication, which weir cannot do with the {held} it holds for this user"
+    )]
     WrongCredentials { asked: &'static str, held: &'static str },
     /// SCRAM pass-through: the server's salt/iterations are not those of
     /// the verifier the client authenticated against.
@@ -115,11 +117,9 @@ impl LoginError {
     /// for becomes `08006`; `server_code()` gives the exact one.
     pub fn sqlstate(&self) -> SqlState {
         match self {
-            LoginError::Server { code, .. } => KNOWN_CODES
-                .iter()
-                .copied()
-                .find(|s| s.code() == code)
-                .unwrap_or(sqlstate::CONNECTION_FAILURE),
+            LoginError::Server { code, .. } => {
+                KNOWN_CODES.iter().copied().find(|s| s.code() == code).unwrap_or(sqlstate::CONNECTION_FAILURE)
+            }
             LoginError::NoPassword | LoginError::WrongCredentials { .. } => {
                 sqlstate::INVALID_AUTHORIZATION_SPECIFICATION
             }
@@ -189,18 +189,12 @@ pub async fn login<S: AsyncRead + AsyncWrite + Unpin>(
 
 fn write_startup(out: &mut BytesMut, p: &LoginParams<'_>) -> Result<(), LoginError> {
     let fixed = [("user", p.user), ("database", p.database)];
-    let extra = p
-        .startup_params
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()));
+    let extra = p.startup_params.iter().map(|(k, v)| (k.as_str(), v.as_str()));
     frontend::startup_message(fixed.into_iter().chain(extra), out)
         .map_err(|e| protocol(format!("cannot encode startup message: {e}")))
 }
 
-async fn flush<S: AsyncWrite + Unpin>(
-    stream: &mut S,
-    out: &mut BytesMut,
-) -> Result<(), LoginError> {
+async fn flush<S: AsyncWrite + Unpin>(stream: &mut S, out: &mut BytesMut) -> Result<(), LoginError> {
     stream.write_all(out).await?;
     stream.flush().await?;
     out.clear();
@@ -208,10 +202,7 @@ async fn flush<S: AsyncWrite + Unpin>(
 }
 
 /// Reads the next frame, handling ErrorResponse and skipping NoticeResponse.
-async fn next_frame<S: AsyncRead + Unpin>(
-    stream: &mut S,
-    buf: &mut BytesMut,
-) -> Result<Frame, LoginError> {
+async fn next_frame<S: AsyncRead + Unpin>(stream: &mut S, buf: &mut BytesMut) -> Result<Frame, LoginError> {
     loop {
         let frame = wire::read_frame(stream, buf, MAX_LOGIN_MESSAGE_LEN).await?;
         match frame.tag {
@@ -224,10 +215,7 @@ async fn next_frame<S: AsyncRead + Unpin>(
 
 fn server_error(body: &[u8]) -> LoginError {
     match messages::parse_error_fields(body) {
-        Ok(f) => LoginError::Server {
-            code: f.code,
-            message: f.message,
-        },
+        Ok(f) => LoginError::Server { code: f.code, message: f.message },
         Err(e) => protocol(format!("malformed ErrorResponse: {e}")),
     }
 }
@@ -268,9 +256,7 @@ async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
                 frontend::password_message(pw.as_bytes(), out).map_err(encode_error)?;
             }
             tags::auth::MD5_PASSWORD => {
-                let salt: [u8; 4] = payload
-                    .try_into()
-                    .map_err(|_| protocol("bad MD5 salt length"))?;
+                let salt: [u8; 4] = payload.try_into().map_err(|_| protocol("bad MD5 salt length"))?;
                 let hash = md5_response(p, salt)?;
                 frontend::password_message(hash.as_bytes(), out).map_err(encode_error)?;
             }
@@ -278,25 +264,17 @@ async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
                 scram = Some(start_scram(payload, p.credentials, out)?);
             }
             tags::auth::SASL_CONTINUE => {
-                let s = scram
-                    .as_mut()
-                    .ok_or_else(|| protocol("unexpected SASLContinue"))?;
+                let s = scram.as_mut().ok_or_else(|| protocol("unexpected SASLContinue"))?;
                 let msg = s.update(payload)?;
                 frontend::sasl_response(&msg, out).map_err(encode_error)?;
             }
             tags::auth::SASL_FINAL if !scram_finished => {
-                let s = scram
-                    .as_mut()
-                    .ok_or_else(|| protocol("unexpected SASLFinal"))?;
+                let s = scram.as_mut().ok_or_else(|| protocol("unexpected SASLFinal"))?;
                 s.finish(payload)?;
                 scram_finished = true;
                 continue;
             }
-            other => {
-                return Err(protocol(format!(
-                    "unsupported or unexpected authentication request {other}"
-                )))
-            }
+            other => return Err(protocol(format!("unsupported or unexpected authentication request {other}"))),
         }
         flush(stream, out).await?;
     }
@@ -350,9 +328,9 @@ impl Sasl {
 
     fn finish(&mut self, server_final: &[u8]) -> Result<(), LoginError> {
         match self {
-            Sasl::Password(s) => s
-                .finish(server_final)
-                .map_err(|e| protocol(format!("SCRAM server verification failed: {e}"))),
+            Sasl::Password(s) => {
+                s.finish(server_final).map_err(|e| protocol(format!("SCRAM server verification failed: {e}")))
+            }
             Sasl::Keys(c) => c.verify_server_final(server_final).map_err(passthrough_error),
         }
     }
@@ -371,16 +349,10 @@ fn encode_error(e: std::io::Error) -> LoginError {
 }
 
 /// Checks the offered mechanisms and writes the SASLInitialResponse.
-fn start_scram(
-    mechanisms: &[u8],
-    credentials: &Credentials,
-    out: &mut BytesMut,
-) -> Result<Sasl, LoginError> {
+fn start_scram(mechanisms: &[u8], credentials: &Credentials, out: &mut BytesMut) -> Result<Sasl, LoginError> {
     let offered = mechanisms.split(|&b| b == 0).take_while(|m| !m.is_empty());
     if !offered.into_iter().any(|m| m == SCRAM_SHA_256.as_bytes()) {
-        return Err(protocol(format!(
-            "server offers no {SCRAM_SHA_256} authentication"
-        )));
+        return Err(protocol(format!("server offers no {SCRAM_SHA_256} authentication")));
     }
     let (sasl, first) = match credentials {
         Credentials::Password(pw) => {
@@ -415,20 +387,12 @@ async fn collect_until_ready<S: AsyncRead + Unpin>(
                 result.server_params.push(param);
             }
             tags::backend::BACKEND_KEY_DATA => {
-                let body: [u8; 8] = frame
-                    .body()
-                    .try_into()
-                    .map_err(|_| protocol("malformed BackendKeyData"))?;
+                let body: [u8; 8] = frame.body().try_into().map_err(|_| protocol("malformed BackendKeyData"))?;
                 result.backend_pid = i32::from_be_bytes([body[0], body[1], body[2], body[3]]);
                 result.backend_secret = i32::from_be_bytes([body[4], body[5], body[6], body[7]]);
             }
             tags::backend::READY_FOR_QUERY => return Ok(result),
-            t => {
-                return Err(protocol(format!(
-                    "unexpected message type {:?} during login",
-                    char::from(t)
-                )))
-            }
+            t => return Err(protocol(format!("unexpected message type {:?} during login", char::from(t)))),
         }
     }
 }
@@ -473,12 +437,7 @@ mod tests {
     fn ready(out: &mut BytesMut) {
         messages::authentication(out, tags::auth::OK, &[]);
         messages::parameter_status(out, "server_version", "17.0");
-        messages::error_response(
-            out,
-            messages::Severity::Notice,
-            sqlstate::INTERNAL_ERROR,
-            "hello",
-        );
+        messages::error_response(out, messages::Severity::Notice, sqlstate::INTERNAL_ERROR, "hello");
         messages::parameter_status(out, "client_encoding", "UTF8");
         messages::backend_key_data(out, 4242, -7);
         messages::ready_for_query(out, tags::status::IDLE);
@@ -489,12 +448,7 @@ mod tests {
             None => &Credentials::None,
             Some(p) => Box::leak(Box::new(Credentials::Password(p.to_owned()))),
         };
-        LoginParams {
-            user: "alice",
-            credentials,
-            database: "db",
-            startup_params: extra,
-        }
+        LoginParams { user: "alice", credentials, database: "db", startup_params: extra }
     }
 
     fn expect_ready(r: Result<LoginResult, LoginError>) {
@@ -502,10 +456,7 @@ mod tests {
         assert_eq!(r.backend_pid, 4242);
         assert_eq!(r.backend_secret, -7);
         let want = [("server_version", "17.0"), ("client_encoding", "UTF8")];
-        assert_eq!(
-            r.server_params,
-            want.map(|(k, v)| (k.to_owned(), v.to_owned()))
-        );
+        assert_eq!(r.server_params, want.map(|(k, v)| (k.to_owned(), v.to_owned())));
     }
 
     async fn read_password(s: &mut DuplexStream, buf: &mut BytesMut) -> Vec<u8> {
@@ -518,11 +469,7 @@ mod tests {
     async fn trust_collects_params_key_and_ready() {
         let extra = [("application_name".to_owned(), "app".to_owned())];
         let r = run(params(None, &extra), |mut s, _, startup| async move {
-            let want = [
-                ("user", "alice"),
-                ("database", "db"),
-                ("application_name", "app"),
-            ];
+            let want = [("user", "alice"), ("database", "db"), ("application_name", "app")];
             assert_eq!(startup, want.map(|(k, v)| (k.to_owned(), v.to_owned())));
             write(&mut s, ready).await;
         })
@@ -533,10 +480,7 @@ mod tests {
     #[tokio::test]
     async fn md5_and_cleartext_send_the_right_password() {
         let r = run(params(Some("pw"), &[]), |mut s, mut buf, _| async move {
-            write(&mut s, |o| {
-                messages::authentication(o, tags::auth::MD5_PASSWORD, &[1, 2, 3, 4])
-            })
-            .await;
+            write(&mut s, |o| messages::authentication(o, tags::auth::MD5_PASSWORD, &[1, 2, 3, 4])).await;
             let got = read_password(&mut s, &mut buf).await;
             let want = md5_hash(b"alice", b"pw", [1, 2, 3, 4]);
             assert_eq!(got, [want.as_bytes(), b"\0"].concat());
@@ -545,10 +489,7 @@ mod tests {
         .await;
         expect_ready(r);
         let r = run(params(Some("pw"), &[]), |mut s, mut buf, _| async move {
-            write(&mut s, |o| {
-                messages::authentication(o, tags::auth::CLEARTEXT_PASSWORD, &[])
-            })
-            .await;
+            write(&mut s, |o| messages::authentication(o, tags::auth::CLEARTEXT_PASSWORD, &[])).await;
             assert_eq!(read_password(&mut s, &mut buf).await, b"pw\0");
             write(&mut s, ready).await;
         })
@@ -560,28 +501,14 @@ mod tests {
     async fn scram_against_weirs_own_server() {
         let r = run(params(Some("pw"), &[]), |mut s, mut buf, _| async move {
             let mut server = ScramServer::new(ScramSecret::from_password("pw"));
-            write(&mut s, |o| {
-                messages::authentication(
-                    o,
-                    tags::auth::SASL,
-                    b"SCRAM-SHA-256-PLUS\0SCRAM-SHA-256\0\0",
-                )
-            })
-            .await;
+            write(&mut s, |o| messages::authentication(o, tags::auth::SASL, b"SCRAM-SHA-256-PLUS\0SCRAM-SHA-256\0\0"))
+                .await;
             let initial = read_password(&mut s, &mut buf).await;
             let client_first = &initial[b"SCRAM-SHA-256\0".len() + 4..];
             let first = server.handle_client_first(client_first).unwrap();
-            write(&mut s, |o| {
-                messages::authentication(o, tags::auth::SASL_CONTINUE, first.as_bytes())
-            })
-            .await;
-            let ok = server
-                .handle_client_final(&read_password(&mut s, &mut buf).await)
-                .unwrap();
-            write(&mut s, |o| {
-                messages::authentication(o, tags::auth::SASL_FINAL, ok.server_final.as_bytes())
-            })
-            .await;
+            write(&mut s, |o| messages::authentication(o, tags::auth::SASL_CONTINUE, first.as_bytes())).await;
+            let ok = server.handle_client_final(&read_password(&mut s, &mut buf).await).unwrap();
+            write(&mut s, |o| messages::authentication(o, tags::auth::SASL_FINAL, ok.server_final.as_bytes())).await;
             write(&mut s, ready).await;
         })
         .await;
@@ -592,25 +519,14 @@ mod tests {
     /// sends a forged SASLFinal or skips straight to AuthenticationOk.
     async fn impostor(mut s: DuplexStream, mut buf: BytesMut, forge_final: bool) {
         let mut server = ScramServer::new(ScramSecret::from_password("other"));
-        write(&mut s, |o| {
-            messages::authentication(o, tags::auth::SASL, b"SCRAM-SHA-256\0\0")
-        })
-        .await;
+        write(&mut s, |o| messages::authentication(o, tags::auth::SASL, b"SCRAM-SHA-256\0\0")).await;
         let initial = read_password(&mut s, &mut buf).await;
-        let first = server
-            .handle_client_first(&initial[b"SCRAM-SHA-256\0".len() + 4..])
-            .unwrap();
-        write(&mut s, |o| {
-            messages::authentication(o, tags::auth::SASL_CONTINUE, first.as_bytes())
-        })
-        .await;
+        let first = server.handle_client_first(&initial[b"SCRAM-SHA-256\0".len() + 4..]).unwrap();
+        write(&mut s, |o| messages::authentication(o, tags::auth::SASL_CONTINUE, first.as_bytes())).await;
         let _ = read_password(&mut s, &mut buf).await;
         if forge_final {
             let forged = b"v=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
-            write(&mut s, |o| {
-                messages::authentication(o, tags::auth::SASL_FINAL, forged)
-            })
-            .await;
+            write(&mut s, |o| messages::authentication(o, tags::auth::SASL_FINAL, forged)).await;
         }
         write(&mut s, |o| messages::authentication(o, tags::auth::OK, &[])).await;
     }
@@ -618,10 +534,7 @@ mod tests {
     #[tokio::test]
     async fn scram_rejects_forged_server_final_and_skipped_final() {
         for forge_final in [true, false] {
-            let r = run(params(Some("pw"), &[]), |s, buf, _| {
-                impostor(s, buf, forge_final)
-            })
-            .await;
+            let r = run(params(Some("pw"), &[]), |s, buf, _| impostor(s, buf, forge_final)).await;
             assert!(matches!(r, Err(LoginError::Protocol(_))), "{r:?}");
         }
     }
@@ -638,10 +551,7 @@ mod tests {
         })
         .await;
         let e = r.unwrap_err();
-        assert!(
-            matches!(&e, LoginError::Server { code, message } if code.is_empty() && message == "boom"),
-            "{e:?}"
-        );
+        assert!(matches!(&e, LoginError::Server { code, message } if code.is_empty() && message == "boom"), "{e:?}");
         assert_eq!(e.sqlstate(), sqlstate::CONNECTION_FAILURE);
         assert_eq!(e.server_code(), None);
         assert!(!e.is_auth_failure());
@@ -650,20 +560,10 @@ mod tests {
     #[tokio::test]
     async fn auth_failures_are_recognised() {
         let r = run(params(Some("pw"), &[]), |mut s, mut buf, _| async move {
-            write(&mut s, |o| {
-                messages::authentication(o, tags::auth::CLEARTEXT_PASSWORD, &[])
-            })
-            .await;
+            write(&mut s, |o| messages::authentication(o, tags::auth::CLEARTEXT_PASSWORD, &[])).await;
             let _ = read_password(&mut s, &mut buf).await;
-            write(&mut s, |o| {
-                messages::error_response(
-                    o,
-                    messages::Severity::Fatal,
-                    sqlstate::INVALID_PASSWORD,
-                    "no",
-                )
-            })
-            .await;
+            write(&mut s, |o| messages::error_response(o, messages::Severity::Fatal, sqlstate::INVALID_PASSWORD, "no"))
+                .await;
         })
         .await;
         let e = r.unwrap_err();
@@ -673,17 +573,11 @@ mod tests {
         assert_eq!(e.client_message(), "no");
 
         let r = run(params(None, &[]), |mut s, _, _| async move {
-            write(&mut s, |o| {
-                messages::authentication(o, tags::auth::MD5_PASSWORD, &[0; 4])
-            })
-            .await;
+            write(&mut s, |o| messages::authentication(o, tags::auth::MD5_PASSWORD, &[0; 4])).await;
         })
         .await;
         let e = r.unwrap_err();
-        assert!(
-            matches!(e, LoginError::NoPassword) && e.is_auth_failure(),
-            "{e:?}"
-        );
+        assert!(matches!(e, LoginError::NoPassword) && e.is_auth_failure(), "{e:?}");
     }
 
     #[tokio::test]

@@ -38,9 +38,7 @@ pub struct ScramKeys {
 
 impl std::fmt::Debug for ScramKeys {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ScramKeys")
-            .field("iterations", &self.iterations)
-            .finish_non_exhaustive()
+        f.debug_struct("ScramKeys").field("iterations", &self.iterations).finish_non_exhaustive()
     }
 }
 
@@ -90,11 +88,7 @@ impl PassthroughClient {
     }
 
     fn with_nonce(keys: ScramKeys, nonce: &str) -> PassthroughClient {
-        PassthroughClient {
-            keys,
-            client_first_bare: format!("n=,r={nonce}"),
-            auth_message: None,
-        }
+        PassthroughClient { keys, client_first_bare: format!("n=,r={nonce}"), auth_message: None }
     }
 
     /// The client-first-message.
@@ -107,8 +101,7 @@ impl PassthroughClient {
         if self.auth_message.is_some() {
             return Err(ScramClientError::OutOfOrder);
         }
-        let text =
-            std::str::from_utf8(msg).map_err(|_| ScramClientError::Malformed("not UTF-8"))?;
+        let text = std::str::from_utf8(msg).map_err(|_| ScramClientError::Malformed("not UTF-8"))?;
         let (nonce, salt, iterations) = parse_server_first(text)?;
         let ours = &self.client_first_bare["n=,r=".len()..];
         if nonce.len() <= ours.len() || !nonce.starts_with(ours) {
@@ -121,22 +114,15 @@ impl PassthroughClient {
         let auth_message = format!("{},{text},{without_proof}", self.client_first_bare);
         let signature = hmac(&self.keys.stored_key, auth_message.as_bytes());
         let mut proof = self.keys.client_key;
-        proof
-            .iter_mut()
-            .zip(signature.iter())
-            .for_each(|(p, s)| *p ^= s);
+        proof.iter_mut().zip(signature.iter()).for_each(|(p, s)| *p ^= s);
         self.auth_message = Some(auth_message);
         Ok(format!("{without_proof},p={}", B64.encode(proof)))
     }
 
     /// Checks the server-final-message (`v=<ServerSignature>`).
     pub fn verify_server_final(&self, msg: &[u8]) -> Result<(), ScramClientError> {
-        let auth_message = self
-            .auth_message
-            .as_ref()
-            .ok_or(ScramClientError::OutOfOrder)?;
-        let text =
-            std::str::from_utf8(msg).map_err(|_| ScramClientError::Malformed("not UTF-8"))?;
+        let auth_message = self.auth_message.as_ref().ok_or(ScramClientError::OutOfOrder)?;
+        let text = std::str::from_utf8(msg).map_err(|_| ScramClientError::Malformed("not UTF-8"))?;
         if let Some(e) = text.strip_prefix("e=") {
             return Err(ScramClientError::ServerError(e.chars().take(200).collect()));
         }
@@ -145,9 +131,7 @@ impl PassthroughClient {
             .next()
             .and_then(|a| a.strip_prefix("v="))
             .ok_or(ScramClientError::Malformed("missing verifier"))?;
-        let got = B64
-            .decode(v)
-            .map_err(|_| ScramClientError::Malformed("verifier is not base64"))?;
+        let got = B64.decode(v).map_err(|_| ScramClientError::Malformed("verifier is not base64"))?;
         let want = hmac(&self.keys.server_key, auth_message.as_bytes());
         if bool::from(want.as_slice().ct_eq(&got)) {
             Ok(())
@@ -161,22 +145,11 @@ impl PassthroughClient {
 fn parse_server_first(text: &str) -> Result<(&str, Vec<u8>, u32), ScramClientError> {
     let bad = ScramClientError::Malformed;
     let mut attrs = text.split(',');
-    let nonce = attrs
-        .next()
-        .and_then(|a| a.strip_prefix("r="))
-        .ok_or(bad("missing nonce"))?;
-    let salt = attrs
-        .next()
-        .and_then(|a| a.strip_prefix("s="))
-        .ok_or(bad("missing salt"))?;
-    let iterations = attrs
-        .next()
-        .and_then(|a| a.strip_prefix("i="))
-        .ok_or(bad("missing iteration count"))?;
+    let nonce = attrs.next().and_then(|a| a.strip_prefix("r=")).ok_or(bad("missing nonce"))?;
+    let salt = attrs.next().and_then(|a| a.strip_prefix("s=")).ok_or(bad("missing salt"))?;
+    let iterations = attrs.next().and_then(|a| a.strip_prefix("i=")).ok_or(bad("missing iteration count"))?;
     let salt = B64.decode(salt).map_err(|_| bad("salt is not base64"))?;
-    let iterations = iterations
-        .parse()
-        .map_err(|_| bad("iteration count is not a number"))?;
+    let iterations = iterations.parse().map_err(|_| bad("iteration count is not a number"))?;
     Ok((nonce, salt, iterations))
 }
 
@@ -204,13 +177,10 @@ mod tests {
     fn exchange(keys: ScramKeys, server_secret: ScramSecret) -> Result<(), ScramClientError> {
         let mut client = PassthroughClient::new(keys);
         let mut server = ScramServer::new(server_secret);
-        let first = server
-            .handle_client_first(client.client_first().as_bytes())
-            .expect("client-first");
+        let first = server.handle_client_first(client.client_first().as_bytes()).expect("client-first");
         let fin = client.handle_server_first(first.as_bytes())?;
-        let ok = server
-            .handle_client_final(fin.as_bytes())
-            .map_err(|_| ScramClientError::ServerError("proof".into()))?;
+        let ok =
+            server.handle_client_final(fin.as_bytes()).map_err(|_| ScramClientError::ServerError("proof".into()))?;
         client.verify_server_final(ok.server_final.as_bytes())
     }
 
@@ -227,16 +197,10 @@ mod tests {
         let secret = ScramSecret::from_password("s3cret");
         let keys = learned_keys(&secret, "s3cret");
         // Password changed: new salt.
-        assert_eq!(
-            exchange(keys.clone(), ScramSecret::from_password("new")),
-            Err(ScramClientError::StaleVerifier)
-        );
+        assert_eq!(exchange(keys.clone(), ScramSecret::from_password("new")), Err(ScramClientError::StaleVerifier));
         // Same salt and iterations, other password: the server refuses the proof.
         let other = ScramSecret::from_password_with("new", secret.salt.clone(), secret.iterations);
-        assert!(matches!(
-            exchange(keys, other),
-            Err(ScramClientError::ServerError(_))
-        ));
+        assert!(matches!(exchange(keys, other), Err(ScramClientError::ServerError(_))));
     }
 
     #[test]
@@ -244,58 +208,25 @@ mod tests {
         let secret = ScramSecret::from_password("pw");
         let keys = learned_keys(&secret, "pw");
         let mut client = PassthroughClient::with_nonce(keys.clone(), "abc");
-        assert_eq!(
-            client.verify_server_final(b"v=AAAA"),
-            Err(ScramClientError::OutOfOrder)
-        );
+        assert_eq!(client.verify_server_final(b"v=AAAA"), Err(ScramClientError::OutOfOrder));
         let salt = B64.encode(&secret.salt);
         let iters = secret.iterations;
         for (msg, want) in [
-            (
-                format!("r=xyz123,s={salt},i={iters}"),
-                ScramClientError::NonceMismatch,
-            ),
-            (
-                format!("r=abc,s={salt},i={iters}"),
-                ScramClientError::NonceMismatch,
-            ),
-            (
-                format!("r=abcd,i={iters}"),
-                ScramClientError::Malformed("missing salt"),
-            ),
-            (
-                format!("r=abcd,s=!!,i={iters}"),
-                ScramClientError::Malformed("salt is not base64"),
-            ),
-            (
-                format!("r=abcd,s={salt},i=x"),
-                ScramClientError::Malformed("iteration count is not a number"),
-            ),
-            (
-                format!("r=abcd,s={salt},i={}", iters + 1),
-                ScramClientError::StaleVerifier,
-            ),
+            (format!("r=xyz123,s={salt},i={iters}"), ScramClientError::NonceMismatch),
+            (format!("r=abc,s={salt},i={iters}"), ScramClientError::NonceMismatch),
+            (format!("r=abcd,i={iters}"), ScramClientError::Malformed("missing salt")),
+            (format!("r=abcd,s=!!,i={iters}"), ScramClientError::Malformed("salt is not base64")),
+            (format!("r=abcd,s={salt},i=x"), ScramClientError::Malformed("iteration count is not a number")),
+            (format!("r=abcd,s={salt},i={}", iters + 1), ScramClientError::StaleVerifier),
         ] {
-            assert_eq!(
-                client.handle_server_first(msg.as_bytes()),
-                Err(want),
-                "{msg}"
-            );
+            assert_eq!(client.handle_server_first(msg.as_bytes()), Err(want), "{msg}");
         }
-        client
-            .handle_server_first(format!("r=abcd,s={salt},i={iters}").as_bytes())
-            .unwrap();
+        client.handle_server_first(format!("r=abcd,s={salt},i={iters}").as_bytes()).unwrap();
         assert_eq!(
             client.verify_server_final(b"v=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="),
             Err(ScramClientError::BadServerSignature)
         );
-        assert!(matches!(
-            client.verify_server_final(b"e=invalid-proof"),
-            Err(ScramClientError::ServerError(_))
-        ));
-        assert_eq!(
-            client.verify_server_final(b"x"),
-            Err(ScramClientError::Malformed("missing verifier"))
-        );
+        assert!(matches!(client.verify_server_final(b"e=invalid-proof"), Err(ScramClientError::ServerError(_))));
+        assert_eq!(client.verify_server_final(b"x"), Err(ScramClientError::Malformed("missing verifier")));
     }
 }

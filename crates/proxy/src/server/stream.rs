@@ -50,11 +50,7 @@ impl ServerStream {
 }
 
 impl AsyncRead for ServerStream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             ServerStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
             ServerStream::Tls(s) => {
@@ -66,11 +62,7 @@ impl AsyncRead for ServerStream {
 }
 
 impl AsyncWrite for ServerStream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             ServerStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
             ServerStream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
@@ -105,11 +97,7 @@ pub enum ServerWriter<'a> {
 }
 
 impl AsyncRead for ServerReader<'_> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             ServerReader::Plain(r) => Pin::new(r).poll_read(cx, buf),
             ServerReader::Tls(r) => Pin::new(r).poll_read(cx, buf),
@@ -118,11 +106,7 @@ impl AsyncRead for ServerReader<'_> {
 }
 
 impl AsyncWrite for ServerWriter<'_> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             ServerWriter::Plain(w) => Pin::new(w).poll_write(cx, buf),
             ServerWriter::Tls(w) => Pin::new(w).poll_write(cx, buf),

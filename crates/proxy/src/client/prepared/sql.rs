@@ -50,7 +50,11 @@ pub fn classify(text: &[u8]) -> Sql {
     let kind = if is(b"deallocate") {
         deallocate(&mut w)
     } else if is(b"discard") {
-        if w.bare().eq_ignore_ascii_case(b"all") { Sql::DropsAll } else { Sql::Other }
+        if w.bare().eq_ignore_ascii_case(b"all") {
+            Sql::DropsAll
+        } else {
+            Sql::Other
+        }
     } else if is(b"listen") {
         Sql::Pins("LISTEN")
     } else if is(b"prepare") {
@@ -82,7 +86,8 @@ fn takes_session_advisory_lock(text: &[u8]) -> bool {
         i >= 3
             && i + LOCK.len() <= text.len()
             && text[i..i + LOCK.len()].eq_ignore_ascii_case(LOCK)
-            && (text[i - 3..i].eq_ignore_ascii_case(b"pg_") || (i >= 7 && text[i - 7..i].eq_ignore_ascii_case(b"pg_try_")))
+            && (text[i - 3..i].eq_ignore_ascii_case(b"pg_")
+                || (i >= 7 && text[i - 7..i].eq_ignore_ascii_case(b"pg_try_")))
     })
 }
 
