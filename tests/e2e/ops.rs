@@ -52,7 +52,7 @@ async fn metrics_move_under_load_and_count_server_closes_by_reason() {
     assert!(metric(&m, "weir_client_connections_total", &[("result", "ok")]) >= 4.0);
     let opened = metric(&m, "weir_server_connections_opened_total", POOL);
     assert!((1.0..=4.0).contains(&opened), "opened {opened}");
-    let opens_rate = || metric(&w.metrics(), "weir_server_connection_opens_per_second", &with(&[("window", "60s")]));
+    let opens_rate = || metric(&w.metrics(), "weir_server_connections_opened_per_second", &with(&[("window", "60s")]));
     assert!(eventually(Duration::from_secs(3), || opens_rate() > 0.0).await, "opens per second");
     let idle_clients = || metric(&w.metrics(), "weir_pool_clients", &with(&[("state", "idle")]));
     assert!(eventually(Duration::from_secs(3), || idle_clients() == 4.0).await, "clients gauge: {}", idle_clients());
@@ -97,7 +97,7 @@ async fn metrics_move_under_load_and_count_server_closes_by_reason() {
         "closed{{reason=server_closed}} went from {closed_before} to {} after killing {killed} backends",
         closed()
     );
-    let closes_rate = || metric(&w.metrics(), "weir_server_connection_closes_per_second", &with(&[("window", "60s")]));
+    let closes_rate = || metric(&w.metrics(), "weir_server_connections_closed_per_second", &with(&[("window", "60s")]));
     assert!(eventually(Duration::from_secs(3), || closes_rate() > 0.0).await, "closes per second");
     // The pool refills and the clients carry on.
     for c in &clients {

@@ -6,8 +6,6 @@
 //! Each enum has `as_label()` (the exported label value), `ALL`, `COUNT` and a
 //! dense `index()` used to address per-variant counter arrays.
 
-use std::fmt;
-
 /// Defines a fieldless enum with a label per variant plus `ALL`/`COUNT`/`index()`.
 macro_rules! label_enum {
     ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $var:ident => $label:literal),+ $(,)? }) => {
@@ -32,8 +30,8 @@ macro_rules! label_enum {
             }
         }
 
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str(self.as_label())
             }
         }
@@ -142,7 +140,11 @@ label_enum! {
 mod tests {
     use super::*;
 
-    fn check<T: Copy + PartialEq + fmt::Debug>(all: &[T], idx: impl Fn(T) -> usize, label: impl Fn(T) -> &'static str) {
+    fn check<T: Copy + PartialEq + std::fmt::Debug>(
+        all: &[T],
+        idx: impl Fn(T) -> usize,
+        label: impl Fn(T) -> &'static str,
+    ) {
         let mut labels = std::collections::HashSet::new();
         for (i, v) in all.iter().enumerate() {
             assert_eq!(idx(*v), i);

@@ -1,8 +1,9 @@
 //! The Prometheus exporter: installs the global `metrics` recorder and serves
 //! `/metrics`, `/healthz` and `/readyz` over plain blocking HTTP/1.1 on its own
 //! OS threads, so scrapes and probes keep working while the tokio data path is
-//! saturated. Also runs recorder upkeep and [`publish_all`](crate::publish_all)
-//! once a second.
+//! saturated. Also runs recorder upkeep once a second. A scrape is the
+//! recorder's process-wide series, the process's own figures (RSS, open file
+//! descriptors, CPU, from `metrics-process`) and every live pool's series.
 
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
@@ -94,12 +95,24 @@ pub fn install(listen: SocketAddr, ready: ReadyFn) -> Result<Exporter, MetricsEr
     Ok(exporter)
 }
 
-/// Renders the globally installed recorder (after publishing pool gauges);
+/// Renders what `/metrics` serves from the globally installed recorder;
 /// `None` if this crate has not installed one.
 pub fn render() -> Option<String> {
-    let handle = INSTALLED.get()?;
-    crate::pool::publish_all();
-    Some(handle.render())
+    INSTALLED.get().map(scrape)
+}
+
+/// One scrape: process figures, the recorder's series, every live pool.
+pub(crate) fn scrape(handle: &PrometheusHandle) -> String {
+    static PROCESS: OnceLock<metrics_process::Collector> = OnceLock::new();
+    let process = PROCESS.get_or_init(|| {
+        let c = metrics_process::Collector::default();
+        c.describe();
+        c
+    });
+    process.collect();
+    let mut text = handle.render();
+    text.push_str(&crate::pool::render_all());
+    text
 }
 
 impl Exporter {
@@ -115,8 +128,7 @@ impl Exporter {
 
     /// Renders the served recorder, as `/metrics` would.
     pub fn render(&self) -> String {
-        crate::pool::publish_all();
-        self.handle.render()
+        scrape(&self.handle)
     }
 }
 
@@ -179,7 +191,6 @@ fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>
 fn upkeep_loop(handle: PrometheusHandle, stop: Arc<AtomicBool>) {
     while !stop.load(Ordering::SeqCst) {
         handle.run_upkeep();
-        crate::pool::publish_all();
         thread::park_timeout(UPKEEP_INTERVAL);
     }
 }

@@ -1,14 +1,27 @@
 //! [`GlobalMetrics`]: process-wide metrics that belong to no pool — cancel
-//! request outcomes, client connection results, and `weir_build_info`.
+//! request outcomes, client connection results — and the process-wide
+//! series set directly: `weir_build_info`, `weir_max_client_conn` and
+//! `weir_config_reloads_total{result}`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use metrics::Counter;
 
-use crate::close::{CancelOutcome, ClientResult};
+use crate::close::{label_enum, CancelOutcome, ClientResult};
 use crate::names::{
-    BUILD_INFO, CANCEL_REQUESTS_TOTAL, CLIENT_CONNECTIONS_TOTAL, LABEL_OUTCOME, LABEL_RESULT, LABEL_VERSION,
+    BUILD_INFO, CANCEL_REQUESTS_TOTAL, CLIENT_CONNECTIONS_TOTAL, CONFIG_RELOADS_TOTAL, LABEL_OUTCOME, LABEL_RESULT,
+    LABEL_VERSION, MAX_CLIENT_CONN,
 };
+
+label_enum! {
+    /// How a configuration reload (SIGHUP, the console's RELOAD or SET) ended.
+    ReloadResult {
+        /// The new configuration is in force.
+        Ok => "ok",
+        /// The new configuration was refused; the old one stays.
+        Failed => "failed",
+    }
+}
 
 /// Unlabelled-by-pool counters. Create once (after installing the exporter)
 /// and share as `Arc<GlobalMetrics>`.
@@ -69,6 +82,16 @@ impl GlobalMetrics {
     pub fn client_connections(&self, result: ClientResult) -> u64 {
         self.clients[result.index()].load(Ordering::Relaxed)
     }
+}
+
+/// Counts one configuration reload with its result.
+pub fn record_reload(result: ReloadResult) {
+    metrics::counter!(CONFIG_RELOADS_TOTAL, LABEL_RESULT => result.as_label()).increment(1);
+}
+
+/// Sets `weir_max_client_conn` (at start and on every reload).
+pub fn set_max_client_conn(n: usize) {
+    metrics::gauge!(MAX_CLIENT_CONN).set(n as f64);
 }
 
 /// Sets `weir_build_info{version}` to 1.

@@ -2,6 +2,11 @@
 //! Constructing it counts the open; consuming or dropping it counts exactly
 //! one close, with the explicit reason, the pre-set reason, or
 //! [`CloseReason::Dropped`].
+//!
+//! It also writes the two log lines operators grep for, at the default
+//! level, in PgBouncer's words: `new connection to server` once the
+//! connection is described, and `closing because: <reason> (age=…)` at the
+//! close, each with the pool (`database/user@server`) and the backend pid.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,21 +33,30 @@ pub struct ServerConnGuard {
     opened_at: Instant,
     /// Its entry in the pool's live server table, once described.
     live: Option<u64>,
+    /// The backend's pid and address, once described (for the close line).
+    server: Option<(i32, std::net::SocketAddr)>,
 }
 
 impl ServerConnGuard {
     /// Counts one server connection open that took `connect_duration`.
     pub fn opened(pool: Arc<PoolMetrics>, connect_duration: Duration) -> Self {
         pool.record_open(connect_duration);
-        ServerConnGuard { pool, reason: CloseReason::Dropped, opened_at: Instant::now(), live: None }
+        ServerConnGuard { pool, reason: CloseReason::Dropped, opened_at: Instant::now(), live: None, server: None }
     }
 
     /// Lists the connection in its pool's live server table (`SHOW SERVERS`)
     /// until the close is counted. A second call replaces the first entry.
+    /// The first call logs the open.
     pub fn describe(&mut self, info: ServerInfo) {
         if let Some(id) = self.live.take() {
             self.pool.remove_live(id);
         }
+        if self.server.is_none() {
+            let (db, user, addr) = (self.pool.database(), self.pool.user(), info.addr);
+            let from = info.local_addr.map_or_else(|| "unknown".to_owned(), |a| a.to_string());
+            tracing::info!(pid = info.pid, "S: {db}/{user}@{addr} new connection to server (from {from})");
+        }
+        self.server = Some((info.pid, info.addr));
         self.live = Some(self.pool.add_live(info));
     }
 
@@ -78,6 +92,13 @@ impl Drop for ServerConnGuard {
             self.pool.remove_live(id);
         }
         self.pool.record_close(self.reason);
+        let (db, user, reason, age) = (self.pool.database(), self.pool.user(), self.reason, self.age().as_secs_f64());
+        match self.server {
+            Some((pid, addr)) => {
+                tracing::info!(pid, "S: {db}/{user}@{addr} closing because: {reason} (age={age:.3}s)");
+            }
+            None => tracing::info!("S: {db}/{user} closing because: {reason} (age={age:.3}s)"),
+        }
     }
 }
 

@@ -102,8 +102,7 @@ fn route(method: &str, path: &str, ctx: &Ctx) -> Response {
 }
 
 fn metrics_response(ctx: &Ctx) -> Response {
-    crate::pool::publish_all();
-    let body = ctx.handle.render();
+    let body = crate::exporter::scrape(&ctx.handle);
     Response { status: 200, reason: "OK", content_type: PROM_CONTENT_TYPE, body }
 }
 

@@ -7,9 +7,12 @@
 //! * [`pool`] — [`PoolMetrics`], everything counted per (database, user).
 //! * [`guard`] — [`ServerConnGuard`], exactly-once open/close accounting.
 //! * [`global`] — [`GlobalMetrics`], process-wide counters and build info.
-//! * [`exporter`] — [`install`], the `/metrics` `/healthz` `/readyz` server.
+//! * [`exporter`] — [`install`], the `/metrics` `/healthz` `/readyz` server,
+//!   which also reports the process's RSS and open file descriptors.
+//! * `hist` / `text` — per-pool histograms and the Prometheus text of every
+//!   live pool (a removed pool's series leave `/metrics` with it).
 //!
-//! Call [`install`] before creating any [`PoolMetrics`]: facade handles bind
+//! Call [`install`] before creating [`GlobalMetrics`]: facade handles bind
 //! to the recorder that is global at the moment they are created.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -18,18 +21,19 @@ pub mod close;
 pub mod exporter;
 pub mod global;
 pub mod guard;
-mod handles;
+pub mod hist;
 mod http;
 pub mod names;
 pub mod pool;
 pub mod rate;
 pub mod state;
+mod text;
 
 pub use close::{CancelOutcome, ClientResult, CloseReason, ConnectFailure, DropReason};
 pub use exporter::{install, render, Exporter, MetricsError, ReadyFn};
-pub use global::{set_build_info, GlobalMetrics};
+pub use global::{record_reload, set_build_info, set_max_client_conn, GlobalMetrics, ReloadResult};
 pub use guard::ServerConnGuard;
 pub use names::describe_all;
-pub use pool::{publish_all, PoolMetrics, ServerInfo, SharedCount};
+pub use pool::{render_all, Limits, PoolMetrics, ServerInfo, SharedCount};
 pub use rate::{RateWindow, Window};
 pub use state::{ClientState, ServerState};

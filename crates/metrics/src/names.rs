@@ -25,10 +25,10 @@ pub const LABEL_VERSION: &str = "version";
 pub const SERVER_CONNECTIONS_OPENED_TOTAL: &str = "weir_server_connections_opened_total";
 /// Counter (database,user,reason): server connections closed.
 pub const SERVER_CONNECTIONS_CLOSED_TOTAL: &str = "weir_server_connections_closed_total";
-/// Gauge (database,user,window): server connection opens per second.
-pub const SERVER_CONNECTION_OPENS_PER_SECOND: &str = "weir_server_connection_opens_per_second";
-/// Gauge (database,user,window): server connection closes per second.
-pub const SERVER_CONNECTION_CLOSES_PER_SECOND: &str = "weir_server_connection_closes_per_second";
+/// Gauge (database,user,window): server connections opened per second.
+pub const SERVER_CONNECTIONS_OPENED_PER_SECOND: &str = "weir_server_connections_opened_per_second";
+/// Gauge (database,user,window): server connections closed per second.
+pub const SERVER_CONNECTIONS_CLOSED_PER_SECOND: &str = "weir_server_connections_closed_per_second";
 /// Counter (database,user,reason): failed server connection attempts.
 pub const SERVER_CONNECT_FAILURES_TOTAL: &str = "weir_server_connect_failures_total";
 /// Histogram (database,user): time to open and log in a server connection.
@@ -59,6 +59,16 @@ pub const PREPARED_STATEMENTS_CLIENT_PARSES_TOTAL: &str = "weir_prepared_stateme
 pub const PREPARED_STATEMENTS_SERVER_PARSES_TOTAL: &str = "weir_prepared_statements_server_parses_total";
 /// Counter (database,user): sessions pinned to a server connection.
 pub const PINNED_SESSIONS_TOTAL: &str = "weir_pinned_sessions_total";
+/// Gauge (database,user): the pool's configured `pool_size`.
+pub const POOL_SIZE: &str = "weir_pool_size";
+/// Gauge (database,user): the pool's configured `reserve_pool_size`.
+pub const POOL_RESERVE_POOL_SIZE: &str = "weir_pool_reserve_pool_size";
+/// Gauge (database,user): the database's configured `max_db_connections` (0: no limit).
+pub const POOL_MAX_DB_CONNECTIONS: &str = "weir_pool_max_db_connections";
+/// Gauge: the configured `max_client_conn`.
+pub const MAX_CLIENT_CONN: &str = "weir_max_client_conn";
+/// Counter (result): configuration reloads (SIGHUP, RELOAD, SET), by result.
+pub const CONFIG_RELOADS_TOTAL: &str = "weir_config_reloads_total";
 /// Gauge (version): always 1; carries the weir version as a label.
 pub const BUILD_INFO: &str = "weir_build_info";
 
@@ -78,14 +88,14 @@ pub const ALL: &[(&str, Kind, &str)] = &[
     (SERVER_CONNECTIONS_OPENED_TOTAL, Kind::Counter, "Server connections successfully opened."),
     (SERVER_CONNECTIONS_CLOSED_TOTAL, Kind::Counter, "Server connections closed, by reason."),
     (
-        SERVER_CONNECTION_OPENS_PER_SECOND,
+        SERVER_CONNECTIONS_OPENED_PER_SECOND,
         Kind::Gauge,
-        "Server connection opens per second over the window (complete seconds only).",
+        "Server connections opened per second over the window (complete seconds only).",
     ),
     (
-        SERVER_CONNECTION_CLOSES_PER_SECOND,
+        SERVER_CONNECTIONS_CLOSED_PER_SECOND,
         Kind::Gauge,
-        "Server connection closes per second over the window (complete seconds only).",
+        "Server connections closed per second over the window (complete seconds only).",
     ),
     (
         SERVER_CONNECT_FAILURES_TOTAL,
@@ -106,17 +116,64 @@ pub const ALL: &[(&str, Kind, &str)] = &[
     (PREPARED_STATEMENTS_CLIENT_PARSES_TOTAL, Kind::Counter, "Parse messages received from clients."),
     (PREPARED_STATEMENTS_SERVER_PARSES_TOTAL, Kind::Counter, "Parse messages sent to servers."),
     (PINNED_SESSIONS_TOTAL, Kind::Counter, "Client sessions pinned to one server connection."),
+    (POOL_SIZE, Kind::Gauge, "The pool's configured pool_size."),
+    (POOL_RESERVE_POOL_SIZE, Kind::Gauge, "The pool's configured reserve_pool_size."),
+    (POOL_MAX_DB_CONNECTIONS, Kind::Gauge, "The database's configured max_db_connections (0: no limit)."),
+    (MAX_CLIENT_CONN, Kind::Gauge, "The configured max_client_conn."),
+    (CONFIG_RELOADS_TOTAL, Kind::Counter, "Configuration reloads, by result (ok or failed)."),
     (BUILD_INFO, Kind::Gauge, "Build information; the value is always 1."),
 ];
+
+/// The per-pool metrics: rendered from the live pools (`crate::text`), not
+/// kept in the `metrics` facade, so that a removed pool's series leave.
+pub const PER_POOL: &[&str] = &[
+    SERVER_CONNECTIONS_OPENED_TOTAL,
+    SERVER_CONNECTIONS_CLOSED_TOTAL,
+    SERVER_CONNECTIONS_OPENED_PER_SECOND,
+    SERVER_CONNECTIONS_CLOSED_PER_SECOND,
+    SERVER_CONNECT_FAILURES_TOTAL,
+    SERVER_CONNECT_DURATION_SECONDS,
+    POOL_SERVERS,
+    POOL_CLIENTS,
+    POOL_MAXWAIT_SECONDS,
+    CLIENT_WAIT_DURATION_SECONDS,
+    QUERIES_DROPPED_TOTAL,
+    TRANSACTIONS_TOTAL,
+    QUERIES_TOTAL,
+    TRANSACTION_DURATION_SECONDS,
+    PREPARED_STATEMENTS_CLIENT_PARSES_TOTAL,
+    PREPARED_STATEMENTS_SERVER_PARSES_TOTAL,
+    PINNED_SESSIONS_TOTAL,
+    POOL_SIZE,
+    POOL_RESERVE_POOL_SIZE,
+    POOL_MAX_DB_CONNECTIONS,
+];
+
+impl Kind {
+    /// The Prometheus `# TYPE` word.
+    pub const fn as_type(self) -> &'static str {
+        match self {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
+        }
+    }
+}
+
+/// The kind and help text of `name`, if weir exports it.
+pub fn lookup(name: &str) -> Option<(Kind, &'static str)> {
+    ALL.iter().find(|(n, _, _)| *n == name).map(|&(_, k, h)| (k, h))
+}
 
 /// Names of all histograms (they get explicit Prometheus buckets).
 pub fn histogram_names() -> impl Iterator<Item = &'static str> {
     ALL.iter().filter(|(_, k, _)| *k == Kind::Histogram).map(|(n, _, _)| *n)
 }
 
-/// Registers the help text (and unit) of every metric with the current recorder.
+/// Registers the help text (and unit) of every process-wide metric with the
+/// current recorder (per-pool ones are rendered with their own help text).
 pub fn describe_all() {
-    for &(name, kind, help) in ALL {
+    for &(name, kind, help) in ALL.iter().filter(|(n, _, _)| !PER_POOL.contains(n)) {
         match kind {
             Kind::Counter => metrics::describe_counter!(name, help),
             Kind::Gauge => metrics::describe_gauge!(name, help),
@@ -139,7 +196,8 @@ mod tests {
             assert!(!help.is_empty());
             assert!(seen.insert(*name), "duplicate {name}");
         }
-        assert_eq!(ALL.len(), 20);
+        assert_eq!(ALL.len(), 25);
         assert_eq!(histogram_names().count(), 3);
+        assert!(PER_POOL.iter().all(|n| lookup(n).is_some()));
     }
 }

@@ -1,10 +1,11 @@
 //! [`PoolMetrics`]: all per-pool (database, user) accounting — server
 //! connection opens/closes with reasons and their rates, connect failures,
-//! dropped queries, traffic counters, and the state gauges — readable as
-//! plain numbers (admin console, tests) and mirrored into the `metrics` facade.
+//! dropped queries, traffic counters, latency histograms, the configured
+//! limits and the state gauges — as plain atomics, read by the admin console
+//! and rendered for `/metrics` by [`crate::text`].
 //!
-//! Also owns the process-wide registry of live pools used by
-//! [`publish_all`] (the exporter calls it before every scrape).
+//! Also owns the process-wide list of live pools that `/metrics` renders: a
+//! pool's series are exported exactly as long as its `PoolMetrics` lives.
 //!
 //! Server-connection opens and closes are only recorded through
 //! [`ServerConnGuard`](crate::ServerConnGuard), which guarantees exactly one
@@ -16,13 +17,13 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime};
 
 use crate::close::{CloseReason, ConnectFailure, DropReason};
-use crate::handles::PoolHandles;
+use crate::hist::{Histogram, Snapshot};
 use crate::rate::{RateWindow, Window};
 use crate::state::{ClientState, ServerState};
 
 const R: Ordering = Ordering::Relaxed;
 
-/// Live pools, for [`publish_all`]. Dead entries are pruned on each publish.
+/// Live pools, for `/metrics`. Dead entries are pruned on each render.
 static REGISTRY: Mutex<Vec<Weak<PoolMetrics>>> = Mutex::new(Vec::new());
 
 fn zeroed<const N: usize>() -> [AtomicU64; N] {
@@ -39,8 +40,8 @@ fn sum(a: &[AtomicU64]) -> u64 {
 
 /// Metrics for one pool. Create with [`PoolMetrics::new`], share as `Arc`.
 ///
-/// Keep one instance per (database, user) per process: two live instances
-/// with the same labels add up in counters but overwrite each other's gauges.
+/// Two live instances with the same labels (two weirs in one process) are
+/// summed in `/metrics`.
 pub struct PoolMetrics {
     database: String,
     user: String,
@@ -63,7 +64,79 @@ pub struct PoolMetrics {
     maxwait_us: AtomicU64,
     live: Mutex<BTreeMap<u64, ServerInfo>>,
     next_live: AtomicU64,
-    h: PoolHandles,
+    connect_duration: Histogram,
+    client_wait: Histogram,
+    transaction_duration: Histogram,
+    limits: Mutex<Limits>,
+}
+
+/// A pool's configured limits, exported so that utilisation can be alerted on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// `pool_size` (or `default_pool_size`).
+    pub pool_size: u64,
+    /// `reserve_pool_size`.
+    pub reserve_pool_size: u64,
+    /// `max_db_connections`; 0 means no limit.
+    pub max_db_connections: u64,
+}
+
+/// Every number of one pool at one moment, for rendering (and summing pools
+/// that share labels).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Sample {
+    pub opened: u64,
+    pub closed: [u64; CloseReason::COUNT],
+    pub connect_failures: [u64; ConnectFailure::COUNT],
+    pub dropped: [u64; DropReason::COUNT],
+    pub transactions: u64,
+    pub queries: u64,
+    pub client_parses: u64,
+    pub server_parses: u64,
+    pub pinned: u64,
+    pub opens_rate: [f64; Window::ALL.len()],
+    pub closes_rate: [f64; Window::ALL.len()],
+    pub servers: [i64; ServerState::COUNT],
+    pub clients: [i64; ClientState::COUNT],
+    pub maxwait_us: u64,
+    pub limits: Limits,
+    pub connect_duration: Snapshot,
+    pub client_wait: Snapshot,
+    pub transaction_duration: Snapshot,
+}
+
+fn add_all<T: Copy + std::ops::AddAssign>(a: &mut [T], b: &[T]) {
+    a.iter_mut().zip(b).for_each(|(x, y)| *x += *y);
+}
+
+impl Sample {
+    /// Adds another pool's numbers with the same labels (maxwait: the larger).
+    pub fn add(&mut self, o: &Sample) {
+        self.opened += o.opened;
+        add_all(&mut self.closed, &o.closed);
+        add_all(&mut self.connect_failures, &o.connect_failures);
+        add_all(&mut self.dropped, &o.dropped);
+        self.transactions += o.transactions;
+        self.queries += o.queries;
+        self.client_parses += o.client_parses;
+        self.server_parses += o.server_parses;
+        self.pinned += o.pinned;
+        add_all(&mut self.opens_rate, &o.opens_rate);
+        add_all(&mut self.closes_rate, &o.closes_rate);
+        add_all(&mut self.servers, &o.servers);
+        add_all(&mut self.clients, &o.clients);
+        self.maxwait_us = self.maxwait_us.max(o.maxwait_us);
+        self.limits.pool_size += o.limits.pool_size;
+        self.limits.reserve_pool_size += o.limits.reserve_pool_size;
+        self.limits.max_db_connections += o.limits.max_db_connections;
+        self.connect_duration.add(&o.connect_duration);
+        self.client_wait.add(&o.client_wait);
+        self.transaction_duration.add(&o.transaction_duration);
+    }
+}
+
+fn load<const N: usize>(a: &[AtomicU64; N]) -> [u64; N] {
+    std::array::from_fn(|i| a[i].load(R))
 }
 
 /// What the admin console shows about one open server connection
@@ -126,12 +199,10 @@ impl std::fmt::Debug for PoolMetrics {
 }
 
 impl PoolMetrics {
-    /// Creates the metrics for pool (`database`, `user`), resolves its facade
-    /// handles against the currently installed recorder, and registers it for
-    /// [`publish_all`].
+    /// Creates the metrics for pool (`database`, `user`) and lists it for
+    /// `/metrics` until it is dropped.
     pub fn new(database: impl Into<String>, user: impl Into<String>) -> Arc<Self> {
         let (database, user) = (database.into(), user.into());
-        let h = PoolHandles::new(&database, &user);
         let pool = Arc::new(PoolMetrics {
             database,
             user,
@@ -154,7 +225,10 @@ impl PoolMetrics {
             maxwait_us: AtomicU64::new(0),
             live: Mutex::new(BTreeMap::new()),
             next_live: AtomicU64::new(1),
-            h,
+            connect_duration: Histogram::default(),
+            client_wait: Histogram::default(),
+            transaction_duration: Histogram::default(),
+            limits: Mutex::new(Limits::default()),
         });
         register(&pool);
         pool
@@ -175,14 +249,12 @@ impl PoolMetrics {
     pub(crate) fn record_open(&self, connect_duration: Duration) {
         self.opened.fetch_add(1, R);
         self.opens.record();
-        self.h.opened.increment(1);
-        self.h.connect_duration.record(connect_duration.as_secs_f64());
+        self.connect_duration.record(connect_duration);
     }
 
     pub(crate) fn record_close(&self, reason: CloseReason) {
         self.closed[reason.index()].fetch_add(1, R);
         self.closes.record();
-        self.h.closed[reason.index()].increment(1);
     }
 
     // ---- recording: everything else ----
@@ -190,27 +262,23 @@ impl PoolMetrics {
     /// A server connection attempt failed (not an open, never a close).
     pub fn record_connect_failure(&self, reason: ConnectFailure) {
         self.connect_failures[reason.index()].fetch_add(1, R);
-        self.h.connect_failures[reason.index()].increment(1);
     }
 
     /// A client query was dropped before completing.
     pub fn record_dropped_query(&self, reason: DropReason) {
         self.dropped[reason.index()].fetch_add(1, R);
-        self.h.dropped[reason.index()].increment(1);
     }
 
     /// A transaction completed after `duration`.
     pub fn record_transaction(&self, duration: Duration) {
         self.transactions.fetch_add(1, R);
         self.xact_time_us.fetch_add(micros(duration), R);
-        self.h.transactions.increment(1);
-        self.h.transaction_duration.record(duration.as_secs_f64());
+        self.transaction_duration.record(duration);
     }
 
     /// A query was forwarded to a server.
     pub fn record_query(&self) {
         self.queries.fetch_add(1, R);
-        self.h.queries.increment(1);
     }
 
     /// A client was assigned a server after waiting `wait` (histogram, plus
@@ -218,25 +286,22 @@ impl PoolMetrics {
     pub fn record_client_wait(&self, wait: Duration) {
         self.assignments.fetch_add(1, R);
         self.wait_time_us.fetch_add(micros(wait), R);
-        self.h.client_wait.record(wait.as_secs_f64());
+        self.client_wait.record(wait);
     }
 
     /// A client sent a Parse message.
     pub fn record_client_parse(&self) {
         self.client_parses.fetch_add(1, R);
-        self.h.client_parses.increment(1);
     }
 
     /// weir sent a Parse message to a server.
     pub fn record_server_parse(&self) {
         self.server_parses.fetch_add(1, R);
-        self.h.server_parses.increment(1);
     }
 
     /// A client session got pinned to a server connection.
     pub fn record_pinned(&self) {
         self.pinned.fetch_add(1, R);
-        self.h.pinned.increment(1);
     }
 
     // ---- gauges maintained by the proxy ----
@@ -396,34 +461,39 @@ impl PoolMetrics {
         Duration::from_micros(self.maxwait_us.load(R))
     }
 
-    // ---- publishing ----
-
-    /// Writes the rate and state gauges into the `metrics` facade.
-    pub fn publish_gauges(&self) {
-        for &w in Window::ALL {
-            self.h.opens_rate[w.index()].set(self.opens.per_second(w));
-            self.h.closes_rate[w.index()].set(self.closes.per_second(w));
-        }
-        for &s in ServerState::ALL {
-            self.h.servers[s.index()].set(self.servers(s) as f64);
-        }
-        for &c in ClientState::ALL {
-            self.h.clients[c.index()].set(self.clients(c) as f64);
-        }
-        self.h.maxwait.set(self.maxwait().as_secs_f64());
+    /// Sets the configured limits (at pool creation and on every reload).
+    pub fn set_limits(&self, limits: Limits) {
+        *self.limits.lock().unwrap_or_else(|e| e.into_inner()) = limits;
     }
 
-    fn zero_gauges(&self) {
-        let all = self.h.opens_rate.iter().chain(&self.h.closes_rate);
-        all.chain(&self.h.servers).chain(&self.h.clients).for_each(|g| g.set(0.0));
-        self.h.maxwait.set(0.0);
+    /// The configured limits, as last set.
+    pub fn limits(&self) -> Limits {
+        *self.limits.lock().unwrap_or_else(|e| e.into_inner())
     }
-}
 
-impl Drop for PoolMetrics {
-    /// A removed pool stops reporting stale connection counts.
-    fn drop(&mut self) {
-        self.zero_gauges();
+    // ---- rendering ----
+
+    pub(crate) fn sample(&self) -> Sample {
+        Sample {
+            opened: self.opened(),
+            closed: load(&self.closed),
+            connect_failures: load(&self.connect_failures),
+            dropped: load(&self.dropped),
+            transactions: self.transactions(),
+            queries: self.queries(),
+            client_parses: self.client_parses(),
+            server_parses: self.server_parses(),
+            pinned: self.pinned(),
+            opens_rate: std::array::from_fn(|i| self.opens.per_second(Window::ALL[i])),
+            closes_rate: std::array::from_fn(|i| self.closes.per_second(Window::ALL[i])),
+            servers: std::array::from_fn(|i| self.servers[i].load(R)),
+            clients: std::array::from_fn(|i| self.clients[i].load(R)),
+            maxwait_us: self.maxwait_us.load(R),
+            limits: self.limits(),
+            connect_duration: self.connect_duration.snapshot(),
+            client_wait: self.client_wait.snapshot(),
+            transaction_duration: self.transaction_duration.snapshot(),
+        }
     }
 }
 
@@ -433,15 +503,16 @@ fn register(pool: &Arc<PoolMetrics>) {
     reg.push(Arc::downgrade(pool));
 }
 
-/// Calls [`PoolMetrics::publish_gauges`] on every live pool in the process.
-/// The exporter runs this before each scrape and on every upkeep tick.
-pub fn publish_all() {
-    let live: Vec<Arc<PoolMetrics>> = {
-        let mut reg = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
-        reg.retain(|w| w.strong_count() > 0);
-        reg.iter().filter_map(Weak::upgrade).collect()
-    };
-    live.iter().for_each(|p| p.publish_gauges());
+/// Every live pool in the process.
+pub(crate) fn live_pools() -> Vec<Arc<PoolMetrics>> {
+    let mut reg = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+    reg.retain(|w| w.strong_count() > 0);
+    reg.iter().filter_map(Weak::upgrade).collect()
+}
+
+/// The Prometheus text of every live pool's series.
+pub fn render_all() -> String {
+    crate::text::render_pools(&live_pools())
 }
 
 #[cfg(test)]
@@ -481,8 +552,7 @@ mod tests {
         assert_eq!(p.servers(ServerState::Login), 0);
         assert_eq!(p.clients(ClientState::Waiting), 1);
         assert_eq!(p.maxwait(), Duration::from_millis(1500));
-        p.publish_gauges();
-        publish_all();
+        assert!(render_all().contains("db_pool_test"));
         assert_eq!((p.database(), p.user()), ("db_pool_test", "u"));
     }
 }

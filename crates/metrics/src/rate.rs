@@ -68,6 +68,12 @@ impl Window {
     }
 }
 
+impl std::fmt::Display for Window {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
 /// Sliding-window event counter; see the module docs for the exact definition.
 #[derive(Debug)]
 pub struct RateWindow {

@@ -1,8 +1,6 @@
 //! Connection-state vocabularies for the pool gauges: [`ServerState`]
 //! (`weir_pool_servers`) and [`ClientState`] (`weir_pool_clients`).
 
-use std::fmt;
-
 use crate::close::label_enum;
 
 label_enum! {

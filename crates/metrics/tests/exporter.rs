@@ -58,12 +58,23 @@ fn exporter_end_to_end() {
     assert!(dropped.unwrap_or_default().ends_with(" 1"), "{body}");
     let servers = metric_line(&body, "weir_pool_servers", &[db, r#"state="idle""#]);
     assert!(servers.unwrap_or_default().ends_with(" 4"), "{body}");
-    assert!(metric_line(&body, "weir_server_connection_opens_per_second", &[db, r#"window="10s""#]).is_some());
+    assert!(metric_line(&body, "weir_server_connections_opened_per_second", &[db, r#"window="10s""#]).is_some());
     assert!(body.contains("weir_server_connect_duration_seconds_bucket{"), "{body}");
     assert!(body.contains("# HELP weir_server_connections_opened_total"), "{body}");
     assert!(metric_line(&body, "weir_cancel_requests_total", &["forwarded"]).is_some(), "{body}");
     assert!(metric_line(&body, "weir_build_info", &["9.9.9-test"]).is_some(), "{body}");
     assert!(weir_metrics::render().unwrap().contains("exp_db"));
+    for process in ["process_resident_memory_bytes ", "process_open_fds "] {
+        let line = body.lines().find(|l| l.starts_with(process)).unwrap_or_else(|| panic!("{process}: {body}"));
+        let value: f64 = line[process.len()..].parse().unwrap();
+        assert!(value > 0.0, "{line}");
+    }
+
+    // A removed pool's series leave /metrics with it.
+    let gone = PoolMetrics::new("exp_gone_db", "exp_user");
+    assert!(get(addr, "/metrics").2.contains(r#"database="exp_gone_db""#));
+    drop(gone);
+    assert!(!get(addr, "/metrics").2.contains("exp_gone_db"));
 
     assert_eq!(get(addr, "/healthz"), (200, get(addr, "/healthz").1, "ok\n".into()));
     let (status, _, body) = get(addr, "/readyz");

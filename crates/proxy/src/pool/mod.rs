@@ -65,6 +65,15 @@ pub enum PoolError {
     Closed,
 }
 
+/// A pool's configured limits, as `/metrics` exports them.
+fn limits(s: &PoolSettings) -> weir_metrics::Limits {
+    weir_metrics::Limits {
+        pool_size: s.pool_size.into(),
+        reserve_pool_size: s.reserve_pool_size.into(),
+        max_db_connections: s.max_db_connections.into(),
+    }
+}
+
 /// One pool. Shared as `Arc<Pool>`.
 #[derive(Debug)]
 pub struct Pool {
@@ -79,6 +88,7 @@ pub struct Pool {
 impl Pool {
     pub(crate) fn new(key: PoolKey, opts: PoolOptions, db_servers: Arc<registry::DbCount>) -> Arc<Pool> {
         let metrics = PoolMetrics::new(key.database.clone(), key.user.clone());
+        metrics.set_limits(limits(&opts.settings));
         let pool = Arc::new(Pool {
             key,
             metrics,
@@ -97,6 +107,7 @@ impl Pool {
 
     /// Replaces the settings (config reload). Connections are kept.
     pub fn reconfigure(self: &Arc<Self>, opts: PoolOptions) {
+        self.metrics.set_limits(limits(&opts.settings));
         let mut st = self.lock();
         st.opts = opts;
         self.want_connects(&mut st);
