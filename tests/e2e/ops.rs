@@ -125,6 +125,53 @@ async fn readyz_follows_whether_servers_can_be_reached() {
     assert_eq!(w.http_get("/readyz").0, 200);
 }
 
+/// /readyz after a server has been reached once: a Postgres outage does not
+/// make weir unready (every replica shares that Postgres, and a fleet-wide
+/// unready pod set would turn a database blip into a total outage with no
+/// error messages); clients get a prompt error instead, and /metrics shows
+/// the failing connects. See README, "Readiness".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_stays_ready_through_a_postgres_outage_after_start() {
+    let pg = pg().await;
+    let w = WeirProcess::start(&pg, "", "").await;
+    let c = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
+    c.simple_query("select 1").await.unwrap();
+    pg.stop().unwrap();
+    let err = c.simple_query("select 1").await.expect_err("no server, an error");
+    assert!(err.code().is_some(), "an ErrorResponse with a SQLSTATE, not a hang: {err}");
+    let failures = || metric(&w.metrics(), "weir_server_connect_failures_total", &with(&[]));
+    assert!(eventually(Duration::from_secs(5), || failures() > 0.0).await, "failing connects are counted");
+    for _ in 0..5 {
+        assert_eq!(w.http_get("/readyz").0, 200, "still ready while Postgres is down");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    pg.start_again().unwrap();
+    let c = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.expect("connects once Postgres is back");
+    c.simple_query("select 1").await.unwrap();
+}
+
+/// The log at the default level has PgBouncer's server lines: the open, and
+/// the close with its reason, after Postgres terminates an idle backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_open_and_close_are_logged_with_the_reason() {
+    let pg = pg().await;
+    let w = WeirProcess::start(&pg, "", "").await;
+    let c = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
+    let row = c.query_one("select pg_backend_pid()", &[]).await.unwrap();
+    let pid: i32 = row.get(0);
+    let opened = format!("app/{SCRAM_USER}@");
+    assert!(w.logs().lines().any(|l| l.contains(&opened) && l.contains("new connection to server")), "{}", w.logs());
+    pg.psql("app", &format!("select pg_terminate_backend({pid}, 5000)")).unwrap();
+    let closed =
+        |l: &&str| l.contains(&opened) && l.contains("closing because: server_closed") && l.contains(&pid.to_string());
+    assert!(
+        eventually(Duration::from_secs(5), || w.logs().lines().any(|l| closed(&l))).await,
+        "close line with its reason and pid; log:\n{}",
+        w.logs()
+    );
+    c.simple_query("select 1").await.expect("the client carries on on a fresh server");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_requests_are_counted() {
     let pg = pg().await;

@@ -425,7 +425,10 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
 /// Answers a client over max_client_conn with 53300 and closes gracefully,
 /// reading briefly so the error is not lost to a reset.
 async fn refuse(mut socket: TcpStream, peer: SocketAddr) {
-    tracing::warn!(%peer, "refusing client: max_client_conn reached");
+    static REFUSED: crate::ratelog::RateLimited = crate::ratelog::RateLimited::new();
+    if let Some(held) = REFUSED.allow() {
+        tracing::warn!(%peer, "refusing client: max_client_conn reached ({held} more since the last line)");
+    }
     let err = ClientError::TooManyClients;
     let mut out = BytesMut::new();
     messages::error_response(&mut out, Severity::Fatal, err.sqlstate(), &err.client_message());

@@ -15,6 +15,7 @@ pub mod fuzzing;
 pub mod params;
 pub mod pool;
 pub mod protocol;
+pub mod ratelog;
 pub mod server;
 pub mod signal;
 pub mod tls;

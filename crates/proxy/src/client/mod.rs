@@ -64,7 +64,7 @@ async fn refuse(socket: &mut ClientStream, e: ClientError) {
     if e.is_silent() {
         return;
     }
-    tracing::info!(error = %e, sqlstate = e.sqlstate().code(), "client refused or closed with an error");
+    tracing::warn!(sqlstate = e.sqlstate().code(), "pooler error: {e}");
     fatal_and_close(socket, e.sqlstate(), &e.client_message()).await;
 }
 

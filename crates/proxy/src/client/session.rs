@@ -178,7 +178,10 @@ impl<'a> Session<'a> {
                 if matches!(e, PoolError::WaitTimeout { .. }) {
                     self.pool.metrics.record_dropped_query(DropReason::WaitTimeout);
                 }
-                tracing::info!(error = %e, "query dropped: no server in time");
+                static DROPPED: crate::ratelog::RateLimited = crate::ratelog::RateLimited::new();
+                if let Some(held) = DROPPED.allow() {
+                    tracing::warn!(error = %e, "query dropped: no server in time ({held} more since the last line)");
+                }
                 let err = ClientError::NoServer(e);
                 self.refuse_request(err.sqlstate(), &err.client_message()).await?;
                 return Ok(true);
