@@ -118,12 +118,13 @@ d = json.load(open("deploy/grafana/weir.json"))
 ids = [p["id"] for p in d["panels"]]
 assert len(ids) == len(set(ids)), ids
 for p in d["panels"]:
-    assert p["datasource"]["uid"] == "prometheus", p["title"]
+    assert p["datasource"]["uid"] == "${datasource}", p["title"]
     assert p["targets"], p["title"]
     for t in p["targets"]:
-        assert t["datasource"]["uid"] == "prometheus", p["title"]
+        assert t["datasource"]["uid"] == "${datasource}", p["title"]
+        assert 'instance=~"$instance"' in t["expr"], t["expr"]
 names = {v["name"] for v in d["templating"]["list"]}
-assert {"database", "user"} <= names, names
+assert {"datasource", "instance", "database", "user"} <= names, names
 assert d.get("schemaVersion", 0) >= 36
 EOF
 
@@ -136,7 +137,7 @@ d = json.load(open("deploy/grafana/weir.json"))
 rules = []
 for p in d["panels"]:
     for t in p["targets"]:
-        expr = t["expr"].replace("$database", ".*").replace("$user", ".*")
+        expr = t["expr"].replace("$instance", ".*").replace("$database", ".*").replace("$user", ".*")
         rules.append({"record": f"dashboard:panel{p['id']}:{t['refId']}", "expr": expr})
 yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}, open(sys.argv[1], "w"))
 EOF
