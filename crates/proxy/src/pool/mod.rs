@@ -151,14 +151,15 @@ impl Pool {
             PoolError::WaitTimeout { budget, waited: started.elapsed(), last_error }
         };
         loop {
-            let conn = match self.checkout_or_enqueue(deadline) {
+            let conn = match self.checkout_or_enqueue(deadline)? {
                 Ok(conn) => conn,
                 Err(mut waiting) => match within(timer.as_mut(), &mut waiting.rx).await {
                     Some(Ok(conn)) => {
                         waiting.settled = true;
                         conn
                     }
-                    Some(Err(_)) => return Err(PoolError::Closed),
+                    // The queue was let go: the pool closed, or its server is down.
+                    Some(Err(_)) => return Err(self.lock().down().unwrap_or(PoolError::Closed)),
                     None => return Err(timed_out()),
                 },
             };
@@ -208,7 +209,10 @@ impl Pool {
     }
 
     /// Takes a healthy idle server, or joins the queue (and starts connects).
-    fn checkout_or_enqueue(self: &Arc<Self>, deadline: Instant) -> Result<Box<ServerConn>, Waiting> {
+    /// A pool that has no server and whose last connect failed (it is backing
+    /// off) answers at once with the connect error instead of queueing the
+    /// client for its whole budget: PgBouncer's fast-fail.
+    fn checkout_or_enqueue(self: &Arc<Self>, deadline: Instant) -> Result<Result<Box<ServerConn>, Waiting>, PoolError> {
         let mut st = self.lock();
         if !st.paused {
             while let Some(mut conn) = st.idle.pop() {
@@ -219,13 +223,16 @@ impl Pool {
                     continue;
                 }
                 st.active += 1;
-                return Ok(conn);
+                return Ok(Ok(conn));
             }
+        }
+        if let Some(down) = st.down() {
+            return Err(down);
         }
         let (tx, rx) = oneshot::channel();
         let id = st.push_waiter(tx, deadline);
         self.want_connects(&mut st);
-        Err(Waiting { pool: self.clone(), id, rx, settled: false })
+        Ok(Err(Waiting { pool: self.clone(), id, rx, settled: false }))
     }
 
     /// A server about to be lent (from idle or handed to a waiter) may have
