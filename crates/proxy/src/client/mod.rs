@@ -26,7 +26,7 @@ use tracing::Instrument;
 use weir_metrics::ClientResult;
 
 use crate::app::Shared;
-use crate::config::Config;
+use crate::config::{Config, PoolMode};
 use crate::pool::PoolKey;
 use crate::protocol::messages::{self, Severity};
 pub use error::ClientError;
@@ -228,10 +228,16 @@ async fn authenticate<'a>(
     let server_params = pool.server_params(deadline).await?;
     let mut params = login::client_params(&req, &server_params);
     login::check_startup_settings(&pool, deadline, &mut params, &req.settings, &server_params).await?;
-    let reg = shared.cancels.register();
+    // Session mode: the client's server for life, taken now, so that its
+    // BackendKeyData carries the server's own pid (the secret stays weir's).
+    let held = match settings.pool_mode {
+        PoolMode::Session => Some(pool.acquire(deadline).await?),
+        PoolMode::Transaction => None,
+    };
+    let reg = shared.cancels.register_as(held.as_ref().map(|l| l.conn().backend_pid()));
     let hello = login::greeting(&server_params, &params, (reg.pid, reg.secret), minor, &req.protocol_options);
     socket.write_all(&hello).await.map_err(ClientError::Io)?;
-    Ok(Session::new(
+    let mut session = Session::new(
         socket,
         std::mem::take(buf),
         pool,
@@ -242,7 +248,9 @@ async fn authenticate<'a>(
         session::Budget::new(req.declared_deadline, cfg.weir.client_deadline_fraction),
         cfg.weir.max_message_size,
         shared.shutdown.clone(),
-    ))
+    );
+    session.held = held;
+    Ok(session)
 }
 
 /// The verifier of a user not in auth_file, by auth_query (None: no such
