@@ -84,7 +84,8 @@ impl Raw {
             assert_ne!(tag, be::ERROR_RESPONSE, "{:?}", messages::parse_error_fields(&body));
             tags.push(tag);
             if tag == be::PARAMETER_STATUS {
-                params.push(messages::parse_parameter_status(&body).unwrap());
+                let (k, v) = messages::parameter_status_text(&body).unwrap().expect("UTF-8 parameters");
+                params.push((k.to_owned(), v.to_owned()));
             }
             if tag == be::READY_FOR_QUERY {
                 return (tags, params);
