@@ -121,3 +121,29 @@ async fn terminating_its_own_backend_ends_the_session_with_the_servers_fatal() {
     let pid = backend_pid(&mut raw).await;
     assert_eq!(raw.key.0, pid);
 }
+
+/// A session-mode login takes its server before greeting: it waits in the
+/// queue within query_wait_timeout (not client_login_timeout), and one that
+/// cannot get a server in time is refused with the wait's error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_waits_for_its_server_within_query_wait_timeout() {
+    let general = "client_login_timeout = \"1s\"\nquery_wait_timeout = \"3s\"\n".to_string();
+    let opts = Opts { pool_mode: "session", auth_type: "trust", pool_size: 1, general, ..Opts::default() };
+    let h = Harness::start(opts).await;
+    let url = h.url(TRUST_USER, TRUST_PASS);
+    let a = weir_e2e::connect(&url).await.unwrap();
+    let pid: i32 = a.query_one("select pg_backend_pid()", &[]).await.unwrap().get(0);
+    let waiting = tokio::spawn({
+        let url = url.clone();
+        async move { weir_e2e::connect(&url).await }
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    drop(a);
+    let b = tokio::time::timeout(LIMIT, waiting).await.unwrap().unwrap().expect("logged in once the server was free");
+    let b_pid: i32 = b.query_one("select pg_backend_pid()", &[]).await.unwrap().get(0);
+    assert_eq!(b_pid, pid, "pool_size 1: the same server, handed over");
+    let err = tokio::time::timeout(LIMIT, weir_e2e::connect(&url)).await.unwrap().expect_err("no server in time");
+    let db = err.as_db_error().expect("weir's error");
+    assert_eq!(db.code().code(), "53300", "{err:?}");
+    assert!(db.message().contains("query_wait_timeout"), "{err:?}");
+}
