@@ -1,5 +1,6 @@
 //! Server text in any client encoding passes through weir byte for byte:
-//! a LATIN9 client on a UTF8 database, a LATIN1 database, an EUC_JP client.
+//! a LATIN9 client on a UTF8 database, a LATIN1 database, an EUC_JP client,
+//! a SQL_ASCII database.
 //! Each client gets exactly the bytes the same client gets straight from
 //! Postgres, and afterwards the client and its server connection live on.
 //! Every case runs in session and in transaction mode.
@@ -165,6 +166,27 @@ async fn euc_jp_client_gets_its_notice_and_error() {
             sql: b"DO $$BEGIN RAISE NOTICE '\xc6\xfc\xcb\xdc'; RAISE EXCEPTION '\xc6\xfc\xcb\xdc\xb8\xec'; END$$",
             code: b"P0001",
             field: (b'M', b"\xc6\xfc\xcb\xdc\xb8\xec"),
+        },
+    )
+    .await;
+}
+
+/// A SQL_ASCII database: Postgres passes any byte through unconverted, so a
+/// message can hold bytes that are valid in no encoding at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_ascii_database_passes_any_byte() {
+    let pg = postgres().await;
+    let create = "create database asciidb encoding 'SQL_ASCII' lc_collate 'C' lc_ctype 'C' template template0";
+    pg.psql("postgres", create).unwrap();
+    check(
+        &pg,
+        &Case {
+            database: "dbname = \"asciidb\"\n".into(),
+            via_weir: &[],
+            direct: &[("database", "asciidb")],
+            sql: b"DO $$BEGIN RAISE WARNING '\xff\xfe'; RAISE EXCEPTION 'bad \xc3\x28 bytes'; END$$",
+            code: b"P0001",
+            field: (b'M', b"bad \xc3\x28 bytes"),
         },
     )
     .await;
