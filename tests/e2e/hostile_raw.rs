@@ -69,7 +69,7 @@ impl Hostile {
                 let f: ErrorFields = messages::parse_error_fields(&body).expect("a well-formed ErrorResponse");
                 assert_eq!(f.severity, "FATAL", "{f:?}");
                 assert!(self.next().await.is_none(), "the socket closes after the FATAL ({f:?})");
-                return Outcome::Fatal(f.code, f.message);
+                return Outcome::Fatal(f.code.clone(), f.message_text());
             }
         }
     }

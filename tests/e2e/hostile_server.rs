@@ -141,7 +141,7 @@ async fn client_of(h: &Harness, db: &str) -> Result<Hostile, Outcome> {
             Some((be::ERROR_RESPONSE, body)) => {
                 let f = messages::parse_error_fields(&body).unwrap();
                 assert!(c.next().await.is_none(), "closed after the login error");
-                return Err(Outcome::Fatal(f.code, f.message));
+                return Err(Outcome::Fatal(f.code.clone(), f.message_text()));
             }
             Some(_) => {}
             None => return Err(Outcome::Closed),
@@ -160,7 +160,7 @@ async fn query(c: &mut Hostile, sql: &str) -> (Vec<u8>, Option<(String, String)>
         tags.push(tag);
         if tag == be::ERROR_RESPONSE && error.is_none() {
             let f = messages::parse_error_fields(&body).unwrap();
-            error = Some((f.code, f.message));
+            error = Some((f.code.clone(), f.message_text()));
         }
         if tag == be::READY_FOR_QUERY {
             break;

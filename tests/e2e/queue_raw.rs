@@ -203,5 +203,5 @@ fn data_row(body: &mut BytesMut) -> Vec<Option<String>> {
 
 fn error_fields(body: &[u8]) -> (String, String) {
     let f = messages::parse_error_fields(body).unwrap_or_default();
-    (f.code, f.message)
+    (f.code.clone(), f.message_text())
 }

@@ -391,3 +391,57 @@ async fn server_require_refuses_a_postgres_without_tls_and_prefer_falls_back() {
     let got: i32 = c.query_one("select 1", &[]).await.unwrap().get(0);
     assert_eq!(got, 1);
 }
+
+/// A TCP forwarder to `upstream` that records the first 8 bytes each
+/// connection sent (an SSLRequest, a CancelRequest, a StartupMessage's start).
+async fn recording_forwarder(upstream: std::net::SocketAddr) -> (u16, Arc<std::sync::Mutex<Vec<[u8; 8]>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut down, _)) = listener.accept().await {
+            let record = record.clone();
+            tokio::spawn(async move {
+                let mut first = [0u8; 8];
+                if down.read_exact(&mut first).await.is_err() {
+                    return;
+                }
+                record.lock().unwrap().push(first);
+                let Ok(mut up) = TcpStream::connect(upstream).await else { return };
+                if up.write_all(&first).await.is_ok() {
+                    let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+                }
+            });
+        }
+    });
+    (port, seen)
+}
+
+/// With TLS towards Postgres, a cancel goes over TLS too (SSLRequest, the
+/// handshake, then the CancelRequest), as libpq 17 sends it: no connection
+/// to Postgres ever starts with a plaintext CancelRequest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_tls_cancels_go_over_tls() {
+    let certs = Certs::new();
+    let general = server_tls("require", &certs.path("ca.crt"));
+    let opts = Opts { auth_type: "trust", general, pg: pg_with_ssl(&certs), ..Opts::default() };
+    let h = Harness::start(opts).await;
+    let (port, seen) = recording_forwarder(format!("127.0.0.1:{}", h.pg.port()).parse().unwrap()).await;
+    let mut cfg = (*h.weir().shared().config.load()).clone();
+    cfg.databases.get_mut("app").unwrap().port = port;
+    h.weir().reload(cfg).expect("reload towards the forwarder");
+    let c = tokio::time::timeout(LIMIT, weir_e2e::connect(&h.url(TRUST_USER, TRUST_PASS))).await.unwrap().unwrap();
+    let token = c.cancel_token();
+    let canceller = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        token.cancel_query(tokio_postgres::NoTls).await
+    });
+    let err = tokio::time::timeout(LIMIT, c.simple_query("select pg_sleep(20)")).await.unwrap().unwrap_err();
+    canceller.await.unwrap().unwrap();
+    assert_eq!(weir_e2e::sqlstate(&err).as_deref(), Some("57014"), "{err:?}");
+    let codes: Vec<i32> = seen.lock().unwrap().iter().map(|b| i32::from_be_bytes([b[4], b[5], b[6], b[7]])).collect();
+    assert!(codes.len() >= 2, "a server connection and a cancel connection: {codes:?}");
+    assert!(codes.iter().all(|&c| c == SSL_REQUEST), "every connection to Postgres starts TLS: {codes:?}");
+    assert!(!codes.contains(&CANCEL_REQUEST));
+}

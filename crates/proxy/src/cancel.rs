@@ -88,7 +88,7 @@ impl CancelSlot {
 }
 
 /// Hashes a key's pid with one multiplication. The pids in the map are
-/// weir's own random numbers, so this spreads them as well as SipHash would,
+/// weir's own random numbers (or servers' pids), so this spreads them as well as SipHash would,
 /// and no client can choose them.
 #[derive(Debug, Default)]
 struct PidHasher(u64);
@@ -144,11 +144,18 @@ impl CancelRegistry {
 
     /// Gives a new client a unique random key.
     pub fn register(self: &Arc<Self>) -> Registration {
+        self.register_as(None)
+    }
+
+    /// Gives a new client a key with `pid` (a session-mode client's server's
+    /// own pid) if no other client holds that pid, else a random one; the
+    /// secret is always weir's.
+    pub fn register_as(self: &Arc<Self>, mut pid: Option<i32>) -> Registration {
         let slot = Arc::new(CancelSlot { at: Mutex::new(Where::Idle), switch: Default::default() });
         let mut rng = rand::thread_rng();
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         loop {
-            let pid = rng.gen_range(1..i32::MAX);
+            let pid = pid.take().unwrap_or_else(|| rng.gen_range(1..i32::MAX));
             if let Entry::Vacant(free) = slots.entry(pid) {
                 let secret = rng.gen();
                 free.insert((secret, slot.clone()));

@@ -123,6 +123,7 @@ pub fn scram(data: &[u8]) {
 pub fn error_fields(data: &[u8]) {
     let _ = messages::parse_error_fields(data);
     let _ = messages::parse_parameter_status(data);
+    let _ = messages::error_is_fatal(data);
     let _ = extended::parse_name(data);
     let _ = extended::read_parse(data);
     let _ = extended::read_target(data);

@@ -148,7 +148,7 @@ async fn run(conn: &mut ServerConn, sql: &str, user: &str) -> Result<Result<Opti
             }
             be::ERROR_RESPONSE => {
                 let f = messages::parse_error_fields(frame.body()).map_err(|e| AuthQueryError::Query(e.to_string()))?;
-                result = Err(f.message);
+                result = Err(f.message_text());
             }
             be::READY_FOR_QUERY => {
                 conn.conv.status = *frame.body().first().ok_or(AuthQueryError::ServerLost)?;

@@ -229,7 +229,7 @@ pub async fn check_startup_settings(
         }
         Ok(Some(refused)) => Err(ClientError::RefusedSetting {
             code: sqlstate::lookup(&refused.code).unwrap_or(sqlstate::INVALID_PARAMETER_VALUE),
-            message: refused.message,
+            message: refused.message_text(),
         }),
         Ok(None) => {
             conn.settings = settings.clone();

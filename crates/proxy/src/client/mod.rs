@@ -26,7 +26,7 @@ use tracing::Instrument;
 use weir_metrics::ClientResult;
 
 use crate::app::Shared;
-use crate::config::Config;
+use crate::config::{Config, PoolMode};
 use crate::pool::PoolKey;
 use crate::protocol::messages::{self, Severity};
 pub use error::ClientError;
@@ -159,7 +159,11 @@ async fn log_in<'a>(
         let login = crate::admin::Login { req, minor, peer, local, deadline: login_deadline };
         return Box::pin(crate::admin::serve(socket, buf, shared, cfg, login)).await.map(|()| None);
     }
-    let session = within(timer, Box::pin(authenticate(socket, &mut buf, shared, cfg, req, minor, peer))).await;
+    let authed = within(timer, Box::pin(authenticate(socket, &mut buf, shared, cfg, req, minor, peer))).await;
+    let session = match authed {
+        Ok((session, hello)) => Box::pin(greet(session, hello, shared)).await,
+        Err(e) => Err(e),
+    };
     count_login(shared, &session);
     let mut session = session?;
     if cfg.weir.log_connections {
@@ -195,7 +199,16 @@ async fn within<T>(
     crate::pool::within(timer, f).await.unwrap_or(Err(ClientError::LoginTimeout))
 }
 
-/// Authenticates, finds the pool and greets the client.
+/// What the greeting needs once the client is authenticated.
+struct Hello {
+    server_params: Arc<crate::params::ParamMap>,
+    minor: u16,
+    protocol_options: Vec<String>,
+    /// The end of the client's wait budget for a server.
+    deadline: Instant,
+}
+
+/// Authenticates and finds the pool; `greet` then greets the client.
 async fn authenticate<'a>(
     socket: &'a mut ClientStream,
     buf: &mut BytesMut,
@@ -204,7 +217,7 @@ async fn authenticate<'a>(
     mut req: Request,
     minor: u16,
     peer: SocketAddr,
-) -> Result<Session<'a>, ClientError> {
+) -> Result<(Session<'a>, Hello), ClientError> {
     let users = shared.users.load();
     let looked_up;
     let secret = match users.get(&req.user) {
@@ -229,9 +242,7 @@ async fn authenticate<'a>(
     let mut params = login::client_params(&req, &server_params);
     login::check_startup_settings(&pool, deadline, &mut params, &req.settings, &server_params).await?;
     let reg = shared.cancels.register();
-    let hello = login::greeting(&server_params, &params, (reg.pid, reg.secret), minor, &req.protocol_options);
-    socket.write_all(&hello).await.map_err(ClientError::Io)?;
-    Ok(Session::new(
+    let session = Session::new(
         socket,
         std::mem::take(buf),
         pool,
@@ -242,7 +253,44 @@ async fn authenticate<'a>(
         session::Budget::new(req.declared_deadline, cfg.weir.client_deadline_fraction),
         cfg.weir.max_message_size,
         shared.shutdown.clone(),
-    ))
+    );
+    Ok((session, Hello { server_params, minor, protocol_options: req.protocol_options, deadline }))
+}
+
+/// Greets an authenticated client. In session mode its server for life is
+/// taken first, so that BackendKeyData carries the server's own pid (the
+/// secret stays weir's, and cancels still pass through weir's map). That wait
+/// is bounded by the client's wait budget (query_wait_timeout), as a first
+/// query's would be, not by client_login_timeout.
+async fn greet<'a>(mut session: Session<'a>, hello: Hello, shared: &Arc<Shared>) -> Result<Session<'a>, ClientError> {
+    if session.mode == PoolMode::Session {
+        let lease = take_server(&mut session, hello.deadline).await?;
+        session.reg = shared.cancels.register_as(Some(lease.conn().backend_pid()));
+        session.held = Some(lease);
+    }
+    let key = (session.reg.pid, session.reg.secret);
+    let out = login::greeting(&hello.server_params, &session.params, key, hello.minor, &hello.protocol_options);
+    session.client.write_all(&out).await.map_err(ClientError::Io)?;
+    Ok(session)
+}
+
+/// Client bytes buffered, at most, while a session-mode login waits.
+const LOGIN_WAIT_READ_LIMIT: usize = 64 * 1024;
+
+/// Queues for a session-mode client's server, watching the client: one that
+/// leaves meanwhile leaves the queue. Bytes it sends early stay buffered.
+async fn take_server(session: &mut Session<'_>, deadline: Instant) -> Result<crate::pool::Lease, ClientError> {
+    let pool = session.pool.clone();
+    let mut acquire = std::pin::pin!(pool.acquire(deadline));
+    loop {
+        tokio::select! {
+            biased;
+            r = &mut acquire => return Ok(r?),
+            r = crate::wire::fill(session.client, &mut session.cbuf), if session.cbuf.len() < LOGIN_WAIT_READ_LIMIT => {
+                r?;
+            }
+        }
+    }
 }
 
 /// The verifier of a user not in auth_file, by auth_query (None: no such

@@ -58,6 +58,8 @@ pub struct Session<'a> {
     wait_timer: Option<Pin<Box<Sleep>>>,
     /// The client's listing for SHOW CLIENTS and KILL (set once logged in).
     pub listed: Option<super::registry::ClientGuard>,
+    /// Session mode: the server taken at login, for the first request.
+    pub held: Option<Lease>,
 }
 
 /// A client's wait budget: the pool's query_wait_timeout as configured at
@@ -129,6 +131,7 @@ impl<'a> Session<'a> {
             prepared,
             wait_timer: None,
             listed: None,
+            held: None,
         }
     }
 
@@ -159,7 +162,7 @@ impl<'a> Session<'a> {
         // The common case, with nothing awaited: a server is idle and ready.
         // The queue's wait is boxed apart (it is larger than the rest of a
         // request), so a request that finds a server at once never builds it.
-        let outcome = match self.pool.try_checkout() {
+        let outcome = match self.held.take().or_else(|| self.pool.try_checkout()) {
             Some(lease) => Wait::Got(lease),
             None => Box::pin(self.wait_for_server()).await,
         };

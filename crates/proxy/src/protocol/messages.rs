@@ -1,9 +1,11 @@
 //! Builders for the few backend messages weir writes itself, and readers for
 //! the few fields weir needs out of server messages. No I/O.
 
+use std::fmt::Write;
+
 use bytes::{BufMut, BytesMut};
 
-use super::{frame::read_cstr, sqlstate::SqlState, tags::backend as tag, ProtocolError};
+use super::{frame::read_cbytes, sqlstate::SqlState, tags::backend as tag, ProtocolError};
 
 /// Starts a tagged message; `finish` fills in its length.
 pub(crate) fn begin(buf: &mut BytesMut, t: u8) -> usize {
@@ -149,12 +151,43 @@ pub fn encryption_request(code: i32) -> [u8; 8] {
 }
 
 /// Fields of an ErrorResponse or NoticeResponse body that weir cares about.
+/// Postgres writes them in the client's encoding, whatever that is: the
+/// severity (`V`, never translated) and the SQLSTATE are ASCII; the message
+/// is opaque bytes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ErrorFields {
     pub severity: String,
     /// Empty when the server sent no SQLSTATE (a broken server may omit it).
     pub code: String,
-    pub message: String,
+    pub message: Vec<u8>,
+}
+
+impl ErrorFields {
+    /// The message as text weir can put in its own ErrorResponse or a log:
+    /// unchanged when it is UTF-8, else ASCII with other bytes as `\xNN`, so
+    /// that it is valid in any client encoding.
+    pub fn message_text(&self) -> String {
+        text_or_escaped(&self.message)
+    }
+}
+
+/// `bytes` as UTF-8 when they are; else printable ASCII kept and every other
+/// byte written `\xNN`.
+pub fn text_or_escaped(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => s.to_owned(),
+        Err(_) => {
+            let mut out = String::with_capacity(bytes.len() + 8);
+            for &b in bytes {
+                if b.is_ascii() && !b.is_ascii_control() {
+                    out.push(char::from(b));
+                } else {
+                    let _ = write!(out, "\\x{b:02x}");
+                }
+            }
+            out
+        }
+    }
 }
 
 /// Reads an ErrorResponse/NoticeResponse body (after the header).
@@ -166,22 +199,48 @@ pub fn parse_error_fields(mut body: &[u8]) -> Result<ErrorFields, ProtocolError>
         if field == 0 {
             return Ok(f);
         }
-        let value = read_cstr(&mut body)?;
+        let value = read_cbytes(&mut body)?;
+        let ascii = || String::from_utf8_lossy(value).into_owned();
         match field {
-            b'V' => f.severity = value.to_owned(),
-            b'S' if f.severity.is_empty() => f.severity = value.to_owned(),
-            b'C' => f.code = value.to_owned(),
+            b'V' => f.severity = ascii(),
+            b'S' if f.severity.is_empty() => f.severity = ascii(),
+            b'C' => f.code = ascii(),
             b'M' => f.message = value.to_owned(),
             _ => {}
         }
     }
 }
 
-/// Reads a ParameterStatus body into (name, value).
-pub fn parse_parameter_status(mut body: &[u8]) -> Result<(String, String), ProtocolError> {
-    let name = read_cstr(&mut body)?.to_owned();
-    let value = read_cstr(&mut body)?.to_owned();
+/// Whether an ErrorResponse body is FATAL or PANIC (the server is ending the
+/// session). Reads only the severity fields, as bytes.
+pub fn error_is_fatal(mut body: &[u8]) -> Result<bool, ProtocolError> {
+    let mut severity: &[u8] = b"";
+    loop {
+        let Some((&field, rest)) = body.split_first() else { return Err(ProtocolError::Truncated) };
+        body = rest;
+        if field == 0 {
+            return Ok(severity == b"FATAL" || severity == b"PANIC");
+        }
+        let value = read_cbytes(&mut body)?;
+        if field == b'V' || (field == b'S' && severity.is_empty()) {
+            severity = value;
+        }
+    }
+}
+
+/// Reads a ParameterStatus body into (name, value), as the server's bytes.
+pub fn parse_parameter_status(mut body: &[u8]) -> Result<(&[u8], &[u8]), ProtocolError> {
+    let name = read_cbytes(&mut body)?;
+    let value = read_cbytes(&mut body)?;
     Ok((name, value))
+}
+
+/// A ParameterStatus as text, for weir's parameter maps (which build SQL):
+/// `None` when the name or value is not UTF-8 (a value in a client encoding
+/// such as LATIN1; it is forwarded untouched but not tracked).
+pub fn parameter_status_text(body: &[u8]) -> Result<Option<(&str, &str)>, ProtocolError> {
+    let (name, value) = parse_parameter_status(body)?;
+    Ok(std::str::from_utf8(name).ok().zip(std::str::from_utf8(value).ok()))
 }
 
 #[cfg(test)]
@@ -197,7 +256,7 @@ mod tests {
         let len = i32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
         assert_eq!(len + 1, buf.len());
         let f = parse_error_fields(&buf[5..]).unwrap();
-        assert_eq!((f.severity.as_str(), f.code.as_str(), f.message.as_str()), ("FATAL", "28P01", "nope"));
+        assert_eq!((f.severity.as_str(), f.code.as_str(), &f.message[..]), ("FATAL", "28P01", &b"nope"[..]));
     }
 
     #[test]
@@ -215,7 +274,21 @@ mod tests {
     fn error_without_sqlstate_is_tolerated() {
         let f = parse_error_fields(b"SERROR\0Mboom\0\0").unwrap();
         assert_eq!(f.code, "");
-        assert_eq!(f.message, "boom");
+        assert_eq!(f.message, b"boom");
         assert_eq!(parse_error_fields(b"SERROR\0Mbo"), Err(ProtocolError::Unterminated));
+    }
+
+    #[test]
+    fn server_text_in_any_encoding_is_read_as_bytes() {
+        // LATIN9 'foo\xa4bar' (the euro sign), as Postgres sends it to a LATIN9 client.
+        let body = b"SERROR\0VERROR\0CP0001\0Mfoo\xa4bar\0\0";
+        let f = parse_error_fields(body).unwrap();
+        assert_eq!((f.severity.as_str(), f.code.as_str(), &f.message[..]), ("ERROR", "P0001", &b"foo\xa4bar"[..]));
+        assert_eq!(f.message_text(), "foo\\xa4bar");
+        assert_eq!(error_is_fatal(body), Ok(false));
+        assert_eq!(error_is_fatal(b"SFATAL\0VFATAL\0M\xe9\0\0"), Ok(true));
+        assert_eq!(parse_parameter_status(b"session_authorization\0Jos\xe9\0").unwrap().1, b"Jos\xe9");
+        assert_eq!(parameter_status_text(b"session_authorization\0Jos\xe9\0"), Ok(None));
+        assert_eq!(parameter_status_text(b"TimeZone\0UTC\0"), Ok(Some(("TimeZone", "UTC"))));
     }
 }

@@ -11,16 +11,27 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
+use super::stream::ServerStream;
 use crate::protocol::messages;
+use crate::tls::ServerTls;
 
-/// Counts cancels in flight for one server connection.
+/// Counts cancels in flight for one server connection, and says how a
+/// cancel reaches it.
 #[derive(Debug, Default)]
 pub struct CancelGate {
     in_flight: AtomicUsize,
     done: Notify,
+    /// The connection uses TLS: so does its cancel (as libpq 17's), with the
+    /// same client configuration and server name.
+    tls: Option<(Arc<ServerTls>, String)>,
 }
 
 impl CancelGate {
+    /// The gate of a connection that uses TLS with `tls` towards `host`.
+    pub fn over_tls(tls: Arc<ServerTls>, host: String) -> Self {
+        CancelGate { tls: Some((tls, host)), ..CancelGate::default() }
+    }
+
     pub fn is_open(&self) -> bool {
         self.in_flight.load(Ordering::Acquire) == 0
     }
@@ -57,7 +68,7 @@ pub fn forward_cancel(target: CancelTarget, limit: Duration) -> impl std::future
     target.gate.in_flight.fetch_add(1, Ordering::AcqRel);
     let ticket = GateTicket(target.gate.clone());
     async move {
-        let result = tokio::time::timeout(limit, send_cancel(target.addr, target.pid, target.secret)).await;
+        let result = tokio::time::timeout(limit, send_cancel(&target)).await;
         drop(ticket);
         match result {
             Ok(r) => r,
@@ -76,9 +87,14 @@ impl Drop for GateTicket {
     }
 }
 
-async fn send_cancel(addr: SocketAddr, pid: i32, secret: i32) -> std::io::Result<()> {
-    let mut s = TcpStream::connect(addr).await?;
-    s.write_all(&messages::cancel_request(pid, secret)).await?;
+async fn send_cancel(target: &CancelTarget) -> std::io::Result<()> {
+    let tcp = TcpStream::connect(target.addr).await?;
+    let mut s = match &target.gate.tls {
+        Some((tls, host)) => super::conn::negotiate_tls(tcp, tls, host).await.map_err(std::io::Error::other)?,
+        None => ServerStream::Plain(tcp),
+    };
+    s.write_all(&messages::cancel_request(target.pid, target.secret)).await?;
+    s.flush().await?;
     let mut sink = [0u8; 64];
     // Postgres answers nothing and closes once the backend has been signalled.
     while s.read(&mut sink).await? > 0 {}

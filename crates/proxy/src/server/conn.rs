@@ -208,6 +208,7 @@ pub async fn connect(spec: Arc<ConnectSpec>, metrics: &Arc<PoolMetrics>) -> Resu
     for (k, v) in &login.server_params {
         params.set(k, v);
     }
+    let cancel = cancel_target(addr, login.backend_pid, login.backend_secret, stream.is_tls().then_some(&spec));
     let now = Instant::now();
     Ok(ServerConn {
         id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -217,7 +218,7 @@ pub async fn connect(spec: Arc<ConnectSpec>, metrics: &Arc<PoolMetrics>) -> Resu
         params,
         settings: ParamMap::new(),
         matched: None,
-        cancel: cancel_target(addr, login.backend_pid, login.backend_secret),
+        cancel,
         created: now,
         last_used: now,
         retire_at: now + Duration::from_secs(3600),
@@ -230,8 +231,12 @@ pub async fn connect(spec: Arc<ConnectSpec>, metrics: &Arc<PoolMetrics>) -> Resu
     })
 }
 
-fn cancel_target(addr: SocketAddr, pid: i32, secret: i32) -> CancelTarget {
-    CancelTarget { addr, pid, secret, gate: Arc::new(CancelGate::default()) }
+fn cancel_target(addr: SocketAddr, pid: i32, secret: i32, tls: Option<&ConnectSpec>) -> CancelTarget {
+    let gate = match tls.and_then(|s| Some((s.tls.clone()?, s.host.clone()))) {
+        Some((tls, host)) => CancelGate::over_tls(tls, host),
+        None => CancelGate::default(),
+    };
+    CancelTarget { addr, pid, secret, gate: Arc::new(gate) }
 }
 
 /// TCP connect, socket options and login, unbounded (callers bound it).
@@ -260,7 +265,7 @@ const SSL_REFUSED: u8 = b'N';
 /// the server sent after its `S` is read by rustls as TLS records and fails
 /// the handshake, never taken as plaintext: CVE-2021-23222's class); `N`
 /// continues in plaintext only with `prefer`.
-async fn negotiate_tls(
+pub(super) async fn negotiate_tls(
     mut tcp: TcpStream,
     tls: &crate::tls::ServerTls,
     host: &str,

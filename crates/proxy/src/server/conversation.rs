@@ -248,12 +248,12 @@ impl Conversation {
                 return Ok(self.pending_rfq == 0);
             }
             be::PARAMETER_STATUS => {
-                let (k, v) = messages::parse_parameter_status(body)?;
-                on_param(&k, &v);
+                if let Some((k, v)) = messages::parameter_status_text(body)? {
+                    on_param(k, v);
+                }
             }
             be::ERROR_RESPONSE => {
-                let f = messages::parse_error_fields(body)?;
-                out.fatal |= f.severity == "FATAL" || f.severity == "PANIC";
+                out.fatal |= messages::error_is_fatal(body)?;
             }
             be::COPY_IN_RESPONSE | be::COPY_BOTH_RESPONSE => {
                 self.copy_in = true;

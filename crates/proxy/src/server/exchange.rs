@@ -69,8 +69,10 @@ pub async fn run_checked(conn: &mut ServerConn, sql: &str) -> Result<Option<Erro
                 first_error.get_or_insert(f);
             }
             be::PARAMETER_STATUS => {
-                let (k, v) = messages::parse_parameter_status(body).map_err(|_| CloseReason::ProtocolError)?;
-                conn.params.set(&k, &v);
+                let param = messages::parameter_status_text(body).map_err(|_| CloseReason::ProtocolError)?;
+                if let Some((k, v)) = param {
+                    conn.params.set(k, v);
+                }
             }
             be::READY_FOR_QUERY => {
                 conn.conv.status = *body.first().ok_or(CloseReason::ProtocolError)?;

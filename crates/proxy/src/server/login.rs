@@ -215,7 +215,7 @@ async fn next_frame<S: AsyncRead + Unpin>(stream: &mut S, buf: &mut BytesMut) ->
 
 fn server_error(body: &[u8]) -> LoginError {
     match messages::parse_error_fields(body) {
-        Ok(f) => LoginError::Server { code: f.code, message: f.message },
+        Ok(f) => LoginError::Server { message: f.message_text(), code: f.code },
         Err(e) => protocol(format!("malformed ErrorResponse: {e}")),
     }
 }
@@ -382,9 +382,9 @@ async fn collect_until_ready<S: AsyncRead + Unpin>(
         let frame = next_frame(stream, buf).await?;
         match frame.tag {
             tags::backend::PARAMETER_STATUS => {
-                let param = messages::parse_parameter_status(frame.body())
+                let param = messages::parameter_status_text(frame.body())
                     .map_err(|e| protocol(format!("malformed ParameterStatus: {e}")))?;
-                result.server_params.push(param);
+                result.server_params.extend(param.map(|(k, v)| (k.to_owned(), v.to_owned())));
             }
             tags::backend::BACKEND_KEY_DATA => {
                 let body: [u8; 8] = frame.body().try_into().map_err(|_| protocol("malformed BackendKeyData"))?;
