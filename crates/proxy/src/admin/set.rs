@@ -12,8 +12,21 @@ use crate::app::Shared;
 use crate::config::{keys, migrate, Config};
 use crate::protocol::sqlstate;
 
-/// The `[weir]` entries `key = value` stands for.
+/// The `[weir]` entries `key = value` stands for: PgBouncer's spelling
+/// first, else weir's own for a weir key (a TOML value, or a bare string
+/// such as `30s`; the config's types then check it).
 fn entries(key: &str, value: &str) -> Result<toml::Table, AdminError> {
+    match pgbouncer_entries(key, value) {
+        Err(_) if keys::general_keys().contains(&key) => {
+            let parsed = toml::from_str::<toml::Table>(&format!("v = {value}")).ok().and_then(|mut t| t.remove("v"));
+            let value = parsed.unwrap_or_else(|| toml::Value::String(value.to_owned()));
+            Ok(toml::Table::from_iter([(key.to_owned(), value)]))
+        }
+        other => other,
+    }
+}
+
+fn pgbouncer_entries(key: &str, value: &str) -> Result<toml::Table, AdminError> {
     let m = migrate::from_pgbouncer_ini(&format!("[pgbouncer]\n{key} = {value}\n"));
     // Line 2 is the setting; warnings about the whole file (a missing
     // auth_file, no databases) do not concern SET.
@@ -69,6 +82,8 @@ mod tests {
         let t = entries("default_pool_size", "7").unwrap();
         assert_eq!(t.get("default_pool_size").and_then(|v| v.as_integer()), Some(7), "{t:?}");
         assert!(!t.contains_key("listen_addr"));
+        let t = entries("stats_period", "2s").unwrap();
+        assert_eq!(t.get("stats_period").and_then(|v| v.as_str()), Some("2s"), "weir's spelling: {t:?}");
         let e = entries("frobnicate", "1").unwrap_err();
         assert!(e.message.contains("frobnicate"), "{e}");
     }
