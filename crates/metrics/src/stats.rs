@@ -79,12 +79,8 @@ impl Period {
 
     /// `n` per second over the period (0 before one completes).
     pub fn per_second(&self, n: u64) -> u64 {
-        let ms = self.length.as_millis();
-        if ms == 0 {
-            0
-        } else {
-            u64::try_from(u128::from(n) * 1000 / ms).unwrap_or(u64::MAX)
-        }
+        let per = (u128::from(n) * 1000).checked_div(self.length.as_millis()).unwrap_or(0);
+        u64::try_from(per).unwrap_or(u64::MAX)
     }
 
     /// `total` over `n` (0 when n is 0), as PgBouncer's average times.
