@@ -89,6 +89,14 @@ impl CancelSlot {
         }
     }
 
+    /// Cancels in flight to the server the client is using (0 if none).
+    pub fn cancels_in_flight(&self) -> usize {
+        match &*self.lock() {
+            Where::Active(target) => target.gate.in_flight(),
+            _ => 0,
+        }
+    }
+
     /// The backend pid of the server the client is using, if any.
     pub fn server_pid(&self) -> Option<i32> {
         match &*self.lock() {

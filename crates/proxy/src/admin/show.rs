@@ -4,6 +4,11 @@
 //! weir's own columns (opens/closes per second, drops) after them. Reads
 //! shared state only; changes nothing. The statistics are in `stats.rs`, the
 //! lists PgBouncer has and weir mostly does not in `show_more.rs`.
+//!
+//! SHOW POOLS' sv_active_cancel counts cancels being forwarded to servers
+//! that clients hold; a cancel still in flight after its client released the
+//! server (which then waits in recovery) is not seen, and sv_being_canceled
+//! is reported as 0: weir does not yet count servers held for a cancel.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -99,6 +104,12 @@ fn pools(shared: &Arc<Shared>) -> ResultSet {
     ]);
     let cfg = shared.config.load();
     let counts = shared.registry.idle_and_active();
+    let clients = shared.registry.all();
+    // sv_active_cancel: cancels being forwarded to servers that clients hold.
+    let mut cancels: HashMap<(&str, &str), usize> = HashMap::new();
+    for c in &clients {
+        *cancels.entry((c.database(), c.user())).or_default() += c.cancels_in_flight();
+    }
     for pool in shared.pools.all() {
         let s = pool.snapshot();
         let m = &pool.metrics;
@@ -110,13 +121,14 @@ fn pools(shared: &Arc<Shared>) -> ResultSet {
             text(&pool.key.user),
             int(active),
             int(s.waiting),
-            // Cancels: weir answers a queued client's cancel itself and
-            // forwards a running one's without holding the client or server
-            // apart, so none is ever in these states.
+            // weir answers a queued client's cancel itself, and closes a
+            // cancel request's connection once it is forwarded: no client
+            // waits on a cancel. sv_being_canceled is not counted (see
+            // the module doc).
             int(0u8),
             int(0u8),
             int(s.active),
-            int(0u8),
+            int(cancels.get(&(pool.key.database.as_str(), pool.key.user.as_str())).copied().unwrap_or(0) as u64),
             int(0u8),
             int(s.idle.saturating_sub(used)),
             int(used),

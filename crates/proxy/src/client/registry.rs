@@ -67,6 +67,11 @@ impl ClientEntry {
         self.slot.as_ref().map_or(ClientState::Active, |s| s.client_state())
     }
 
+    /// Cancels in flight to the server this client is using.
+    pub fn cancels_in_flight(&self) -> usize {
+        self.slot.as_ref().map_or(0, |s| s.cancels_in_flight())
+    }
+
     /// When the client's latest request began waiting for a server.
     pub fn requested_at(&self) -> Option<Instant> {
         self.slot.as_ref().and_then(|s| s.requested_at())
