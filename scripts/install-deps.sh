@@ -24,6 +24,21 @@ if ! command -v openssl >/dev/null; then
     apt_install openssl
 fi
 
+# tests/e2e/console_parity.rs and the benches compare with Debian's PgBouncer.
+# A policy-rc.d keeps the package's own service from starting (and taking
+# port 6432) while it installs; the tests start their own on free ports.
+if ! command -v pgbouncer >/dev/null; then
+    echo "installing pgbouncer"
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+        chmod +x /usr/sbin/policy-rc.d
+        apt_install pgbouncer
+        rm -f /usr/sbin/policy-rc.d
+    else
+        apt_install pgbouncer
+    fi
+fi
+
 # The driver matrix (tests/e2e/drivers.rs, programs in tests/drivers/):
 # pgjdbc and pgx v4 from Debian (with Java and Go), psycopg 3 and asyncpg from
 # PyPI, node-postgres from npm (pinned by tests/drivers/node/package-lock.json).

@@ -225,3 +225,111 @@ async fn reload_applies_a_valid_file_and_keeps_a_bad_one_out() {
     assert_eq!(pool_row(&w).await["pool_size"], "6");
     c.simple_query("select 2").await.expect("the client survives reloads");
 }
+
+/// Backend pids of scram_user's connections, as Postgres lists them.
+fn backend_pids(pg: &PgServer) -> Vec<String> {
+    let out = pg.psql("app", "select pid from pg_stat_activity where usename = 'scram_user' order by pid").unwrap();
+    out.lines().map(|l| l.trim().to_owned()).filter(|l| !l.is_empty()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnect_closes_servers_once_released_and_wait_close_waits_for_them() {
+    let pg = pg().await;
+    let w = WeirProcess::start(&pg, "", "pool_size = 2").await;
+    let idle = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
+    let busy = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
+    idle.simple_query("select 1").await.unwrap();
+    let before = backend_pids(&pg);
+    assert!(!before.is_empty());
+
+    // One server is in use through RECONNECT; the idle ones close at once.
+    let running = tokio::spawn(async move { busy.simple_query("select pg_sleep(1)").await.map(|_| busy) });
+    assert!(
+        eventually(Duration::from_secs(5), || pg
+            .psql(
+                "app",
+                "select count(*) from pg_stat_activity where query = 'select pg_sleep(1)' and state = 'active'"
+            )
+            .unwrap()
+            .trim()
+            == "1")
+        .await
+    );
+    let out = w.admin("RECONNECT app").await.unwrap();
+    assert!(out.contains("RECONNECT"), "{out}");
+    let servers = rows(&w.admin("SHOW SERVERS").await.unwrap());
+    assert!(servers.iter().any(|s| s["close_needed"] == "1"), "the busy server is marked: {servers:?}");
+    // WAIT_CLOSE returns once the busy one was released and closed.
+    w.admin("WAIT_CLOSE app").await.unwrap();
+    assert!(running.is_finished() || running.await.is_ok());
+    let after = backend_pids(&pg);
+    assert!(before.iter().all(|p| !after.contains(p)), "every old server closed: {before:?} -> {after:?}");
+    idle.simple_query("select 2").await.expect("clients go on, on new servers");
+    assert!(!backend_pids(&pg).iter().any(|p| before.contains(p)));
+    let e = w.admin("RECONNECT nosuchdb").await.unwrap_err();
+    assert!(e.contains("no such database"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disable_refuses_new_clients_and_enable_accepts_them_again() {
+    let pg = pg().await;
+    let w = WeirProcess::start(&pg, "", "").await;
+    let logged_in = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
+    w.admin("DISABLE app").await.unwrap();
+    let dbs = rows(&w.admin("SHOW DATABASES").await.unwrap());
+    assert_eq!(dbs.iter().find(|r| r["name"] == "app").unwrap()["disabled"], "1");
+    let e = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap_err();
+    assert_eq!(sqlstate(&e).as_deref(), Some("55000"), "{e}");
+    assert_eq!(e.as_db_error().unwrap().message(), "database does not allow connections: app");
+    logged_in.simple_query("select 1").await.expect("clients already in stay");
+
+    w.admin("ENABLE app").await.unwrap();
+    let c = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.expect("accepted again after ENABLE");
+    c.simple_query("select 1").await.unwrap();
+    let e = w.admin("DISABLE").await.unwrap_err();
+    assert!(e.contains("usage: DISABLE db"), "{e}");
+}
+
+/// A setting's value in SHOW CONFIG.
+async fn setting(w: &WeirProcess, key: &str) -> String {
+    let config = rows(&w.admin("SHOW CONFIG").await.unwrap());
+    config.iter().find(|r| r["key"] == key).expect("config row")["value"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_changes_a_reloadable_setting_and_refuses_the_rest_and_suspend() {
+    let pg = pg().await;
+    let w = WeirProcess::start(&pg, "", "").await;
+    let c = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
+    c.simple_query("select 1").await.unwrap();
+    assert_eq!(pool_row(&w).await["pool_size"], "20");
+
+    w.admin("SET default_pool_size = 7").await.unwrap();
+    assert_eq!(pool_row(&w).await["pool_size"], "7", "the pool took the new size");
+    w.admin("SET query_timeout = 5").await.unwrap();
+    assert_eq!(setting(&w, "query_timeout").await, "5s", "PgBouncer's seconds");
+    w.admin("SET stats_period = '2s'").await.unwrap();
+    assert_eq!(setting(&w, "stats_period").await, "2s");
+
+    let admin = connect(&w.url_for(ADMIN_USER, ADMIN_PASS, "weir")).await.unwrap();
+    let e = admin.simple_query("SET listen_addr = '127.0.0.1:1'").await.unwrap_err();
+    assert_eq!(sqlstate(&e).as_deref(), Some("55P02"), "{e}");
+    assert!(e.as_db_error().unwrap().message().contains("needs a restart"), "{e}");
+    let e = admin.simple_query("SET default_pool_size = 0").await.unwrap_err();
+    assert_eq!(sqlstate(&e).as_deref(), Some("22023"), "{e}");
+    assert!(e.as_db_error().unwrap().message().contains("default_pool_size"), "{e}");
+    let e = admin.simple_query("SET frobnicate = 1").await.unwrap_err();
+    assert_eq!(sqlstate(&e).as_deref(), Some("22023"), "{e}");
+    assert_eq!(pool_row(&w).await["pool_size"], "7", "a refused SET changes nothing");
+
+    let e = admin.simple_query("SUSPEND").await.unwrap_err();
+    assert_eq!(sqlstate(&e).as_deref(), Some("0A000"), "{e}");
+    assert!(e.as_db_error().unwrap().message().contains("no online restart"), "{e}");
+    let help = w.admin("SHOW HELP").await.unwrap();
+    for cmd in
+        ["SET key = value", "RECONNECT [db]", "DISABLE db", "ENABLE db", "WAIT_CLOSE [db]", "SHOW STATS_AVERAGES"]
+    {
+        assert!(help.contains(cmd), "SHOW HELP lists {cmd}");
+    }
+    c.simple_query("select 2").await.expect("clients go on");
+}

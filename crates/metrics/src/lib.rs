@@ -5,6 +5,7 @@
 //! * [`close`] / [`state`] — label vocabularies (close reasons, states, …).
 //! * [`rate`] — [`RateWindow`], opens/closes per second over 1 s/10 s/60 s.
 //! * [`pool`] — [`PoolMetrics`], everything counted per (database, user).
+//! * [`stats`] — [`StatTotals`] and [`Period`], `SHOW STATS` totals and averages.
 //! * [`guard`] — [`ServerConnGuard`], exactly-once open/close accounting.
 //! * [`global`] — [`GlobalMetrics`], process-wide counters and build info.
 //! * [`exporter`] — [`install`], the `/metrics` `/healthz` `/readyz` server,
@@ -27,6 +28,7 @@ pub mod names;
 pub mod pool;
 pub mod rate;
 pub mod state;
+pub mod stats;
 mod text;
 
 pub use close::{CancelOutcome, ClientResult, CloseReason, ConnectFailure, DropReason};
@@ -37,3 +39,4 @@ pub use names::describe_all;
 pub use pool::{render_all, Limits, PoolMetrics, ServerInfo, SharedCount};
 pub use rate::{RateWindow, Window};
 pub use state::{ClientState, ServerState};
+pub use stats::{Period, StatTotals};

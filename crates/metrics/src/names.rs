@@ -65,6 +65,10 @@ pub const POOL_SIZE: &str = "weir_pool_size";
 pub const POOL_RESERVE_POOL_SIZE: &str = "weir_pool_reserve_pool_size";
 /// Gauge (database,user): the database's configured `max_db_connections` (0: no limit).
 pub const POOL_MAX_DB_CONNECTIONS: &str = "weir_pool_max_db_connections";
+/// Counter (database,user): bytes received from clients (PgBouncer's `total_received`).
+pub const CLIENT_BYTES_RECEIVED_TOTAL: &str = "weir_client_bytes_received_total";
+/// Counter (database,user): bytes sent to clients (PgBouncer's `total_sent`).
+pub const CLIENT_BYTES_SENT_TOTAL: &str = "weir_client_bytes_sent_total";
 /// Gauge: the configured `max_client_conn`.
 pub const MAX_CLIENT_CONN: &str = "weir_max_client_conn";
 /// Counter (result): configuration reloads (SIGHUP, RELOAD, SET), by result.
@@ -119,6 +123,12 @@ pub const ALL: &[(&str, Kind, &str)] = &[
     (POOL_SIZE, Kind::Gauge, "The pool's configured pool_size."),
     (POOL_RESERVE_POOL_SIZE, Kind::Gauge, "The pool's configured reserve_pool_size."),
     (POOL_MAX_DB_CONNECTIONS, Kind::Gauge, "The database's configured max_db_connections (0: no limit)."),
+    (
+        CLIENT_BYTES_RECEIVED_TOTAL,
+        Kind::Counter,
+        "Bytes received from clients (forwarded to servers, or answered by weir).",
+    ),
+    (CLIENT_BYTES_SENT_TOTAL, Kind::Counter, "Bytes sent to clients."),
     (MAX_CLIENT_CONN, Kind::Gauge, "The configured max_client_conn."),
     (CONFIG_RELOADS_TOTAL, Kind::Counter, "Configuration reloads, by result (ok or failed)."),
     (BUILD_INFO, Kind::Gauge, "Build information; the value is always 1."),
@@ -147,6 +157,8 @@ pub const PER_POOL: &[&str] = &[
     POOL_SIZE,
     POOL_RESERVE_POOL_SIZE,
     POOL_MAX_DB_CONNECTIONS,
+    CLIENT_BYTES_RECEIVED_TOTAL,
+    CLIENT_BYTES_SENT_TOTAL,
 ];
 
 impl Kind {
@@ -196,7 +208,7 @@ mod tests {
             assert!(!help.is_empty());
             assert!(seen.insert(*name), "duplicate {name}");
         }
-        assert_eq!(ALL.len(), 25);
+        assert_eq!(ALL.len(), 27);
         assert_eq!(histogram_names().count(), 3);
         assert!(PER_POOL.iter().all(|n| lookup(n).is_some()));
     }

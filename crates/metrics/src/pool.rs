@@ -20,6 +20,7 @@ use crate::close::{CloseReason, ConnectFailure, DropReason};
 use crate::hist::{Histogram, Snapshot};
 use crate::rate::{RateWindow, Window};
 use crate::state::{ClientState, ServerState};
+use crate::stats::{Period, StatTotals};
 
 const R: Ordering = Ordering::Relaxed;
 
@@ -54,6 +55,12 @@ pub struct PoolMetrics {
     queries: AtomicU64,
     assignments: AtomicU64,
     wait_time_us: AtomicU64,
+    bytes_received: AtomicU64,
+    bytes_sent: AtomicU64,
+    query_time_us: AtomicU64,
+    /// The counters at the start of the current stats period, and the last
+    /// completed period (`roll_period`).
+    period: Mutex<(StatTotals, Period)>,
     client_parses: AtomicU64,
     server_parses: AtomicU64,
     pinned: AtomicU64,
@@ -94,6 +101,8 @@ pub(crate) struct Sample {
     pub client_parses: u64,
     pub server_parses: u64,
     pub pinned: u64,
+    pub received: u64,
+    pub sent: u64,
     pub opens_rate: [f64; Window::ALL.len()],
     pub closes_rate: [f64; Window::ALL.len()],
     pub servers: [i64; ServerState::COUNT],
@@ -121,6 +130,8 @@ impl Sample {
         self.client_parses += o.client_parses;
         self.server_parses += o.server_parses;
         self.pinned += o.pinned;
+        self.received += o.received;
+        self.sent += o.sent;
         add_all(&mut self.opens_rate, &o.opens_rate);
         add_all(&mut self.closes_rate, &o.closes_rate);
         add_all(&mut self.servers, &o.servers);
@@ -215,6 +226,10 @@ impl PoolMetrics {
             queries: AtomicU64::new(0),
             assignments: AtomicU64::new(0),
             wait_time_us: AtomicU64::new(0),
+            bytes_received: AtomicU64::new(0),
+            bytes_sent: AtomicU64::new(0),
+            query_time_us: AtomicU64::new(0),
+            period: Mutex::new(Default::default()),
             client_parses: AtomicU64::new(0),
             server_parses: AtomicU64::new(0),
             pinned: AtomicU64::new(0),
@@ -287,6 +302,22 @@ impl PoolMetrics {
         self.assignments.fetch_add(1, R);
         self.wait_time_us.fetch_add(micros(wait), R);
         self.client_wait.record(wait);
+    }
+
+    /// `n` bytes from a client were forwarded (per chunk, on the query path).
+    pub fn record_received(&self, n: usize) {
+        self.bytes_received.fetch_add(n as u64, R);
+    }
+
+    /// `n` bytes were sent to a client (per chunk, on the query path).
+    pub fn record_sent(&self, n: usize) {
+        self.bytes_sent.fetch_add(n as u64, R);
+    }
+
+    /// Queries were running on a server for `d` (first byte forwarded to
+    /// ReadyForQuery).
+    pub fn record_query_time(&self, d: Duration) {
+        self.query_time_us.fetch_add(micros(d), R);
     }
 
     /// A client sent a Parse message.
@@ -396,6 +427,50 @@ impl PoolMetrics {
         Duration::from_micros(self.wait_time_us.load(R))
     }
 
+    /// Bytes received from clients.
+    pub fn bytes_received(&self) -> u64 {
+        self.bytes_received.load(R)
+    }
+
+    /// Bytes sent to clients.
+    pub fn bytes_sent(&self) -> u64 {
+        self.bytes_sent.load(R)
+    }
+
+    /// Total time queries ran on servers.
+    pub fn query_time(&self) -> Duration {
+        Duration::from_micros(self.query_time_us.load(R))
+    }
+
+    /// Every `SHOW STATS` counter now.
+    pub fn totals(&self) -> StatTotals {
+        StatTotals {
+            xacts: self.transactions(),
+            queries: self.queries(),
+            received: self.bytes_received(),
+            sent: self.bytes_sent(),
+            xact_time_us: self.xact_time_us.load(R),
+            query_time_us: self.query_time_us.load(R),
+            wait_time_us: self.wait_time_us.load(R),
+            assignments: self.server_assignments(),
+            client_parses: self.client_parses(),
+            server_parses: self.server_parses(),
+        }
+    }
+
+    /// Ends the current stats period, which lasted `length`: its changes
+    /// become the last completed period (`SHOW STATS` averages).
+    pub fn roll_period(&self, length: Duration) {
+        let now = self.totals();
+        let mut p = self.period.lock().unwrap_or_else(|e| e.into_inner());
+        *p = (now, Period { delta: now - p.0, length });
+    }
+
+    /// The last completed stats period.
+    pub fn last_period(&self) -> Period {
+        self.period.lock().unwrap_or_else(|e| e.into_inner()).1
+    }
+
     /// The open server connections described so far, oldest first.
     pub fn live_servers(&self) -> Vec<ServerInfo> {
         self.live.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
@@ -484,6 +559,8 @@ impl PoolMetrics {
             client_parses: self.client_parses(),
             server_parses: self.server_parses(),
             pinned: self.pinned(),
+            received: self.bytes_received(),
+            sent: self.bytes_sent(),
             opens_rate: std::array::from_fn(|i| self.opens.per_second(Window::ALL[i])),
             closes_rate: std::array::from_fn(|i| self.closes.per_second(Window::ALL[i])),
             servers: std::array::from_fn(|i| self.servers[i].load(R)),
@@ -554,5 +631,24 @@ mod tests {
         assert_eq!(p.maxwait(), Duration::from_millis(1500));
         assert!(render_all().contains("db_pool_test"));
         assert_eq!((p.database(), p.user()), ("db_pool_test", "u"));
+    }
+
+    #[test]
+    fn traffic_and_stats_periods() {
+        let p = PoolMetrics::new("db_period_test", "u");
+        p.record_received(100);
+        p.record_sent(40);
+        p.record_query_time(Duration::from_millis(2));
+        p.record_transaction(Duration::from_millis(3));
+        assert_eq!((p.bytes_received(), p.bytes_sent(), p.query_time()), (100, 40, Duration::from_millis(2)));
+        assert_eq!(p.last_period(), Period::default(), "no period has completed");
+        p.roll_period(Duration::from_secs(2));
+        let last = p.last_period();
+        assert_eq!((last.delta.received, last.delta.xacts, last.length), (100, 1, Duration::from_secs(2)));
+        p.record_sent(10);
+        p.roll_period(Duration::from_secs(2));
+        let last = p.last_period();
+        assert_eq!((last.delta.sent, last.delta.received, last.delta.xacts), (10, 0, 0), "only the last period");
+        assert_eq!(p.totals().sent, 50);
     }
 }

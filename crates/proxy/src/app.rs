@@ -57,6 +57,8 @@ pub struct Shared {
     listening: AtomicBool,
     draining: AtomicBool,
     reload_lock: Mutex<()>,
+    /// The console's DISABLE list.
+    pub admin: crate::admin::AdminState,
 }
 
 /// What PAUSE/KILL left paused: everything, or some databases.
@@ -147,6 +149,7 @@ impl Weir {
         shared.listening.store(true, Ordering::SeqCst);
         shared.tracker.spawn(accept_loop(listener, shared.clone()));
         spawn_client_gauges(&shared);
+        crate::admin::stats::spawn_periods(&shared);
         tracing::info!(%addr, "weir is listening");
         Ok(Weir { shared, addr, exporter })
     }
@@ -200,6 +203,7 @@ impl Shared {
             listening: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             reload_lock: Mutex::new(()),
+            admin: Default::default(),
         }
     }
 

@@ -30,6 +30,9 @@ enum Where {
 #[derive(Debug)]
 pub struct CancelSlot {
     at: Mutex<Where>,
+    /// When the client's latest request began waiting for a server, in µs
+    /// after [`epoch`] (0: none yet), for SHOW CLIENTS' request_time and wait.
+    requested_us: std::sync::atomic::AtomicU64,
     /// KILL and the drain for the client's task, whose waker it also holds
     /// for a cancel of the queued query.
     pub switch: crate::signal::Switch,
@@ -45,7 +48,15 @@ impl CancelSlot {
     }
 
     pub fn set_waiting(&self) {
+        let us = epoch().elapsed().as_micros().max(1);
+        self.requested_us.store(u64::try_from(us).unwrap_or(u64::MAX), std::sync::atomic::Ordering::Relaxed);
         *self.lock() = Where::Waiting { cancelled: false };
+    }
+
+    /// When the latest request began waiting for a server, if there was one.
+    pub fn requested_at(&self) -> Option<std::time::Instant> {
+        let us = self.requested_us.load(std::sync::atomic::Ordering::Relaxed);
+        (us > 0).then(|| epoch() + Duration::from_micros(us))
     }
 
     /// True if a cancel came while waiting; the wait should end with 57014.
@@ -78,6 +89,14 @@ impl CancelSlot {
         }
     }
 
+    /// Cancels in flight to the server the client is using (0 if none).
+    pub fn cancels_in_flight(&self) -> usize {
+        match &*self.lock() {
+            Where::Active(target) => target.gate.in_flight(),
+            _ => 0,
+        }
+    }
+
     /// The backend pid of the server the client is using, if any.
     pub fn server_pid(&self) -> Option<i32> {
         match &*self.lock() {
@@ -85,6 +104,12 @@ impl CancelSlot {
             _ => None,
         }
     }
+}
+
+/// The instant request times are counted from.
+fn epoch() -> std::time::Instant {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(std::time::Instant::now)
 }
 
 /// Hashes a key's pid with one multiplication. The pids in the map are
@@ -151,7 +176,11 @@ impl CancelRegistry {
     /// own pid) if no other client holds that pid, else a random one; the
     /// secret is always weir's.
     pub fn register_as(self: &Arc<Self>, mut pid: Option<i32>) -> Registration {
-        let slot = Arc::new(CancelSlot { at: Mutex::new(Where::Idle), switch: Default::default() });
+        let slot = Arc::new(CancelSlot {
+            at: Mutex::new(Where::Idle),
+            requested_us: Default::default(),
+            switch: Default::default(),
+        });
         let mut rng = rand::thread_rng();
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         loop {

@@ -2,6 +2,7 @@
 //! and weir running in-process in front of them, plus client helpers.
 //! Every test builds its own `Harness`; dropping it tears everything down.
 
+pub mod pgbouncer;
 pub mod process;
 
 use std::net::SocketAddr;

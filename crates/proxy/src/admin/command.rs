@@ -7,11 +7,22 @@
 pub enum Show {
     Pools,
     Stats,
+    StatsTotals,
+    StatsAverages,
+    Totals,
     Clients,
     Servers,
     Databases,
+    Users,
     Config,
     Lists,
+    Mem,
+    Sockets,
+    ActiveSockets,
+    DnsHosts,
+    DnsZones,
+    Fds,
+    State,
     Version,
     Help,
 }
@@ -20,11 +31,22 @@ impl Show {
     const ALL: &'static [(&'static str, Show)] = &[
         ("POOLS", Show::Pools),
         ("STATS", Show::Stats),
+        ("STATS_TOTALS", Show::StatsTotals),
+        ("STATS_AVERAGES", Show::StatsAverages),
+        ("TOTALS", Show::Totals),
         ("CLIENTS", Show::Clients),
         ("SERVERS", Show::Servers),
         ("DATABASES", Show::Databases),
+        ("USERS", Show::Users),
         ("CONFIG", Show::Config),
         ("LISTS", Show::Lists),
+        ("MEM", Show::Mem),
+        ("SOCKETS", Show::Sockets),
+        ("ACTIVE_SOCKETS", Show::ActiveSockets),
+        ("DNS_HOSTS", Show::DnsHosts),
+        ("DNS_ZONES", Show::DnsZones),
+        ("FDS", Show::Fds),
+        ("STATE", Show::State),
         ("VERSION", Show::Version),
         ("HELP", Show::Help),
     ];
@@ -40,6 +62,21 @@ pub enum Command {
     Reload,
     Kill(String),
     Shutdown,
+    /// SET key = value: a setting a reload may change.
+    Set {
+        key: String,
+        value: String,
+    },
+    /// RECONNECT [db]: close each server connection once it is released.
+    Reconnect(Option<String>),
+    /// DISABLE db: refuse new clients of db.
+    Disable(String),
+    /// ENABLE db: accept them again.
+    Enable(String),
+    /// WAIT_CLOSE [db]: until the servers a RECONNECT marked have closed.
+    WaitClose(Option<String>),
+    /// SUSPEND: refused (weir has no online restart).
+    Suspend,
 }
 
 impl Command {
@@ -57,6 +94,12 @@ impl Command {
             Command::Reload => "RELOAD",
             Command::Kill(_) => "KILL",
             Command::Shutdown => "SHUTDOWN",
+            Command::Set { .. } => "SET",
+            Command::Reconnect(_) => "RECONNECT",
+            Command::Disable(_) => "DISABLE",
+            Command::Enable(_) => "ENABLE",
+            Command::WaitClose(_) => "WAIT_CLOSE",
+            Command::Suspend => "SUSPEND",
         }
     }
 }
@@ -64,19 +107,36 @@ impl Command {
 /// Every command, for help texts and error messages.
 pub const SYNOPSIS: &[(&str, &str)] = &[
     ("SHOW POOLS", "clients and servers per pool, with opens/closes per second"),
-    ("SHOW STATS", "transaction, query and wait totals per database"),
+    ("SHOW STATS", "totals and last stats_period averages per database"),
+    ("SHOW STATS_TOTALS", "the totals of SHOW STATS"),
+    ("SHOW STATS_AVERAGES", "the averages of SHOW STATS (last stats_period)"),
+    ("SHOW TOTALS", "SHOW STATS summed over all databases, one row per figure"),
     ("SHOW CLIENTS", "every logged-in client"),
     ("SHOW SERVERS", "every open server connection"),
     ("SHOW DATABASES", "the configured databases and their pool settings"),
+    ("SHOW USERS", "the users with a pool or in the auth_file"),
     ("SHOW CONFIG", "every setting with its value and default"),
     ("SHOW LISTS", "counts of databases, users, pools, clients and servers"),
+    ("SHOW MEM", "PgBouncer's memory caches; empty (weir has none)"),
+    ("SHOW SOCKETS", "clients and servers with buffer positions (weir reports 0)"),
+    ("SHOW ACTIVE_SOCKETS", "SHOW SOCKETS for clients and servers in use"),
+    ("SHOW DNS_HOSTS", "PgBouncer's DNS cache; empty (weir has none)"),
+    ("SHOW DNS_ZONES", "PgBouncer's DNS zones; empty (weir has none)"),
+    ("SHOW FDS", "sockets for an online restart; empty (weir has no online restart)"),
+    ("SHOW STATE", "whether weir is active, paused or suspended"),
     ("SHOW VERSION", "the weir version"),
     ("SHOW HELP", "this list"),
+    ("SET key = value", "change a setting a RELOAD may change, until the next RELOAD"),
+    ("RELOAD", "re-read the config file and auth_file"),
     ("PAUSE [db]", "hold new transactions; returns when the servers are released and closed"),
     ("RESUME [db]", "release what PAUSE or KILL held"),
-    ("RELOAD", "re-read the config file and auth_file"),
+    ("DISABLE db", "refuse new clients of db"),
+    ("ENABLE db", "accept new clients of db again"),
+    ("RECONNECT [db]", "close each server connection once it is released"),
     ("KILL db", "disconnect the database's clients, close its servers; it stays paused until RESUME"),
+    ("SUSPEND", "refused: weir has no online restart"),
     ("SHUTDOWN", "drain and exit, as on SIGTERM"),
+    ("WAIT_CLOSE [db]", "wait until the server connections RECONNECT marked have closed"),
 ];
 
 /// Why a command string could not be understood.
@@ -99,19 +159,43 @@ fn parse_one(stmt: &str) -> Result<Command, ParseError> {
         [db] => Ok(Some(identifier(db))),
         _ => Err(usage(&verb, "takes at most one database name")),
     };
+    let needs_db = |args: &[&str]| match name(args)? {
+        Some(db) => Ok(db),
+        None => Err(usage(&verb, "needs a database name")),
+    };
     match verb.as_str() {
         "SHOW" => show(args),
+        "SET" => set(stmt[verb.len()..].trim()),
+        "RECONNECT" => Ok(Command::Reconnect(name(args)?)),
+        "WAIT_CLOSE" => Ok(Command::WaitClose(name(args)?)),
+        "DISABLE" => Ok(Command::Disable(needs_db(args)?)),
+        "ENABLE" => Ok(Command::Enable(needs_db(args)?)),
+        "SUSPEND" if args.is_empty() => Ok(Command::Suspend),
         "PAUSE" => Ok(Command::Pause(name(args)?)),
         "RESUME" => Ok(Command::Resume(name(args)?)),
-        "KILL" => match name(args)? {
-            Some(db) => Ok(Command::Kill(db)),
-            None => Err(usage(&verb, "needs a database name")),
-        },
+        "KILL" => Ok(Command::Kill(needs_db(args)?)),
         "RELOAD" if args.is_empty() => Ok(Command::Reload),
         "SHUTDOWN" if args.is_empty() => Ok(Command::Shutdown),
-        "RELOAD" | "SHUTDOWN" => Err(usage(&verb, "takes no arguments")),
+        "RELOAD" | "SHUTDOWN" | "SUSPEND" => Err(usage(&verb, "takes no arguments")),
         _ => Err(ParseError(format!("unknown command \"{stmt}\"; {}", commands_hint()))),
     }
+}
+
+/// `key = value` or `key TO value`; the value bare or single-quoted ('' is ').
+fn set(rest: &str) -> Result<Command, ParseError> {
+    let split = rest.split_once('=').or_else(|| {
+        let at = rest.to_ascii_uppercase().find(" TO ")?;
+        Some((&rest[..at], &rest[at + 4..]))
+    });
+    let Some((key, value)) = split.map(|(k, v)| (k.trim(), v.trim())).filter(|(k, v)| !k.is_empty() && !v.is_empty())
+    else {
+        return Err(usage("SET", "needs a key and a value"));
+    };
+    let value = match value.strip_prefix('\'').and_then(|v| v.strip_suffix('\'')) {
+        Some(inner) => inner.replace("''", "'"),
+        None => value.to_owned(),
+    };
+    Ok(Command::Set { key: key.to_ascii_lowercase(), value })
 }
 
 fn show(args: &[&str]) -> Result<Command, ParseError> {
@@ -162,6 +246,26 @@ mod tests {
         assert_eq!(parse("kill app").unwrap(), vec![Command::Kill("app".into())]);
         assert_eq!(parse("reload; shutdown").unwrap(), vec![Command::Reload, Command::Shutdown]);
         assert_eq!(parse(" ; ").unwrap(), vec![]);
+        assert_eq!(parse("show stats_averages").unwrap(), vec![Command::Show(Show::StatsAverages)]);
+        let set = |k: &str, v: &str| Command::Set { key: k.into(), value: v.into() };
+        assert_eq!(parse("SET query_timeout = 5").unwrap(), vec![set("query_timeout", "5")]);
+        assert_eq!(parse("set Default_Pool_Size to '7'").unwrap(), vec![set("default_pool_size", "7")]);
+        assert_eq!(
+            parse("SET application_name_add_host='it''s'").unwrap(),
+            vec![set("application_name_add_host", "it's")]
+        );
+        assert_eq!(
+            parse("RECONNECT; reconnect app").unwrap(),
+            vec![Command::Reconnect(None), Command::Reconnect(Some("app".into()))]
+        );
+        assert_eq!(
+            parse("DISABLE app; ENABLE app").unwrap(),
+            vec![Command::Disable("app".into()), Command::Enable("app".into())]
+        );
+        assert_eq!(parse("wait_close").unwrap(), vec![Command::WaitClose(None)]);
+        assert_eq!(parse("SUSPEND").unwrap(), vec![Command::Suspend]);
+        assert!(parse("DISABLE").unwrap_err().0.contains("usage: DISABLE db"));
+        assert!(parse("SET x").is_err());
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! The console commands that change weir: PAUSE, RESUME, KILL, RELOAD and
-//! SHUTDOWN, with PgBouncer's semantics. PAUSE holds new transactions and
+//! The console commands that change weir: PAUSE, RESUME, KILL, RELOAD,
+//! SHUTDOWN, RECONNECT, WAIT_CLOSE, DISABLE, ENABLE and SUSPEND (refused),
+//! with PgBouncer's semantics (SET is in `set.rs`). PAUSE holds new transactions and
 //! returns once the servers in use are released (they are then closed, as
 //! PgBouncer does before a database restart); RESUME releases the held
 //! clients. KILL disconnects a database's clients, closes its servers and
@@ -28,7 +29,7 @@ impl AdminError {
     }
 }
 
-type Outcome = Result<Notices, AdminError>;
+pub(super) type Outcome = Result<Notices, AdminError>;
 
 fn notice(text: impl Into<String>) -> (SqlState, String) {
     (sqlstate::SUCCESSFUL_COMPLETION, text.into())
@@ -116,4 +117,49 @@ pub fn shutdown(shared: &Arc<Shared>) -> Outcome {
     let shared = shared.clone();
     tokio::spawn(async move { shared.drain().await });
     Ok(vec![notice("weir is draining: no new clients; running transactions may finish")])
+}
+
+/// The pools of `db` (every pool for None), which must be known.
+fn pools_of(shared: &Shared, db: Option<&str>) -> Result<Vec<Arc<crate::pool::Pool>>, AdminError> {
+    if let Some(db) = db {
+        known(shared, db)?;
+    }
+    Ok(shared.pools.all().into_iter().filter(|p| db.is_none_or(|d| p.key.database == d)).collect())
+}
+
+/// RECONNECT [db]: each server connection open now closes once it is
+/// released (idle ones at once); new ones replace them as clients need.
+pub fn reconnect(shared: &Arc<Shared>, db: Option<&str>) -> Outcome {
+    let pools = pools_of(shared, db)?;
+    pools.iter().for_each(|p| p.reconnect());
+    tracing::info!(database = db.unwrap_or("*"), pools = pools.len(), "RECONNECT");
+    Ok(vec![notice("server connections close as they are released; WAIT_CLOSE waits for them")])
+}
+
+/// WAIT_CLOSE [db]: returns once no server connection a RECONNECT marked
+/// is still open. (A reload closes none in weir: new settings apply to new
+/// connections, so only RECONNECT leaves connections to wait for.)
+pub async fn wait_close(shared: &Arc<Shared>, db: Option<&str>) -> Outcome {
+    let pools = pools_of(shared, db)?;
+    while pools.iter().any(|p| p.reconnect_pending()) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(Vec::new())
+}
+
+/// DISABLE db / ENABLE db: new clients of db are refused / accepted again.
+/// Logged-in clients stay.
+pub fn disable(shared: &Arc<Shared>, db: &str, disabled: bool) -> Outcome {
+    known(shared, db)?;
+    let changed = shared.admin.set_disabled(db, disabled);
+    tracing::info!(database = db, changed, "{}", if disabled { "DISABLE" } else { "ENABLE" });
+    Ok(Vec::new())
+}
+
+/// SUSPEND: PgBouncer's step before an online restart, which weir lacks.
+pub fn suspend() -> Outcome {
+    Err(AdminError::new(
+        sqlstate::FEATURE_NOT_SUPPORTED,
+        "SUSPEND is not supported: weir has no online restart (use PAUSE to hold new transactions)",
+    ))
 }

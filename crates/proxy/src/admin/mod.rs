@@ -8,7 +8,11 @@
 pub mod command;
 mod control;
 pub mod result;
+mod set;
 pub mod show;
+mod show_more;
+mod state;
+pub mod stats;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -32,6 +36,7 @@ use crate::protocol::{frame::read_cstr, sqlstate, Frame, ProtocolError, SqlState
 use crate::wire::{self, WireError};
 use command::Command;
 pub use control::AdminError;
+pub use state::{disabled_message, AdminState};
 
 /// Database names that reach the console instead of a pool.
 pub const CONSOLE_DATABASES: &[&str] = &["weir", "pgbouncer"];
@@ -239,6 +244,12 @@ impl Console<'_> {
             Command::Resume(db) => control::resume(&shared, db.as_deref()),
             Command::Reload => control::reload(&shared),
             Command::Shutdown => control::shutdown(&shared),
+            Command::Set { key, value } => set::set(&shared, key, value),
+            Command::Reconnect(db) => control::reconnect(&shared, db.as_deref()),
+            Command::WaitClose(db) => self.watching(control::wait_close(&shared, db.as_deref())).await?,
+            Command::Disable(db) => control::disable(&shared, db, true),
+            Command::Enable(db) => control::disable(&shared, db, false),
+            Command::Suspend => control::suspend(),
         };
         Ok(done.map(|notices| {
             for (code, text) in notices {

@@ -1,5 +1,5 @@
-//! Result sets the admin console writes: RowDescription (int8, float8 or
-//! text columns), DataRows in text format, CommandComplete. Pure encoding,
+//! Result sets the admin console writes: RowDescription (int4, int8,
+//! numeric, float8, bytea or text columns, PgBouncer's types), DataRows in text format, CommandComplete. Pure encoding,
 //! no I/O; psql and any driver render them like a server's own results.
 
 use bytes::{BufMut, BytesMut};
@@ -8,24 +8,36 @@ use crate::protocol::messages::{begin, finish};
 use crate::protocol::tags::backend as tag;
 
 /// Type OIDs of the column types the console uses (pg_type.oid).
+pub const BYTEA_OID: i32 = 17;
 pub const INT8_OID: i32 = 20;
+pub const INT4_OID: i32 = 23;
 pub const TEXT_OID: i32 = 25;
 pub const FLOAT8_OID: i32 = 701;
+pub const NUMERIC_OID: i32 = 1700;
 
 /// A column's type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
+    /// int8.
     Int,
+    /// int4 (PgBouncer's counts of connections, ports, flags).
+    Int4,
+    /// numeric (PgBouncer's 64-bit statistics).
+    Numeric,
     Float,
     Text,
+    Bytea,
 }
 
 impl Kind {
     fn oid_and_len(self) -> (i32, i16) {
         match self {
             Kind::Int => (INT8_OID, 8),
+            Kind::Int4 => (INT4_OID, 4),
+            Kind::Numeric => (NUMERIC_OID, -1),
             Kind::Float => (FLOAT8_OID, 8),
             Kind::Text => (TEXT_OID, -1),
+            Kind::Bytea => (BYTEA_OID, -1),
         }
     }
 }

@@ -1,44 +1,64 @@
 //! The `SHOW` commands: snapshots of pools, clients, servers, databases and
-//! settings as result sets, with PgBouncer's column names where PgBouncer has
-//! the column, and weir's own columns (opens/closes per second, drops) after
-//! them. Reads shared state only; changes nothing.
+//! settings as result sets, with PgBouncer's columns first (PgBouncer 1.18's,
+//! in its order and with its types, then those later versions added), and
+//! weir's own columns (opens/closes per second, drops) after them. Reads
+//! shared state only; changes nothing. The statistics are in `stats.rs`, the
+//! lists PgBouncer has and weir mostly does not in `show_more.rs`.
+//!
+//! SHOW POOLS' sv_active_cancel counts cancels being forwarded to servers
+//! that clients hold; a cancel still in flight after its client released the
+//! server (which then waits in recovery) is not seen, and sv_being_canceled
+//! is reported as 0: weir does not yet count servers held for a cancel.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use weir_metrics::Window;
 
 use super::command::{Show, SYNOPSIS};
 use super::result::{float, int, text, Cell, Kind, ResultSet};
+use super::{show_more, stats};
 use crate::app::Shared;
 use crate::config::keys;
 use crate::pool::Pool;
 
-use Kind::{Float, Int, Text};
+use Kind::{Float, Int, Int4, Text};
 
 /// Runs one SHOW.
 pub fn show(what: Show, shared: &Arc<Shared>) -> ResultSet {
     match what {
         Show::Pools => pools(shared),
-        Show::Stats => stats(shared),
+        Show::Stats => stats::stats(shared),
+        Show::StatsTotals => stats::stats_part(shared, false),
+        Show::StatsAverages => stats::stats_part(shared, true),
+        Show::Totals => stats::totals(shared),
         Show::Clients => clients(shared),
         Show::Servers => servers(shared),
         Show::Databases => databases(shared),
+        Show::Users => show_more::users(shared),
         Show::Config => config(shared),
         Show::Lists => lists(shared),
+        Show::Mem => show_more::mem(),
+        Show::Sockets => show_more::sockets(shared, false),
+        Show::ActiveSockets => show_more::sockets(shared, true),
+        Show::DnsHosts => show_more::dns_hosts(),
+        Show::DnsZones => show_more::dns_zones(),
+        Show::Fds => show_more::fds(),
+        Show::State => show_more::state(shared),
         Show::Version => version(),
         Show::Help => help(),
     }
 }
 
-fn micros(d: Duration) -> Cell {
-    int(d.as_micros().min(i64::MAX as u128) as i64)
-}
-
 fn timestamp(t: SystemTime) -> Cell {
     text(humantime::format_rfc3339_seconds(t).to_string())
+}
+
+/// The wall-clock time of `at`.
+fn wall(at: Instant) -> SystemTime {
+    SystemTime::now() - at.elapsed()
 }
 
 fn addr_cells(addr: Option<SocketAddr>) -> [Cell; 2] {
@@ -57,17 +77,22 @@ fn pools(shared: &Arc<Shared>) -> ResultSet {
     let mut rs = ResultSet::new(&[
         ("database", Text),
         ("user", Text),
-        ("cl_active", Int),
-        ("cl_waiting", Int),
-        ("cl_idle", Int),
-        ("sv_active", Int),
-        ("sv_idle", Int),
-        ("sv_used", Int),
-        ("sv_tested", Int),
-        ("sv_login", Int),
-        ("maxwait", Int),
-        ("maxwait_us", Int),
+        ("cl_active", Int4),
+        ("cl_waiting", Int4),
+        ("cl_active_cancel_req", Int4),
+        ("cl_waiting_cancel_req", Int4),
+        ("sv_active", Int4),
+        ("sv_active_cancel", Int4),
+        ("sv_being_canceled", Int4),
+        ("sv_idle", Int4),
+        ("sv_used", Int4),
+        ("sv_tested", Int4),
+        ("sv_login", Int4),
+        ("maxwait", Int4),
+        ("maxwait_us", Int4),
         ("pool_mode", Text),
+        // weir's own.
+        ("cl_idle", Int),
         ("pool_size", Int),
         ("paused", Int),
         ("opens_per_sec", Float),
@@ -79,6 +104,12 @@ fn pools(shared: &Arc<Shared>) -> ResultSet {
     ]);
     let cfg = shared.config.load();
     let counts = shared.registry.idle_and_active();
+    let clients = shared.registry.all();
+    // sv_active_cancel: cancels being forwarded to servers that clients hold.
+    let mut cancels: HashMap<(&str, &str), usize> = HashMap::new();
+    for c in &clients {
+        *cancels.entry((c.database(), c.user())).or_default() += c.cancels_in_flight();
+    }
     for pool in shared.pools.all() {
         let s = pool.snapshot();
         let m = &pool.metrics;
@@ -90,8 +121,15 @@ fn pools(shared: &Arc<Shared>) -> ResultSet {
             text(&pool.key.user),
             int(active),
             int(s.waiting),
-            int(idle),
+            // weir answers a queued client's cancel itself, and closes a
+            // cancel request's connection once it is forwarded: no client
+            // waits on a cancel. sv_being_canceled is not counted (see
+            // the module doc).
+            int(0u8),
+            int(0u8),
             int(s.active),
+            int(cancels.get(&(pool.key.database.as_str(), pool.key.user.as_str())).copied().unwrap_or(0) as u64),
+            int(0u8),
             int(s.idle.saturating_sub(used)),
             int(used),
             int(s.recovering),
@@ -99,6 +137,7 @@ fn pools(shared: &Arc<Shared>) -> ResultSet {
             int(s.maxwait.as_secs()),
             int(s.maxwait.subsec_micros()),
             text(pool.settings().pool_mode.as_str()),
+            int(idle),
             int(s.pool_size),
             int(u8::from(s.paused)),
             float(m.opens_per_second(Window::S10)),
@@ -112,79 +151,26 @@ fn pools(shared: &Arc<Shared>) -> ResultSet {
     rs
 }
 
-/// Per-database sums over that database's pools.
-#[derive(Default)]
-struct DbStats {
-    assignments: u64,
-    xacts: u64,
-    queries: u64,
-    xact_time: Duration,
-    wait_time: Duration,
-    opened: u64,
-    closed: u64,
-    failures: u64,
-    dropped: u64,
-}
-
-fn stats(shared: &Arc<Shared>) -> ResultSet {
-    let mut rs = ResultSet::new(&[
-        ("database", Text),
-        ("total_server_assignment_count", Int),
-        ("total_xact_count", Int),
-        ("total_query_count", Int),
-        ("total_xact_time", Int),
-        ("total_wait_time", Int),
-        ("avg_xact_time", Int),
-        ("avg_wait_time", Int),
-        ("total_server_opened", Int),
-        ("total_server_closed", Int),
-        ("total_connect_failures", Int),
-        ("total_dropped", Int),
-    ]);
-    let mut by_db: std::collections::BTreeMap<String, DbStats> = Default::default();
-    for pool in shared.pools.all() {
-        let (m, d) = (&pool.metrics, by_db.entry(pool.key.database.clone()).or_default());
-        d.assignments += m.server_assignments();
-        d.xacts += m.transactions();
-        d.queries += m.queries();
-        d.xact_time += m.transaction_time();
-        d.wait_time += m.wait_time();
-        d.opened += m.opened();
-        d.closed += m.closed_total();
-        d.failures += m.connect_failures_total();
-        d.dropped += m.dropped_queries_total();
-    }
-    let avg = |total: Duration, n: u64| int((total.as_micros() / u128::from(n.max(1))).min(i64::MAX as u128) as i64);
-    for (db, d) in by_db {
-        rs.push(vec![
-            text(db),
-            int(d.assignments),
-            int(d.xacts),
-            int(d.queries),
-            micros(d.xact_time),
-            micros(d.wait_time),
-            avg(d.xact_time, d.xacts),
-            avg(d.wait_time, d.assignments),
-            int(d.opened),
-            int(d.closed),
-            int(d.failures),
-            int(d.dropped),
-        ]);
-    }
-    rs
-}
-
 /// The leading columns SHOW CLIENTS and SHOW SERVERS share, in PgBouncer's order.
-const CONNECTION_COLUMNS: &[(&str, Kind)] = &[
+pub(super) const CONNECTION_COLUMNS: &[(&str, Kind)] = &[
     ("type", Text),
     ("user", Text),
     ("database", Text),
     ("state", Text),
     ("addr", Text),
-    ("port", Int),
+    ("port", Int4),
     ("local_addr", Text),
-    ("local_port", Int),
+    ("local_port", Int4),
     ("connect_time", Text),
+    ("request_time", Text),
+    ("wait", Int4),
+    ("wait_us", Int4),
+    ("close_needed", Int4),
+    ("ptr", Text),
+    ("link", Text),
+    ("remote_pid", Int4),
+    ("tls", Text),
+    ("application_name", Text),
 ];
 
 /// One connection's cells under `CONNECTION_COLUMNS`.
@@ -196,6 +182,16 @@ struct Connection<'a> {
     peer: SocketAddr,
     local: Option<SocketAddr>,
     since: SystemTime,
+    /// The latest request (clients) or use (servers).
+    request: SystemTime,
+    /// How long a client has waited for a server so far.
+    wait: Duration,
+    close_needed: bool,
+    /// This connection's and its partner's ids (ptr, link).
+    ptr: String,
+    link: Option<String>,
+    remote_pid: i32,
+    application_name: Option<&'a str>,
 }
 
 impl Connection<'_> {
@@ -212,6 +208,16 @@ impl Connection<'_> {
             laddr,
             lport,
             timestamp(self.since),
+            timestamp(self.request),
+            int(self.wait.as_secs()),
+            int(self.wait.subsec_micros()),
+            int(u8::from(self.close_needed)),
+            text(&self.ptr),
+            self.link.clone().map(text).unwrap_or_else(|| text("")),
+            int(self.remote_pid),
+            // weir does not keep whether a connection uses TLS.
+            None,
+            self.application_name.and_then(text),
         ];
         head.into_iter().chain(more).collect()
     }
@@ -221,10 +227,18 @@ fn connection_set(more: &[(&'static str, Kind)]) -> ResultSet {
     ResultSet::new(&[CONNECTION_COLUMNS, more].concat())
 }
 
-fn clients(shared: &Arc<Shared>) -> ResultSet {
-    let mut rs = connection_set(&[("application_name", Text), ("client_key", Int), ("server_pid", Int)]);
+/// A client's or server's id in ptr and link: the client's key pid, the
+/// server's backend pid, in hex as PgBouncer shows pointers.
+fn id(pid: i32) -> String {
+    format!("{:x}", pid as u32)
+}
+
+pub(super) fn clients(shared: &Arc<Shared>) -> ResultSet {
+    let mut rs = connection_set(&[("client_key", Int), ("server_pid", Int)]);
     for c in shared.registry.all() {
         let state = c.state();
+        let requested = c.requested_at();
+        let waiting = state == weir_metrics::ClientState::Waiting;
         let conn = Connection {
             kind: "C",
             user: c.user(),
@@ -233,18 +247,28 @@ fn clients(shared: &Arc<Shared>) -> ResultSet {
             peer: c.peer,
             local: c.local,
             since: c.connected_at,
+            request: requested.map_or(c.connected_at, wall),
+            wait: requested.filter(|_| waiting).map(|t| t.elapsed()).unwrap_or_default(),
+            close_needed: false,
+            ptr: id(c.key_pid),
+            link: c.server_pid().map(id),
+            remote_pid: 0,
+            application_name: Some(&c.application_name),
         };
-        rs.push(conn.cells([text(&c.application_name), int(c.key_pid), c.server_pid().and_then(int)]));
+        rs.push(conn.cells([int(c.key_pid), c.server_pid().and_then(int)]));
     }
     rs
 }
 
-fn servers(shared: &Arc<Shared>) -> ResultSet {
-    let mut rs = connection_set(&[("remote_pid", Int), ("client_key", Int), ("prepared_statements", Int)]);
+pub(super) fn servers(shared: &Arc<Shared>) -> ResultSet {
+    let mut rs = connection_set(&[("client_key", Int), ("prepared_statements", Int)]);
     let check_delay = shared.config.load().weir.server_check_delay;
-    let linked: HashMap<i32, i32> =
-        shared.registry.all().iter().filter_map(|c| Some((c.server_pid()?, c.key_pid))).collect();
+    let clients = shared.registry.all();
+    let linked: HashMap<i32, i32> = clients.iter().filter_map(|c| Some((c.server_pid()?, c.key_pid))).collect();
+    let requested: HashMap<i32, Instant> =
+        clients.iter().filter_map(|c| Some((c.server_pid()?, c.requested_at()?))).collect();
     for pool in shared.pools.all() {
+        let reconnecting = pool.reconnect_pending();
         let idle: HashMap<i32, Duration> = pool.idle_servers().into_iter().map(|s| (s.pid, s.idle_for)).collect();
         for s in pool.metrics.live_servers() {
             let state = match (idle.get(&s.pid), linked.get(&s.pid)) {
@@ -261,29 +285,48 @@ fn servers(shared: &Arc<Shared>) -> ResultSet {
                 peer: s.addr,
                 local: s.local_addr,
                 since: s.connected_at,
+                request: match (idle.get(&s.pid), requested.get(&s.pid)) {
+                    (Some(d), _) => SystemTime::now() - *d,
+                    (None, Some(t)) => wall(*t),
+                    (None, None) => s.connected_at,
+                },
+                wait: Duration::ZERO,
+                close_needed: reconnecting && s.connected_at < marked_before(&pool),
+                ptr: id(s.pid),
+                link: linked.get(&s.pid).map(|k| id(*k)),
+                remote_pid: s.pid,
+                application_name: None,
             };
             let prepared = int(s.prepared_statements.get());
-            rs.push(conn.cells([int(s.pid), linked.get(&s.pid).and_then(|k| int(*k)), prepared]));
+            rs.push(conn.cells([linked.get(&s.pid).and_then(|k| int(*k)), prepared]));
         }
     }
     rs
+}
+
+/// When RECONNECT marked `pool`'s servers (the far past if it did not).
+fn marked_before(pool: &Pool) -> SystemTime {
+    pool.reconnect_mark().map_or(SystemTime::UNIX_EPOCH, wall)
 }
 
 fn databases(shared: &Arc<Shared>) -> ResultSet {
     let mut rs = ResultSet::new(&[
         ("name", Text),
         ("host", Text),
-        ("port", Int),
+        ("port", Int4),
         ("database", Text),
         ("force_user", Text),
-        ("pool_size", Int),
-        ("min_pool_size", Int),
-        ("reserve_pool", Int),
+        ("pool_size", Int4),
+        ("min_pool_size", Int4),
+        ("reserve_pool", Int4),
         ("pool_mode", Text),
-        ("max_connections", Int),
-        ("current_connections", Int),
-        ("paused", Int),
-        ("disabled", Int),
+        ("max_connections", Int4),
+        ("current_connections", Int4),
+        ("paused", Int4),
+        ("disabled", Int4),
+        // PgBouncer 1.23's.
+        ("server_lifetime", Int4),
+        // weir's own.
         ("query_wait_timeout_ms", Int),
     ]);
     let cfg = shared.config.load();
@@ -304,7 +347,8 @@ fn databases(shared: &Arc<Shared>) -> ResultSet {
             int(s.max_db_connections),
             int(current),
             int(u8::from(shared.is_paused(name))),
-            int(0u8),
+            int(u8::from(shared.admin.is_disabled(name))),
+            int(cfg.weir.server_lifetime.as_secs()),
             int(s.query_wait_timeout.as_millis().min(i64::MAX as u128) as i64),
         ]);
     }
@@ -325,17 +369,25 @@ fn config(shared: &Arc<Shared>) -> ResultSet {
 }
 
 fn lists(shared: &Arc<Shared>) -> ResultSet {
-    let mut rs = ResultSet::new(&[("list", Text), ("items", Int)]);
+    let mut rs = ResultSet::new(&[("list", Text), ("items", Int4)]);
     let registered = shared.registry.all();
     let pools = shared.pools.all();
     let connected = shared.clients.load(std::sync::atomic::Ordering::Relaxed);
-    let items: [(&str, usize); 7] = [
+    // weir keeps no free lists of client or server objects and no DNS cache:
+    // those rows are 0.
+    let items: [(&str, usize); 13] = [
         ("databases", shared.config.load().databases.len()),
-        ("users", shared.users.load().len()),
+        ("users", show_more::user_names(shared).len()),
         ("pools", pools.len()),
+        ("free_clients", 0),
         ("used_clients", registered.iter().filter(|c| !c.console).count()),
         ("login_clients", connected.saturating_sub(registered.len())),
+        ("free_servers", 0),
         ("used_servers", pools.iter().map(|p| servers_total(p) as usize).sum()),
+        ("dns_names", 0),
+        ("dns_zones", 0),
+        ("dns_queries", 0),
+        ("dns_pending", 0),
         ("paused_databases", shared.paused_databases().len()),
     ];
     for (name, n) in items {

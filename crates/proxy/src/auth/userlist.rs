@@ -98,6 +98,11 @@ impl UserList {
         self.users.len()
     }
 
+    /// The user names (SHOW USERS).
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.users.keys().map(String::as_str)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.users.is_empty()
     }

@@ -29,6 +29,9 @@ pub enum ClientError {
     RefusedSetting { code: SqlState, message: String },
     #[error("sorry, too many clients already (max_client_conn)")]
     TooManyClients,
+    /// The console's DISABLE closed the database to new clients.
+    #[error("{}", crate::admin::disabled_message(.0))]
+    Disabled(String),
     #[error("client_login_timeout expired before login completed")]
     LoginTimeout,
     #[error("{0}")]
@@ -69,6 +72,7 @@ impl ClientError {
             ClientError::BadStartupParameter(_) => sqlstate::PROTOCOL_VIOLATION,
             ClientError::RefusedSetting { code, .. } => *code,
             ClientError::TooManyClients => sqlstate::TOO_MANY_CONNECTIONS,
+            ClientError::Disabled(_) => sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE,
             ClientError::LoginTimeout => sqlstate::PROTOCOL_VIOLATION,
             ClientError::NoServer(PoolError::WaitTimeout { .. }) => sqlstate::TOO_MANY_CONNECTIONS,
             ClientError::NoServer(PoolError::ServerDown { code, .. }) => *code,

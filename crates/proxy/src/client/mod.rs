@@ -232,6 +232,9 @@ async fn authenticate<'a>(
     let credentials = crate::auth::server_credentials(secret, &authed);
     // The names move into the key: nothing after this reads them from `req`.
     let key = PoolKey { database: std::mem::take(&mut req.database), user: std::mem::take(&mut req.user) };
+    if shared.admin.is_disabled(&key.database) {
+        return Err(ClientError::Disabled(key.database));
+    }
     let Some(pool) = shared.pool_for(cfg, &key, credentials) else {
         return Err(ClientError::UnknownDatabase(key.database));
     };

@@ -67,6 +67,16 @@ impl ClientEntry {
         self.slot.as_ref().map_or(ClientState::Active, |s| s.client_state())
     }
 
+    /// Cancels in flight to the server this client is using.
+    pub fn cancels_in_flight(&self) -> usize {
+        self.slot.as_ref().map_or(0, |s| s.cancels_in_flight())
+    }
+
+    /// When the client's latest request began waiting for a server.
+    pub fn requested_at(&self) -> Option<Instant> {
+        self.slot.as_ref().and_then(|s| s.requested_at())
+    }
+
     /// The backend pid of the server this client is using, if any.
     pub fn server_pid(&self) -> Option<i32> {
         self.slot.as_ref().and_then(|s| s.server_pid())

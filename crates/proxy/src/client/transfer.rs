@@ -84,6 +84,8 @@ async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
     let mut settled = false;
     let mut terminating = false;
     let mut told = false;
+    // When the first byte of the queries now running went to the server (query time).
+    let mut query_started: Option<std::time::Instant> = None;
     loop {
         if c_out.is_empty() && !cbuf.is_empty() && !terminating {
             let ready = prepared.outbound(cbuf, conv, statements, max_message)?;
@@ -104,6 +106,9 @@ async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
                 wd.answered();
                 // One query per ReadyForQuery (a simple Query, or a batch up to Sync).
                 (0..got.answered).for_each(|_| metrics.record_query());
+                if let Some(t) = query_started.take() {
+                    metrics.record_query_time(t.elapsed());
+                }
             }
         }
         if let Some(owed) = s_out.is_empty().then(|| prepared.synthetic()).flatten() {
@@ -123,11 +128,18 @@ async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
         tokio::select! {
             biased;
             r = sw.write(&c_out), if !c_out.is_empty() => match r {
-                Ok(n) => c_out.advance(n),
+                Ok(n) => {
+                    c_out.advance(n);
+                    metrics.record_received(n);
+                    query_started.get_or_insert_with(std::time::Instant::now);
+                }
                 Err(_) => return Ok(Ended::ServerGone { told }),
             },
             r = cw.write(&s_out), if !s_out.is_empty() => match r {
-                Ok(n) => s_out.advance(n),
+                Ok(n) => {
+                    s_out.advance(n);
+                    metrics.record_sent(n);
+                }
                 Err(_) => return Ok(client_gone(&mut sw, &c_out).await),
             },
             r = sr.read_buf(sbuf), if sbuf.len() < HIGH_WATER => match r {

@@ -45,6 +45,7 @@ impl Default for General {
             server_idle_timeout: Duration::from_secs(600),
             server_lifetime: Duration::from_secs(3600),
             server_check_delay: Duration::from_secs(30),
+            stats_period: Duration::from_secs(60),
             server_check_query: String::new(),
             server_check_timeout: Duration::from_secs(2),
             // PgBouncer has no equivalent: a server owing an answer that stays

@@ -21,6 +21,7 @@ pub struct Migration {
 const SECONDS: &[&str] = &[
     "reserve_pool_timeout",
     "server_check_delay",
+    "stats_period",
     "server_lifetime",
     "server_idle_timeout",
     "server_connect_timeout",
@@ -58,7 +59,6 @@ const UNSUPPORTED: &[(&str, &str)] = &[
     ("syslog_", "weir logs to stderr; let the supervisor collect it"),
     ("pidfile", "weir does not daemonize"),
     ("user", "weir does not switch users; run it as the user it should be"),
-    ("stats_period", "weir computes rates over 1 s, 10 s and 60 s windows (see /metrics)"),
     ("log_stats", "statistics are on /metrics and SHOW STATS"),
     ("peer_id", "weir has no peering"),
 ];
@@ -439,6 +439,7 @@ reporter = pool_mode=session
         assert_eq!(g.server_login_retry, Duration::from_millis(500));
         assert_eq!(g.tcp_user_timeout, Some(Duration::from_secs(9)));
         assert_eq!(g.query_timeout, None);
+        assert_eq!(g.stats_period, Duration::from_secs(60));
         assert!(g.tcp_keepalive && !g.log_connections);
         assert_eq!(g.admin_users, vec!["admin", "ops"]);
         assert_eq!(g.ignore_startup_parameters, vec!["extra_float_digits", "search_path"]);
@@ -458,7 +459,6 @@ reporter = pool_mode=session
             "server_idle_timeout",
             "server_tls_protocols",
             "logfile",
-            "stats_period",
             "frobnicate",
             "user=reporter",
             "* (fallback",
@@ -468,7 +468,7 @@ reporter = pool_mode=session
         }
         assert!(!warned("query_timeout"), "0 = off maps to unset: {:#?}", m.warnings);
         assert!(!warned("max_client_conn"));
-        assert_eq!(m.warnings.len(), 8, "{:#?}", m.warnings);
+        assert_eq!(m.warnings.len(), 7, "{:#?}", m.warnings);
     }
 
     #[test]

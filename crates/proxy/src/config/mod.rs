@@ -184,6 +184,9 @@ pub struct General {
     pub server_lifetime: Duration,
     #[serde(with = "humantime_serde")]
     pub server_check_delay: Duration,
+    /// The period SHOW STATS averages cover (PgBouncer's stats_period).
+    #[serde(with = "humantime_serde")]
+    pub stats_period: Duration,
     pub server_check_query: String,
     #[serde(with = "humantime_serde")]
     pub server_check_timeout: Duration,

@@ -1,6 +1,7 @@
 //! `Config::validate()`: every check, each with an error that says what to change.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use super::Config;
 
@@ -34,6 +35,9 @@ impl Config {
         }
         if !(g.client_deadline_fraction > 0.0 && g.client_deadline_fraction <= 1.0) {
             return Err(invalid("weir.client_deadline_fraction", "must be in (0, 1]"));
+        }
+        if g.stats_period < Duration::from_secs(1) {
+            return Err(invalid("weir.stats_period", "must be at least 1s"));
         }
         if g.max_message_size < 1024 {
             return Err(invalid("weir.max_message_size", "must be at least 1024 bytes"));

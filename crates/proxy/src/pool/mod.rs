@@ -297,6 +297,11 @@ impl Pool {
 
     /// Gives `conn` to the oldest waiter that can still use it, else parks it idle.
     fn hand_over(self: &Arc<Self>, st: &mut State, mut conn: Box<ServerConn>) {
+        if st.reconnect_before.is_some_and(|t| conn.created < t) {
+            conn.close(CloseReason::Admin);
+            self.want_connects(st);
+            return;
+        }
         if !st.paused {
             while let Some(w) = st.next_waiter() {
                 match w.tx.send(conn) {
@@ -340,6 +345,26 @@ impl Pool {
             self.hand_over(&mut st, conn);
         }
         self.want_connects(&mut st);
+    }
+
+    /// RECONNECT: every connection open now closes once released (idle ones
+    /// at once); new ones replace them as needed.
+    pub fn reconnect(self: &Arc<Self>) {
+        self.lock().reconnect_before = Some(Instant::now());
+        self.close_idle(CloseReason::Admin);
+        self.want_connects(&mut self.lock());
+    }
+
+    /// When the last RECONNECT marked this pool's connections, if one did.
+    pub fn reconnect_mark(&self) -> Option<Instant> {
+        self.lock().reconnect_before
+    }
+
+    /// True while a connection RECONNECT marked is still open (WAIT_CLOSE).
+    pub fn reconnect_pending(&self) -> bool {
+        let Some(mark) = self.reconnect_mark() else { return false };
+        let wall = std::time::SystemTime::now() - mark.elapsed();
+        self.metrics.live_servers().iter().any(|s| s.connected_at < wall)
     }
 
     /// Closes every idle connection (KILL, shutdown).

@@ -50,6 +50,8 @@ pub(super) struct State {
     /// Woken whenever a connect fails (logins of a brand-new pool wait on it).
     pub connect_failed: std::sync::Arc<tokio::sync::Notify>,
     pub server_params: Option<std::sync::Arc<ParamMap>>,
+    /// RECONNECT: connections opened before this close when released.
+    pub reconnect_before: Option<Instant>,
 }
 
 /// Counters for SHOW POOLS and tests.
@@ -84,6 +86,7 @@ impl State {
             last_error_code: None,
             connect_failed: Default::default(),
             server_params: None,
+            reconnect_before: None,
         }
     }
 

@@ -36,6 +36,11 @@ impl CancelGate {
         self.in_flight.load(Ordering::Acquire) == 0
     }
 
+    /// Cancels aimed at this server not yet answered (SHOW POOLS).
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
     /// Waits until no cancel is in flight (or `limit` passes). Returns true if clear.
     pub async fn wait_clear(&self, limit: Duration) -> bool {
         let wait = async {

@@ -1,0 +1,90 @@
+//! `SET key = value`: changes one `[weir]` setting in the running config, as
+//! if the file said so and was reloaded (the file itself is not written, so
+//! the next RELOAD brings the file's value back, as in PgBouncer). The value
+//! is read as `weir migrate-config` reads a pgbouncer.ini line, so
+//! PgBouncer's spellings work (`query_timeout = 5` is five seconds), and so
+//! do weir's own (`"5s"`). Settings a reload cannot change are refused.
+
+use std::sync::Arc;
+
+use super::control::{AdminError, Outcome};
+use crate::app::Shared;
+use crate::config::{keys, migrate, Config};
+use crate::protocol::sqlstate;
+
+/// The `[weir]` entries `key = value` stands for: PgBouncer's spelling
+/// first, else weir's own for a weir key (a TOML value, or a bare string
+/// such as `30s`; the config's types then check it).
+fn entries(key: &str, value: &str) -> Result<toml::Table, AdminError> {
+    match pgbouncer_entries(key, value) {
+        Err(_) if keys::general_keys().contains(&key) => {
+            let parsed = toml::from_str::<toml::Table>(&format!("v = {value}")).ok().and_then(|mut t| t.remove("v"));
+            let value = parsed.unwrap_or_else(|| toml::Value::String(value.to_owned()));
+            Ok(toml::Table::from_iter([(key.to_owned(), value)]))
+        }
+        other => other,
+    }
+}
+
+fn pgbouncer_entries(key: &str, value: &str) -> Result<toml::Table, AdminError> {
+    let m = migrate::from_pgbouncer_ini(&format!("[pgbouncer]\n{key} = {value}\n"));
+    // Line 2 is the setting; warnings about the whole file (a missing
+    // auth_file, no databases) do not concern SET.
+    if let Some(w) = m.warnings.iter().find(|w| w.starts_with("line 2:")) {
+        let why = w.split_once(": ").map_or(w.as_str(), |(_, rest)| rest);
+        return Err(AdminError::new(sqlstate::INVALID_PARAMETER_VALUE, format!("SET {key}: {why}")));
+    }
+    let doc: toml::Table =
+        toml::from_str(&m.toml).map_err(|e| AdminError::new(sqlstate::INTERNAL_ERROR, format!("SET {key}: {e}")))?;
+    let mut weir = doc.get("weir").and_then(|w| w.as_table()).cloned().unwrap_or_default();
+    // migrate-config always writes a listen address; SET never changes it.
+    if key != "listen_addr" && key != "listen_port" {
+        weir.remove("listen_addr");
+    }
+    Ok(weir)
+}
+
+/// SET key = value.
+pub fn set(shared: &Arc<Shared>, key: &str, value: &str) -> Outcome {
+    let restart = |k: &str| keys::RESTART_KEYS.contains(&k) || k == "listen_port";
+    if restart(key) {
+        let msg = format!("{key} cannot be changed at run time: it needs a restart (SHOW CONFIG: changeable = no)");
+        return Err(AdminError::new(sqlstate::CANT_CHANGE_RUNTIME_PARAM, msg));
+    }
+    let changes = entries(key, value)?;
+    if changes.is_empty() {
+        let msg = format!("SET {key}: nothing to change");
+        return Err(AdminError::new(sqlstate::INVALID_PARAMETER_VALUE, msg));
+    }
+    let current = shared.config.load();
+    let mut doc = toml::Table::try_from(&*current)
+        .map_err(|e| AdminError::new(sqlstate::INTERNAL_ERROR, format!("SET {key}: {e}")))?;
+    if let Some(weir) = doc.get_mut("weir").and_then(|w| w.as_table_mut()) {
+        weir.extend(changes);
+    }
+    let refused = |e: String| AdminError::new(sqlstate::INVALID_PARAMETER_VALUE, format!("SET {key} = {value}: {e}"));
+    let mut cfg: Config = doc.try_into().map_err(|e: toml::de::Error| refused(e.message().to_owned()))?;
+    cfg.base_dir = current.base_dir.clone();
+    cfg.validate().map_err(|e| refused(e.to_string()))?;
+    let notes = shared.reload(cfg).map_err(|e| refused(e.to_string()))?;
+    tracing::info!(key, value, "SET");
+    Ok(notes.into_iter().map(|n| (sqlstate::WARNING, n)).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_read_as_pgbouncer_writes_them() {
+        let t = entries("query_timeout", "5").unwrap();
+        assert_eq!(t.get("query_timeout").and_then(|v| v.as_str()), Some("5s"), "{t:?}");
+        let t = entries("default_pool_size", "7").unwrap();
+        assert_eq!(t.get("default_pool_size").and_then(|v| v.as_integer()), Some(7), "{t:?}");
+        assert!(!t.contains_key("listen_addr"));
+        let t = entries("stats_period", "2s").unwrap();
+        assert_eq!(t.get("stats_period").and_then(|v| v.as_str()), Some("2s"), "weir's spelling: {t:?}");
+        let e = entries("frobnicate", "1").unwrap_err();
+        assert!(e.message.contains("frobnicate"), "{e}");
+    }
+}

@@ -1,0 +1,52 @@
+//! What the console's commands leave behind for the rest of weir: the
+//! databases DISABLE closed to new clients.
+
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+
+/// Kept in `Shared::admin`.
+#[derive(Debug, Default)]
+pub struct AdminState {
+    disabled: Mutex<BTreeSet<String>>,
+}
+
+impl AdminState {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
+        self.disabled.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// DISABLE (true) or ENABLE (false) `database`; true when that changed it.
+    pub fn set_disabled(&self, database: &str, disabled: bool) -> bool {
+        if disabled {
+            self.lock().insert(database.to_owned())
+        } else {
+            self.lock().remove(database)
+        }
+    }
+
+    /// True when new clients of `database` are refused.
+    pub fn is_disabled(&self, database: &str) -> bool {
+        self.lock().contains(database)
+    }
+}
+
+/// The error a client of a disabled database gets, as PgBouncer words it.
+pub fn disabled_message(database: &str) -> String {
+    format!("database does not allow connections: {database}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disable_and_enable() {
+        let s = AdminState::default();
+        assert!(!s.is_disabled("app"));
+        assert!(s.set_disabled("app", true));
+        assert!(!s.set_disabled("app", true), "already disabled");
+        assert!(s.is_disabled("app") && !s.is_disabled("other"));
+        assert!(s.set_disabled("app", false));
+        assert!(!s.is_disabled("app"));
+    }
+}

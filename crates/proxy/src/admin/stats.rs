@@ -1,0 +1,190 @@
+//! `SHOW STATS`, `STATS_TOTALS`, `STATS_AVERAGES` and `TOTALS`: each
+//! database's counters summed over its pools, with PgBouncer's columns in
+//! PgBouncer 1.18's order, then PgBouncer's later columns, then weir's own.
+//! Averages cover the last completed `stats_period`, which the task started
+//! by [`spawn_periods`] closes for every pool.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use weir_metrics::{Period, StatTotals};
+
+use super::result::{int, text, Cell, Kind, ResultSet};
+use crate::app::Shared;
+
+use Kind::{Numeric, Text};
+
+/// Closes a stats period for every pool each `stats_period` (read anew
+/// every period, so a reload or SET changes it) until weir stops.
+pub fn spawn_periods(shared: &Arc<Shared>) {
+    let weak = Arc::downgrade(shared);
+    let stopped = shared.stopped.clone();
+    tokio::spawn(async move {
+        let mut started = tokio::time::Instant::now();
+        loop {
+            let period = match weak.upgrade() {
+                Some(shared) => shared.config.load().weir.stats_period,
+                None => return,
+            };
+            tokio::select! {
+                _ = tokio::time::sleep_until(started + period) => {}
+                _ = stopped.cancelled() => return,
+            }
+            let Some(shared) = weak.upgrade() else { return };
+            let now = tokio::time::Instant::now();
+            for pool in shared.pools.all() {
+                pool.metrics.roll_period(now - started);
+            }
+            started = now;
+        }
+    });
+}
+
+/// One database's figures.
+#[derive(Default)]
+struct Db {
+    totals: StatTotals,
+    period: Period,
+    opened: u64,
+    closed: u64,
+    failures: u64,
+    dropped: u64,
+}
+
+fn by_database(shared: &Shared) -> BTreeMap<String, Db> {
+    let mut dbs: BTreeMap<String, Db> = BTreeMap::new();
+    for pool in shared.pools.all() {
+        let (m, d) = (&pool.metrics, dbs.entry(pool.key.database.clone()).or_default());
+        d.totals = d.totals + m.totals();
+        d.period = d.period.merge(m.last_period());
+        d.opened += m.opened();
+        d.closed += m.closed_total();
+        d.failures += m.connect_failures_total();
+        d.dropped += m.dropped_queries_total();
+    }
+    dbs
+}
+
+/// PgBouncer 1.18's seven figures, in its order.
+fn totals_cells(t: &StatTotals) -> [Cell; 7] {
+    [
+        int(t.xacts),
+        int(t.queries),
+        int(t.received),
+        int(t.sent),
+        int(t.xact_time_us),
+        int(t.query_time_us),
+        int(t.wait_time_us),
+    ]
+}
+
+/// The last period's averages: counts and bytes per second, times per
+/// transaction, query and server assignment.
+fn averages(p: &Period) -> StatTotals {
+    let d = &p.delta;
+    StatTotals {
+        xacts: p.per_second(d.xacts),
+        queries: p.per_second(d.queries),
+        received: p.per_second(d.received),
+        sent: p.per_second(d.sent),
+        xact_time_us: Period::per(d.xact_time_us, d.xacts),
+        query_time_us: Period::per(d.query_time_us, d.queries),
+        wait_time_us: Period::per(d.wait_time_us, d.assignments),
+        assignments: p.per_second(d.assignments),
+        client_parses: p.per_second(d.client_parses),
+        server_parses: p.per_second(d.server_parses),
+    }
+}
+
+/// The figures after PgBouncer 1.18's in `STATS_TOTALS`/`STATS_AVERAGES`.
+fn later_cells(t: &StatTotals) -> [Cell; 3] {
+    [int(t.assignments), int(t.client_parses), int(t.server_parses)]
+}
+
+const FIGURES: [&str; 7] =
+    ["xact_count", "query_count", "bytes_received", "bytes_sent", "xact_time", "query_time", "wait_time"];
+const LATER: [&str; 3] = ["server_assignment_count", "client_parse_count", "server_parse_count"];
+
+fn numeric_columns(names: impl IntoIterator<Item = &'static str>) -> Vec<(&'static str, Kind)> {
+    names.into_iter().map(|n| (n, Numeric)).collect()
+}
+
+pub fn stats(shared: &Shared) -> ResultSet {
+    let mut cols = vec![("database", Text)];
+    cols.extend(numeric_columns([
+        "total_xact_count",
+        "total_query_count",
+        "total_received",
+        "total_sent",
+        "total_xact_time",
+        "total_query_time",
+        "total_wait_time",
+        "avg_xact_count",
+        "avg_query_count",
+        "avg_recv",
+        "avg_sent",
+        "avg_xact_time",
+        "avg_query_time",
+        "avg_wait_time",
+        // PgBouncer 1.21-1.23's.
+        "total_server_assignment_count",
+        "avg_server_assignment_count",
+        "total_client_parse_count",
+        "total_server_parse_count",
+        "avg_client_parse_count",
+        "avg_server_parse_count",
+        // weir's own.
+        "total_server_opened",
+        "total_server_closed",
+        "total_connect_failures",
+        "total_dropped",
+    ]));
+    let mut rs = ResultSet::new(&cols);
+    for (db, d) in by_database(shared) {
+        let (t, a) = (&d.totals, averages(&d.period));
+        let mut row = vec![text(db)];
+        row.extend(totals_cells(t));
+        row.extend(totals_cells(&a));
+        row.extend([int(t.assignments), int(a.assignments), int(t.client_parses), int(t.server_parses)]);
+        row.extend([int(a.client_parses), int(a.server_parses)]);
+        row.extend([int(d.opened), int(d.closed), int(d.failures), int(d.dropped)]);
+        rs.push(row);
+    }
+    rs
+}
+
+/// STATS_TOTALS (`averaged` false) or STATS_AVERAGES (true).
+pub fn stats_part(shared: &Shared, averaged: bool) -> ResultSet {
+    let mut cols = vec![("database", Text)];
+    cols.extend(numeric_columns(FIGURES.into_iter().chain(LATER)));
+    let mut rs = ResultSet::new(&cols);
+    for (db, d) in by_database(shared) {
+        let t = if averaged { averages(&d.period) } else { d.totals };
+        let mut row = vec![text(db)];
+        row.extend(totals_cells(&t));
+        row.extend(later_cells(&t));
+        rs.push(row);
+    }
+    rs
+}
+
+/// TOTALS: the figures over every database, one row each, named as
+/// PgBouncer names them (client bytes = received, server bytes = sent).
+pub fn totals(shared: &Shared) -> ResultSet {
+    let mut rs = ResultSet::new(&[("name", Text), ("value", Numeric)]);
+    let (mut t, mut p) = (StatTotals::default(), Period::default());
+    for d in by_database(shared).into_values() {
+        t = t + d.totals;
+        p = p.merge(d.period);
+    }
+    const NAMES: [&str; 7] =
+        ["xact_count", "query_count", "client_bytes", "server_bytes", "xact_time", "query_time", "wait_time"];
+    for (prefix, figures) in [("total", t), ("avg", averages(&p))] {
+        for (name, cell) in NAMES.iter().zip(totals_cells(&figures)) {
+            rs.push(vec![text(format!("{prefix}_{name}")), cell]);
+        }
+    }
+    rs.push(vec![text("total_server_assignment_count"), int(t.assignments)]);
+    rs.push(vec![text("avg_server_assignment_count"), int(averages(&p).assignments)]);
+    rs
+}
