@@ -155,7 +155,7 @@ async fn readyz_stays_ready_through_a_postgres_outage_after_start() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_open_and_close_are_logged_with_the_reason() {
     let pg = pg().await;
-    let w = WeirProcess::start(&pg, "", "").await;
+    let w = WeirProcess::start(&pg, "stats_period = \"1s\"", "").await;
     let c = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
     let row = c.query_one("select pg_backend_pid()", &[]).await.unwrap();
     let pid: i32 = row.get(0);
@@ -170,6 +170,14 @@ async fn server_open_and_close_are_logged_with_the_reason() {
         w.logs()
     );
     c.simple_query("select 1").await.expect("the client carries on on a fresh server");
+    // And PgBouncer's log_stats line, per pool, every stats_period.
+    let stats = format!("stats: app/{SCRAM_USER} ");
+    assert!(
+        eventually(Duration::from_secs(5), || w.logs().lines().any(|l| l.contains(&stats) && l.contains("xacts/s")))
+            .await,
+        "a stats line; log:\n{}",
+        w.logs()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -32,12 +32,31 @@ pub fn spawn_periods(shared: &Arc<Shared>) {
             }
             let Some(shared) = weak.upgrade() else { return };
             let now = tokio::time::Instant::now();
+            let log = shared.config.load().weir.log_stats;
             for pool in shared.pools.all() {
                 pool.metrics.roll_period(now - started);
+                if log {
+                    log_period(&pool.key.database, &pool.key.user, pool.metrics.last_period());
+                }
             }
             started = now;
         }
     });
+}
+
+/// PgBouncer's `log_stats` line, for one pool and the period just closed.
+fn log_period(database: &str, user: &str, p: Period) {
+    let d = p.delta;
+    tracing::info!(
+        "stats: {database}/{user} {} xacts/s, {} queries/s, in {} B/s, out {} B/s, xact {} us, query {} us, wait {} us",
+        p.per_second(d.xacts),
+        p.per_second(d.queries),
+        p.per_second(d.received),
+        p.per_second(d.sent),
+        Period::per(d.xact_time_us, d.xacts),
+        Period::per(d.query_time_us, d.queries),
+        Period::per(d.wait_time_us, d.assignments),
+    );
 }
 
 /// One database's figures.

@@ -70,6 +70,7 @@ impl Default for General {
             log_format: LogFormat::Text,
             log_connections: false,
             log_disconnections: false,
+            log_stats: true,
             admin_users: Vec::new(),
             stats_users: Vec::new(),
             ignore_startup_parameters: vec!["extra_float_digits".into()],

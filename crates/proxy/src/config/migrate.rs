@@ -59,7 +59,6 @@ const UNSUPPORTED: &[(&str, &str)] = &[
     ("syslog_", "weir logs to stderr; let the supervisor collect it"),
     ("pidfile", "weir does not daemonize"),
     ("user", "weir does not switch users; run it as the user it should be"),
-    ("log_stats", "statistics are on /metrics and SHOW STATS"),
     ("peer_id", "weir has no peering"),
 ];
 

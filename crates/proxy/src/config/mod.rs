@@ -216,6 +216,8 @@ pub struct General {
     pub log_format: LogFormat,
     pub log_connections: bool,
     pub log_disconnections: bool,
+    /// One stats line per pool every stats_period (PgBouncer's log_stats).
+    pub log_stats: bool,
     pub admin_users: Vec<String>,
     pub stats_users: Vec<String>,
     /// Startup parameters accepted from clients and dropped (PgBouncer's meaning).
