@@ -261,7 +261,8 @@ pub(super) fn clients(shared: &Arc<Shared>) -> ResultSet {
 }
 
 pub(super) fn servers(shared: &Arc<Shared>) -> ResultSet {
-    let mut rs = connection_set(&[("client_key", Int), ("prepared_statements", Int)]);
+    // prepared_statements is PgBouncer 1.21's; client_key weir's own.
+    let mut rs = connection_set(&[("prepared_statements", Int), ("client_key", Int)]);
     let check_delay = shared.config.load().weir.server_check_delay;
     let clients = shared.registry.all();
     let linked: HashMap<i32, i32> = clients.iter().filter_map(|c| Some((c.server_pid()?, c.key_pid))).collect();
@@ -298,7 +299,7 @@ pub(super) fn servers(shared: &Arc<Shared>) -> ResultSet {
                 application_name: None,
             };
             let prepared = int(s.prepared_statements.get());
-            rs.push(conn.cells([linked.get(&s.pid).and_then(|k| int(*k)), prepared]));
+            rs.push(conn.cells([prepared, linked.get(&s.pid).and_then(|k| int(*k))]));
         }
     }
     rs
