@@ -218,8 +218,10 @@ EOF
 # Copies exactly what the builder stage COPYs (relative to its WORKDIR) into a
 # temp dir and runs the Dockerfile's own `cargo build` there, offline: a
 # missing workspace member or file fails here as it would in `docker build`.
-CONTEXT="$TMP/docker-context"
 CHECK_TARGET_DIR="${CHECK_TARGET_DIR:-$ROOT/target}"
+# Emptied and filled afresh on every run; a fixed path (and cp -a's kept
+# mtimes) lets cargo reuse the last run's build of the workspace's own crates.
+CONTEXT="$CHECK_TARGET_DIR/docker-check-context"
 WEIR_BIN=""
 
 # Prints a bash script that replays the builder stage's COPY lines and its
@@ -268,6 +270,7 @@ PYEOF
 }
 
 replay_docker_build() {
+    rm -rf "$CONTEXT"
     replay_script "$CONTEXT" >"$TMP/replay.sh" || return 1
     # Cargo's registry cache and $CHECK_TARGET_DIR are shared; nothing is fetched.
     CARGO_TARGET_DIR="$CHECK_TARGET_DIR" CARGO_NET_OFFLINE=true bash "$TMP/replay.sh" >"$TMP/replay.log" 2>&1
