@@ -10,6 +10,9 @@ pub mod auth;
 pub mod cancel;
 pub mod client;
 pub mod config;
+/// The fuzz targets' entry points: with the `fuzzing` feature (the fuzz
+/// crate turns it on) and in unit tests, never in a default build.
+#[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod params;

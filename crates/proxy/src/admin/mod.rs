@@ -6,7 +6,7 @@
 //! SHOW.
 
 pub mod command;
-mod control;
+pub mod control;
 pub mod result;
 mod set;
 pub mod show;

@@ -1,37 +1,79 @@
 //! Command-line entry points: `weir --config PATH`, `weir check-config PATH`,
-//! `weir migrate-config INI`, `weir demo`. Signals: SIGHUP reloads, SIGTERM
-//! drains, SIGINT stops.
+//! `weir migrate-config INI`, `weir demo` (with the `demo` feature), and
+//! `--help`/`--version` for each. Signals are handled in `signals`.
+//!
+//! Arguments are parsed with lexopt rather than clap: weir has four commands
+//! and one option, and lexopt does that with no dependencies and no proc
+//! macros (clap's derive adds about ten crates and a slow build), while still
+//! handling `--config=X`, `-cX`, `--` and non-UTF-8 paths correctly. The help
+//! text is written out by hand so that it can document the signals.
 
+mod check;
+#[cfg(feature = "demo")]
 mod demo;
+mod signals;
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
 use weir::config::{Config, LogFormat};
-use weir::Weir;
 
 const USAGE: &str = "usage:
-  weir --config PATH            run the proxy
-  weir check-config PATH        validate a config file and explain each error
+  weir --config PATH            run the proxy (also `weir run --config PATH`, `-c PATH`)
+  weir check-config PATH        check a config and the files it names; report every problem
   weir migrate-config INI       print a weir.toml equivalent to a pgbouncer.ini
   weir demo                     throwaway Postgres with weir in front, until Ctrl-C
+  weir help [COMMAND]           this text, or a command's (also `weir COMMAND --help`)
   weir --version";
 
+const SIGNALS: &str = "signals (PgBouncer 1.23's meanings):
+  SIGHUP    reload the config file, auth_file and hba file without dropping clients
+  SIGINT    safe shutdown: stop accepting, let running transactions finish (up to
+            shutdown_timeout), then exit; idle clients are told (57P01) at once
+  SIGTERM   the same drain (what Kubernetes and `docker stop` send); PgBouncer's
+            SIGTERM also waits for every client to disconnect on its own
+  SIGQUIT   stop at once
+  SIGUSR1   PAUSE: hold new transactions; servers in use are closed once released
+  SIGUSR2   RESUME: release what PAUSE (or SIGUSR1) held
+  A second SIGINT or SIGTERM during a drain stops at once.";
+
+const ENVIRONMENT: &str = "environment:
+  WEIR_LOG=FILTER           log level or filter (default: info)
+  WEIR_WORKER_THREADS=N     N runtime worker threads (default: one event loop)";
+
+/// What the command line asks for.
+#[derive(Debug, PartialEq, Eq)]
+enum Command {
+    Run(PathBuf),
+    CheckConfig(PathBuf),
+    MigrateConfig(PathBuf),
+    Demo,
+    Help(Option<String>),
+    Version,
+}
+
 pub fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
-        ["--config" | "-c", path] | ["run", "--config" | "-c", path] => run_file(Path::new(path)),
-        ["check-config", path] => check_config(Path::new(path)),
-        ["migrate-config", path] => migrate_config(Path::new(path)),
-        ["demo"] => demo::run(),
-        ["--version" | "-V"] => {
-            println!("weir {}", env!("CARGO_PKG_VERSION"));
+    let command = match parse(std::env::args_os().skip(1)) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("weir: {e}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = match command {
+        Command::Run(path) => run_file(&path),
+        Command::CheckConfig(path) => return check::run(&path),
+        Command::MigrateConfig(path) => migrate_config(&path),
+        Command::Demo => demo(),
+        Command::Help(topic) => {
+            println!("{}", help(topic.as_deref()));
             Ok(())
         }
-        _ => {
-            eprintln!("{USAGE}");
-            return ExitCode::from(2);
+        Command::Version => {
+            println!("weir {}", env!("CARGO_PKG_VERSION"));
+            Ok(())
         }
     };
     match result {
@@ -43,17 +85,85 @@ pub fn main() -> ExitCode {
     }
 }
 
-fn check_config(path: &Path) -> anyhow::Result<()> {
-    let cfg = Config::load(path)?;
-    weir::app::load_users(&cfg)?;
-    println!("{}: ok ({} database(s))", path.display(), cfg.databases.len());
-    Ok(())
+/// Parses the arguments (without the program name).
+fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, lexopt::Error> {
+    use lexopt::prelude::*;
+    let mut parser = lexopt::Parser::from_args(args);
+    let mut subcommand: Option<String> = None;
+    let mut config: Option<PathBuf> = None;
+    let mut operand: Option<PathBuf> = None;
+    let mut help = false;
+    while let Some(arg) = parser.next()? {
+        match arg {
+            Short('h') | Long("help") => help = true,
+            Short('V') | Long("version") if subcommand.is_none() => return Ok(Command::Version),
+            Short('c') | Long("config") if matches!(subcommand.as_deref(), None | Some("run")) => {
+                config = Some(parser.value()?.into())
+            }
+            Value(v) if subcommand.is_none() && config.is_none() => subcommand = Some(v.string()?),
+            Value(v) if operand.is_none() && subcommand.is_some() => operand = Some(v.into()),
+            _ => return Err(arg.unexpected()),
+        }
+    }
+    let needs = |what: &str| lexopt::Error::from(format!("`weir {what}` needs a path"));
+    match (subcommand.as_deref(), help) {
+        (Some("help"), _) => Ok(Command::Help(operand.map(|p| p.to_string_lossy().into_owned()))),
+        (Some(name @ ("run" | "check-config" | "migrate-config" | "demo")), true) => {
+            Ok(Command::Help(Some(name.to_owned())))
+        }
+        (None, true) => Ok(Command::Help(None)),
+        (Some("check-config"), false) => operand.map(Command::CheckConfig).ok_or_else(|| needs("check-config PATH")),
+        (Some("migrate-config"), false) => {
+            operand.map(Command::MigrateConfig).ok_or_else(|| needs("migrate-config INI"))
+        }
+        (Some("demo"), false) if operand.is_none() => Ok(Command::Demo),
+        (None | Some("run"), false) if operand.is_none() => {
+            config.map(Command::Run).ok_or_else(|| "nothing to do: run the proxy with `--config PATH`".into())
+        }
+        (Some(other), _) if !["run", "demo"].contains(&other) => Err(format!("unknown command `{other}`").into()),
+        _ => Err("unexpected argument".into()),
+    }
+}
+
+/// `weir --help`, or one command's help.
+fn help(topic: Option<&str>) -> String {
+    let version = env!("CARGO_PKG_VERSION");
+    match topic {
+        Some("check-config") => "usage: weir check-config PATH\n\n\
+            Reads a weir.toml and reports every problem in one run: TOML syntax, unknown keys (with the\n\
+            nearest known key), values of the wrong type (with PgBouncer-aware hints: durations are\n\
+            strings such as \"3600s\", listen_addr takes a port, [databases.NAME] tables instead of\n\
+            pgbouncer.ini lines), weir's rules, and whether the auth_file, auth_hba_file and TLS files\n\
+            exist and load. Exit status 0 when the config can be used, 1 otherwise."
+            .into(),
+        Some("migrate-config") => "usage: weir migrate-config pgbouncer.ini > weir.toml\n\n\
+            Prints the weir.toml equivalent to a pgbouncer.ini on stdout (with [metrics] on\n\
+            127.0.0.1:9930), and one warning line on stderr for each setting weir does not have."
+            .into(),
+        Some("demo") => "usage: weir demo\n\n\
+            Starts a throwaway PostgreSQL 15 in a temp dir with weir in front of it on 127.0.0.1:6432\n\
+            (or a free port), prints the psql and /metrics URLs, and removes everything on Ctrl-C.\n\
+            Only in builds with the `demo` feature (on by default; the Docker image leaves it out)."
+            .into(),
+        Some("run") => format!("usage: weir --config PATH   (or weir run --config PATH)\n\n{SIGNALS}\n\n{ENVIRONMENT}"),
+        _ => format!("weir {version}: a transparent PostgreSQL pooling proxy\n\n{USAGE}\n\n{SIGNALS}\n\n{ENVIRONMENT}"),
+    }
+}
+
+#[cfg(feature = "demo")]
+fn demo() -> anyhow::Result<()> {
+    demo::run()
+}
+
+#[cfg(not(feature = "demo"))]
+fn demo() -> anyhow::Result<()> {
+    anyhow::bail!("this weir was built without the `demo` feature (cargo run --release -- demo has it)")
 }
 
 fn run_file(path: &Path) -> anyhow::Result<()> {
     let cfg = Config::load(path)?;
     init_logging(cfg.weir.log_format);
-    runtime()?.block_on(serve(cfg, Some(path.to_path_buf())))
+    runtime()?.block_on(signals::serve(cfg, Some(path.to_path_buf())))
 }
 
 pub(crate) fn init_logging(format: LogFormat) {
@@ -83,70 +193,6 @@ pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     builder.enable_all().build().context("cannot start the tokio runtime")
 }
 
-/// How the signal loop ended.
-enum Stop {
-    /// SIGTERM or the admin command SHUTDOWN.
-    Drain(&'static str),
-    /// SIGINT.
-    Now,
-}
-
-/// Runs until SIGTERM or SHUTDOWN (drain) or SIGINT (stop); SIGHUP reloads
-/// `path`. A second SIGTERM or a SIGINT during the drain stops at once.
-pub(crate) async fn serve(cfg: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut hup = signal(SignalKind::hangup())?;
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    let weir = Weir::start(cfg).await?;
-    if let Some(p) = path {
-        weir.set_config_path(p);
-    }
-    let shared = weir.shared().clone();
-    let stop = loop {
-        tokio::select! {
-            _ = hup.recv() => reload(&shared),
-            _ = term.recv() => break Stop::Drain("SIGTERM"),
-            _ = int.recv() => break Stop::Now,
-            _ = shared.shutdown.cancelled() => break Stop::Drain("SHUTDOWN"),
-        }
-    };
-    match stop {
-        Stop::Now => {
-            tracing::info!("SIGINT: stopping");
-            shared.stop_now();
-        }
-        Stop::Drain(why) => {
-            tracing::info!("{why}: draining");
-            tokio::select! {
-                _ = weir.shutdown() => {}
-                _ = term.recv() => {
-                    tracing::warn!("second SIGTERM during the drain: stopping now");
-                    shared.stop_now();
-                }
-                _ = int.recv() => {
-                    tracing::warn!("SIGINT during the drain: stopping now");
-                    shared.stop_now();
-                }
-            }
-        }
-    }
-    tracing::info!("weir stopped");
-    Ok(())
-}
-
-/// SIGHUP: re-reads the config file and auth_file; a file that does not
-/// validate changes nothing.
-fn reload(shared: &weir::app::Shared) {
-    match shared.reload_from_disk() {
-        Ok(notes) => {
-            notes.iter().for_each(|n| tracing::warn!("{n}"));
-            tracing::info!("config reloaded (SIGHUP)");
-        }
-        Err(e) => tracing::error!(error = %e, "config reload (SIGHUP) failed; keeping the old config"),
-    }
-}
-
 /// `weir migrate-config pgbouncer.ini`: the weir.toml on stdout, a warning
 /// on stderr for each setting that could not be carried over.
 fn migrate_config(path: &Path) -> anyhow::Result<()> {
@@ -163,4 +209,46 @@ fn migrate_config(path: &Path) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(args: &str) -> Result<Command, String> {
+        parse(args.split_whitespace().map(OsString::from)).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn every_existing_invocation_still_parses() {
+        let p = || PathBuf::from("x.toml");
+        assert_eq!(parsed("--config x.toml"), Ok(Command::Run(p())));
+        assert_eq!(parsed("-c x.toml"), Ok(Command::Run(p())));
+        assert_eq!(parsed("--config=x.toml"), Ok(Command::Run(p())));
+        assert_eq!(parsed("run --config x.toml"), Ok(Command::Run(p())));
+        assert_eq!(parsed("check-config x.toml"), Ok(Command::CheckConfig(p())));
+        assert_eq!(parsed("migrate-config x.toml"), Ok(Command::MigrateConfig(p())));
+        assert_eq!(parsed("demo"), Ok(Command::Demo));
+        assert_eq!(parsed("--version"), Ok(Command::Version));
+        assert_eq!(parsed("-V"), Ok(Command::Version));
+    }
+
+    #[test]
+    fn help_for_weir_and_each_command() {
+        assert_eq!(parsed("--help"), Ok(Command::Help(None)));
+        assert_eq!(parsed("-h"), Ok(Command::Help(None)));
+        assert_eq!(parsed("help"), Ok(Command::Help(None)));
+        assert_eq!(parsed("help check-config"), Ok(Command::Help(Some("check-config".into()))));
+        for name in ["run", "check-config", "migrate-config", "demo"] {
+            assert_eq!(parsed(&format!("{name} --help")), Ok(Command::Help(Some(name.into()))));
+        }
+        assert!(help(None).contains("SIGUSR1") && help(None).contains("SIGQUIT"), "the signals are documented");
+    }
+
+    #[test]
+    fn mistakes_are_usage_errors() {
+        for bad in ["", "check-config", "frobnicate", "--config", "check-config a b", "--bogus", "demo x"] {
+            assert!(parsed(bad).is_err(), "`weir {bad}` should be a usage error: {:?}", parsed(bad));
+        }
+    }
 }

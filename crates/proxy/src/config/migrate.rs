@@ -302,7 +302,7 @@ impl Mapper {
         for (k, v) in &self.general {
             let _ = writeln!(out, "{k} = {v}");
         }
-        out.push_str("\n[metrics]\n# listen_addr = \"127.0.0.1:9930\"   # Prometheus /metrics, /healthz, /readyz\n");
+        out.push_str("\n[metrics]\n# Prometheus /metrics, /healthz, /readyz (PgBouncer has no equivalent).\nlisten_addr = \"127.0.0.1:9930\"\n");
         for (name, kvs) in &self.databases {
             let _ = writeln!(out, "\n[databases.{}]", toml_key(name));
             for (k, v) in kvs {

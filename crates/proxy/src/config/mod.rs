@@ -1,7 +1,9 @@
 //! weir's configuration: the TOML shape (PgBouncer's key names where the
-//! meaning matches), explicit defaults, `validate()`, and loading. The live
+//! meaning matches), explicit defaults, `validate()`, loading, and
+//! `check` (every problem of a file at once, for `weir check-config`). The live
 //! config is shared as `Arc<Config>` behind one swap cell (see `ConfigCell`).
 
+pub mod check;
 mod defaults;
 pub mod keys;
 pub mod migrate;
@@ -282,9 +284,15 @@ pub struct PoolSettings {
 impl Config {
     /// Parses TOML text; `base_dir` anchors relative paths.
     pub fn from_toml(text: &str, base_dir: &Path) -> Result<Config, ConfigError> {
+        let cfg = Config::from_toml_unvalidated(text, base_dir)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Parses TOML text without `validate()` (see `problems()` for its rules).
+    pub fn from_toml_unvalidated(text: &str, base_dir: &Path) -> Result<Config, ConfigError> {
         let mut cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
         cfg.base_dir = base_dir.to_path_buf();
-        cfg.validate()?;
         Ok(cfg)
     }
 

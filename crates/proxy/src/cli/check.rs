@@ -1,0 +1,82 @@
+//! `weir check-config PATH`: every problem of a config in one run. The text
+//! is checked by `weir::config::check` (keys, types, PgBouncer-aware hints,
+//! weir's rules); this module adds what needs the files the config names,
+//! all offline: the auth_file, the auth_hba_file and the TLS files exist and
+//! load, and the auth_user is in the auth_file.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use weir::auth::{hba::Hba, Secret, UserList};
+use weir::config::{check, Config};
+
+pub fn run(path: &Path) -> ExitCode {
+    let problems = match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+            let checked = check::check_text(&text, &base);
+            let mut problems = checked.problems;
+            if let Some(cfg) = &checked.config {
+                problems.extend(file_problems(cfg));
+            }
+            problems
+        }
+        Err(e) => vec![format!("cannot read it: {e}")],
+    };
+    if problems.is_empty() {
+        match Config::load(path) {
+            Ok(cfg) => println!("{}: ok ({} database(s))", path.display(), cfg.databases.len()),
+            Err(e) => println!("{}: ok, but loading it says: {e}", path.display()),
+        }
+        return ExitCode::SUCCESS;
+    }
+    for p in &problems {
+        eprintln!("{}: {p}", path.display());
+    }
+    eprintln!("{}: {} problem(s)", path.display(), problems.len());
+    ExitCode::FAILURE
+}
+
+/// What loading the files the config names would report.
+fn file_problems(cfg: &Config) -> Vec<String> {
+    let mut problems = Vec::new();
+    let users = match cfg.auth_file_path() {
+        Some(p) => match UserList::load(&p) {
+            Ok(u) => Some(u),
+            Err(e) => {
+                problems.push(format!("weir.auth_file: cannot load {}: {e}", p.display()));
+                None
+            }
+        },
+        None => None,
+    };
+    if let Some(p) = cfg.auth_hba_file_path() {
+        if let Err(e) = Hba::load(&p) {
+            problems.push(format!("weir.auth_hba_file: cannot load {}: {e}", p.display()));
+        }
+    }
+    if let Err(e) = weir::tls::load_client_tls(cfg) {
+        problems.push(format!("client TLS: {e}"));
+    }
+    if let Err(e) = weir::tls::load_server_tls(cfg) {
+        problems.push(format!("server TLS: {e}"));
+    }
+    let auth_user = &cfg.weir.auth_user;
+    if !auth_user.is_empty() {
+        match users.as_ref().map(|u| u.get(auth_user)) {
+            None if cfg.auth_file_path().is_none() => {
+                problems.push(format!("weir.auth_user: \"{auth_user}\" needs an auth_file that lists it"))
+            }
+            Some(None) => problems.push(format!(
+                "weir.auth_user: \"{auth_user}\" is not in the auth_file; weir logs in as auth_user with its \
+                 auth_file password to run auth_query (PgBouncer would try without a password; weir does not)"
+            )),
+            Some(Some(Secret::Scram(_))) => problems.push(format!(
+                "weir.auth_user: \"{auth_user}\" has only a SCRAM secret in the auth_file; auth_query needs a \
+                 plaintext or md5 password, since no client proves a key for it"
+            )),
+            _ => {}
+        }
+    }
+    problems
+}
