@@ -12,7 +12,9 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
 use std::time::{Duration, SystemTime};
 
 use crate::close::{CloseReason, ConnectFailure, DropReason};
@@ -333,17 +335,17 @@ impl PoolMetrics {
 
     /// The open server connections described so far, oldest first.
     pub fn live_servers(&self) -> Vec<ServerInfo> {
-        self.live.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
+        self.live.lock().values().cloned().collect()
     }
 
     pub(crate) fn add_live(&self, info: ServerInfo) -> u64 {
         let id = self.next_live.fetch_add(1, R);
-        self.live.lock().unwrap_or_else(|e| e.into_inner()).insert(id, info);
+        self.live.lock().insert(id, info);
         id
     }
 
     pub(crate) fn remove_live(&self, id: u64) {
-        self.live.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+        self.live.lock().remove(&id);
     }
 
     /// Client Parse messages.
@@ -428,7 +430,7 @@ impl Drop for PoolMetrics {
 }
 
 fn register(pool: &Arc<PoolMetrics>) {
-    let mut reg = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+    let mut reg = REGISTRY.lock();
     reg.retain(|w| w.strong_count() > 0);
     reg.push(Arc::downgrade(pool));
 }
@@ -437,7 +439,7 @@ fn register(pool: &Arc<PoolMetrics>) {
 /// The exporter runs this before each scrape and on every upkeep tick.
 pub fn publish_all() {
     let live: Vec<Arc<PoolMetrics>> = {
-        let mut reg = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+        let mut reg = REGISTRY.lock();
         reg.retain(|w| w.strong_count() > 0);
         reg.iter().filter_map(Weak::upgrade).collect()
     };

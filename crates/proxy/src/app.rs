@@ -6,7 +6,9 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, OnceLock, Weak};
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
@@ -165,7 +167,7 @@ impl Weir {
 
     /// The file RELOAD and SIGHUP re-read.
     pub fn set_config_path(&self, path: PathBuf) {
-        *self.shared.config_path.lock().unwrap_or_else(|e| e.into_inner()) = Some(path);
+        *self.shared.config_path.lock() = Some(path);
     }
 
     /// Applies a new config (and reloads the auth_file) without dropping
@@ -219,13 +221,13 @@ impl Shared {
     }
 
     pub fn is_paused(&self, database: &str) -> bool {
-        let p = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+        let p = self.paused.lock();
         p.all || p.databases.contains(database)
     }
 
     /// Every database name PAUSE or KILL left paused ("*" for all).
     pub fn paused_databases(&self) -> Vec<String> {
-        let p = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+        let p = self.paused.lock();
         p.all.then(|| "*".to_owned()).into_iter().chain(p.databases.iter().cloned()).collect()
     }
 
@@ -233,7 +235,7 @@ impl Shared {
     /// pauses or resumes the pools that exist. Returns the pools touched.
     pub fn set_paused(&self, database: Option<&str>, paused: bool) -> Vec<Arc<Pool>> {
         {
-            let mut p = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+            let mut p = self.paused.lock();
             match (database, paused) {
                 (None, true) => p.all = true,
                 (None, false) => *p = Paused::default(),
@@ -270,8 +272,7 @@ impl Shared {
 
     /// Re-reads the config file and applies it (RELOAD, SIGHUP).
     pub fn reload_from_disk(&self) -> Result<Vec<String>, ReloadError> {
-        let path =
-            self.config_path.lock().unwrap_or_else(|e| e.into_inner()).clone().ok_or(ReloadError::NoConfigFile)?;
+        let path = self.config_path.lock().clone().ok_or(ReloadError::NoConfigFile)?;
         let cfg = Config::load(&path)?;
         self.reload(cfg)
     }
@@ -280,7 +281,7 @@ impl Shared {
     /// Settings that need a restart keep their running values; the returned
     /// notes say which ones changed.
     pub fn reload(&self, mut cfg: Config) -> Result<Vec<String>, ReloadError> {
-        let _one_at_a_time = self.reload_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _one_at_a_time = self.reload_lock.lock();
         let users = load_users(&cfg).map_err(|e| ReloadError::AuthFile(e.to_string()))?;
         let hba = load_hba(&cfg).map_err(|e| ReloadError::AuthFile(e.to_string()))?;
         let client_tls = crate::tls::load_client_tls(&cfg)?;

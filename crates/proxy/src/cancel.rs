@@ -5,7 +5,9 @@
 
 use std::collections::hash_map::{Entry, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use rand::Rng;
@@ -36,21 +38,17 @@ pub struct CancelSlot {
 }
 
 impl CancelSlot {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Where> {
-        self.at.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     pub fn set_idle(&self) {
-        *self.lock() = Where::Idle;
+        *self.at.lock() = Where::Idle;
     }
 
     pub fn set_waiting(&self) {
-        *self.lock() = Where::Waiting { cancelled: false };
+        *self.at.lock() = Where::Waiting { cancelled: false };
     }
 
     /// True if a cancel came while waiting; the wait should end with 57014.
     pub fn wait_cancelled(&self) -> bool {
-        matches!(*self.lock(), Where::Waiting { cancelled: true })
+        matches!(*self.at.lock(), Where::Waiting { cancelled: true })
     }
 
     /// Resolves once a cancel has come while waiting. Cancel-safe.
@@ -61,7 +59,7 @@ impl CancelSlot {
     /// Moves from waiting to running. Returns false, staying put, if a cancel
     /// arrived first: the query must then not run.
     pub fn set_active(&self, target: CancelTarget) -> bool {
-        let mut at = self.lock();
+        let mut at = self.at.lock();
         if matches!(*at, Where::Waiting { cancelled: true }) {
             return false;
         }
@@ -71,7 +69,7 @@ impl CancelSlot {
 
     /// Where the client stands, for SHOW CLIENTS and the client gauges.
     pub fn client_state(&self) -> weir_metrics::ClientState {
-        match *self.lock() {
+        match *self.at.lock() {
             Where::Idle => weir_metrics::ClientState::Idle,
             Where::Waiting { .. } => weir_metrics::ClientState::Waiting,
             Where::Active(_) => weir_metrics::ClientState::Active,
@@ -80,7 +78,7 @@ impl CancelSlot {
 
     /// The backend pid of the server the client is using, if any.
     pub fn server_pid(&self) -> Option<i32> {
-        match &*self.lock() {
+        match &*self.at.lock() {
             Where::Active(target) => Some(target.pid),
             _ => None,
         }
@@ -133,7 +131,7 @@ pub struct Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.registry.slots.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.pid);
+        self.registry.slots.lock().remove(&self.pid);
     }
 }
 
@@ -146,7 +144,7 @@ impl CancelRegistry {
     pub fn register(self: &Arc<Self>) -> Registration {
         let slot = Arc::new(CancelSlot { at: Mutex::new(Where::Idle), switch: Default::default() });
         let mut rng = rand::thread_rng();
-        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slots = self.slots.lock();
         loop {
             let pid = rng.gen_range(1..i32::MAX);
             if let Entry::Vacant(free) = slots.entry(pid) {
@@ -160,7 +158,7 @@ impl CancelRegistry {
     /// Handles a CancelRequest. Never blocks on Postgres.
     pub fn cancel(&self, pid: i32, secret: i32) -> CancelOutcome {
         let slot = {
-            let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+            let slots = self.slots.lock();
             match slots.get(&pid) {
                 Some((s, slot)) if *s == secret => slot.clone(),
                 _ => {
@@ -170,7 +168,7 @@ impl CancelRegistry {
             }
         };
         let outcome = {
-            let mut at = slot.lock();
+            let mut at = slot.at.lock();
             match &mut *at {
                 Where::Waiting { cancelled } => {
                     *cancelled = true;

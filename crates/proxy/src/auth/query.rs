@@ -6,8 +6,8 @@
 //! deadline. Answers are cached per (database, user): found verifiers for
 //! `auth_query_cache_ttl`, "no such user" briefly.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
@@ -54,14 +54,14 @@ pub struct AuthQueryCache {
 
 impl AuthQueryCache {
     fn get(&self, key: &(String, String), ttl: Duration) -> Option<Option<Secret>> {
-        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let entries = self.entries.lock();
         let (at, secret) = entries.get(key)?;
         let ttl = if secret.is_some() { ttl } else { ttl.min(NEGATIVE_TTL) };
         (at.elapsed() < ttl).then(|| secret.clone())
     }
 
     fn put(&self, key: (String, String), secret: Option<Secret>) {
-        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let mut entries = self.entries.lock();
         // Bounded: a flood of made-up user names cannot grow it without end.
         if entries.len() >= 10_000 {
             entries.retain(|_, (at, _)| at.elapsed() < NEGATIVE_TTL);

@@ -6,7 +6,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Instant, SystemTime};
 
 use weir_metrics::ClientState;
@@ -108,7 +110,7 @@ pub struct ClientGuard {
 impl Drop for ClientGuard {
     fn drop(&mut self) {
         if let Some(registry) = self.entry.registry.upgrade() {
-            registry.lock().remove(&self.entry.id);
+            registry.clients.lock().remove(&self.entry.id);
         }
     }
 }
@@ -116,10 +118,6 @@ impl Drop for ClientGuard {
 impl ClientRegistry {
     pub fn new() -> Arc<Self> {
         Arc::new(ClientRegistry::default())
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<ClientEntry>>> {
-        self.clients.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Lists a client until the returned guard drops.
@@ -138,17 +136,17 @@ impl ClientRegistry {
             key_pid: c.key_pid,
             slot: c.slot,
         });
-        self.lock().insert(id, entry.clone());
+        self.clients.lock().insert(id, entry.clone());
         ClientGuard { entry }
     }
 
     /// Every listed client, oldest first.
     pub fn all(&self) -> Vec<Arc<ClientEntry>> {
-        self.lock().values().cloned().collect()
+        self.clients.lock().values().cloned().collect()
     }
 
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.clients.lock().len()
     }
 
     pub fn is_empty(&self) -> bool {

@@ -28,8 +28,8 @@
 //! in the process, and an address whose probe could not even connect is
 //! taken as dead, without another attempt, for `server_connect_timeout`.
 
+use parking_lot::Mutex;
 use std::pin::Pin;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
@@ -123,13 +123,13 @@ pub async fn probe(spec: &ConnectSpec, pid: i32) -> Verdict {
 
 /// Why the address's last probe failed, if that was within server_connect_timeout.
 fn recently_dead(spec: &ConnectSpec) -> Option<String> {
-    let mut dead = DEAD_PATHS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut dead = DEAD_PATHS.lock();
     dead.retain(|(_, _, at, _)| at.elapsed() < spec.connect_timeout);
     dead.iter().find(|(h, p, _, _)| *h == spec.host && *p == spec.port).map(|(_, _, _, why)| why.clone())
 }
 
 fn path_dead(spec: &ConnectSpec, why: String) -> Verdict {
-    let mut dead = DEAD_PATHS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut dead = DEAD_PATHS.lock();
     dead.retain(|(h, p, _, _)| !(*h == spec.host && *p == spec.port));
     dead.push((spec.host.clone(), spec.port, Instant::now(), why.clone()));
     Verdict::Dead(why)
