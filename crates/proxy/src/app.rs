@@ -183,7 +183,7 @@ impl Weir {
 }
 
 impl Shared {
-    fn new(cfg: Config, users: UserList) -> Shared {
+    pub(crate) fn new(cfg: Config, users: UserList) -> Shared {
         Shared {
             config: ConfigCell::new(cfg),
             users: ArcSwap::from_pointee(users),

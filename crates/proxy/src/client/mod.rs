@@ -10,6 +10,9 @@ pub mod stream;
 pub mod transfer;
 pub mod watchdog;
 
+#[cfg(test)]
+mod footprint;
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;

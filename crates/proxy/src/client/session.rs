@@ -154,7 +154,7 @@ impl<'a> Session<'a> {
 
     /// Gets a server for the buffered request and serves it. Returns false
     /// when the session is over.
-    async fn one_request(&mut self) -> Result<bool, ClientError> {
+    pub(super) async fn one_request(&mut self) -> Result<bool, ClientError> {
         self.reg.slot.set_waiting();
         // The common case, with nothing awaited: a server is idle and ready.
         // The queue's wait is boxed apart (it is larger than the rest of a
