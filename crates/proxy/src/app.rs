@@ -211,7 +211,7 @@ impl Shared {
         &self,
         cfg: &Config,
         key: &PoolKey,
-        credentials: impl Into<crate::server::login::Credentials>,
+        credentials: impl Into<crate::auth::Credentials>,
     ) -> Option<Arc<Pool>> {
         let pool = self.pools.get_or_create(cfg, key, credentials)?;
         if self.is_paused(&key.database) {

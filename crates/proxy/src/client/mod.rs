@@ -29,6 +29,7 @@ use tracing::Instrument;
 use weir_metrics::ClientResult;
 
 use crate::app::Shared;
+use crate::auth::query::AuthQueryError;
 use crate::config::Config;
 use crate::pool::PoolKey;
 use crate::protocol::messages::{self, Severity};
@@ -252,10 +253,43 @@ async fn authenticate<'a>(
 /// user). Bounded by the login deadline around `authenticate`.
 async fn auth_query(shared: &Shared, cfg: &Config, req: &Request) -> Result<Option<crate::auth::Secret>, ClientError> {
     let deadline = Instant::now() + cfg.weir.client_login_timeout;
-    crate::auth::query::lookup(shared, cfg, &req.database, &req.user, deadline).await.map_err(|e| {
-        tracing::warn!(error = %e, "auth_query failed");
-        ClientError::Auth(crate::auth::AuthError::Refused(e.to_string()))
-    })
+    let users = shared.users.load();
+    let fetch = |database, auth_user, credentials| {
+        run_auth_query(shared, cfg, PoolKey { database, user: auth_user }, credentials, &req.user, deadline)
+    };
+    crate::auth::query::lookup(&shared.auth_query_cache, &users, cfg, &req.database, &req.user, fetch).await.map_err(
+        |e| {
+            tracing::warn!(error = %e, "auth_query failed");
+            ClientError::Auth(crate::auth::AuthError::Refused(e.to_string()))
+        },
+    )
+}
+
+/// Runs auth_query for `user` on a server of the pool `key` (auth_user's), by `deadline`;
+/// a connection that failed or timed out mid-answer is closed, not reused.
+async fn run_auth_query(
+    shared: &Shared,
+    cfg: &Config,
+    key: PoolKey,
+    credentials: crate::auth::Credentials,
+    user: &str,
+    deadline: Instant,
+) -> Result<crate::auth::query::Answer, AuthQueryError> {
+    let pool = shared.pool_for(cfg, &key, credentials).ok_or(AuthQueryError::UnknownDatabase(key.database))?;
+    let mut lease = pool.acquire(deadline).await.map_err(|e| AuthQueryError::NoServer(e.to_string()))?;
+    let sql = &cfg.weir.auth_query;
+    let answer = tokio::time::timeout_at(deadline.into(), crate::server::auth_lookup::run(lease.conn_mut(), sql, user));
+    match answer.await {
+        Ok(Ok(a)) => Ok(a),
+        Ok(Err(e)) => {
+            lease.close(weir_metrics::CloseReason::ServerError);
+            Err(e)
+        }
+        Err(_) => {
+            lease.close(weir_metrics::CloseReason::ServerError);
+            Err(AuthQueryError::NoServer("timed out".into()))
+        }
+    }
 }
 
 /// How this client authenticates: auth_type, or with auth_type = "hba" the

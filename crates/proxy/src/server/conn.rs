@@ -30,7 +30,7 @@ pub struct ConnectSpec {
     pub host: String,
     pub port: u16,
     pub user: String,
-    pub credentials: super::login::Credentials,
+    pub credentials: crate::auth::Credentials,
     pub dbname: String,
     pub liveness: Liveness,
     pub connect_timeout: Duration,

@@ -3,6 +3,7 @@
 //! cancel forwarding, and the liveness probe behind the watchdog. A
 //! `ServerConn` never belongs to a client; the pool lends it out.
 
+pub mod auth_lookup;
 pub mod cancel;
 pub mod conn;
 pub mod conversation;

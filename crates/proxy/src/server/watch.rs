@@ -201,7 +201,7 @@ mod tests {
             host: "127.0.0.1".into(),
             port,
             user: "u".into(),
-            credentials: crate::server::login::Credentials::None,
+            credentials: crate::auth::Credentials::None,
             dbname: "d".into(),
             liveness: super::super::socket::Liveness::from_config(&crate::config::General::default()),
             connect_timeout: Duration::from_secs(2),
