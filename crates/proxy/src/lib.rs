@@ -17,6 +17,7 @@ pub mod pool;
 pub mod protocol;
 pub mod server;
 pub mod signal;
+pub mod state;
 pub mod tls;
 pub mod wire;
 

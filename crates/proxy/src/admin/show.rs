@@ -12,9 +12,9 @@ use weir_metrics::Window;
 
 use super::command::{Show, SYNOPSIS};
 use super::result::{float, int, text, Cell, Kind, ResultSet};
-use crate::app::Shared;
 use crate::config::keys;
 use crate::pool::Pool;
+use crate::state::Shared;
 
 use Kind::{Float, Int, Text};
 
@@ -78,7 +78,7 @@ fn pools(shared: &Arc<Shared>) -> ResultSet {
         ("dropped", Int),
     ]);
     let cfg = shared.config.load();
-    let counts = shared.registry.idle_and_active();
+    let counts = shared.client_list.idle_and_active();
     for pool in shared.pools.all() {
         let s = pool.snapshot();
         let m = &pool.metrics;
@@ -223,7 +223,7 @@ fn connection_set(more: &[(&'static str, Kind)]) -> ResultSet {
 
 fn clients(shared: &Arc<Shared>) -> ResultSet {
     let mut rs = connection_set(&[("application_name", Text), ("client_key", Int), ("server_pid", Int)]);
-    for c in shared.registry.all() {
+    for c in shared.client_list.all() {
         let state = c.state();
         let conn = Connection {
             kind: "C",
@@ -243,7 +243,7 @@ fn servers(shared: &Arc<Shared>) -> ResultSet {
     let mut rs = connection_set(&[("remote_pid", Int), ("client_key", Int), ("prepared_statements", Int)]);
     let check_delay = shared.config.load().weir.server_check_delay;
     let linked: HashMap<i32, i32> =
-        shared.registry.all().iter().filter_map(|c| Some((c.server_pid()?, c.key_pid))).collect();
+        shared.client_list.all().iter().filter_map(|c| Some((c.server_pid()?, c.key_pid))).collect();
     for pool in shared.pools.all() {
         let idle: HashMap<i32, Duration> = pool.idle_servers().into_iter().map(|s| (s.pid, s.idle_for)).collect();
         for s in pool.metrics.live_servers() {
@@ -326,7 +326,7 @@ fn config(shared: &Arc<Shared>) -> ResultSet {
 
 fn lists(shared: &Arc<Shared>) -> ResultSet {
     let mut rs = ResultSet::new(&[("list", Text), ("items", Int)]);
-    let registered = shared.registry.all();
+    let registered = shared.client_list.all();
     let pools = shared.pools.all();
     let connected = shared.clients.load(std::sync::atomic::Ordering::Relaxed);
     let items: [(&str, usize); 7] = [

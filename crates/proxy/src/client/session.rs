@@ -57,7 +57,7 @@ pub struct Session<'a> {
     /// `Pool::acquire_with`); made at the first wait.
     wait_timer: Option<Pin<Box<Sleep>>>,
     /// The client's listing for SHOW CLIENTS and KILL (set once logged in).
-    pub listed: Option<super::registry::ClientGuard>,
+    pub listed: Option<crate::state::client_list::ClientGuard>,
 }
 
 /// A client's wait budget: the pool's query_wait_timeout as configured at
@@ -154,7 +154,7 @@ impl<'a> Session<'a> {
 
     /// Gets a server for the buffered request and serves it. Returns false
     /// when the session is over.
-    pub(super) async fn one_request(&mut self) -> Result<bool, ClientError> {
+    pub(crate) async fn one_request(&mut self) -> Result<bool, ClientError> {
         self.reg.slot.set_waiting();
         // The common case, with nothing awaited: a server is idle and ready.
         // The queue's wait is boxed apart (it is larger than the rest of a

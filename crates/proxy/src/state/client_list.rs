@@ -39,7 +39,7 @@ impl Owner {
 pub struct ClientEntry {
     pub id: u64,
     /// The registry it is listed in (for `ClientGuard`'s drop).
-    registry: std::sync::Weak<ClientRegistry>,
+    registry: std::sync::Weak<ClientList>,
     owner: Owner,
     pub peer: SocketAddr,
     pub local: Option<SocketAddr>,
@@ -95,7 +95,7 @@ pub struct NewClient {
 
 /// All logged-in clients.
 #[derive(Debug, Default)]
-pub struct ClientRegistry {
+pub struct ClientList {
     next: AtomicU64,
     clients: Mutex<BTreeMap<u64, Arc<ClientEntry>>>,
 }
@@ -115,9 +115,9 @@ impl Drop for ClientGuard {
     }
 }
 
-impl ClientRegistry {
+impl ClientList {
     pub fn new() -> Arc<Self> {
-        Arc::new(ClientRegistry::default())
+        Arc::new(ClientList::default())
     }
 
     /// Lists a client until the returned guard drops.
@@ -219,7 +219,7 @@ mod tests {
 
     #[tokio::test]
     async fn registers_kills_and_forgets() {
-        let reg = ClientRegistry::new();
+        let reg = ClientList::new();
         let cancels = crate::cancel::CancelRegistry::new();
         let (ka, kb) = (cancels.register(), cancels.register());
         let a = reg.register(client("a", Some(ka.slot.clone())));

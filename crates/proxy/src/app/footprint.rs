@@ -7,14 +7,14 @@ use std::sync::Arc;
 
 use tokio::net::{TcpListener, TcpStream};
 
-use super::session::{Budget, Session};
-use super::ClientStream;
-use crate::app::Shared;
 use crate::auth::UserList;
 use crate::cancel::CancelRegistry;
+use crate::client::session::{Budget, Session};
+use crate::client::ClientStream;
 use crate::config::{Config, PoolMode};
 use crate::params::ParamMap;
 use crate::pool::{PoolKey, Pools};
+use crate::state::Shared;
 
 /// The client task's future, as `cargo test` builds it (528 bytes at the
 /// start of this test; 520 in the release build, by 3ca3986's note): under
