@@ -1,7 +1,18 @@
 //! weir: a transparent PostgreSQL wire-protocol pooling proxy.
 //!
-//! Dependencies point one way: `client` → `pool` → `server` → `protocol`;
-//! everything may use `config`, `params`, `wire` and the `weir-metrics` crate.
+//! Dependencies point one way, down these layers (a module uses only lower
+//! layers; `tests/layering.rs` checks it on the source):
+//!
+//! - `app`: the listener, the accept loop, one task per connection;
+//! - `admin`: the console;
+//! - `client`: the pooled session (and the login steps the console shares);
+//! - `state`: what every client shares, and its lifecycle (pause, reload, drain);
+//! - `pool`, `cancel`: server pools and leases; the cancel keys clients hold;
+//! - `server`: weir's connections to Postgres;
+//! - `auth`: client authentication, the auth_file, hba, the credentials weir
+//!   presents to servers;
+//! - `tls`; then `wire`, `config`; then `protocol`, `params`, `signal`, which use
+//!   nothing of weir. Everything may use the `weir-metrics` crate.
 #![forbid(unsafe_code)]
 
 pub mod admin;
