@@ -9,7 +9,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::auth::UserList;
 use crate::cancel::CancelRegistry;
-use crate::client::session::{Budget, Session};
+use crate::client::session::{Budget, LoggedIn, Session};
 use crate::client::ClientStream;
 use crate::config::{Config, PoolMode};
 use crate::params::ParamMap;
@@ -52,18 +52,17 @@ async fn request_future_stays_within_budget() {
     let key = PoolKey { database: "app".into(), user: "u".into() };
     let pool = Pools::new().get_or_create(&cfg, &key, None).unwrap();
     let reg = CancelRegistry::new().register();
-    let mut session = Session::new(
-        &mut client,
-        Default::default(),
+    let login = LoggedIn {
         pool,
-        PoolMode::Transaction,
-        ParamMap::new(),
-        ParamMap::new(),
+        mode: PoolMode::Transaction,
+        params: ParamMap::new(),
+        settings: ParamMap::new(),
         reg,
-        Budget::new(None, 1.0),
-        cfg.weir.max_message_size,
-        crate::signal::Signal::new(),
-    );
+        budget: Budget::new(None, 1.0),
+        max_message: cfg.weir.max_message_size,
+        shutdown: crate::signal::Signal::new(),
+    };
+    let mut session = Session::new(&mut client, Default::default(), login);
     let request = session.one_request();
     let size = std::mem::size_of_val(&request);
     assert!(size <= REQUEST_FUTURE_BUDGET, "per-request future is {size} bytes, over its {REQUEST_FUTURE_BUDGET}");

@@ -14,7 +14,7 @@ pub mod watchdog;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::BytesMut;
 pub use stream::ClientStream;
@@ -58,26 +58,25 @@ pub(crate) async fn log_in<'a>(
         return Err(ClientError::UnknownDatabase(key.database));
     };
     let settings = pool.settings();
-    let budget = wait_budget(settings.query_wait_timeout, req.declared_deadline, cfg.weir.client_deadline_fraction);
-    let deadline = Instant::now() + budget;
+    let budget = session::Budget::new(req.declared_deadline, cfg.weir.client_deadline_fraction);
+    let deadline = Instant::now() + budget.under(settings.query_wait_timeout);
     let server_params = pool.server_params(deadline).await?;
     let mut params = login::client_params(&req, &server_params);
     login::check_startup_settings(&pool, deadline, &mut params, &req.settings, &server_params).await?;
     let reg = shared.cancels.register();
     let hello = login::greeting(&server_params, &params, (reg.pid, reg.secret), minor, &req.protocol_options);
     socket.write_all(&hello).await.map_err(ClientError::Io)?;
-    Ok(Session::new(
-        socket,
-        std::mem::take(buf),
+    let login = session::LoggedIn {
         pool,
-        settings.pool_mode,
+        mode: settings.pool_mode,
         params,
-        req.settings,
+        settings: req.settings,
         reg,
-        session::Budget::new(req.declared_deadline, cfg.weir.client_deadline_fraction),
-        cfg.weir.max_message_size,
-        shared.shutdown.clone(),
-    ))
+        budget,
+        max_message: cfg.weir.max_message_size,
+        shutdown: shared.shutdown.clone(),
+    };
+    Ok(Session::new(socket, std::mem::take(buf), login))
 }
 
 /// The verifier of a user not in auth_file, by auth_query (None: no such
@@ -120,14 +119,5 @@ async fn run_auth_query(
             lease.close(weir_metrics::CloseReason::ServerError);
             Err(AuthQueryError::NoServer("timed out".into()))
         }
-    }
-}
-
-/// The wait budget: query_wait_timeout, or less when the client declared a
-/// deadline (a share of it, so weir answers before the client gives up).
-pub fn wait_budget(query_wait_timeout: Duration, declared: Option<Duration>, fraction: f64) -> Duration {
-    match declared {
-        Some(d) => query_wait_timeout.min(d.mul_f64(fraction)).max(Duration::from_millis(1)),
-        None => query_wait_timeout,
     }
 }

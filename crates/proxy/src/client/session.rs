@@ -60,8 +60,9 @@ pub struct Session<'a> {
     pub listed: Option<crate::state::client_list::ClientGuard>,
 }
 
-/// A client's wait budget: the pool's query_wait_timeout as configured at
-/// each wait (so a reload applies to connected clients at once), capped by a
+/// A client's wait budget, the one rule for the login's wait and every
+/// queue wait after: the pool's query_wait_timeout as configured at each
+/// wait (so a reload applies to connected clients at once), capped by a
 /// share (client_deadline_fraction at login) of the deadline the client
 /// declared at startup.
 #[derive(Debug, Clone, Copy)]
@@ -74,8 +75,14 @@ impl Budget {
         Budget { share: declared.map(|d| d.mul_f64(fraction)) }
     }
 
-    fn now(&self, pool: &Pool) -> Duration {
-        super::wait_budget(pool.query_wait_timeout(), self.share, 1.0)
+    /// The wait budget under `query_wait_timeout`: all of it, or less when
+    /// the client declared a deadline (its share, so weir answers before the
+    /// client gives up), but never below 1 ms.
+    pub fn under(&self, query_wait_timeout: Duration) -> Duration {
+        match self.share {
+            Some(share) => query_wait_timeout.min(share).max(Duration::from_millis(1)),
+            None => query_wait_timeout,
+        }
     }
 }
 
@@ -95,20 +102,25 @@ enum Wait {
     Failed(PoolError),
 }
 
+/// What a login settled for a pooled session: its pool and mode, the
+/// parameters the client was told and the settings it asked for, its cancel
+/// key, its wait budget, its message limit and the drain signal.
+#[derive(Debug)]
+pub struct LoggedIn {
+    pub pool: Arc<Pool>,
+    pub mode: PoolMode,
+    pub params: ParamMap,
+    pub settings: ParamMap,
+    pub reg: Registration,
+    pub budget: Budget,
+    pub max_message: u32,
+    pub shutdown: crate::signal::Signal,
+}
+
 impl<'a> Session<'a> {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        client: &'a mut ClientStream,
-        cbuf: BytesMut,
-        pool: Arc<Pool>,
-        mode: PoolMode,
-        mut params: ParamMap,
-        mut settings: ParamMap,
-        reg: Registration,
-        budget: Budget,
-        max_message: u32,
-        shutdown: crate::signal::Signal,
-    ) -> Self {
+    /// A session for `client`, whose unread bytes are `cbuf`.
+    pub fn new(client: &'a mut ClientStream, cbuf: BytesMut, login: LoggedIn) -> Self {
+        let LoggedIn { pool, mode, mut params, mut settings, reg, budget, max_message, shutdown } = login;
         // Clients with the same values share stamps (see `sync_params`).
         pool.stamps.canonicalize(&mut params);
         pool.stamps.canonicalize(&mut settings);
@@ -284,7 +296,7 @@ impl<'a> Session<'a> {
 
     /// Queues for a server while watching the client and the cancel registry.
     async fn wait_for_server(&mut self) -> Wait {
-        let deadline = Instant::now() + self.budget.now(&self.pool);
+        let deadline = Instant::now() + self.budget.under(self.pool.query_wait_timeout());
         let mut timer = match self.wait_timer.take() {
             Some(t) => t,
             None => Box::pin(tokio::time::sleep_until(deadline.into())),
