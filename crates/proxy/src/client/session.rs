@@ -17,7 +17,7 @@ use weir_metrics::{CloseReason, DropReason};
 use super::error::ClientError;
 use super::prepared::Stage;
 use super::stream::ClientStream;
-use super::transfer::{self, Ended};
+use super::transfer::{self, ClientSide, Ended};
 use crate::cancel::Registration;
 use crate::config::PoolMode;
 use crate::params::ParamMap;
@@ -27,7 +27,6 @@ use crate::protocol::{
     peek_header, scan_frames, sqlstate,
     tags::{frontend as fe, status},
 };
-use crate::server::exchange;
 use crate::wire;
 
 /// While queued, read at most this much more from the client (to see it leave).
@@ -121,7 +120,7 @@ impl<'a> Session<'a> {
     /// A session for `client`, whose unread bytes are `cbuf`.
     pub fn new(client: &'a mut ClientStream, cbuf: BytesMut, login: LoggedIn) -> Self {
         let LoggedIn { pool, mode, mut params, mut settings, reg, budget, max_message, shutdown } = login;
-        // Clients with the same values share stamps (see `sync_params`).
+        // Clients with the same values share stamps (see `ServerConn::sync_params`).
         pool.stamps.canonicalize(&mut params);
         pool.stamps.canonicalize(&mut settings);
         let transaction = mode == PoolMode::Transaction;
@@ -405,7 +404,7 @@ impl<'a> Session<'a> {
         if session_mode {
             lease.set_needs_reset();
         }
-        if let Err(reason) = self.sync_params(&mut lease).await {
+        if let Err(reason) = lease.conn_mut().sync_params(&self.params, &self.settings).await {
             self.reg.slot.set_idle();
             lease.close(reason);
             return self.server_lost(false).await;
@@ -422,12 +421,14 @@ impl<'a> Session<'a> {
         self.prepared.begin(&mut conn.statements, &conn.conv);
         let ended = transfer::run(
             self.client,
-            &mut self.cbuf,
+            ClientSide {
+                unread: &mut self.cbuf,
+                params: &mut self.params,
+                max_message: self.max_message as usize,
+                prepared: &mut self.prepared,
+            },
             conn,
-            &mut self.params,
-            self.max_message as usize,
             !session_mode,
-            &mut self.prepared,
         )
         .await;
         self.prepared.end(&mut lease.conn_mut().statements);
@@ -465,27 +466,5 @@ impl<'a> Session<'a> {
             return Ok(false);
         }
         Err(ClientError::ServerLost)
-    }
-
-    /// Makes the server's session parameters match this client's.
-    /// Skipped outright when the four maps are as they were when this server
-    /// last matched (the same client back on the same server).
-    async fn sync_params(&mut self, lease: &mut Lease) -> Result<(), CloseReason> {
-        let conn = lease.conn_mut();
-        let stamps = |conn: &crate::server::ServerConn| {
-            [self.params.stamp(), self.settings.stamp(), conn.params.stamp(), conn.settings.stamp()]
-        };
-        if conn.matched == Some(stamps(conn)) {
-            return Ok(());
-        }
-        if let Some(sql) = ParamMap::sync_sql(&self.params, &self.settings, &conn.params, &conn.settings) {
-            exchange::run(conn, &sql).await?;
-            conn.settings = self.settings.clone();
-            for (k, v) in self.params.iter() {
-                conn.params.set(k, v);
-            }
-        }
-        conn.matched = Some(stamps(conn));
-        Ok(())
     }
 }

@@ -72,7 +72,7 @@ pub enum PoolError {
 pub struct Pool {
     pub key: PoolKey,
     pub metrics: Arc<PoolMetrics>,
-    /// Clients' parameter maps by content, for `Session::sync_params`.
+    /// Clients' parameter maps by content, for `ServerConn::sync_params`.
     pub stamps: crate::params::StampCache,
     state: Mutex<State>,
     db_servers: Arc<registry::DbCount>,

@@ -109,6 +109,21 @@ pub struct ServerConn {
     guard: ServerConnGuard,
 }
 
+/// The parts of a lent connection that the transfer loop works on, borrowed
+/// together (each one apart, so the loop can hold several at once).
+pub struct ConnParts<'a> {
+    pub stream: &'a mut ServerStream,
+    /// Bytes read from the server and not yet passed on.
+    pub unread: &'a mut BytesMut,
+    pub conv: &'a mut Conversation,
+    pub params: &'a mut ParamMap,
+    pub broken: &'a mut Option<CloseReason>,
+    pub statements: &'a mut ServerStatements,
+    pub spec: &'a Arc<ConnectSpec>,
+    pub cancel: &'a CancelTarget,
+    pub alarm: &'a mut AlarmTimer,
+}
+
 /// A place in a shared connection count, given back on drop.
 #[derive(Debug)]
 pub struct CountSlot(Arc<std::sync::atomic::AtomicU32>);
@@ -136,6 +151,21 @@ impl Drop for CountSlot {
 }
 
 impl ServerConn {
+    /// The parts the transfer loop works on.
+    pub fn parts(&mut self) -> ConnParts<'_> {
+        ConnParts {
+            stream: &mut self.stream,
+            unread: &mut self.rbuf,
+            conv: &mut self.conv,
+            params: &mut self.params,
+            broken: &mut self.broken,
+            statements: &mut self.statements,
+            spec: &self.spec,
+            cancel: &self.cancel,
+            alarm: &mut self.alarm,
+        }
+    }
+
     pub fn backend_pid(&self) -> i32 {
         self.cancel.pid
     }

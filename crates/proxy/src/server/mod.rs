@@ -16,5 +16,5 @@ pub mod stream;
 pub mod watch;
 
 pub use cancel::{forward_cancel, CancelGate};
-pub use conn::{connect, ConnectError, ConnectSpec, CountSlot, ServerConn};
+pub use conn::{connect, ConnParts, ConnectError, ConnectSpec, CountSlot, ServerConn};
 pub use conversation::Conversation;
