@@ -18,7 +18,7 @@
 pub mod admin;
 pub mod app;
 pub mod auth;
-pub mod cancel;
+pub mod cancel_keys;
 pub mod client;
 pub mod config;
 #[doc(hidden)]

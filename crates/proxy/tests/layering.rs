@@ -13,7 +13,7 @@ const LAYERS: &[&[&str]] = &[
     &["tls"],
     &["auth"],
     &["server"],
-    &["pool", "cancel"],
+    &["pool", "cancel_keys"],
     &["state"],
     &["client"],
     &["admin"],

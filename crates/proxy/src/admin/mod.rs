@@ -18,7 +18,7 @@ use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
 use weir_metrics::ClientResult;
 
-use crate::cancel::Registration;
+use crate::cancel_keys::Registration;
 use crate::client::login::{self, Request};
 use crate::client::login::{auth_method, count_login, fatal_and_close};
 use crate::client::{ClientError, ClientStream};

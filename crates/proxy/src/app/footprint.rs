@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::auth::UserList;
-use crate::cancel::CancelRegistry;
+use crate::cancel_keys::CancelKeys;
 use crate::client::session::{Budget, LoggedIn, Session};
 use crate::client::ClientStream;
 use crate::config::{Config, PoolMode};
@@ -51,7 +51,7 @@ async fn request_future_stays_within_budget() {
     let cfg = config();
     let key = PoolKey { database: "app".into(), user: "u".into() };
     let pool = Pools::new().get_or_create(&cfg, &key, None).unwrap();
-    let reg = CancelRegistry::new().register();
+    let reg = CancelKeys::new().register();
     let login = LoggedIn {
         pool,
         mode: PoolMode::Transaction,

@@ -10,7 +10,7 @@ pub mod prepared;
 pub mod session;
 pub mod stream;
 pub mod transfer;
-pub mod watchdog;
+pub mod transfer_watchdog;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -15,9 +15,9 @@ use futures_util::future::Either;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::error::ClientError;
-use super::prepared::Stage;
+use super::prepared::ClientStatements;
 use super::stream::ClientStream;
-use super::watchdog::Watchdog;
+use super::transfer_watchdog::Watchdog;
 use crate::params::ParamMap;
 use crate::server::statements::ServerStatements;
 use crate::server::{Conversation, ServerConn};
@@ -46,7 +46,7 @@ pub struct ClientSide<'a> {
     pub unread: &'a mut BytesMut,
     pub params: &'a mut ParamMap,
     pub max_message: usize,
-    pub prepared: &'a mut Stage,
+    pub prepared: &'a mut ClientStatements,
 }
 
 /// Moves bytes until the server can be released (when `release` is true) or
@@ -182,7 +182,7 @@ fn from_server(
     client_params: &mut ParamMap,
     broken: &mut Option<weir_metrics::CloseReason>,
     statements: &mut ServerStatements,
-    prepared: &mut Stage,
+    prepared: &mut ClientStatements,
 ) -> Result<FromServer, ClientError> {
     let owed = conv.pending_rfq;
     let scan = conv.scan_server(server_in, |k, v| {

@@ -7,8 +7,8 @@ mod connector;
 mod evict;
 mod inspect;
 mod lease;
+mod pools;
 mod recovery;
-mod registry;
 mod state;
 mod upkeep;
 
@@ -27,7 +27,7 @@ use crate::server::{ConnectSpec, ServerConn};
 
 pub use inspect::IdleServer;
 pub use lease::Lease;
-pub use registry::{PoolKey, Pools};
+pub use pools::{PoolKey, Pools};
 pub use state::PoolSnapshot;
 use state::State;
 
@@ -75,11 +75,11 @@ pub struct Pool {
     /// Clients' parameter maps by content, for `ServerConn::sync_params`.
     pub stamps: crate::params::StampCache,
     state: Mutex<State>,
-    db_servers: Arc<registry::DbCount>,
+    db_servers: Arc<pools::DbCount>,
 }
 
 impl Pool {
-    pub(crate) fn new(key: PoolKey, opts: PoolOptions, db_servers: Arc<registry::DbCount>) -> Arc<Pool> {
+    pub(crate) fn new(key: PoolKey, opts: PoolOptions, db_servers: Arc<pools::DbCount>) -> Arc<Pool> {
         let metrics = PoolMetrics::new(key.database.clone(), key.user.clone());
         let pool = Arc::new(Pool {
             key,

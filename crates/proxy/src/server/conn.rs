@@ -15,10 +15,10 @@ use weir_metrics::{CloseReason, ConnectFailure, PoolMetrics, ServerConnGuard};
 use super::cancel::{CancelGate, CancelTarget};
 use super::conversation::Conversation;
 use super::login::{login, LoginError, LoginParams};
+use super::probe::{AlarmTimer, Watch};
 use super::socket::{self, Liveness};
 use super::statements::ServerStatements;
 use super::stream::ServerStream;
-use super::watch::{AlarmTimer, Watch};
 use crate::params::ParamMap;
 use crate::protocol::{sqlstate, SqlState};
 
@@ -78,34 +78,34 @@ impl ConnectError {
 /// A logged-in server connection. Owned by the pool; lent to one client at a time.
 #[derive(Debug)]
 pub struct ServerConn {
-    pub id: u64,
-    pub stream: ServerStream,
+    pub(crate) id: u64,
+    pub(crate) stream: ServerStream,
     /// Bytes read from the server and not yet passed on.
-    pub rbuf: BytesMut,
-    pub conv: Conversation,
+    pub(crate) rbuf: BytesMut,
+    pub(crate) conv: Conversation,
     /// Reported parameters (ParameterStatus) as the server has them now.
-    pub params: ParamMap,
+    pub(crate) params: ParamMap,
     /// Unreported settings weir applied with SET for a client (from `options`).
-    pub settings: ParamMap,
+    pub(crate) settings: ParamMap,
     /// The stamps (client params, client settings, `params`, `settings`)
     /// from when this server last matched a client's parameters.
-    pub matched: Option<crate::params::Stamps>,
-    pub cancel: CancelTarget,
-    pub created: Instant,
-    pub last_used: Instant,
+    pub(crate) matched: Option<crate::params::Stamps>,
+    pub(crate) cancel: CancelTarget,
+    pub(crate) created: Instant,
+    pub(crate) last_used: Instant,
     /// When this connection retires (server_lifetime with jitter).
-    pub retire_at: Instant,
+    pub(crate) retire_at: Instant,
     /// Holds this connection's place in its database's connection count.
-    pub slot: Option<CountSlot>,
+    pub(crate) slot: Option<CountSlot>,
     /// What it was opened with (the pool's upkeep refreshes it after a reload).
-    pub spec: Arc<ConnectSpec>,
+    pub(crate) spec: Arc<ConnectSpec>,
     /// Set by whoever found the connection unusable (a watchdog): the pool
     /// closes it with this reason instead of recovering it.
-    pub broken: Option<CloseReason>,
+    pub(crate) broken: Option<CloseReason>,
     /// weir's prepared statements on this server (transaction mode).
-    pub statements: ServerStatements,
+    pub(crate) statements: ServerStatements,
     /// The watchdog's timer for conversations on this connection.
-    pub alarm: AlarmTimer,
+    pub(crate) alarm: AlarmTimer,
     guard: ServerConnGuard,
 }
 

@@ -63,12 +63,12 @@ pub async fn drain(conn: &mut ServerConn) -> Result<(), CloseReason> {
             fill(conn).await?;
         }
         let ServerConn { rbuf, conv, params, .. } = conn;
-        let inb = conv.scan_server(rbuf, |k, v| params.set(k, v)).map_err(|_| CloseReason::ProtocolError)?;
-        rbuf.advance(inb.forward);
-        if inb.fatal {
+        let scanned = conv.scan_server(rbuf, |k, v| params.set(k, v)).map_err(|_| CloseReason::ProtocolError)?;
+        rbuf.advance(scanned.forward);
+        if scanned.fatal {
             return Err(CloseReason::ServerClosed);
         }
-        if inb.forward == 0 {
+        if scanned.forward == 0 {
             fill(conn).await?;
         }
     }

@@ -9,11 +9,11 @@ pub mod conn;
 pub mod conversation;
 pub mod exchange;
 pub mod login;
+pub mod probe;
 pub mod scram_client;
 pub mod socket;
 pub mod statements;
 pub mod stream;
-pub mod watch;
 
 pub use cancel::{forward_cancel, CancelGate};
 pub use conn::{connect, ConnParts, ConnectError, ConnectSpec, CountSlot, ServerConn};

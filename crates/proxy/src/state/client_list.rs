@@ -1,4 +1,5 @@
-//! The registry of logged-in clients, for `SHOW CLIENTS`, `KILL`, the drain
+//! The list of logged-in clients (not the pools, `pool::Pools`, nor the
+//! cancel keys, `cancel_keys`), for `SHOW CLIENTS`, `KILL`, the drain
 //! at shutdown and the `weir_pool_clients` gauge. A client is listed from
 //! login until its `ClientGuard` drops; where it stands (idle, waiting,
 //! active) is read from its cancel slot, which the session keeps current.
@@ -13,7 +14,7 @@ use std::time::{Instant, SystemTime};
 
 use weir_metrics::ClientState;
 
-use crate::cancel::CancelSlot;
+use crate::cancel_keys::CancelSlot;
 use crate::pool::{Pool, PoolKey, Pools};
 
 /// Whose client it is: a pool's (its database and user are the pool's), or
@@ -220,7 +221,7 @@ mod tests {
     #[tokio::test]
     async fn registers_kills_and_forgets() {
         let reg = ClientList::new();
-        let cancels = crate::cancel::CancelRegistry::new();
+        let cancels = crate::cancel_keys::CancelKeys::new();
         let (ka, kb) = (cancels.register(), cancels.register());
         let a = reg.register(client("a", Some(ka.slot.clone())));
         let _b = reg.register(client("b", Some(kb.slot.clone())));

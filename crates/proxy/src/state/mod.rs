@@ -21,7 +21,7 @@ use weir_metrics::CloseReason;
 
 use crate::auth::hba::Hba;
 use crate::auth::UserList;
-use crate::cancel::CancelRegistry;
+use crate::cancel_keys::CancelKeys;
 use crate::config::{Config, ConfigCell, ConfigError};
 use crate::pool::{Pool, PoolKey, Pools};
 use client_list::ClientList;
@@ -32,23 +32,23 @@ pub struct Shared {
     pub config: ConfigCell,
     pub users: ArcSwap<UserList>,
     /// The auth_hba_file's rules, with auth_type = "hba".
-    pub hba: ArcSwapOption<Hba>,
+    pub(crate) hba: ArcSwapOption<Hba>,
     /// The client-side TLS acceptor (None with client_tls_sslmode = disable).
-    pub client_tls: ArcSwapOption<crate::tls::ClientTls>,
+    pub(crate) client_tls: ArcSwapOption<crate::tls::ClientTls>,
     pub pools: Pools,
     /// Verifiers found by auth_query, for users not in auth_file.
-    pub auth_query_cache: crate::auth::query::AuthQueryCache,
-    pub cancels: Arc<CancelRegistry>,
+    pub(crate) auth_query_cache: crate::auth::query::AuthQueryCache,
+    pub cancels: Arc<CancelKeys>,
     /// Client connections open (logged in or not), for max_client_conn.
     pub clients: AtomicUsize,
     /// Logged-in clients (SHOW CLIENTS, KILL, the drain).
-    pub client_list: Arc<ClientList>,
+    pub(crate) client_list: Arc<ClientList>,
     /// Cancelled when the drain starts: no new clients, idle clients leave.
     pub shutdown: crate::signal::Signal,
     /// Cancelled when the drain (or a stop) is complete.
-    pub stopped: CancellationToken,
+    pub(crate) stopped: CancellationToken,
     /// Every client task (and the accept loop).
-    pub tracker: TaskTracker,
+    pub(crate) tracker: TaskTracker,
     config_path: Mutex<Option<PathBuf>>,
     paused: Mutex<Paused>,
     pub(crate) listening: AtomicBool,
@@ -123,7 +123,7 @@ impl Shared {
             client_tls: ArcSwapOption::empty(),
             pools: Pools::new(),
             auth_query_cache: Default::default(),
-            cancels: CancelRegistry::new(),
+            cancels: CancelKeys::new(),
             clients: AtomicUsize::new(0),
             client_list: ClientList::new(),
             shutdown: crate::signal::Signal::new(),
@@ -237,11 +237,6 @@ impl Shared {
         self.pools.reconfigure(&cfg);
         self.config.store(cfg);
         Ok(notes)
-    }
-
-    /// True once a drain or stop has begun.
-    pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::SeqCst)
     }
 
     /// Drains, as for SIGTERM: stops accepting (the listener closes and

@@ -1,6 +1,7 @@
 //! Application-level liveness of a server connection that owes an answer:
 //! the settings (`Watch`) and the out-of-band probe that tells a silent but
-//! busy server from a dead path.
+//! busy server from a dead path. The clocks that decide when to probe run in
+//! the client's transfer (`client::transfer_watchdog`).
 //!
 //! Socket options (keepalive, TCP_USER_TIMEOUT, see `socket.rs`) catch a path
 //! that drops packets, because the kernel's own probes go unanswered. They

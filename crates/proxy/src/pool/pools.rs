@@ -1,5 +1,6 @@
-//! All pools, keyed by (database, user), created on first use from the live
-//! config; plus the per-database server count behind `max_db_connections`.
+//! All pools (`Pools`), keyed by (database, user), created on first use from
+//! the live config (not to be confused with `state::client_list`, the list
+//! of clients, or `cancel_keys`); plus the per-database server count behind `max_db_connections`.
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU32;
@@ -10,7 +11,7 @@ use parking_lot::Mutex;
 use super::{Pool, PoolOptions};
 use crate::auth::Credentials;
 use crate::config::Config;
-use crate::server::{socket::Liveness, watch::Watch, ConnectSpec};
+use crate::server::{probe::Watch, socket::Liveness, ConnectSpec};
 
 /// Which pool: the database name clients ask for, and the user.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -1,5 +1,6 @@
-//! The cancel registry: weir's own BackendKeyData for each client, mapped to
-//! where that client's query is now. A cancel for a queued query is answered
+//! The cancel keys weir hands its clients: weir's own BackendKeyData for each
+//! client, mapped to where that client's query is now (`server::cancel` is
+//! the other half: it carries a cancel to Postgres with the server's key). A cancel for a queued query is answered
 //! by weir and never reaches Postgres; one for a running query is forwarded
 //! to that server with the server's own key.
 
@@ -115,7 +116,7 @@ type Slots = HashMap<i32, (i32, Arc<CancelSlot>), BuildHasherDefault<PidHasher>>
 
 /// All clients' keys.
 #[derive(Debug, Default)]
-pub struct CancelRegistry {
+pub struct CancelKeys {
     slots: Mutex<Slots>,
     pub metrics: GlobalMetrics,
 }
@@ -123,7 +124,7 @@ pub struct CancelRegistry {
 /// Removes a client's key when dropped.
 #[derive(Debug)]
 pub struct Registration {
-    registry: Arc<CancelRegistry>,
+    registry: Arc<CancelKeys>,
     pub pid: i32,
     pub secret: i32,
     pub slot: Arc<CancelSlot>,
@@ -135,9 +136,9 @@ impl Drop for Registration {
     }
 }
 
-impl CancelRegistry {
+impl CancelKeys {
     pub fn new() -> Arc<Self> {
-        Arc::new(CancelRegistry::default())
+        Arc::new(CancelKeys::default())
     }
 
     /// Gives a new client a unique random key.
