@@ -15,21 +15,21 @@
 //!   nothing of weir. Everything may use the `weir-metrics` crate.
 #![forbid(unsafe_code)]
 
-pub mod admin;
+pub(crate) mod admin;
 pub mod app;
 pub mod auth;
-pub mod cancel_keys;
-pub mod client;
+pub(crate) mod cancel_keys;
+pub(crate) mod client;
 pub mod config;
 #[doc(hidden)]
 pub mod fuzzing;
-pub mod params;
+pub(crate) mod params;
 pub mod pool;
 pub mod protocol;
 pub mod server;
-pub mod signal;
-pub mod state;
-pub mod tls;
+pub(crate) mod signal;
+pub(crate) mod state;
+pub(crate) mod tls;
 pub mod wire;
 
 pub use app::Weir;

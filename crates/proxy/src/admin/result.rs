@@ -51,7 +51,8 @@ impl ResultSet {
         self.rows.push(row);
     }
 
-    /// The column named `name`, for tests and callers that read results back.
+    /// The column named `name`, for tests that read results back.
+    #[cfg(test)]
     pub fn column(&self, name: &str) -> Option<usize> {
         self.columns.iter().position(|(n, _)| *n == name)
     }

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use std::time::{Instant, SystemTime};
+use std::time::SystemTime;
 
 use weir_metrics::ClientState;
 
@@ -46,7 +46,6 @@ pub struct ClientEntry {
     pub local: Option<SocketAddr>,
     pub application_name: String,
     pub connected_at: SystemTime,
-    pub since: Instant,
     /// The BackendKeyData pid weir gave this client.
     pub key_pid: i32,
     /// An admin console client (not in any pool).
@@ -133,7 +132,6 @@ impl ClientList {
             local: c.local,
             application_name: c.application_name,
             connected_at: SystemTime::now(),
-            since: Instant::now(),
             key_pid: c.key_pid,
             slot: c.slot,
         });
@@ -148,10 +146,6 @@ impl ClientList {
 
     pub fn len(&self) -> usize {
         self.clients.lock().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// Kills the pooled clients of `database` (every pooled client when None).

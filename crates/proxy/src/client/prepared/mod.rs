@@ -33,8 +33,6 @@ use crate::protocol::{extended, tags::status};
 use crate::server::statements::ServerStatements;
 use crate::server::Conversation;
 
-pub use sql::{classify, Sql};
-
 /// One client statement as weir prepares it on servers.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Statement {
