@@ -8,7 +8,9 @@
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
@@ -162,7 +164,7 @@ fn builder() -> Result<PrometheusBuilder, BuildError> {
 
 /// Returns the handle to serve and whether it belongs to the global recorder.
 fn recorder_handle() -> Result<(PrometheusHandle, bool), MetricsError> {
-    let _guard = INSTALL_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _guard = INSTALL_LOCK.lock();
     if let Some(handle) = INSTALLED.get() {
         return Ok((handle.clone(), true));
     }

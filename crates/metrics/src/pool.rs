@@ -13,7 +13,9 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
 use std::time::{Duration, SystemTime};
 
 use crate::close::{CloseReason, ConnectFailure, DropReason};
@@ -462,28 +464,28 @@ impl PoolMetrics {
     /// become the last completed period (`SHOW STATS` averages).
     pub fn roll_period(&self, length: Duration) {
         let now = self.totals();
-        let mut p = self.period.lock().unwrap_or_else(|e| e.into_inner());
+        let mut p = self.period.lock();
         *p = (now, Period { delta: now - p.0, length });
     }
 
     /// The last completed stats period.
     pub fn last_period(&self) -> Period {
-        self.period.lock().unwrap_or_else(|e| e.into_inner()).1
+        self.period.lock().1
     }
 
     /// The open server connections described so far, oldest first.
     pub fn live_servers(&self) -> Vec<ServerInfo> {
-        self.live.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
+        self.live.lock().values().cloned().collect()
     }
 
     pub(crate) fn add_live(&self, info: ServerInfo) -> u64 {
         let id = self.next_live.fetch_add(1, R);
-        self.live.lock().unwrap_or_else(|e| e.into_inner()).insert(id, info);
+        self.live.lock().insert(id, info);
         id
     }
 
     pub(crate) fn remove_live(&self, id: u64) {
-        self.live.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+        self.live.lock().remove(&id);
     }
 
     /// Client Parse messages.
@@ -538,12 +540,12 @@ impl PoolMetrics {
 
     /// Sets the configured limits (at pool creation and on every reload).
     pub fn set_limits(&self, limits: Limits) {
-        *self.limits.lock().unwrap_or_else(|e| e.into_inner()) = limits;
+        *self.limits.lock() = limits;
     }
 
     /// The configured limits, as last set.
     pub fn limits(&self) -> Limits {
-        *self.limits.lock().unwrap_or_else(|e| e.into_inner())
+        *self.limits.lock()
     }
 
     // ---- rendering ----
@@ -575,14 +577,14 @@ impl PoolMetrics {
 }
 
 fn register(pool: &Arc<PoolMetrics>) {
-    let mut reg = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+    let mut reg = REGISTRY.lock();
     reg.retain(|w| w.strong_count() > 0);
     reg.push(Arc::downgrade(pool));
 }
 
 /// Every live pool in the process.
 pub(crate) fn live_pools() -> Vec<Arc<PoolMetrics>> {
-    let mut reg = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+    let mut reg = REGISTRY.lock();
     reg.retain(|w| w.strong_count() > 0);
     reg.iter().filter_map(Weak::upgrade).collect()
 }

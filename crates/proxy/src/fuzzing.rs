@@ -83,7 +83,7 @@ pub fn conversation(data: &[u8]) {
         } else {
             from_server.extend_from_slice(chunk);
             match conv.scan_server(&from_server, |_, _| {}) {
-                Ok(inb) => drop(from_server.drain(..inb.forward)),
+                Ok(scanned) => drop(from_server.drain(..scanned.forward)),
                 Err(_) => from_server.clear(),
             }
         }

@@ -1,26 +1,38 @@
 //! weir: a transparent PostgreSQL wire-protocol pooling proxy.
 //!
-//! Dependencies point one way: `client` → `pool` → `server` → `protocol`;
-//! everything may use `config`, `params`, `wire` and the `weir-metrics` crate.
+//! Dependencies point one way, down these layers (a module uses only lower
+//! layers; `tests/layering.rs` checks it on the source):
+//!
+//! - `app`: the listener, the accept loop, one task per connection;
+//! - `admin`: the console;
+//! - `client`: the pooled session (and the login steps the console shares);
+//! - `state`: what every client shares, and its lifecycle (pause, reload, drain);
+//! - `pool`, `cancel`: server pools and leases; the cancel keys clients hold;
+//! - `server`: weir's connections to Postgres;
+//! - `auth`: client authentication, the auth_file, hba, the credentials weir
+//!   presents to servers;
+//! - `tls`; then `wire`, `config`; then `protocol`, `params`, `signal`, which use
+//!   nothing of weir. Everything may use the `weir-metrics` crate.
 #![forbid(unsafe_code)]
 
 pub mod admin;
 pub mod app;
 pub mod auth;
-pub mod cancel;
-pub mod client;
+pub(crate) mod cancel_keys;
+pub(crate) mod client;
 pub mod config;
 /// The fuzz targets' entry points: with the `fuzzing` feature (the fuzz
 /// crate turns it on) and in unit tests, never in a default build.
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
-pub mod params;
+pub(crate) mod params;
 pub mod pool;
 pub mod protocol;
-pub mod ratelog;
+pub(crate) mod ratelog;
 pub mod server;
-pub mod signal;
+pub(crate) mod signal;
+pub(crate) mod state;
 pub mod tls;
 pub mod wire;
 

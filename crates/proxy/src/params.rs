@@ -59,7 +59,7 @@ const STAMP_CACHE: usize = 16;
 /// copy of the values, and a server that matched one of them is known to
 /// match them all.
 #[derive(Debug, Default)]
-pub struct StampCache(std::sync::Mutex<Vec<ParamMap>>);
+pub struct StampCache(parking_lot::Mutex<Vec<ParamMap>>);
 
 impl StampCache {
     /// Makes `map` a copy of an equal map seen before (its stamp and its
@@ -68,7 +68,7 @@ impl StampCache {
         if map.stamp == 0 {
             return;
         }
-        let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut seen = self.0.lock();
         match seen.iter().find(|m| **m == *map) {
             Some(m) => *map = m.clone(),
             None if seen.len() < STAMP_CACHE => seen.push(map.clone()),

@@ -88,33 +88,6 @@ async fn fill_by<R: AsyncRead + Unpin>(r: &mut R, buf: &mut BytesMut, chunk: usi
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn spare_buffers_come_back_only_when_whole() {
-        let mut a = take_buffer();
-        a.extend_from_slice(&[1; 100]);
-        let ptr = a.as_ptr();
-        give_buffer(a);
-        let b = take_buffer();
-        assert!(b.is_empty() && b.capacity() >= READ_CHUNK);
-        assert_eq!(b.as_ptr(), ptr, "the same memory, reused");
-        let mut c = b;
-        c.extend_from_slice(&[2; 10]);
-        let held = c.split_to(5).freeze();
-        give_buffer(c);
-        let d = take_buffer();
-        assert_ne!(d.as_ptr(), ptr, "memory still shared with `held` is not kept");
-        assert_eq!(&held[..], &[2; 5]);
-        let mut big = take_buffer();
-        big.reserve(SPARE_MAX * 2);
-        give_buffer(big);
-        assert!(take_buffer().capacity() <= SPARE_MAX, "a buffer grown past SPARE_MAX is freed, not kept");
-    }
-}
-
 /// Reads one whole tagged frame. Bytes past it stay in `buf` for the next call.
 /// Cancel-safe: a cancelled call leaves any bytes read so far in `buf`.
 pub async fn read_frame<R: AsyncRead + Unpin>(
@@ -153,5 +126,32 @@ pub async fn read_startup_packet<R: AsyncRead + Unpin>(
             }
         }
         fill_by(r, buf, LOGIN_READ_CHUNK).await?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spare_buffers_come_back_only_when_whole() {
+        let mut a = take_buffer();
+        a.extend_from_slice(&[1; 100]);
+        let ptr = a.as_ptr();
+        give_buffer(a);
+        let b = take_buffer();
+        assert!(b.is_empty() && b.capacity() >= READ_CHUNK);
+        assert_eq!(b.as_ptr(), ptr, "the same memory, reused");
+        let mut c = b;
+        c.extend_from_slice(&[2; 10]);
+        let held = c.split_to(5).freeze();
+        give_buffer(c);
+        let d = take_buffer();
+        assert_ne!(d.as_ptr(), ptr, "memory still shared with `held` is not kept");
+        assert_eq!(&held[..], &[2; 5]);
+        let mut big = take_buffer();
+        big.reserve(SPARE_MAX * 2);
+        give_buffer(big);
+        assert!(take_buffer().capacity() <= SPARE_MAX, "a buffer grown past SPARE_MAX is freed, not kept");
     }
 }

@@ -12,8 +12,8 @@ use std::time::Duration;
 use weir_metrics::CloseReason;
 
 use super::Notices;
-use crate::app::{quiesce, Shared};
 use crate::protocol::{sqlstate, SqlState};
+use crate::state::{quiesce, Shared};
 
 /// A command that was refused or failed, with the SQLSTATE to report.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -81,7 +81,7 @@ pub fn resume(shared: &Arc<Shared>, db: Option<&str>) -> Outcome {
 pub async fn kill(shared: &Arc<Shared>, db: &str) -> Outcome {
     known(shared, db)?;
     let pools = shared.set_paused(Some(db), true);
-    let n = shared.registry.kill_database(Some(db), "terminating connection due to administrator command (KILL)");
+    let n = shared.client_list.kill_database(Some(db), "terminating connection due to administrator command (KILL)");
     tracing::info!(database = db, clients = n, "KILL");
     let cfg = shared.config.load();
     let settle = cfg.weir.server_reset_timeout.max(cfg.weir.server_connect_timeout) + Duration::from_secs(1);

@@ -22,17 +22,18 @@ use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
 use weir_metrics::ClientResult;
 
-use crate::app::Shared;
-use crate::cancel::Registration;
+use crate::cancel_keys::Registration;
 use crate::client::login::{self, Request};
-use crate::client::registry::{NewClient, Owner};
-use crate::client::{close_after_error, count_login, ClientError, ClientStream};
+use crate::client::login::{auth_method, count_login, fatal_and_close};
+use crate::client::{ClientError, ClientStream};
 use crate::config::Config;
 use crate::params::ParamMap;
 use crate::pool::PoolKey;
 use crate::protocol::messages::{self, Severity};
 use crate::protocol::tags::{frontend as fe, status};
 use crate::protocol::{frame::read_cstr, sqlstate, Frame, ProtocolError, SqlState};
+use crate::state::client_list::{NewClient, Owner};
+use crate::state::Shared;
 use crate::wire::{self, WireError};
 use command::Command;
 pub use control::AdminError;
@@ -95,7 +96,7 @@ pub async fn serve(
     if cfg.weir.log_connections {
         tracing::info!(role = ?role, "admin console login");
     }
-    let _listed = shared.registry.register(NewClient {
+    let _listed = shared.client_list.register(NewClient {
         owner: Owner::Console(Box::new(PoolKey { user: login.req.user.clone(), database: login.req.database.clone() })),
         peer: login.peer,
         local: login.local,
@@ -118,17 +119,13 @@ async fn greet(
 ) -> Result<Option<(Role, Registration)>, ClientError> {
     let user = &login.req.user;
     let users = shared.users.load();
-    let method = crate::client::auth_method(shared, cfg, login.peer, socket.is_tls(), &login.req)?;
+    let method = auth_method(shared, cfg, login.peer, socket.is_tls(), &login.req)?;
     crate::auth::authenticate(socket, buf, method, user, users.get(user)).await?;
     let Some(role) = Role::of(cfg, user) else {
         shared.cancels.metrics.record_client_connection(ClientResult::Refused);
         let msg = format!("user \"{user}\" may not use the admin console: list it in admin_users or stats_users");
         tracing::info!("{msg}");
-        let mut out = BytesMut::new();
-        messages::error_response(&mut out, Severity::Fatal, sqlstate::INSUFFICIENT_PRIVILEGE, &msg);
-        if socket.write_all(&out).await.is_ok() {
-            close_after_error(socket).await;
-        }
+        fatal_and_close(socket, sqlstate::INSUFFICIENT_PRIVILEGE, &msg).await;
         return Ok(None);
     };
     let server = console_params();

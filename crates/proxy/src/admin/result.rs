@@ -63,7 +63,7 @@ impl ResultSet {
         self.rows.push(row);
     }
 
-    /// The column named `name`, for tests and callers that read results back.
+    /// The column named `name`, for tests that read results back.
     pub fn column(&self, name: &str) -> Option<usize> {
         self.columns.iter().position(|(n, _)| *n == name)
     }

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use super::control::{AdminError, Outcome};
-use crate::app::Shared;
+use crate::state::Shared;
 use crate::config::{keys, migrate, Config};
 use crate::protocol::sqlstate;
 

@@ -20,7 +20,7 @@ use weir_metrics::Window;
 use super::command::{Show, SYNOPSIS};
 use super::result::{float, int, text, Cell, Kind, ResultSet};
 use super::{show_more, stats};
-use crate::app::Shared;
+use crate::state::Shared;
 use crate::config::keys;
 use crate::pool::Pool;
 
@@ -103,8 +103,8 @@ fn pools(shared: &Arc<Shared>) -> ResultSet {
         ("dropped", Int),
     ]);
     let cfg = shared.config.load();
-    let counts = shared.registry.idle_and_active();
-    let clients = shared.registry.all();
+    let counts = shared.client_list.idle_and_active();
+    let clients = shared.client_list.all();
     // sv_active_cancel: cancels being forwarded to servers that clients hold.
     let mut cancels: HashMap<(&str, &str), usize> = HashMap::new();
     for c in &clients {
@@ -235,7 +235,7 @@ fn id(pid: i32) -> String {
 
 pub(super) fn clients(shared: &Arc<Shared>) -> ResultSet {
     let mut rs = connection_set(&[("client_key", Int), ("server_pid", Int)]);
-    for c in shared.registry.all() {
+    for c in shared.client_list.all() {
         let state = c.state();
         let requested = c.requested_at();
         let waiting = state == weir_metrics::ClientState::Waiting;
@@ -264,7 +264,7 @@ pub(super) fn servers(shared: &Arc<Shared>) -> ResultSet {
     // prepared_statements is PgBouncer 1.21's; client_key weir's own.
     let mut rs = connection_set(&[("prepared_statements", Int), ("client_key", Int)]);
     let check_delay = shared.config.load().weir.server_check_delay;
-    let clients = shared.registry.all();
+    let clients = shared.client_list.all();
     let linked: HashMap<i32, i32> = clients.iter().filter_map(|c| Some((c.server_pid()?, c.key_pid))).collect();
     let requested: HashMap<i32, Instant> =
         clients.iter().filter_map(|c| Some((c.server_pid()?, c.requested_at()?))).collect();
@@ -371,7 +371,7 @@ fn config(shared: &Arc<Shared>) -> ResultSet {
 
 fn lists(shared: &Arc<Shared>) -> ResultSet {
     let mut rs = ResultSet::new(&[("list", Text), ("items", Int4)]);
-    let registered = shared.registry.all();
+    let registered = shared.client_list.all();
     let pools = shared.pools.all();
     let connected = shared.clients.load(std::sync::atomic::Ordering::Relaxed);
     // weir keeps no free lists of client or server objects and no DNS cache:

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::result::{text, Kind, ResultSet};
 use super::show::{clients, servers, CONNECTION_COLUMNS};
-use crate::app::Shared;
+use crate::state::Shared;
 
 use Kind::{Bytea, Int, Int4, Text};
 
@@ -103,6 +103,6 @@ pub fn state(shared: &Shared) -> ResultSet {
     let yes_no = |b: bool| text(if b { "yes" } else { "no" });
     let mut rs = ResultSet::new(&[("active", Text), ("paused", Text), ("suspended", Text)]);
     let paused = shared.paused_databases().iter().any(|d| d == "*");
-    rs.push(vec![yes_no(!shared.is_draining() && !paused), yes_no(paused), yes_no(false)]);
+    rs.push(vec![yes_no(!shared.shutdown.is_cancelled() && !paused), yes_no(paused), yes_no(false)]);
     rs
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use weir_metrics::{Period, StatTotals};
 
 use super::result::{int, text, Cell, Kind, ResultSet};
-use crate::app::Shared;
+use crate::state::Shared;
 
 use Kind::{Numeric, Text};
 

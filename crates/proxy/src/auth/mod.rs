@@ -2,6 +2,7 @@
 //! SCRAM-SHA-256 verifiers (`md5`, `scram`), and the async exchange over a
 //! client socket (`authenticate`). AuthenticationOk is the caller's to send.
 
+mod credentials;
 pub mod hba;
 pub mod md5;
 pub mod query;
@@ -14,10 +15,9 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use crate::config::AuthType;
 use crate::protocol::{frame::read_cstr, messages, sqlstate, tags, SqlState};
-use crate::server::login::Credentials;
-use crate::server::scram_client::ScramKeys;
 use crate::wire::{self, WireError};
 
+pub use credentials::{Credentials, ScramKeys};
 pub use scram::{ScramError, ScramSecret, ScramServer, ScramSuccess};
 pub use userlist::{Secret, UserList, UserListError};
 

@@ -43,7 +43,7 @@ pub enum ClientError {
     BadServerMessage(ProtocolError),
     /// query_timeout, idle_transaction_timeout or a dead server found by the watchdog.
     #[error(transparent)]
-    Watchdog(#[from] super::watchdog::WatchdogError),
+    Watchdog(#[from] super::transfer_watchdog::WatchdogError),
     #[error("weir is shutting down")]
     ShuttingDown,
     /// client_tls_sslmode requires TLS and the client did not ask for it.

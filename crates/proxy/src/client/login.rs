@@ -3,11 +3,15 @@
 //! auth_file, and the greeting (AuthenticationOk, ParameterStatus,
 //! BackendKeyData, ReadyForQuery) in one write.
 
+use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::Sleep;
+use weir_metrics::ClientResult;
 
 use super::error::ClientError;
 use super::stream::ClientStream;
@@ -15,11 +19,13 @@ use crate::config::Config;
 use crate::params::{self, ParamMap, TRACKED};
 use crate::pool::Pool;
 use crate::protocol::{
-    messages, sqlstate,
+    messages::{self, Severity},
+    sqlstate,
     startup::{self, StartupPacket},
     tags::{auth, status},
 };
 use crate::server::exchange;
+use crate::state::Shared;
 use crate::tls::ClientTls;
 use crate::wire;
 
@@ -276,6 +282,66 @@ pub fn greeting(
     messages::backend_key_data(&mut out, key.0, key.1);
     messages::ready_for_query(&mut out, status::IDLE);
     out
+}
+
+/// How long a refused client's unread bytes are drained after its FATAL.
+const ERROR_LINGER: Duration = Duration::from_millis(500);
+
+/// Closes after a FATAL without losing it to a reset: closing a socket with
+/// unread input sends RST, which can discard the error before the client
+/// reads it. So FIN first, then read and drop what the client still sends
+/// until it closes too (or briefly).
+pub(crate) async fn close_after_error(socket: &mut ClientStream) {
+    let _ = socket.shutdown().await;
+    let mut sink = [0u8; 4096];
+    let drain = async {
+        while let Ok(n) = socket.read(&mut sink).await {
+            if n == 0 {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(ERROR_LINGER, drain).await;
+}
+
+/// Sends a FATAL and closes (see `close_after_error`).
+pub(crate) async fn fatal_and_close(socket: &mut ClientStream, code: crate::protocol::SqlState, message: &str) {
+    let mut out = BytesMut::new();
+    messages::error_response(&mut out, Severity::Fatal, code, message);
+    if socket.write_all(&out).await.is_ok() {
+        close_after_error(socket).await;
+    }
+}
+
+/// Counts a login attempt in weir_client_connections_total by its result.
+pub(crate) fn count_login<T>(shared: &Shared, login: &Result<T, ClientError>) {
+    let result = match login {
+        Ok(_) => ClientResult::Ok,
+        Err(ClientError::Auth(_)) => ClientResult::AuthFailed,
+        Err(_) => ClientResult::Refused,
+    };
+    shared.cancels.metrics.record_client_connection(result);
+}
+
+/// Runs `f` until the login timer fires (LoginTimeout then).
+pub(crate) async fn within<T>(
+    timer: Pin<&mut Sleep>,
+    f: impl std::future::Future<Output = Result<T, ClientError>>,
+) -> Result<T, ClientError> {
+    crate::pool::within(timer, f).await.unwrap_or(Err(ClientError::LoginTimeout))
+}
+
+/// How this client authenticates: auth_type, or with auth_type = "hba" the
+/// first matching line of auth_hba_file (a `reject` line or no line: refused).
+pub(crate) fn auth_method(
+    shared: &Shared,
+    cfg: &Config,
+    peer: SocketAddr,
+    tls: bool,
+    req: &Request,
+) -> Result<crate::config::AuthType, ClientError> {
+    let hba = shared.hba.load();
+    Ok(crate::auth::hba::method_for(cfg.weir.auth_type, hba.as_deref(), peer.ip(), tls, &req.database, &req.user)?)
 }
 
 #[cfg(test)]

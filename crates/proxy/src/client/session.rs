@@ -15,10 +15,10 @@ use tokio::time::Sleep;
 use weir_metrics::{CloseReason, DropReason};
 
 use super::error::ClientError;
-use super::prepared::Stage;
+use super::prepared::ClientStatements;
 use super::stream::ClientStream;
-use super::transfer::{self, Ended};
-use crate::cancel::Registration;
+use super::transfer::{self, ClientSide, Ended};
+use crate::cancel_keys::Registration;
 use crate::config::PoolMode;
 use crate::params::ParamMap;
 use crate::pool::{Lease, Pool, PoolError};
@@ -27,7 +27,6 @@ use crate::protocol::{
     peek_header, scan_frames, sqlstate,
     tags::{frontend as fe, status},
 };
-use crate::server::exchange;
 use crate::wire;
 
 /// While queued, read at most this much more from the client (to see it leave).
@@ -38,32 +37,33 @@ const CANCELED_MESSAGE: &str = "canceling statement due to user request";
 
 /// One client's session state.
 pub struct Session<'a> {
-    pub client: &'a mut ClientStream,
-    pub cbuf: BytesMut,
-    pub pool: Arc<Pool>,
-    pub mode: PoolMode,
-    pub params: ParamMap,
-    pub settings: ParamMap,
-    pub reg: Registration,
+    pub(crate) client: &'a mut ClientStream,
+    pub(crate) client_in: BytesMut,
+    pub(crate) pool: Arc<Pool>,
+    pub(crate) mode: PoolMode,
+    pub(crate) params: ParamMap,
+    pub(crate) settings: ParamMap,
+    pub(crate) reg: Registration,
     /// How long this client may wait for a server.
-    pub budget: Budget,
-    pub max_message: u32,
-    pub shutdown: crate::signal::Signal,
+    pub(crate) budget: Budget,
+    pub(crate) max_message: u32,
+    pub(crate) shutdown: crate::signal::Signal,
     /// Client messages are being discarded up to the next Sync.
     skipping: bool,
     /// Named prepared statements and pinning (transaction mode).
-    prepared: Stage,
+    prepared: ClientStatements,
     /// The timer of queue waits, kept from one wait to the next (see
     /// `Pool::acquire_with`); made at the first wait.
     wait_timer: Option<Pin<Box<Sleep>>>,
     /// The client's listing for SHOW CLIENTS and KILL (set once logged in).
-    pub listed: Option<super::registry::ClientGuard>,
+    pub(crate) listed: Option<crate::state::client_list::ClientGuard>,
     /// Session mode: the server taken at login, for the first request.
-    pub held: Option<Lease>,
+    pub(crate) held: Option<Lease>,
 }
 
-/// A client's wait budget: the pool's query_wait_timeout as configured at
-/// each wait (so a reload applies to connected clients at once), capped by a
+/// A client's wait budget, the one rule for the login's wait and every
+/// queue wait after: the pool's query_wait_timeout as configured at each
+/// wait (so a reload applies to connected clients at once), capped by a
 /// share (client_deadline_fraction at login) of the deadline the client
 /// declared at startup.
 #[derive(Debug, Clone, Copy)]
@@ -76,8 +76,14 @@ impl Budget {
         Budget { share: declared.map(|d| d.mul_f64(fraction)) }
     }
 
-    fn now(&self, pool: &Pool) -> Duration {
-        super::wait_budget(pool.query_wait_timeout(), self.share, 1.0)
+    /// The wait budget under `query_wait_timeout`: all of it, or less when
+    /// the client declared a deadline (its share, so weir answers before the
+    /// client gives up), but never below 1 ms.
+    pub fn under(&self, query_wait_timeout: Duration) -> Duration {
+        match self.share {
+            Some(share) => query_wait_timeout.min(share).max(Duration::from_millis(1)),
+            None => query_wait_timeout,
+        }
     }
 }
 
@@ -97,28 +103,34 @@ enum Wait {
     Failed(PoolError),
 }
 
+/// What a login settled for a pooled session: its pool and mode, the
+/// parameters the client was told and the settings it asked for, its cancel
+/// key, its wait budget, its message limit and the drain signal.
+#[derive(Debug)]
+pub struct LoggedIn {
+    pub pool: Arc<Pool>,
+    pub mode: PoolMode,
+    pub params: ParamMap,
+    pub settings: ParamMap,
+    pub reg: Registration,
+    pub budget: Budget,
+    pub max_message: u32,
+    pub shutdown: crate::signal::Signal,
+}
+
 impl<'a> Session<'a> {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        client: &'a mut ClientStream,
-        cbuf: BytesMut,
-        pool: Arc<Pool>,
-        mode: PoolMode,
-        mut params: ParamMap,
-        mut settings: ParamMap,
-        reg: Registration,
-        budget: Budget,
-        max_message: u32,
-        shutdown: crate::signal::Signal,
-    ) -> Self {
-        // Clients with the same values share stamps (see `sync_params`).
+    /// A session for `client`, whose unread bytes are `client_in`.
+    pub fn new(client: &'a mut ClientStream, client_in: BytesMut, login: LoggedIn) -> Self {
+        let LoggedIn { pool, mode, mut params, mut settings, reg, budget, max_message, shutdown } = login;
+        // Clients with the same values share stamps (see `ServerConn::sync_params`).
         pool.stamps.canonicalize(&mut params);
         pool.stamps.canonicalize(&mut settings);
         let transaction = mode == PoolMode::Transaction;
-        let prepared = Stage::new(transaction, pool.settings().max_prepared_statements, pool.metrics.clone());
+        let prepared =
+            ClientStatements::new(transaction, pool.settings().max_prepared_statements, pool.metrics.clone());
         Session {
             client,
-            cbuf,
+            client_in,
             pool,
             mode,
             params,
@@ -157,7 +169,7 @@ impl<'a> Session<'a> {
 
     /// Gets a server for the buffered request and serves it. Returns false
     /// when the session is over.
-    async fn one_request(&mut self) -> Result<bool, ClientError> {
+    pub(crate) async fn one_request(&mut self) -> Result<bool, ClientError> {
         self.reg.slot.set_waiting();
         // The common case, with nothing awaited: a server is idle and ready.
         // The queue's wait is boxed apart (it is larger than the rest of a
@@ -204,8 +216,8 @@ impl<'a> Session<'a> {
                 Box::pin(self.say_shutting_down()).await;
                 return Ok(false);
             }
-            if let Some((tag, total)) = peek_header(&self.cbuf, self.max_message as usize)? {
-                let whole = self.cbuf.len() >= total;
+            if let Some((tag, total)) = peek_header(&self.client_in, self.max_message as usize)? {
+                let whole = self.client_in.len() >= total;
                 if tag == fe::TERMINATE {
                     return Ok(false);
                 }
@@ -217,7 +229,7 @@ impl<'a> Session<'a> {
                     // Sync (ending a skip, or alone) gets ReadyForQuery;
                     // Flush and skipped messages get nothing.
                     if whole {
-                        self.cbuf.advance(total);
+                        self.client_in.advance(total);
                         if tag == fe::SYNC {
                             self.skipping = false;
                             self.client.write_all(&messages::READY_IDLE).await.map_err(ClientError::Io)?;
@@ -228,10 +240,10 @@ impl<'a> Session<'a> {
                     return Ok(true);
                 }
             }
-            if self.cbuf.is_empty() {
+            if self.client_in.is_empty() {
                 // Idle between transactions: hold no read buffer (8 KiB per
                 // idle client otherwise); the thread keeps it for the next.
-                wire::give_buffer(std::mem::take(&mut self.cbuf));
+                wire::give_buffer(std::mem::take(&mut self.client_in));
                 match self.idle_wait().await {
                     Woke::Data => {}
                     Woke::Drained => continue,
@@ -240,13 +252,13 @@ impl<'a> Session<'a> {
                 // A plain socket that is readable is read at once, without a
                 // second wait on the drain switch (a TLS one has no
                 // readiness of its own and goes through `fill` below).
-                self.cbuf = wire::take_buffer();
+                self.client_in = wire::take_buffer();
                 if !self.client.is_tls() {
                     // Polled once rather than `try_read_buf`: a short read
                     // this way also clears the socket's readiness, so the
                     // reads that follow (`left_meanwhile`, the transfer
                     // loop) make no system call just to get EAGAIN.
-                    match self.client.read_buf(&mut self.cbuf).now_or_never() {
+                    match self.client.read_buf(&mut self.client_in).now_or_never() {
                         None => continue,
                         Some(Ok(0) | Err(_)) => return Ok(false),
                         Some(Ok(_)) => continue,
@@ -275,13 +287,13 @@ impl<'a> Session<'a> {
     /// Reads more of a request begun, unless the drain comes first; EOF or
     /// an error is `Gone`. A poll function like `idle_wait`. Cancel-safe.
     fn read_more(&mut self) -> impl std::future::Future<Output = Woke> + '_ {
-        wire::make_room(&mut self.cbuf);
-        let (switch, client, cbuf) = (&self.reg.slot.switch, &mut *self.client, &mut self.cbuf);
+        wire::make_room(&mut self.client_in);
+        let (switch, client, client_in) = (&self.reg.slot.switch, &mut *self.client, &mut self.client_in);
         std::future::poll_fn(move |cx| {
             if switch.poll_drained(cx).is_ready() {
                 return Poll::Ready(Woke::Drained);
             }
-            tokio_util::io::poll_read_buf(Pin::new(&mut *client), cx, &mut *cbuf).map(|r| match r {
+            tokio_util::io::poll_read_buf(Pin::new(&mut *client), cx, &mut *client_in).map(|r| match r {
                 Ok(0) | Err(_) => Woke::Gone,
                 Ok(_) => Woke::Data,
             })
@@ -290,7 +302,7 @@ impl<'a> Session<'a> {
 
     /// Queues for a server while watching the client and the cancel registry.
     async fn wait_for_server(&mut self) -> Wait {
-        let deadline = Instant::now() + self.budget.now(&self.pool);
+        let deadline = Instant::now() + self.budget.under(self.pool.query_wait_timeout());
         let mut timer = match self.wait_timer.take() {
             Some(t) => t,
             None => Box::pin(tokio::time::sleep_until(deadline.into())),
@@ -313,7 +325,7 @@ impl<'a> Session<'a> {
             tokio::select! {
                 biased;
                 _ = slot.cancelled_in_queue() => break Wait::Cancelled,
-                r = wire::fill(self.client, &mut self.cbuf), if self.cbuf.len() < WAIT_READ_LIMIT => {
+                r = wire::fill(self.client, &mut self.client_in), if self.client_in.len() < WAIT_READ_LIMIT => {
                     if r.is_err() || self.terminate_buffered() {
                         break Wait::Gone;
                     }
@@ -346,10 +358,10 @@ impl<'a> Session<'a> {
     /// A last look at the client socket without waiting, just before its
     /// query would go to a server: EOF, a reset or a Terminate means it left.
     fn left_meanwhile(&mut self) -> bool {
-        if self.cbuf.capacity() - self.cbuf.len() < 4096 {
-            self.cbuf.reserve(8192);
+        if self.client_in.capacity() - self.client_in.len() < 4096 {
+            self.client_in.reserve(8192);
         }
-        match self.client.try_read_buf(&mut self.cbuf) {
+        match self.client.try_read_buf(&mut self.client_in) {
             Ok(0) => true,
             Ok(_) => self.terminate_buffered(),
             Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
@@ -358,7 +370,7 @@ impl<'a> Session<'a> {
 
     fn terminate_buffered(&self) -> bool {
         let mut seen = false;
-        let _ = scan_frames(&self.cbuf, self.max_message as usize, |tag, _| {
+        let _ = scan_frames(&self.client_in, self.max_message as usize, |tag, _| {
             seen = tag == fe::TERMINATE;
             !seen
         });
@@ -368,12 +380,12 @@ impl<'a> Session<'a> {
     /// Answers the buffered request with an error and skips the rest of it:
     /// a simple Query ends there; an extended batch ends at its Sync.
     async fn refuse_request(&mut self, code: crate::protocol::SqlState, message: &str) -> Result<(), ClientError> {
-        let Some((tag, total)) = peek_header(&self.cbuf, self.max_message as usize)? else { return Ok(()) };
+        let Some((tag, total)) = peek_header(&self.client_in, self.max_message as usize)? else { return Ok(()) };
         let mut out = BytesMut::new();
         messages::error_response(&mut out, Severity::Error, code, message);
         if tag == fe::QUERY || tag == fe::FUNCTION_CALL {
-            if self.cbuf.len() >= total {
-                self.cbuf.advance(total);
+            if self.client_in.len() >= total {
+                self.client_in.advance(total);
             }
             messages::ready_for_query(&mut out, status::IDLE);
         } else {
@@ -399,7 +411,7 @@ impl<'a> Session<'a> {
         if session_mode {
             lease.set_needs_reset();
         }
-        if let Err(reason) = self.sync_params(&mut lease).await {
+        if let Err(reason) = lease.conn_mut().sync_params(&self.params, &self.settings).await {
             self.reg.slot.set_idle();
             lease.close(reason);
             return self.server_lost(false).await;
@@ -416,12 +428,14 @@ impl<'a> Session<'a> {
         self.prepared.begin(&mut conn.statements, &conn.conv);
         let ended = transfer::run(
             self.client,
-            &mut self.cbuf,
+            ClientSide {
+                unread: &mut self.client_in,
+                params: &mut self.params,
+                max_message: self.max_message as usize,
+                prepared: &mut self.prepared,
+            },
             conn,
-            &mut self.params,
-            self.max_message as usize,
             !session_mode,
-            &mut self.prepared,
         )
         .await;
         self.prepared.end(&mut lease.conn_mut().statements);
@@ -459,27 +473,5 @@ impl<'a> Session<'a> {
             return Ok(false);
         }
         Err(ClientError::ServerLost)
-    }
-
-    /// Makes the server's session parameters match this client's.
-    /// Skipped outright when the four maps are as they were when this server
-    /// last matched (the same client back on the same server).
-    async fn sync_params(&mut self, lease: &mut Lease) -> Result<(), CloseReason> {
-        let conn = lease.conn_mut();
-        let stamps = |conn: &crate::server::ServerConn| {
-            [self.params.stamp(), self.settings.stamp(), conn.params.stamp(), conn.settings.stamp()]
-        };
-        if conn.matched == Some(stamps(conn)) {
-            return Ok(());
-        }
-        if let Some(sql) = ParamMap::sync_sql(&self.params, &self.settings, &conn.params, &conn.settings) {
-            exchange::run(conn, &sql).await?;
-            conn.settings = self.settings.clone();
-            for (k, v) in self.params.iter() {
-                conn.params.set(k, v);
-            }
-        }
-        conn.matched = Some(stamps(conn));
-        Ok(())
     }
 }

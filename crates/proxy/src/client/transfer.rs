@@ -11,12 +11,13 @@
 //! server is marked broken (or left to recovery) and the client gets its error.
 
 use bytes::{Buf, Bytes, BytesMut};
+use futures_util::future::Either;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::error::ClientError;
-use super::prepared::Stage;
+use super::prepared::ClientStatements;
 use super::stream::ClientStream;
-use super::watchdog::Watchdog;
+use super::transfer_watchdog::Watchdog;
 use crate::params::ParamMap;
 use crate::server::statements::ServerStatements;
 use crate::server::{Conversation, ServerConn};
@@ -38,68 +39,76 @@ pub enum Ended {
     ServerGone { told: bool },
 }
 
+/// The client's side of a transfer: the bytes read from it and not yet
+/// handled, the parameters it was told (a server's ParameterStatus updates
+/// them), its message limit and its prepared statements.
+pub struct ClientSide<'a> {
+    pub unread: &'a mut BytesMut,
+    pub params: &'a mut ParamMap,
+    pub max_message: usize,
+    pub prepared: &'a mut ClientStatements,
+}
+
 /// Moves bytes until the server can be released (when `release` is true) or
-/// one side goes away. Client bytes not yet sent stay in `cbuf`.
+/// one side goes away. Client bytes not yet sent stay in `side.unread`.
 /// A plain client uses TcpStream's zero-cost halves; a TLS client
 /// `tokio::io::split` (its reads flush what rustls still holds, see `stream`).
-pub async fn run(
-    client: &mut ClientStream,
-    cbuf: &mut BytesMut,
-    server: &mut ServerConn,
-    client_params: &mut ParamMap,
-    max_message: usize,
+///
+/// A plain function choosing between two futures, not an `async fn` around
+/// them: an `async fn` would keep its own copy of the arguments beside the
+/// inner future's, in every request's future.
+pub fn run<'a>(
+    client: &'a mut ClientStream,
+    side: ClientSide<'a>,
+    server: &'a mut ServerConn,
     release: bool,
-    prepared: &mut Stage,
-) -> Result<Ended, ClientError> {
+) -> impl std::future::Future<Output = Result<Ended, ClientError>> + 'a {
     match client {
         ClientStream::Plain(tcp) => {
-            let (cr, cw) = tcp.split();
-            forward(cr, cw, cbuf, server, client_params, max_message, release, prepared).await
+            let (reader, writer) = tcp.split();
+            Either::Left(forward(reader, writer, side, server, release))
         }
         other => {
-            let (cr, cw) = tokio::io::split(other);
-            forward(cr, cw, cbuf, server, client_params, max_message, release, prepared).await
+            let (reader, writer) = tokio::io::split(other);
+            Either::Right(forward(reader, writer, side, server, release))
         }
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
     mut cr: CR,
     mut cw: CW,
-    cbuf: &mut BytesMut,
+    side: ClientSide<'_>,
     server: &mut ServerConn,
-    client_params: &mut ParamMap,
-    max_message: usize,
     release: bool,
-    prepared: &mut Stage,
 ) -> Result<Ended, ClientError> {
     let metrics = server.metrics().clone();
-    let ServerConn { stream, rbuf: sbuf, conv, params: server_params, broken, statements, spec, cancel, alarm, .. } =
-        server;
-    let mut wd = Watchdog::new(spec, cancel, alarm);
-    let (mut sr, mut sw) = stream.split();
-    let mut c_out = Bytes::new();
-    let mut s_out = Bytes::new();
+    // The parts are used in place, not bound to locals of their own: each
+    // local held across an await is another slot in a request's future.
+    let s = server.parts();
+    let mut wd = Watchdog::new(s.spec, s.cancel, s.alarm);
+    let (mut sr, mut sw) = s.stream.split();
+    let mut to_server = Bytes::new();
+    let mut to_client = Bytes::new();
     let mut settled = false;
     let mut terminating = false;
     let mut told = false;
     // When the first byte of the queries now running went to the server (query time).
     let mut query_started: Option<std::time::Instant> = None;
     loop {
-        if c_out.is_empty() && !cbuf.is_empty() && !terminating {
-            let ready = prepared.outbound(cbuf, conv, statements, max_message)?;
-            let out = conv.scan_client(&cbuf[..ready], max_message)?;
-            c_out = cbuf.split_to(out.forward).freeze();
+        if to_server.is_empty() && !side.unread.is_empty() && !terminating {
+            let ready = side.prepared.outbound(side.unread, s.conv, s.statements, side.max_message)?;
+            let out = s.conv.scan_client(&side.unread[..ready], side.max_message)?;
+            to_server = side.unread.split_to(out.forward).freeze();
             terminating = out.terminate;
         }
         // Once the server owes nothing and goes back, bytes it sent after
         // the settling ReadyForQuery were not asked for: they stay with the
         // connection (which the pool then closes), never reach this client.
-        let releasing = settled && release && prepared.pinned().is_none() && conv.is_clean();
-        if s_out.is_empty() && !sbuf.is_empty() && !releasing {
-            let got = from_server(sbuf, conv, server_params, client_params, broken, statements, prepared)?;
-            s_out = got.out;
+        let releasing = settled && release && side.prepared.pinned().is_none() && s.conv.is_clean();
+        if to_client.is_empty() && !s.unread.is_empty() && !releasing {
+            let got = from_server(s.unread, s.conv, s.params, side.params, s.broken, s.statements, side.prepared)?;
+            to_client = got.out;
             settled |= got.settled;
             told |= got.fatal;
             if got.answered > 0 {
@@ -111,51 +120,51 @@ async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
                 }
             }
         }
-        if let Some(owed) = s_out.is_empty().then(|| prepared.synthetic()).flatten() {
-            s_out = owed.bytes;
+        if let Some(owed) = to_client.is_empty().then(|| side.prepared.synthetic()).flatten() {
+            to_client = owed.bytes;
             settled |= owed.settled;
         }
-        if c_out.is_empty() && s_out.is_empty() {
+        if to_server.is_empty() && to_client.is_empty() {
             if terminating {
-                return Ok(client_gone(&mut sw, &c_out).await);
+                return Ok(client_gone(&mut sw, &to_server).await);
             }
-            if settled && release && prepared.pinned().is_none() && conv.is_clean() {
+            if settled && release && side.prepared.pinned().is_none() && s.conv.is_clean() {
                 return Ok(Ended::Released);
             }
             settled = false;
         }
-        wd.update(conv, sbuf.len() < HIGH_WATER, c_out.is_empty() && !terminating);
+        wd.update(s.conv, s.unread.len() < HIGH_WATER, to_server.is_empty() && !terminating);
         tokio::select! {
             biased;
-            r = sw.write(&c_out), if !c_out.is_empty() => match r {
+            r = sw.write(&to_server), if !to_server.is_empty() => match r {
                 Ok(n) => {
-                    c_out.advance(n);
+                    to_server.advance(n);
                     metrics.record_received(n);
                     query_started.get_or_insert_with(std::time::Instant::now);
                 }
                 Err(_) => return Ok(Ended::ServerGone { told }),
             },
-            r = cw.write(&s_out), if !s_out.is_empty() => match r {
+            r = cw.write(&to_client), if !to_client.is_empty() => match r {
                 Ok(n) => {
-                    s_out.advance(n);
+                    to_client.advance(n);
                     metrics.record_sent(n);
                 }
-                Err(_) => return Ok(client_gone(&mut sw, &c_out).await),
+                Err(_) => return Ok(client_gone(&mut sw, &to_server).await),
             },
-            r = sr.read_buf(sbuf), if sbuf.len() < HIGH_WATER => match r {
+            r = sr.read_buf(s.unread), if s.unread.len() < HIGH_WATER => match r {
                 Ok(0) | Err(_) => {
-                    let _ = cw.write_all(&s_out).await;
+                    let _ = cw.write_all(&to_client).await;
                     let _ = cw.flush().await;
                     return Ok(Ended::ServerGone { told });
                 }
                 Ok(_) => wd.heard(),
             },
-            r = cr.read_buf(cbuf), if cbuf.len() < HIGH_WATER && !terminating => match r {
-                Ok(0) | Err(_) => return Ok(client_gone(&mut sw, &c_out).await),
+            r = cr.read_buf(side.unread), if side.unread.len() < HIGH_WATER && !terminating => match r {
+                Ok(0) | Err(_) => return Ok(client_gone(&mut sw, &to_server).await),
                 Ok(_) => wd.client_spoke(),
             },
             e = wd.alarm(), if wd.armed() => {
-                *broken = e.close_reason();
+                *s.broken = e.close_reason();
                 return Err(e.into());
             }
         }
@@ -179,35 +188,35 @@ struct FromServer {
 /// replies are reconciled, and a server that breaks the protocol is marked
 /// broken (it is not recovered).
 fn from_server(
-    sbuf: &mut BytesMut,
+    server_in: &mut BytesMut,
     conv: &mut Conversation,
     server_params: &mut ParamMap,
     client_params: &mut ParamMap,
     broken: &mut Option<weir_metrics::CloseReason>,
     statements: &mut ServerStatements,
-    prepared: &mut Stage,
+    prepared: &mut ClientStatements,
 ) -> Result<FromServer, ClientError> {
     let owed = conv.pending_rfq;
-    let scanned = conv.scan_server(sbuf, |k, v| {
+    let scan = conv.scan_server(server_in, |k, v| {
         server_params.set(k, v);
         client_params.set(k, v);
     });
-    let inb = scanned.map_err(|e| {
+    let scanned = scan.map_err(|e| {
         *broken = Some(weir_metrics::CloseReason::ProtocolError);
         ClientError::BadServerMessage(e)
     })?;
-    let out = prepared.inbound(sbuf.split_to(inb.forward).freeze(), statements);
+    let out = prepared.inbound(server_in.split_to(scanned.forward).freeze(), statements);
     let answered = owed.saturating_sub(conv.pending_rfq) as usize;
-    Ok(FromServer { out, settled: inb.settled, fatal: inb.fatal, answered })
+    Ok(FromServer { out, settled: scanned.settled, fatal: scanned.fatal, answered })
 }
 
 /// The client left. Client bytes already counted as sent are sent, so the
 /// server's stream stays on a message boundary for recovery.
-async fn client_gone(sw: &mut crate::server::stream::ServerWriter<'_>, c_out: &[u8]) -> Ended {
-    if c_out.is_empty() {
+async fn client_gone(sw: &mut crate::server::stream::ServerWriter<'_>, to_server: &[u8]) -> Ended {
+    if to_server.is_empty() {
         return Ended::ClientGone;
     }
-    match tokio::time::timeout(FLUSH_LIMIT, sw.write_all(c_out)).await {
+    match tokio::time::timeout(FLUSH_LIMIT, sw.write_all(to_server)).await {
         Ok(Ok(())) => Ended::ClientGone,
         _ => Ended::ServerGone { told: true },
     }

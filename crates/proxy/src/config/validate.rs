@@ -57,7 +57,7 @@ impl Config {
             found.push(invalid("weir.client_deadline_fraction", "must be in (0, 1]"));
         }
         if g.stats_period < Duration::from_secs(1) {
-            return Err(invalid("weir.stats_period", "must be at least 1s"));
+            found.push(invalid("weir.stats_period", "must be at least 1s"));
         }
         if g.max_message_size < 1024 {
             found.push(invalid("weir.max_message_size", "must be at least 1024 bytes"));

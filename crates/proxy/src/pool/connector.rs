@@ -81,7 +81,7 @@ impl Pool {
         tokio::spawn(async move {
             tokio::time::sleep_until(at.into()).await;
             if let Some(pool) = pool.upgrade() {
-                let mut st = pool.lock();
+                let mut st = pool.state.lock();
                 if st.wake_at == Some(at) {
                     st.wake_at = None;
                 }
@@ -91,7 +91,7 @@ impl Pool {
     }
 
     fn connected(self: &Arc<Self>, result: Result<ServerConn, ConnectError>, slot: CountSlot) {
-        let mut st = self.lock();
+        let mut st = self.state.lock();
         st.connecting -= 1;
         match result {
             Ok(mut conn) => {
@@ -132,16 +132,16 @@ impl Pool {
     /// server_login_retry rule). After the back-off, the next login tries again.
     /// Shared, not copied: every login reads them.
     pub async fn server_params(self: &Arc<Self>, deadline: Instant) -> Result<Arc<ParamMap>, PoolError> {
-        if let Some(p) = self.lock().server_params.clone() {
+        if let Some(p) = self.state.lock().server_params.clone() {
             return Ok(p);
         }
-        let failed = self.lock().connect_failed.clone();
+        let failed = self.state.lock().connect_failed.clone();
         let notified = failed.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
         {
             // Again, now that a failure from here on cannot be missed.
-            let st = self.lock();
+            let st = self.state.lock();
             if let Some(p) = st.server_params.clone() {
                 return Ok(p);
             }
@@ -155,10 +155,10 @@ impl Pool {
                 let params = Arc::new(lease.conn().params.clone());
                 // Bound first: a lock guard in the tail expression would
                 // outlive `lease`, whose drop takes the same lock.
-                let shared = self.lock().server_params.get_or_insert(params).clone();
+                let shared = self.state.lock().server_params.get_or_insert(params).clone();
                 Ok(shared)
             }
-            _ = notified => Err(down(&self.lock())),
+            _ = notified => Err(down(&self.state.lock())),
         }
     }
 }

@@ -24,7 +24,7 @@ impl Pool {
         let pool = self.clone();
         tokio::spawn(async move {
             let freed = pool.evict_from_siblings();
-            let mut st = pool.lock();
+            let mut st = pool.state.lock();
             st.evicting = false;
             if freed {
                 pool.want_connects(&mut st);
@@ -35,7 +35,7 @@ impl Pool {
     /// Closes one idle connection of another pool of this database.
     fn evict_from_siblings(self: &Arc<Self>) -> bool {
         let siblings: Vec<Arc<Pool>> = {
-            let mut pools = self.db_servers.pools.lock().unwrap_or_else(|e| e.into_inner());
+            let mut pools = self.db_servers.pools.lock();
             pools.retain(|p| p.strong_count() > 0);
             pools.iter().filter_map(Weak::upgrade).filter(|p| !Arc::ptr_eq(p, self)).collect()
         };
@@ -46,7 +46,7 @@ impl Pool {
     /// min_pool_size or has none idle.
     fn evict_idle(&self) -> bool {
         let conn = {
-            let mut st = self.lock();
+            let mut st = self.state.lock();
             if st.idle.is_empty() || st.total() <= st.opts.settings.min_pool_size {
                 return false;
             }

@@ -17,7 +17,7 @@ pub struct IdleServer {
 impl Pool {
     /// The idle server connections, most recently used first.
     pub fn idle_servers(&self) -> Vec<IdleServer> {
-        let st = self.lock();
+        let st = self.state.lock();
         st.idle.iter().rev().map(|c| IdleServer { pid: c.backend_pid(), idle_for: c.last_used.elapsed() }).collect()
     }
 }

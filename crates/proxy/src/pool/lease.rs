@@ -48,7 +48,7 @@ impl Lease {
     /// `reason`, and let the pool replace it.
     pub fn close(mut self, reason: CloseReason) {
         if let Some(conn) = self.conn.take() {
-            self.pool.lock().active -= 1;
+            self.pool.state.lock().active -= 1;
             self.pool.discard(conn, reason);
         }
     }

@@ -7,13 +7,15 @@ mod connector;
 mod evict;
 mod inspect;
 mod lease;
+mod pools;
 mod recovery;
-mod registry;
 mod state;
 mod upkeep;
 
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
@@ -25,7 +27,7 @@ use crate::server::{ConnectSpec, ServerConn};
 
 pub use inspect::IdleServer;
 pub use lease::Lease;
-pub use registry::{PoolKey, Pools};
+pub use pools::{PoolKey, Pools};
 pub use state::PoolSnapshot;
 use state::State;
 
@@ -79,14 +81,14 @@ fn limits(s: &PoolSettings) -> weir_metrics::Limits {
 pub struct Pool {
     pub key: PoolKey,
     pub metrics: Arc<PoolMetrics>,
-    /// Clients' parameter maps by content, for `Session::sync_params`.
+    /// Clients' parameter maps by content, for `ServerConn::sync_params`.
     pub stamps: crate::params::StampCache,
     state: Mutex<State>,
-    db_servers: Arc<registry::DbCount>,
+    db_servers: Arc<pools::DbCount>,
 }
 
 impl Pool {
-    pub(crate) fn new(key: PoolKey, opts: PoolOptions, db_servers: Arc<registry::DbCount>) -> Arc<Pool> {
+    pub(crate) fn new(key: PoolKey, opts: PoolOptions, db_servers: Arc<pools::DbCount>) -> Arc<Pool> {
         let metrics = PoolMetrics::new(key.database.clone(), key.user.clone());
         metrics.set_limits(limits(&opts.settings));
         let pool = Arc::new(Pool {
@@ -96,31 +98,27 @@ impl Pool {
             state: Mutex::new(State::new(opts)),
             db_servers,
         });
-        pool.db_servers.pools.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::downgrade(&pool));
+        pool.db_servers.pools.lock().push(Arc::downgrade(&pool));
         upkeep::spawn(&pool);
         pool
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Replaces the settings (config reload). Connections are kept.
     pub fn reconfigure(self: &Arc<Self>, opts: PoolOptions) {
         self.metrics.set_limits(limits(&opts.settings));
-        let mut st = self.lock();
+        let mut st = self.state.lock();
         st.opts = opts;
         self.want_connects(&mut st);
     }
 
     /// The current settings.
     pub fn settings(&self) -> PoolSettings {
-        self.lock().opts.settings.clone()
+        self.state.lock().opts.settings.clone()
     }
 
     /// The current query_wait_timeout (cheap: read at every wait).
     pub fn query_wait_timeout(&self) -> Duration {
-        self.lock().opts.settings.query_wait_timeout
+        self.state.lock().opts.settings.query_wait_timeout
     }
 
     /// Borrows a server, waiting in FIFO order until `deadline`.
@@ -144,7 +142,7 @@ impl Pool {
         timer.as_mut().reset(deadline.into());
         let started = Instant::now();
         let timed_out = || {
-            let last_error = self.lock().last_error.clone();
+            let last_error = self.state.lock().last_error.clone();
             // Rounded to whole milliseconds: the budget as configured.
             let budget =
                 Duration::from_millis(((deadline.saturating_duration_since(started).as_micros() + 500) / 1000) as u64);
@@ -159,7 +157,7 @@ impl Pool {
                         conn
                     }
                     // The queue was let go: the pool closed, or its server is down.
-                    Some(Err(_)) => return Err(self.lock().down().unwrap_or(PoolError::Closed)),
+                    Some(Err(_)) => return Err(self.state.lock().down().unwrap_or(PoolError::Closed)),
                     None => return Err(timed_out()),
                 },
             };
@@ -188,7 +186,7 @@ impl Pool {
     /// None: nothing idle, a check is due, or the top server is unusable;
     /// `acquire` deals with those (and the queue).
     pub fn try_checkout(self: &Arc<Self>) -> Option<Lease> {
-        let mut st = self.lock();
+        let mut st = self.state.lock();
         if st.paused {
             return None;
         }
@@ -213,13 +211,13 @@ impl Pool {
     /// off) answers at once with the connect error instead of queueing the
     /// client for its whole budget: PgBouncer's fast-fail.
     fn checkout_or_enqueue(self: &Arc<Self>, deadline: Instant) -> Result<Result<Box<ServerConn>, Waiting>, PoolError> {
-        let mut st = self.lock();
+        let mut st = self.state.lock();
         if !st.paused {
             while let Some(mut conn) = st.idle.pop() {
                 if let Some(reason) = State::unusable(&mut conn, Instant::now()) {
                     drop(st);
                     self.discard(conn, reason);
-                    st = self.lock();
+                    st = self.state.lock();
                     continue;
                 }
                 st.active += 1;
@@ -239,11 +237,11 @@ impl Pool {
     /// sat idle past server_check_delay: run server_check_query on it first,
     /// within server_check_timeout. A failed check closes it.
     async fn vet(self: &Arc<Self>, mut lease: Lease) -> Option<Lease> {
-        if !self.lock().check_due(lease.conn().last_used, Instant::now()) {
+        if !self.state.lock().check_due(lease.conn().last_used, Instant::now()) {
             return Some(lease);
         }
         let (query, timeout) = {
-            let st = self.lock();
+            let st = self.state.lock();
             (st.opts.check_query.clone(), st.opts.check_timeout)
         };
         match recovery::check(lease.conn_mut(), &query, timeout).await {
@@ -259,13 +257,13 @@ impl Pool {
     /// idle; anything else is recovered first.
     pub(crate) fn give_back(self: &Arc<Self>, mut conn: Box<ServerConn>, needs_reset: bool) {
         if let Some(reason) = conn.broken {
-            self.lock().active -= 1;
+            self.state.lock().active -= 1;
             self.discard(conn, reason);
             return;
         }
         if needs_reset || !conn.conv.is_clean() || !conn.cancel.gate.is_open() {
             let opts = {
-                let mut st = self.lock();
+                let mut st = self.state.lock();
                 st.active -= 1;
                 st.recovering += 1;
                 st.opts.clone()
@@ -274,14 +272,14 @@ impl Pool {
             return;
         }
         conn.last_used = Instant::now();
-        let mut st = self.lock();
+        let mut st = self.state.lock();
         st.active -= 1;
         self.hand_over(&mut st, conn);
     }
 
     /// Called by recovery when it is done with a connection.
     pub(crate) fn recovered(self: &Arc<Self>, result: Result<Box<ServerConn>, (Box<ServerConn>, CloseReason)>) {
-        let mut st = self.lock();
+        let mut st = self.state.lock();
         st.recovering -= 1;
         match result {
             Ok(mut conn) => {
@@ -323,21 +321,21 @@ impl Pool {
     /// Closes a connection the pool held, and refills if there is demand.
     pub(crate) fn discard(self: &Arc<Self>, conn: Box<ServerConn>, reason: CloseReason) {
         conn.close(reason);
-        let mut st = self.lock();
+        let mut st = self.state.lock();
         self.want_connects(&mut st);
     }
 
     /// Counters for the admin console and tests.
     pub fn snapshot(&self) -> PoolSnapshot {
-        self.lock().snapshot()
+        self.state.lock().snapshot()
     }
 
     pub fn pause(self: &Arc<Self>) {
-        self.lock().paused = true;
+        self.state.lock().paused = true;
     }
 
     pub fn resume(self: &Arc<Self>) {
-        let mut st = self.lock();
+        let mut st = self.state.lock();
         st.paused = false;
         // Each turn either serves a waiter or parks the server and ends.
         while st.live_waiters_up_to(1) > 0 {
@@ -350,14 +348,14 @@ impl Pool {
     /// RECONNECT: every connection open now closes once released (idle ones
     /// at once); new ones replace them as needed.
     pub fn reconnect(self: &Arc<Self>) {
-        self.lock().reconnect_before = Some(Instant::now());
+        self.state.lock().reconnect_before = Some(Instant::now());
         self.close_idle(CloseReason::Admin);
-        self.want_connects(&mut self.lock());
+        self.want_connects(&mut self.state.lock());
     }
 
     /// When the last RECONNECT marked this pool's connections, if one did.
     pub fn reconnect_mark(&self) -> Option<Instant> {
-        self.lock().reconnect_before
+        self.state.lock().reconnect_before
     }
 
     /// True while a connection RECONNECT marked is still open (WAIT_CLOSE).
@@ -369,7 +367,7 @@ impl Pool {
 
     /// Closes every idle connection (KILL, shutdown).
     pub fn close_idle(self: &Arc<Self>, reason: CloseReason) {
-        let idle = std::mem::take(&mut self.lock().idle);
+        let idle = std::mem::take(&mut self.state.lock().idle);
         for conn in idle {
             conn.close(reason);
         }
@@ -401,7 +399,7 @@ impl Drop for Waiting {
         }
         self.rx.close();
         let handed = self.rx.try_recv().ok();
-        let mut st = self.pool.lock();
+        let mut st = self.pool.state.lock();
         st.remove_waiter(self.id);
         if let Some(conn) = handed {
             st.active -= 1;

@@ -211,7 +211,7 @@ mod tests {
         )
         .unwrap();
         let key = super::super::PoolKey { database: "app".into(), user: "u".into() };
-        State::new(PoolOptions::from_config(&cfg, &key, crate::server::login::Credentials::None).unwrap())
+        State::new(PoolOptions::from_config(&cfg, &key, crate::auth::Credentials::None).unwrap())
     }
 
     #[test]

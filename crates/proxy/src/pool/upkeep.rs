@@ -35,7 +35,7 @@ pub(super) fn spawn(pool: &Arc<Pool>) {
 fn sweep(pool: &Arc<Pool>) {
     let mut doomed = Vec::new();
     {
-        let mut st = pool.lock();
+        let mut st = pool.state.lock();
         let min = st.opts.settings.min_pool_size as usize;
         let idle_timeout = st.opts.idle_timeout;
         refresh_specs(&mut st);
@@ -61,7 +61,7 @@ fn sweep(pool: &Arc<Pool>) {
     for (conn, reason) in doomed {
         pool.discard(conn, reason);
     }
-    let mut st = pool.lock();
+    let mut st = pool.state.lock();
     pool.want_connects(&mut st);
 }
 

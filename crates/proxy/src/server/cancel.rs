@@ -1,4 +1,5 @@
-//! Forwarding a CancelRequest to Postgres on a new connection, and the gate
+//! Forwarding a CancelRequest to Postgres on a new connection (with the
+//! server's own key; `cancel_keys` decides whether a client's cancel gets here), and the gate
 //! that keeps a server out of the pool while a cancel aimed at it is in flight
 //! (so a late cancel can never hit the next client's query).
 

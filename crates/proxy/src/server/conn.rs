@@ -15,10 +15,10 @@ use weir_metrics::{CloseReason, ConnectFailure, PoolMetrics, ServerConnGuard};
 use super::cancel::{CancelGate, CancelTarget};
 use super::conversation::Conversation;
 use super::login::{login, LoginError, LoginParams};
+use super::probe::{AlarmTimer, Watch};
 use super::socket::{self, Liveness};
 use super::statements::ServerStatements;
 use super::stream::ServerStream;
-use super::watch::{AlarmTimer, Watch};
 use crate::params::ParamMap;
 use crate::protocol::{sqlstate, SqlState};
 
@@ -30,7 +30,7 @@ pub struct ConnectSpec {
     pub host: String,
     pub port: u16,
     pub user: String,
-    pub credentials: super::login::Credentials,
+    pub credentials: crate::auth::Credentials,
     pub dbname: String,
     pub liveness: Liveness,
     pub connect_timeout: Duration,
@@ -78,35 +78,50 @@ impl ConnectError {
 /// A logged-in server connection. Owned by the pool; lent to one client at a time.
 #[derive(Debug)]
 pub struct ServerConn {
-    pub id: u64,
-    pub stream: ServerStream,
+    pub(crate) id: u64,
+    pub(crate) stream: ServerStream,
     /// Bytes read from the server and not yet passed on.
-    pub rbuf: BytesMut,
-    pub conv: Conversation,
+    pub(crate) rbuf: BytesMut,
+    pub(crate) conv: Conversation,
     /// Reported parameters (ParameterStatus) as the server has them now.
-    pub params: ParamMap,
+    pub(crate) params: ParamMap,
     /// Unreported settings weir applied with SET for a client (from `options`).
-    pub settings: ParamMap,
+    pub(crate) settings: ParamMap,
     /// The stamps (client params, client settings, `params`, `settings`)
     /// from when this server last matched a client's parameters.
-    pub matched: Option<crate::params::Stamps>,
-    pub cancel: CancelTarget,
-    pub created: Instant,
-    pub last_used: Instant,
+    pub(crate) matched: Option<crate::params::Stamps>,
+    pub(crate) cancel: CancelTarget,
+    pub(crate) created: Instant,
+    pub(crate) last_used: Instant,
     /// When this connection retires (server_lifetime with jitter).
-    pub retire_at: Instant,
+    pub(crate) retire_at: Instant,
     /// Holds this connection's place in its database's connection count.
-    pub slot: Option<CountSlot>,
+    pub(crate) slot: Option<CountSlot>,
     /// What it was opened with (the pool's upkeep refreshes it after a reload).
-    pub spec: Arc<ConnectSpec>,
+    pub(crate) spec: Arc<ConnectSpec>,
     /// Set by whoever found the connection unusable (a watchdog): the pool
     /// closes it with this reason instead of recovering it.
-    pub broken: Option<CloseReason>,
+    pub(crate) broken: Option<CloseReason>,
     /// weir's prepared statements on this server (transaction mode).
-    pub statements: ServerStatements,
+    pub(crate) statements: ServerStatements,
     /// The watchdog's timer for conversations on this connection.
-    pub alarm: AlarmTimer,
+    pub(crate) alarm: AlarmTimer,
     guard: ServerConnGuard,
+}
+
+/// The parts of a lent connection that the transfer loop works on, borrowed
+/// together (each one apart, so the loop can hold several at once).
+pub struct ConnParts<'a> {
+    pub stream: &'a mut ServerStream,
+    /// Bytes read from the server and not yet passed on.
+    pub unread: &'a mut BytesMut,
+    pub conv: &'a mut Conversation,
+    pub params: &'a mut ParamMap,
+    pub broken: &'a mut Option<CloseReason>,
+    pub statements: &'a mut ServerStatements,
+    pub spec: &'a Arc<ConnectSpec>,
+    pub cancel: &'a CancelTarget,
+    pub alarm: &'a mut AlarmTimer,
 }
 
 /// A place in a shared connection count, given back on drop.
@@ -136,6 +151,21 @@ impl Drop for CountSlot {
 }
 
 impl ServerConn {
+    /// The parts the transfer loop works on.
+    pub fn parts(&mut self) -> ConnParts<'_> {
+        ConnParts {
+            stream: &mut self.stream,
+            unread: &mut self.rbuf,
+            conv: &mut self.conv,
+            params: &mut self.params,
+            broken: &mut self.broken,
+            statements: &mut self.statements,
+            spec: &self.spec,
+            cancel: &self.cancel,
+            alarm: &mut self.alarm,
+        }
+    }
+
     pub fn backend_pid(&self) -> i32 {
         self.cancel.pid
     }

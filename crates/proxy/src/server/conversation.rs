@@ -290,9 +290,9 @@ mod tests {
         let mut reply = msg(be::DATA_ROW, b"\0\x01\0\0\0\x011");
         reply.extend(msg(be::READY_FOR_QUERY, b"I"));
         reply.extend(msg(be::NOTICE_RESPONSE, b"\0"));
-        let inb = c.scan_server(&reply, |_, _| {}).unwrap();
-        assert!(inb.settled);
-        assert_eq!(inb.forward, reply.len() - 6);
+        let scanned = c.scan_server(&reply, |_, _| {}).unwrap();
+        assert!(scanned.settled);
+        assert_eq!(scanned.forward, reply.len() - 6);
         assert!(c.is_clean());
     }
 
@@ -380,8 +380,8 @@ mod tests {
     fn large_data_row_streams_without_buffering() {
         let mut c = Conversation { pending_rfq: 1, ..Default::default() };
         let row = msg(be::DATA_ROW, &vec![0u8; 100_000]);
-        let inb = c.scan_server(&row[..500], |_, _| {}).unwrap();
-        assert_eq!(inb.forward, 500);
+        let scanned = c.scan_server(&row[..500], |_, _| {}).unwrap();
+        assert_eq!(scanned.forward, 500);
         assert_eq!(c.from_server_partial, row.len() - 500);
     }
 
@@ -391,8 +391,8 @@ mod tests {
         let mut b = msg(be::PARAMETER_STATUS, b"TimeZone\0UTC\0");
         b.extend(msg(be::ERROR_RESPONSE, b"SFATAL\0VFATAL\0C57P01\0Mbye\0\0"));
         let mut seen = vec![];
-        let inb = c.scan_server(&b, |k, v| seen.push((k.to_owned(), v.to_owned()))).unwrap();
-        assert!(inb.fatal);
+        let scanned = c.scan_server(&b, |k, v| seen.push((k.to_owned(), v.to_owned()))).unwrap();
+        assert!(scanned.fatal);
         assert_eq!(seen, vec![("TimeZone".into(), "UTC".into())]);
     }
 }

@@ -8,9 +8,36 @@ use weir_metrics::CloseReason;
 
 use super::conversation::MAX_SERVER_MESSAGE;
 use super::ServerConn;
+use crate::params::ParamMap;
 use crate::protocol::messages::{self, ErrorFields};
 use crate::protocol::tags::{backend as be, frontend as fe};
 use crate::wire::{self, WireError};
+
+impl ServerConn {
+    /// Makes this server's session parameters match a client's reported
+    /// `params` and unreported `settings`. Skipped outright when the four
+    /// maps are as they were when this server last matched (the same client
+    /// back on the same server).
+    pub async fn sync_params(&mut self, params: &ParamMap, settings: &ParamMap) -> Result<(), CloseReason> {
+        if self.matched == Some(self.stamps(params, settings)) {
+            return Ok(());
+        }
+        if let Some(sql) = ParamMap::sync_sql(params, settings, &self.params, &self.settings) {
+            run(self, &sql).await?;
+            self.settings = settings.clone();
+            for (k, v) in params.iter() {
+                self.params.set(k, v);
+            }
+        }
+        self.matched = Some(self.stamps(params, settings));
+        Ok(())
+    }
+
+    /// The stamps of a client's maps and this server's.
+    fn stamps(&self, params: &ParamMap, settings: &ParamMap) -> crate::params::Stamps {
+        [params.stamp(), settings.stamp(), self.params.stamp(), self.settings.stamp()]
+    }
+}
 
 /// Writes bytes weir made itself to the server.
 pub async fn write(conn: &mut ServerConn, bytes: &[u8]) -> Result<(), CloseReason> {
@@ -36,12 +63,12 @@ pub async fn drain(conn: &mut ServerConn) -> Result<(), CloseReason> {
             fill(conn).await?;
         }
         let ServerConn { rbuf, conv, params, .. } = conn;
-        let inb = conv.scan_server(rbuf, |k, v| params.set(k, v)).map_err(|_| CloseReason::ProtocolError)?;
-        rbuf.advance(inb.forward);
-        if inb.fatal {
+        let scanned = conv.scan_server(rbuf, |k, v| params.set(k, v)).map_err(|_| CloseReason::ProtocolError)?;
+        rbuf.advance(scanned.forward);
+        if scanned.fatal {
             return Err(CloseReason::ServerClosed);
         }
-        if inb.forward == 0 {
+        if scanned.forward == 0 {
             fill(conn).await?;
         }
     }

@@ -9,7 +9,8 @@ use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
 use postgres_protocol::message::frontend;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use super::scram_client::{PassthroughClient, ScramKeys};
+use super::scram_client::PassthroughClient;
+use crate::auth::Credentials;
 use crate::protocol::{messages, sqlstate, tags, Frame, SqlState};
 use crate::wire::{self, WireError};
 
@@ -17,37 +18,6 @@ use crate::wire::{self, WireError};
 const MAX_LOGIN_MESSAGE_LEN: usize = 1 << 20;
 /// The only SASL mechanism weir uses with servers.
 const SCRAM_SHA_256: &str = "SCRAM-SHA-256";
-
-/// How weir proves itself to a server.
-#[derive(Clone, Default, PartialEq, Eq)]
-pub enum Credentials {
-    /// Trust only: any password request fails with `NoPassword`.
-    #[default]
-    None,
-    /// A plaintext password (cleartext, md5 and SCRAM).
-    Password(String),
-    /// A stored `md5...` hash: md5 pass-through (md5 server auth only).
-    Md5(String),
-    /// SCRAM pass-through with a ClientKey a client proved (SCRAM only).
-    ScramKeys(ScramKeys),
-}
-
-impl std::fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Credentials::None => "Credentials::None",
-            Credentials::Password(_) => "Credentials::Password(..)",
-            Credentials::Md5(_) => "Credentials::Md5(..)",
-            Credentials::ScramKeys(_) => "Credentials::ScramKeys(..)",
-        })
-    }
-}
-
-impl From<Option<&str>> for Credentials {
-    fn from(p: Option<&str>) -> Self {
-        p.map_or(Credentials::None, |p| Credentials::Password(p.to_owned()))
-    }
-}
 
 /// What weir needs to log in.
 #[derive(Debug, Clone, Copy)]

@@ -3,17 +3,18 @@
 //! cancel forwarding, and the liveness probe behind the watchdog. A
 //! `ServerConn` never belongs to a client; the pool lends it out.
 
+pub mod auth_lookup;
 pub mod cancel;
 pub mod conn;
 pub mod conversation;
 pub mod exchange;
 pub mod login;
+pub mod probe;
 pub mod scram_client;
 pub mod socket;
 pub mod statements;
 pub mod stream;
-pub mod watch;
 
 pub use cancel::{forward_cancel, CancelGate};
-pub use conn::{connect, ConnectError, ConnectSpec, CountSlot, ServerConn};
+pub use conn::{connect, ConnParts, ConnectError, ConnectSpec, CountSlot, ServerConn};
 pub use conversation::Conversation;

@@ -16,7 +16,8 @@ use rand::RngCore;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::auth::scram::{hmac, ScramSecret};
+use crate::auth::scram::hmac;
+use crate::auth::ScramKeys;
 
 /// Random bytes in weir's client nonce (base64-encoded).
 const NONCE_LEN: usize = 18;
@@ -24,36 +25,6 @@ const NONCE_LEN: usize = 18;
 const GS2_HEADER: &str = "n,,";
 /// `c=` of the client-final: base64 of the gs2 header.
 const CHANNEL_BINDING: &str = "biws";
-
-/// What SCRAM pass-through needs: the ClientKey a client proved, and the
-/// verifier it proved it against.
-#[derive(Clone, PartialEq, Eq)]
-pub struct ScramKeys {
-    pub client_key: [u8; 32],
-    pub stored_key: [u8; 32],
-    pub server_key: [u8; 32],
-    pub salt: Vec<u8>,
-    pub iterations: u32,
-}
-
-impl std::fmt::Debug for ScramKeys {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ScramKeys").field("iterations", &self.iterations).finish_non_exhaustive()
-    }
-}
-
-impl ScramKeys {
-    /// The keys for a ClientKey proved against `secret`.
-    pub fn new(secret: &ScramSecret, client_key: [u8; 32]) -> ScramKeys {
-        ScramKeys {
-            client_key,
-            stored_key: secret.stored_key,
-            server_key: secret.server_key,
-            salt: secret.salt.clone(),
-            iterations: secret.iterations,
-        }
-    }
-}
 
 /// Why a pass-through exchange failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -161,7 +132,7 @@ pub fn matches(keys: &ScramKeys) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::ScramServer;
+    use crate::auth::{ScramSecret, ScramServer};
 
     /// A client authenticates against weir's server; returns its keys.
     fn learned_keys(secret: &ScramSecret, password: &str) -> ScramKeys {

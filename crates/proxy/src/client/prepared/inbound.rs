@@ -11,7 +11,7 @@
 
 use bytes::{Bytes, BytesMut};
 
-use super::{Expect, Rewrite, Stage};
+use super::{ClientStatements, Expect, Rewrite};
 use crate::protocol::{
     extended,
     messages::{self, Severity},
@@ -30,7 +30,7 @@ pub struct Synthetic {
     pub settled: bool,
 }
 
-impl Stage {
+impl ClientStatements {
     /// Applies the reply queue to server bytes on their way to the client.
     pub fn inbound(&mut self, chunk: Bytes, server: &mut ServerStatements) -> Bytes {
         if !self.tracking {

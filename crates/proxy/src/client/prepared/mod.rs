@@ -33,8 +33,6 @@ use crate::protocol::{extended, tags::status};
 use crate::server::statements::ServerStatements;
 use crate::server::Conversation;
 
-pub use sql::{classify, Sql};
-
 /// One client statement as weir prepares it on servers.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Statement {
@@ -119,7 +117,7 @@ impl Expect {
 
 /// One client's prepared-statement and pinning state.
 #[derive(Debug)]
-pub struct Stage {
+pub struct ClientStatements {
     /// Transaction mode: weir looks at what the client sends.
     enabled: bool,
     /// max_prepared_statements; 0 leaves named statements alone.
@@ -141,10 +139,10 @@ pub struct Stage {
     metrics: Arc<PoolMetrics>,
 }
 
-impl Stage {
+impl ClientStatements {
     /// `enabled` is true in transaction mode; `max` is max_prepared_statements.
-    pub fn new(enabled: bool, max: u32, metrics: Arc<PoolMetrics>) -> Stage {
-        Stage {
+    pub fn new(enabled: bool, max: u32, metrics: Arc<PoolMetrics>) -> ClientStatements {
+        ClientStatements {
             enabled,
             max: if enabled { max } else { 0 },
             tracking: false,
@@ -161,11 +159,6 @@ impl Stage {
     /// Why this client keeps its server connection, if it must.
     pub fn pinned(&self) -> Option<&'static str> {
         self.pinned
-    }
-
-    /// Statements the client has prepared (as it names them).
-    pub fn client_statements(&self) -> usize {
-        self.statements.len()
     }
 
     /// A server connection was just lent to this client.

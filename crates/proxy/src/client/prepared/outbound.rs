@@ -9,7 +9,7 @@ use std::sync::Arc;
 use bytes::BytesMut;
 
 use super::sql::{classify, Sql, INSPECT_LIMIT};
-use super::{Expect, Rewrite, Stage, Statement};
+use super::{ClientStatements, Expect, Rewrite, Statement};
 use crate::protocol::{
     extended::{self, TARGET_STATEMENT},
     messages::{self, Severity},
@@ -60,21 +60,21 @@ impl Msg<'_> {
     }
 }
 
-impl Stage {
-    /// Rewrites the client messages at the front of `cbuf` for the server
+impl ClientStatements {
+    /// Rewrites the client messages at the front of `client_in` for the server
     /// this client holds and returns how many leading bytes are ready to send
     /// (all of them are sent before the next call).
     pub fn outbound(
         &mut self,
-        cbuf: &mut BytesMut,
+        client_in: &mut BytesMut,
         conv: &Conversation,
         server: &mut ServerStatements,
         max_message: usize,
     ) -> Result<usize, ProtocolError> {
         if !self.enabled {
-            return Ok(cbuf.len());
+            return Ok(client_in.len());
         }
-        let src: &[u8] = cbuf;
+        let src: &[u8] = client_in;
         let mut rw = Rewrite::default();
         let mut at = (self.pass_remaining as usize).min(src.len());
         self.pass_remaining -= at as u32;
@@ -113,10 +113,10 @@ impl Stage {
         let Some(mut out) = rw.out.take() else { return Ok(at) };
         let ready = out.len() + (at - rw.copied);
         out.extend_from_slice(&src[rw.copied..]);
-        if out.capacity() < cbuf.capacity() {
-            out.reserve(cbuf.capacity() - out.len());
+        if out.capacity() < client_in.capacity() {
+            out.reserve(client_in.capacity() - out.len());
         }
-        *cbuf = out;
+        *client_in = out;
         Ok(ready)
     }
 

@@ -79,7 +79,7 @@ fn frames(b: &[u8]) -> Vec<(u8, Vec<u8>)> {
 
 /// One client on one server connection.
 struct Sim {
-    stage: Stage,
+    stage: ClientStatements,
     server: ServerStatements,
     conv: Conversation,
 }
@@ -88,7 +88,7 @@ impl Sim {
     fn new(max: u32) -> Sim {
         let metrics = PoolMetrics::new("db", "u");
         let mut s = Sim {
-            stage: Stage::new(true, max, metrics),
+            stage: ClientStatements::new(true, max, metrics),
             server: ServerStatements::default(),
             conv: Conversation::default(),
         };
@@ -107,11 +107,11 @@ impl Sim {
 
     /// Client bytes in; the bytes the server gets out (and what stays).
     fn send(&mut self, client: &[u8]) -> (Vec<u8>, Vec<u8>) {
-        let mut cbuf = BytesMut::from(client);
-        let ready = self.stage.outbound(&mut cbuf, &self.conv, &mut self.server, 1 << 30).unwrap();
-        let out = self.conv.scan_client(&cbuf[..ready], 1 << 30).unwrap();
+        let mut client_in = BytesMut::from(client);
+        let ready = self.stage.outbound(&mut client_in, &self.conv, &mut self.server, 1 << 30).unwrap();
+        let out = self.conv.scan_client(&client_in[..ready], 1 << 30).unwrap();
         assert_eq!(out.forward, ready, "everything ready is forwarded");
-        (cbuf[..ready].to_vec(), cbuf[ready..].to_vec())
+        (client_in[..ready].to_vec(), client_in[ready..].to_vec())
     }
 
     fn sent(&mut self, client: &[u8]) -> Vec<u8> {
@@ -123,10 +123,10 @@ impl Sim {
     /// Server bytes in; what the client sees (synthetic replies included).
     fn recv(&mut self, server: &[u8]) -> Vec<u8> {
         let mut out = self.synth();
-        let mut sbuf = BytesMut::from(server);
-        while !sbuf.is_empty() {
-            let inb = self.conv.scan_server(&sbuf, |_, _| {}).unwrap();
-            let chunk = sbuf.split_to(inb.forward).freeze();
+        let mut server_in = BytesMut::from(server);
+        while !server_in.is_empty() {
+            let scanned = self.conv.scan_server(&server_in, |_, _| {}).unwrap();
+            let chunk = server_in.split_to(scanned.forward).freeze();
             out.extend_from_slice(&self.stage.inbound(chunk, &mut self.server));
             out.extend(self.synth());
         }
@@ -396,11 +396,11 @@ fn a_lease_ending_mid_batch_leaves_its_statements_uncertain() {
 #[test]
 fn off_when_max_is_zero_or_in_session_mode() {
     let metrics = PoolMetrics::new("db", "u");
-    let mut stage = Stage::new(false, 200, metrics.clone());
+    let mut stage = ClientStatements::new(false, 200, metrics.clone());
     let batch = [parse("a", "listen x"), sync()].concat();
-    let mut cbuf = BytesMut::from(&batch[..]);
+    let mut client_in = BytesMut::from(&batch[..]);
     let mut server = ServerStatements::default();
-    assert_eq!(stage.outbound(&mut cbuf, &Conversation::default(), &mut server, 1 << 20).unwrap(), batch.len());
+    assert_eq!(stage.outbound(&mut client_in, &Conversation::default(), &mut server, 1 << 20).unwrap(), batch.len());
     assert!(stage.pinned().is_none());
     let mut s = Sim::new(0);
     assert_eq!(s.sent(&batch), batch);
@@ -423,12 +423,12 @@ fn malformed_messages_do_not_panic() {
         msg(fe::CLOSE, b"S"),
         msg(fe::QUERY, b""),
     ] {
-        let mut cbuf = BytesMut::from(&[bad, sync()].concat()[..]);
-        let _ = s.stage.outbound(&mut cbuf, &s.conv, &mut s.server, 1 << 20);
+        let mut client_in = BytesMut::from(&[bad, sync()].concat()[..]);
+        let _ = s.stage.outbound(&mut client_in, &s.conv, &mut s.server, 1 << 20);
     }
     // Replies the queue does not expect pass through.
     let odd = [reply(be::PARSE_COMPLETE), reply(be::CLOSE_COMPLETE), rfq(b'I'), rfq(b'I')].concat();
-    let mut st = Stage::new(true, 20, PoolMetrics::new("d", "u"));
+    let mut st = ClientStatements::new(true, 20, PoolMetrics::new("d", "u"));
     st.tracking = true;
     assert_eq!(&st.inbound(Bytes::from(odd.clone()), &mut s.server)[..], &odd[..]);
 }

@@ -1,4 +1,5 @@
-//! The registry of logged-in clients, for `SHOW CLIENTS`, `KILL`, the drain
+//! The list of logged-in clients (not the pools, `pool::Pools`, nor the
+//! cancel keys, `cancel_keys`), for `SHOW CLIENTS`, `KILL`, the drain
 //! at shutdown and the `weir_pool_clients` gauge. A client is listed from
 //! login until its `ClientGuard` drops; where it stands (idle, waiting,
 //! active) is read from its cancel slot, which the session keeps current.
@@ -6,12 +7,14 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Instant, SystemTime};
 
 use weir_metrics::ClientState;
 
-use crate::cancel::CancelSlot;
+use crate::cancel_keys::CancelSlot;
 use crate::pool::{Pool, PoolKey, Pools};
 
 /// Whose client it is: a pool's (its database and user are the pool's), or
@@ -37,13 +40,12 @@ impl Owner {
 pub struct ClientEntry {
     pub id: u64,
     /// The registry it is listed in (for `ClientGuard`'s drop).
-    registry: std::sync::Weak<ClientRegistry>,
+    registry: std::sync::Weak<ClientList>,
     owner: Owner,
     pub peer: SocketAddr,
     pub local: Option<SocketAddr>,
     pub application_name: String,
     pub connected_at: SystemTime,
-    pub since: Instant,
     /// The BackendKeyData pid weir gave this client.
     pub key_pid: i32,
     /// An admin console client (not in any pool).
@@ -103,7 +105,7 @@ pub struct NewClient {
 
 /// All logged-in clients.
 #[derive(Debug, Default)]
-pub struct ClientRegistry {
+pub struct ClientList {
     next: AtomicU64,
     clients: Mutex<BTreeMap<u64, Arc<ClientEntry>>>,
 }
@@ -118,18 +120,14 @@ pub struct ClientGuard {
 impl Drop for ClientGuard {
     fn drop(&mut self) {
         if let Some(registry) = self.entry.registry.upgrade() {
-            registry.lock().remove(&self.entry.id);
+            registry.clients.lock().remove(&self.entry.id);
         }
     }
 }
 
-impl ClientRegistry {
+impl ClientList {
     pub fn new() -> Arc<Self> {
-        Arc::new(ClientRegistry::default())
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<ClientEntry>>> {
-        self.clients.lock().unwrap_or_else(|e| e.into_inner())
+        Arc::new(ClientList::default())
     }
 
     /// Lists a client until the returned guard drops.
@@ -144,25 +142,20 @@ impl ClientRegistry {
             local: c.local,
             application_name: c.application_name,
             connected_at: SystemTime::now(),
-            since: Instant::now(),
             key_pid: c.key_pid,
             slot: c.slot,
         });
-        self.lock().insert(id, entry.clone());
+        self.clients.lock().insert(id, entry.clone());
         ClientGuard { entry }
     }
 
     /// Every listed client, oldest first.
     pub fn all(&self) -> Vec<Arc<ClientEntry>> {
-        self.lock().values().cloned().collect()
+        self.clients.lock().values().cloned().collect()
     }
 
     pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.clients.lock().len()
     }
 
     /// Kills the pooled clients of `database` (every pooled client when None).
@@ -231,8 +224,8 @@ mod tests {
 
     #[tokio::test]
     async fn registers_kills_and_forgets() {
-        let reg = ClientRegistry::new();
-        let cancels = crate::cancel::CancelRegistry::new();
+        let reg = ClientList::new();
+        let cancels = crate::cancel_keys::CancelKeys::new();
         let (ka, kb) = (cancels.register(), cancels.register());
         let a = reg.register(client("a", Some(ka.slot.clone())));
         let _b = reg.register(client("b", Some(kb.slot.clone())));

@@ -1,11 +1,14 @@
-//! The cancel registry: weir's own BackendKeyData for each client, mapped to
-//! where that client's query is now. A cancel for a queued query is answered
+//! The cancel keys weir hands its clients: weir's own BackendKeyData for each
+//! client, mapped to where that client's query is now (`server::cancel` is
+//! the other half: it carries a cancel to Postgres with the server's key). A cancel for a queued query is answered
 //! by weir and never reaches Postgres; one for a running query is forwarded
 //! to that server with the server's own key.
 
 use std::collections::hash_map::{Entry, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use rand::Rng;
@@ -39,18 +42,14 @@ pub struct CancelSlot {
 }
 
 impl CancelSlot {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Where> {
-        self.at.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     pub fn set_idle(&self) {
-        *self.lock() = Where::Idle;
+        *self.at.lock() = Where::Idle;
     }
 
     pub fn set_waiting(&self) {
         let us = epoch().elapsed().as_micros().max(1);
         self.requested_us.store(u64::try_from(us).unwrap_or(u64::MAX), std::sync::atomic::Ordering::Relaxed);
-        *self.lock() = Where::Waiting { cancelled: false };
+        *self.at.lock() = Where::Waiting { cancelled: false };
     }
 
     /// When the latest request began waiting for a server, if there was one.
@@ -61,7 +60,7 @@ impl CancelSlot {
 
     /// True if a cancel came while waiting; the wait should end with 57014.
     pub fn wait_cancelled(&self) -> bool {
-        matches!(*self.lock(), Where::Waiting { cancelled: true })
+        matches!(*self.at.lock(), Where::Waiting { cancelled: true })
     }
 
     /// Resolves once a cancel has come while waiting. Cancel-safe.
@@ -72,7 +71,7 @@ impl CancelSlot {
     /// Moves from waiting to running. Returns false, staying put, if a cancel
     /// arrived first: the query must then not run.
     pub fn set_active(&self, target: CancelTarget) -> bool {
-        let mut at = self.lock();
+        let mut at = self.at.lock();
         if matches!(*at, Where::Waiting { cancelled: true }) {
             return false;
         }
@@ -82,7 +81,7 @@ impl CancelSlot {
 
     /// Where the client stands, for SHOW CLIENTS and the client gauges.
     pub fn client_state(&self) -> weir_metrics::ClientState {
-        match *self.lock() {
+        match *self.at.lock() {
             Where::Idle => weir_metrics::ClientState::Idle,
             Where::Waiting { .. } => weir_metrics::ClientState::Waiting,
             Where::Active(_) => weir_metrics::ClientState::Active,
@@ -91,7 +90,7 @@ impl CancelSlot {
 
     /// Cancels in flight to the server the client is using (0 if none).
     pub fn cancels_in_flight(&self) -> usize {
-        match &*self.lock() {
+        match &*self.at.lock() {
             Where::Active(target) => target.gate.in_flight(),
             _ => 0,
         }
@@ -99,7 +98,7 @@ impl CancelSlot {
 
     /// The backend pid of the server the client is using, if any.
     pub fn server_pid(&self) -> Option<i32> {
-        match &*self.lock() {
+        match &*self.at.lock() {
             Where::Active(target) => Some(target.pid),
             _ => None,
         }
@@ -142,7 +141,7 @@ type Slots = HashMap<i32, (i32, Arc<CancelSlot>), BuildHasherDefault<PidHasher>>
 
 /// All clients' keys.
 #[derive(Debug, Default)]
-pub struct CancelRegistry {
+pub struct CancelKeys {
     slots: Mutex<Slots>,
     pub metrics: GlobalMetrics,
 }
@@ -150,7 +149,7 @@ pub struct CancelRegistry {
 /// Removes a client's key when dropped.
 #[derive(Debug)]
 pub struct Registration {
-    registry: Arc<CancelRegistry>,
+    registry: Arc<CancelKeys>,
     pub pid: i32,
     pub secret: i32,
     pub slot: Arc<CancelSlot>,
@@ -158,13 +157,13 @@ pub struct Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.registry.slots.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.pid);
+        self.registry.slots.lock().remove(&self.pid);
     }
 }
 
-impl CancelRegistry {
+impl CancelKeys {
     pub fn new() -> Arc<Self> {
-        Arc::new(CancelRegistry::default())
+        Arc::new(CancelKeys::default())
     }
 
     /// Gives a new client a unique random key.
@@ -182,7 +181,7 @@ impl CancelRegistry {
             switch: Default::default(),
         });
         let mut rng = rand::thread_rng();
-        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slots = self.slots.lock();
         loop {
             let pid = pid.take().unwrap_or_else(|| rng.gen_range(1..i32::MAX));
             if let Entry::Vacant(free) = slots.entry(pid) {
@@ -196,7 +195,7 @@ impl CancelRegistry {
     /// Handles a CancelRequest. Never blocks on Postgres.
     pub fn cancel(&self, pid: i32, secret: i32) -> CancelOutcome {
         let slot = {
-            let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+            let slots = self.slots.lock();
             match slots.get(&pid) {
                 Some((s, slot)) if *s == secret => slot.clone(),
                 _ => {
@@ -206,7 +205,7 @@ impl CancelRegistry {
             }
         };
         let outcome = {
-            let mut at = slot.lock();
+            let mut at = slot.at.lock();
             match &mut *at {
                 Where::Waiting { cancelled } => {
                     *cancelled = true;

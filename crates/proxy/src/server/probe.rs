@@ -1,6 +1,7 @@
 //! Application-level liveness of a server connection that owes an answer:
 //! the settings (`Watch`) and the out-of-band probe that tells a silent but
-//! busy server from a dead path.
+//! busy server from a dead path. The clocks that decide when to probe run in
+//! the client's transfer (`client::transfer_watchdog`).
 //!
 //! Socket options (keepalive, TCP_USER_TIMEOUT, see `socket.rs`) catch a path
 //! that drops packets, because the kernel's own probes go unanswered. They
@@ -28,8 +29,8 @@
 //! in the process, and an address whose probe could not even connect is
 //! taken as dead, without another attempt, for `server_connect_timeout`.
 
+use parking_lot::Mutex;
 use std::pin::Pin;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
@@ -123,13 +124,13 @@ pub async fn probe(spec: &ConnectSpec, pid: i32) -> Verdict {
 
 /// Why the address's last probe failed, if that was within server_connect_timeout.
 fn recently_dead(spec: &ConnectSpec) -> Option<String> {
-    let mut dead = DEAD_PATHS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut dead = DEAD_PATHS.lock();
     dead.retain(|(_, _, at, _)| at.elapsed() < spec.connect_timeout);
     dead.iter().find(|(h, p, _, _)| *h == spec.host && *p == spec.port).map(|(_, _, _, why)| why.clone())
 }
 
 fn path_dead(spec: &ConnectSpec, why: String) -> Verdict {
-    let mut dead = DEAD_PATHS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut dead = DEAD_PATHS.lock();
     dead.retain(|(h, p, _, _)| !(*h == spec.host && *p == spec.port));
     dead.push((spec.host.clone(), spec.port, Instant::now(), why.clone()));
     Verdict::Dead(why)
@@ -201,7 +202,7 @@ mod tests {
             host: "127.0.0.1".into(),
             port,
             user: "u".into(),
-            credentials: crate::server::login::Credentials::None,
+            credentials: crate::auth::Credentials::None,
             dbname: "d".into(),
             liveness: super::super::socket::Liveness::from_config(&crate::config::General::default()),
             connect_timeout: Duration::from_secs(2),

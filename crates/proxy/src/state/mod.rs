@@ -1,33 +1,30 @@
-//! The running proxy: shared state, the accept loop, `max_client_conn`,
-//! readiness, PAUSE bookkeeping, config reload, and the lifecycle: draining
-//! (SIGTERM, SHUTDOWN) through the `shutdown` token and stopping (SIGINT).
+//! Shared state and its lifecycle: what every client task shares (`Shared`:
+//! the live config, the auth_file and hba rules, the pools, the cancel keys,
+//! the list of logged-in clients), the PAUSE bookkeeping, config reload, and
+//! the drain and stop. `app` owns the listener and starts and ends a running
+//! weir through this; the client tasks and the console read and change it.
+
+pub mod client_list;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
-use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use weir_metrics::{ClientResult, CloseReason};
+use weir_metrics::CloseReason;
 
 use crate::auth::hba::Hba;
 use crate::auth::UserList;
-use crate::cancel::CancelRegistry;
-use crate::client::registry::ClientRegistry;
-use crate::client::{self, ClientError};
+use crate::cancel_keys::CancelKeys;
 use crate::config::{Config, ConfigCell, ConfigError};
 use crate::pool::{Pool, PoolKey, Pools};
-use crate::protocol::messages::{self, Severity};
-
-/// How often the client gauges are refreshed from the client registry.
-const GAUGE_PERIOD: Duration = Duration::from_millis(500);
+use client_list::ClientList;
 
 /// State every client task shares.
 #[derive(Debug)]
@@ -35,26 +32,26 @@ pub struct Shared {
     pub config: ConfigCell,
     pub users: ArcSwap<UserList>,
     /// The auth_hba_file's rules, with auth_type = "hba".
-    pub hba: ArcSwapOption<Hba>,
+    pub(crate) hba: ArcSwapOption<Hba>,
     /// The client-side TLS acceptor (None with client_tls_sslmode = disable).
-    pub client_tls: ArcSwapOption<crate::tls::ClientTls>,
+    pub(crate) client_tls: ArcSwapOption<crate::tls::ClientTls>,
     pub pools: Pools,
     /// Verifiers found by auth_query, for users not in auth_file.
-    pub auth_query_cache: crate::auth::query::AuthQueryCache,
-    pub cancels: Arc<CancelRegistry>,
+    pub(crate) auth_query_cache: crate::auth::query::AuthQueryCache,
+    pub cancels: Arc<CancelKeys>,
     /// Client connections open (logged in or not), for max_client_conn.
     pub clients: AtomicUsize,
     /// Logged-in clients (SHOW CLIENTS, KILL, the drain).
-    pub registry: Arc<ClientRegistry>,
+    pub(crate) client_list: Arc<ClientList>,
     /// Cancelled when the drain starts: no new clients, idle clients leave.
     pub shutdown: crate::signal::Signal,
     /// Cancelled when the drain (or a stop) is complete.
-    pub stopped: CancellationToken,
+    pub(crate) stopped: CancellationToken,
     /// Every client task (and the accept loop).
-    pub tracker: TaskTracker,
+    pub(crate) tracker: TaskTracker,
     config_path: Mutex<Option<PathBuf>>,
     paused: Mutex<Paused>,
-    listening: AtomicBool,
+    pub(crate) listening: AtomicBool,
     draining: AtomicBool,
     reload_lock: Mutex<()>,
     /// The console's DISABLE list.
@@ -96,14 +93,6 @@ pub enum ReloadError {
     Tls(#[from] crate::tls::TlsError),
 }
 
-/// A running weir.
-#[derive(Debug)]
-pub struct Weir {
-    shared: Arc<Shared>,
-    addr: SocketAddr,
-    exporter: Option<weir_metrics::Exporter>,
-}
-
 /// Loads the auth_file named by the config (empty when there is none).
 pub fn load_users(cfg: &Config) -> Result<UserList, StartError> {
     match cfg.auth_file_path() {
@@ -122,69 +111,13 @@ pub fn load_hba(cfg: &Config) -> Result<Option<Arc<Hba>>, StartError> {
     }
 }
 
-impl Weir {
-    /// Binds the listener (and the metrics endpoint) and starts accepting.
-    pub async fn start(cfg: Config) -> Result<Weir, StartError> {
-        let cell: Arc<OnceLock<Weak<Shared>>> = Arc::new(OnceLock::new());
-        let exporter = match cfg.metrics.listen_addr {
-            Some(addr) => {
-                let cell = cell.clone();
-                let ready = Arc::new(move || cell.get().and_then(Weak::upgrade).is_some_and(|s| s.is_ready()));
-                Some(weir_metrics::install(addr, ready)?)
-            }
-            None => None,
-        };
-        weir_metrics::set_build_info(env!("CARGO_PKG_VERSION"));
-        let users = load_users(&cfg)?;
-        let hba = load_hba(&cfg)?;
-        let client_tls = crate::tls::load_client_tls(&cfg)?;
-        crate::tls::load_server_tls(&cfg)?;
-        let listener =
-            TcpListener::bind(cfg.weir.listen_addr).await.map_err(|e| StartError::Listen(cfg.weir.listen_addr, e))?;
-        let addr = listener.local_addr().map_err(|e| StartError::Listen(cfg.weir.listen_addr, e))?;
-        let shared = Arc::new(Shared::new(cfg, users));
-        shared.hba.store(hba);
-        shared.client_tls.store(client_tls);
-        let _ = cell.set(Arc::downgrade(&shared));
-        shared.listening.store(true, Ordering::SeqCst);
-        shared.tracker.spawn(accept_loop(listener, shared.clone()));
-        spawn_client_gauges(&shared);
-        crate::admin::stats::spawn_periods(&shared);
-        tracing::info!(%addr, "weir is listening");
-        Ok(Weir { shared, addr, exporter })
-    }
-
-    pub fn local_addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    pub fn metrics_addr(&self) -> Option<SocketAddr> {
-        self.exporter.as_ref().map(|e| e.local_addr())
-    }
-
-    pub fn shared(&self) -> &Arc<Shared> {
-        &self.shared
-    }
-
+impl Shared {
     /// The file RELOAD and SIGHUP re-read.
     pub fn set_config_path(&self, path: PathBuf) {
-        *self.shared.config_path.lock().unwrap_or_else(|e| e.into_inner()) = Some(path);
+        *self.config_path.lock() = Some(path);
     }
 
-    /// Applies a new config (and reloads the auth_file) without dropping
-    /// clients. Returns notes about settings that need a restart.
-    pub fn reload(&self, cfg: Config) -> Result<Vec<String>, ReloadError> {
-        self.shared.reload(cfg)
-    }
-
-    /// Drains (see `Shared::drain`) and returns when it is done.
-    pub async fn shutdown(self) {
-        self.shared.drain().await;
-    }
-}
-
-impl Shared {
-    fn new(cfg: Config, users: UserList) -> Shared {
+    pub fn new(cfg: Config, users: UserList) -> Shared {
         Shared {
             config: ConfigCell::new(cfg),
             users: ArcSwap::from_pointee(users),
@@ -192,9 +125,9 @@ impl Shared {
             client_tls: ArcSwapOption::empty(),
             pools: Pools::new(),
             auth_query_cache: Default::default(),
-            cancels: CancelRegistry::new(),
+            cancels: CancelKeys::new(),
             clients: AtomicUsize::new(0),
-            registry: ClientRegistry::new(),
+            client_list: ClientList::new(),
             shutdown: crate::signal::Signal::new(),
             stopped: CancellationToken::new(),
             tracker: TaskTracker::new(),
@@ -213,7 +146,7 @@ impl Shared {
         &self,
         cfg: &Config,
         key: &PoolKey,
-        credentials: impl Into<crate::server::login::Credentials>,
+        credentials: impl Into<crate::auth::Credentials>,
     ) -> Option<Arc<Pool>> {
         let pool = self.pools.get_or_create(cfg, key, credentials)?;
         if self.is_paused(&key.database) {
@@ -223,13 +156,13 @@ impl Shared {
     }
 
     pub fn is_paused(&self, database: &str) -> bool {
-        let p = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+        let p = self.paused.lock();
         p.all || p.databases.contains(database)
     }
 
     /// Every database name PAUSE or KILL left paused ("*" for all).
     pub fn paused_databases(&self) -> Vec<String> {
-        let p = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+        let p = self.paused.lock();
         p.all.then(|| "*".to_owned()).into_iter().chain(p.databases.iter().cloned()).collect()
     }
 
@@ -237,7 +170,7 @@ impl Shared {
     /// pauses or resumes the pools that exist. Returns the pools touched.
     pub fn set_paused(&self, database: Option<&str>, paused: bool) -> Vec<Arc<Pool>> {
         {
-            let mut p = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+            let mut p = self.paused.lock();
             match (database, paused) {
                 (None, true) => p.all = true,
                 (None, false) => *p = Paused::default(),
@@ -274,8 +207,7 @@ impl Shared {
 
     /// Re-reads the config file and applies it (RELOAD, SIGHUP).
     pub fn reload_from_disk(&self) -> Result<Vec<String>, ReloadError> {
-        let path =
-            self.config_path.lock().unwrap_or_else(|e| e.into_inner()).clone().ok_or(ReloadError::NoConfigFile)?;
+        let path = self.config_path.lock().clone().ok_or(ReloadError::NoConfigFile)?;
         let cfg = Config::load(&path)?;
         self.reload(cfg)
     }
@@ -283,8 +215,20 @@ impl Shared {
     /// Applies a validated config and its auth_file without dropping clients.
     /// Settings that need a restart keep their running values; the returned
     /// notes say which ones changed.
-    pub fn reload(&self, mut cfg: Config) -> Result<Vec<String>, ReloadError> {
-        let _one_at_a_time = self.reload_lock.lock().unwrap_or_else(|e| e.into_inner());
+    pub fn reload(&self, cfg: Config) -> Result<Vec<String>, ReloadError> {
+        let max_client_conn = cfg.weir.max_client_conn;
+        let result = self.apply(cfg);
+        let counted = if result.is_ok() { weir_metrics::ReloadResult::Ok } else { weir_metrics::ReloadResult::Failed };
+        weir_metrics::record_reload(counted);
+        if result.is_ok() {
+            weir_metrics::set_max_client_conn(max_client_conn as usize);
+        }
+        result
+    }
+
+    /// `reload` without the counting.
+    fn apply(&self, mut cfg: Config) -> Result<Vec<String>, ReloadError> {
+        let _one_at_a_time = self.reload_lock.lock();
         let users = load_users(&cfg).map_err(|e| ReloadError::AuthFile(e.to_string()))?;
         let hba = load_hba(&cfg).map_err(|e| ReloadError::AuthFile(e.to_string()))?;
         let client_tls = crate::tls::load_client_tls(&cfg)?;
@@ -310,11 +254,6 @@ impl Shared {
         Ok(notes)
     }
 
-    /// True once a drain or stop has begun.
-    pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::SeqCst)
-    }
-
     /// Drains, as for SIGTERM: stops accepting (the listener closes and
     /// /readyz turns 503), idle clients get FATAL 57P01, running transactions
     /// may finish for up to `shutdown_timeout`; then the remaining clients are
@@ -326,12 +265,12 @@ impl Shared {
         }
         let cfg = self.config.load();
         let limit = cfg.weir.shutdown_timeout;
-        tracing::info!(clients = self.registry.len(), shutdown_timeout = ?limit, "draining: not accepting; waiting for running transactions");
+        tracing::info!(clients = self.client_list.len(), shutdown_timeout = ?limit, "draining: not accepting; waiting for running transactions");
         self.shutdown.cancel();
-        self.registry.wake_for_drain();
+        self.client_list.wake_for_drain();
         self.tracker.close();
         if tokio::time::timeout(limit, self.tracker.wait()).await.is_err() {
-            let n = self.registry.kill_database(None, "weir is shutting down: shutdown_timeout expired");
+            let n = self.client_list.kill_database(None, "weir is shutting down: shutdown_timeout expired");
             tracing::warn!(clients = n, "shutdown_timeout passed; disconnecting the remaining clients");
             let _ = tokio::time::timeout(Duration::from_secs(2), self.tracker.wait()).await;
         }
@@ -376,78 +315,6 @@ pub async fn quiesce(pools: &[Arc<Pool>], reason: CloseReason, limit: Option<Dur
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-/// Keeps the idle/active client gauges in step with the registry.
-fn spawn_client_gauges(shared: &Arc<Shared>) {
-    let weak = Arc::downgrade(shared);
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(GAUGE_PERIOD);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            let Some(shared) = weak.upgrade() else { return };
-            if shared.stopped.is_cancelled() {
-                return;
-            }
-            shared.registry.publish_gauges(&shared.pools);
-        }
-    });
-}
-
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    loop {
-        let accepted = tokio::select! {
-            r = listener.accept() => r,
-            _ = shared.shutdown.cancelled() => break,
-        };
-        let (socket, peer) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                continue;
-            }
-        };
-        let _ = socket.set_nodelay(true);
-        let max = shared.config.load().weir.max_client_conn as usize;
-        if shared.clients.fetch_add(1, Ordering::AcqRel) >= max {
-            shared.clients.fetch_sub(1, Ordering::AcqRel);
-            shared.cancels.metrics.record_client_connection(ClientResult::Refused);
-            shared.tracker.spawn(refuse(socket, peer));
-            continue;
-        }
-        // `serve` gives the count back when the client is done.
-        shared.tracker.spawn(client::serve(socket, peer, shared.clone()));
-    }
-    // The listener closes here: new connections are refused from now on.
-    shared.listening.store(false, Ordering::SeqCst);
-    drop(listener);
-    tracing::info!("stopped accepting clients");
-}
-
-/// Answers a client over max_client_conn with 53300 and closes gracefully,
-/// reading briefly so the error is not lost to a reset.
-async fn refuse(mut socket: TcpStream, peer: SocketAddr) {
-    static REFUSED: crate::ratelog::RateLimited = crate::ratelog::RateLimited::new();
-    if let Some(held) = REFUSED.allow() {
-        tracing::warn!(%peer, "refusing client: max_client_conn reached ({held} more since the last line)");
-    }
-    let err = ClientError::TooManyClients;
-    let mut out = BytesMut::new();
-    messages::error_response(&mut out, Severity::Fatal, err.sqlstate(), &err.client_message());
-    let mut sink = [0u8; 1024];
-    let _ = tokio::time::timeout(Duration::from_millis(100), socket.read(&mut sink)).await;
-    let _ = socket.write_all(&out).await;
-    let _ = socket.shutdown().await;
-    let _ = tokio::time::timeout(Duration::from_millis(200), async {
-        while let Ok(n) = socket.read(&mut sink).await {
-            if n == 0 {
-                break;
-            }
-        }
-    })
-    .await;
 }
 
 #[cfg(test)]

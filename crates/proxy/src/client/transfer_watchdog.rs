@@ -1,6 +1,7 @@
-//! The watchdog of the active phase: three clocks that run beside the
+//! The watchdog of one transfer: three clocks that run beside the
 //! forwarding loop (`transfer.rs`) and end a conversation no socket option
-//! would end.
+//! would end. `server::probe` holds its settings and the out-of-band probe
+//! it starts; this module decides when.
 //!
 //! * **query_timeout** (off by default). The clock starts when the server
 //!   begins to owe a ReadyForQuery and restarts at each one it sends. When it
@@ -39,7 +40,7 @@ use weir_metrics::CloseReason;
 
 use crate::protocol::{sqlstate, tags::status, SqlState};
 use crate::server::cancel::CancelTarget;
-use crate::server::watch::{self, AlarmTimer, Verdict, Watch};
+use crate::server::probe::{self, AlarmTimer, Verdict, Watch};
 use crate::server::{forward_cancel, ConnectSpec, Conversation};
 
 /// Why the watchdog ended a conversation.
@@ -228,7 +229,7 @@ impl<'a> Watchdog<'a> {
             if self.probe.is_none() && now >= since + limit {
                 tracing::info!(pid = self.cancel.pid, "server silent while owing an answer: probing it");
                 let (spec, pid) = (self.spec.clone(), self.cancel.pid);
-                self.probe = Some(Box::pin(async move { watch::probe(&spec, pid).await }));
+                self.probe = Some(Box::pin(async move { probe::probe(&spec, pid).await }));
             }
         }
         if let (Some(since), Some(limit)) = (self.idle_since, self.watch.idle_transaction) {

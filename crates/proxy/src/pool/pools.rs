@@ -1,13 +1,17 @@
-//! All pools, keyed by (database, user), created on first use from the live
-//! config; plus the per-database server count behind `max_db_connections`.
+//! All pools (`Pools`), keyed by (database, user), created on first use from
+//! the live config (not to be confused with `state::client_list`, the list
+//! of clients, or `cancel_keys`); plus the per-database server count behind `max_db_connections`.
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU32;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
 
 use super::{Pool, PoolOptions};
+use crate::auth::Credentials;
 use crate::config::Config;
-use crate::server::{login::Credentials, socket::Liveness, watch::Watch, ConnectSpec};
+use crate::server::{probe::Watch, socket::Liveness, ConnectSpec};
 
 /// Which pool: the database name clients ask for, and the user.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -42,38 +46,38 @@ impl Pools {
     /// client proved a new ClientKey or hash (the password changed).
     pub fn get_or_create(&self, cfg: &Config, key: &PoolKey, credentials: impl Into<Credentials>) -> Option<Arc<Pool>> {
         let credentials = credentials.into();
-        let existing = self.pools.lock().unwrap_or_else(|e| e.into_inner()).get(key).cloned();
+        let existing = self.pools.lock().get(key).cloned();
         if let Some(p) = existing {
             update_credentials(&p, credentials);
             return Some(p);
         }
         let opts = PoolOptions::from_config(cfg, key, credentials)?;
         let db = self.db_count(&key.database);
-        let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        let mut pools = self.pools.lock();
         Some(pools.entry(key.clone()).or_insert_with(|| Pool::new(key.clone(), opts, db)).clone())
     }
 
     fn db_count(&self, database: &str) -> Arc<DbCount> {
-        let mut dbs = self.dbs.lock().unwrap_or_else(|e| e.into_inner());
+        let mut dbs = self.dbs.lock();
         dbs.entry(database.to_owned()).or_default().clone()
     }
 
     /// Every pool, sorted by key.
     pub fn all(&self) -> Vec<Arc<Pool>> {
-        let mut v: Vec<_> = self.pools.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+        let mut v: Vec<_> = self.pools.lock().values().cloned().collect();
         v.sort_by(|a, b| a.key.cmp(&b.key));
         v
     }
 
     pub fn get(&self, database: &str, user: &str) -> Option<Arc<Pool>> {
         let key = PoolKey { database: database.into(), user: user.into() };
-        self.pools.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned()
+        self.pools.lock().get(&key).cloned()
     }
 
     /// Applies a new config to existing pools (their passwords stay).
     pub fn reconfigure(&self, cfg: &Config) {
         for pool in self.all() {
-            let credentials = pool.lock().opts.spec.credentials.clone();
+            let credentials = pool.state.lock().opts.spec.credentials.clone();
             if let Some(opts) = PoolOptions::from_config(cfg, &pool.key, credentials) {
                 pool.reconfigure(opts);
             }
@@ -87,7 +91,7 @@ fn update_credentials(pool: &Arc<Pool>, credentials: Credentials) {
     if credentials == Credentials::None {
         return;
     }
-    let mut st = pool.lock();
+    let mut st = pool.state.lock();
     if st.opts.spec.credentials != credentials {
         st.opts.spec.credentials = credentials;
     }

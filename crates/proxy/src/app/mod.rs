@@ -1,0 +1,171 @@
+//! The running proxy: the listener and its accept loop, `max_client_conn`,
+//! readiness for the metrics endpoint, and starting, reloading and ending a
+//! `Weir`. Each accepted socket becomes one task (`connection`), which sends
+//! it to the pooled session (`client`) or the admin console (`admin`). The
+//! state those share, and its lifecycle, is `state`'s.
+
+mod connection;
+#[cfg(test)]
+mod footprint;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use weir_metrics::ClientResult;
+
+use crate::client::ClientError;
+use crate::config::Config;
+use crate::protocol::messages::{self, Severity};
+pub use crate::state::{load_hba, load_users, quiesce, ReloadError, Shared, StartError};
+pub use connection::serve;
+
+/// How often the client gauges are refreshed from the client registry.
+const GAUGE_PERIOD: Duration = Duration::from_millis(500);
+
+/// A running weir.
+#[derive(Debug)]
+pub struct Weir {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    exporter: Option<weir_metrics::Exporter>,
+}
+
+impl Weir {
+    /// Binds the listener (and the metrics endpoint) and starts accepting.
+    pub async fn start(cfg: Config) -> Result<Weir, StartError> {
+        let cell: Arc<OnceLock<Weak<Shared>>> = Arc::new(OnceLock::new());
+        let exporter = match cfg.metrics.listen_addr {
+            Some(addr) => {
+                let cell = cell.clone();
+                let ready = Arc::new(move || cell.get().and_then(Weak::upgrade).is_some_and(|s| s.is_ready()));
+                Some(weir_metrics::install(addr, ready)?)
+            }
+            None => None,
+        };
+        weir_metrics::set_build_info(env!("CARGO_PKG_VERSION"));
+        weir_metrics::set_max_client_conn(cfg.weir.max_client_conn as usize);
+        let users = load_users(&cfg)?;
+        let hba = load_hba(&cfg)?;
+        let client_tls = crate::tls::load_client_tls(&cfg)?;
+        crate::tls::load_server_tls(&cfg)?;
+        let listener =
+            TcpListener::bind(cfg.weir.listen_addr).await.map_err(|e| StartError::Listen(cfg.weir.listen_addr, e))?;
+        let addr = listener.local_addr().map_err(|e| StartError::Listen(cfg.weir.listen_addr, e))?;
+        let shared = Arc::new(Shared::new(cfg, users));
+        shared.hba.store(hba);
+        shared.client_tls.store(client_tls);
+        let _ = cell.set(Arc::downgrade(&shared));
+        shared.listening.store(true, Ordering::SeqCst);
+        shared.tracker.spawn(accept_loop(listener, shared.clone()));
+        spawn_client_gauges(&shared);
+        crate::admin::stats::spawn_periods(&shared);
+        tracing::info!(%addr, "weir is listening");
+        Ok(Weir { shared, addr, exporter })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.exporter.as_ref().map(|e| e.local_addr())
+    }
+
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// The file RELOAD and SIGHUP re-read.
+    pub fn set_config_path(&self, path: PathBuf) {
+        self.shared.set_config_path(path);
+    }
+
+    /// Applies a new config (and reloads the auth_file) without dropping
+    /// clients. Returns notes about settings that need a restart.
+    pub fn reload(&self, cfg: Config) -> Result<Vec<String>, ReloadError> {
+        self.shared.reload(cfg)
+    }
+
+    /// Drains (see `Shared::drain`) and returns when it is done.
+    pub async fn shutdown(self) {
+        self.shared.drain().await;
+    }
+}
+
+/// Keeps the idle/active client gauges in step with the registry.
+fn spawn_client_gauges(shared: &Arc<Shared>) {
+    let weak = Arc::downgrade(shared);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(GAUGE_PERIOD);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(shared) = weak.upgrade() else { return };
+            if shared.stopped.is_cancelled() {
+                return;
+            }
+            shared.client_list.publish_gauges(&shared.pools);
+        }
+    });
+}
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = shared.shutdown.cancelled() => break,
+        };
+        let (socket, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let _ = socket.set_nodelay(true);
+        let max = shared.config.load().weir.max_client_conn as usize;
+        if shared.clients.fetch_add(1, Ordering::AcqRel) >= max {
+            shared.clients.fetch_sub(1, Ordering::AcqRel);
+            shared.cancels.metrics.record_client_connection(ClientResult::Refused);
+            shared.tracker.spawn(refuse(socket, peer));
+            continue;
+        }
+        // `serve` gives the count back when the client is done.
+        shared.tracker.spawn(serve(socket, peer, shared.clone()));
+    }
+    // The listener closes here: new connections are refused from now on.
+    shared.listening.store(false, Ordering::SeqCst);
+    drop(listener);
+    tracing::info!("stopped accepting clients");
+}
+
+/// Answers a client over max_client_conn with 53300 and closes gracefully,
+/// reading briefly so the error is not lost to a reset.
+async fn refuse(mut socket: TcpStream, peer: SocketAddr) {
+    static REFUSED: crate::ratelog::RateLimited = crate::ratelog::RateLimited::new();
+    if let Some(held) = REFUSED.allow() {
+        tracing::warn!(%peer, "refusing client: max_client_conn reached ({held} more since the last line)");
+    }
+    let err = ClientError::TooManyClients;
+    let mut out = BytesMut::new();
+    messages::error_response(&mut out, Severity::Fatal, err.sqlstate(), &err.client_message());
+    let mut sink = [0u8; 1024];
+    let _ = tokio::time::timeout(Duration::from_millis(100), socket.read(&mut sink)).await;
+    let _ = socket.write_all(&out).await;
+    let _ = socket.shutdown().await;
+    let _ = tokio::time::timeout(Duration::from_millis(200), async {
+        while let Ok(n) = socket.read(&mut sink).await {
+            if n == 0 {
+                break;
+            }
+        }
+    })
+    .await;
+}
