@@ -5,7 +5,6 @@
 //! re-application, startup `options`, pgbench, and an idle server killed by
 //! `pg_terminate_backend`. Raw-socket protocol cases live in core_protocol.rs.
 
-use std::future::Future;
 use std::process::Output;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -16,14 +15,11 @@ use futures_util::{SinkExt, StreamExt, TryStreamExt};
 use tokio_postgres::types::Type;
 use tokio_postgres::{AsyncMessage, Client, NoTls, SimpleQueryMessage};
 use weir_e2e::{
-    connect, sqlstate, Harness, Opts, APP_DB, MD5_PASS, MD5_USER, SCRAM_PASS, SCRAM_USER, TRUST_PASS, TRUST_USER,
+    bounded, connect, sqlstate, Harness, Opts, APP_DB, MD5_PASS, MD5_USER, SCRAM_PASS, SCRAM_USER, TRUST_PASS,
+    TRUST_USER,
 };
 
 /// Runs a test body under a hard limit, so no test can hang the suite.
-async fn bounded<T>(limit_secs: u64, f: impl Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(limit_secs), f).await.expect("test exceeded its time limit")
-}
-
 /// Runs a libpq tool (psql, pgbench) against weir as `user`, killed after `limit`.
 async fn libpq_tool(h: &Harness, tool: &str, user: &str, pass: &str, args: &[&str], limit: Duration) -> Output {
     let addr = h.addr();
@@ -367,14 +363,9 @@ async fn cancel_running_pg_sleep() {
         assert_eq!(one_text(&c, "select 'after cancel'").await, "after cancel");
         // A cancel with a key nobody has is ignored, harmlessly.
         let bogus = weir::protocol::messages::cancel_request(12345, 67890);
-        let mut s = tokio::net::TcpStream::connect(h.addr()).await.unwrap();
-        tokio::io::AsyncWriteExt::write_all(&mut s, &bogus).await.unwrap();
-        let mut sink = Vec::new();
-        let n = tokio::time::timeout(Duration::from_secs(2), tokio::io::AsyncReadExt::read_to_end(&mut s, &mut sink))
-            .await
-            .expect("cancel socket closed promptly")
-            .unwrap();
-        assert_eq!(n, 0, "nothing is answered to a cancel request");
+        let mut s = weir_e2e::raw::Raw::connect(h.addr()).await.with_limit(Duration::from_secs(2));
+        s.send(&bogus).await.unwrap();
+        assert_eq!(s.next().await, None, "nothing is answered to a cancel request, and the socket closes promptly");
         assert_eq!(one_text(&c, "select 'untouched'").await, "untouched");
     })
     .await

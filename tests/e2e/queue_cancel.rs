@@ -7,8 +7,8 @@ use tokio_postgres::NoTls;
 use weir_e2e::{sqlstate, Harness, Opts, SCRAM_USER};
 use weir_metrics::{CancelOutcome, DropReason};
 
-use crate::queue_raw::{self, Raw};
 use crate::{create_ledger, hold_server, ledger_ids, trust_opts, until_waiting};
+use weir_e2e::raw;
 
 /// Queued cancel (tokio-postgres): B's queued INSERT is cancelled; B gets
 /// 57014 within 100 ms of the cancel call, the cancel socket closes, the row
@@ -58,14 +58,14 @@ async fn queued_cancel_over_raw_sockets_keeps_each_connection() {
     let (a, _) = hold_server(&h).await;
     let mut raws = Vec::new();
     for id in 0..5 {
-        let mut r = Raw::login(h.addr(), SCRAM_USER, "", &[]).await.unwrap();
+        let mut r = crate::raw_login(&h, SCRAM_USER, &[]).await.unwrap();
         r.send_query(&format!("insert into ledger(id) values ({id})")).await.unwrap();
         raws.push(r);
     }
     until_waiting(&h, 5).await;
     for r in raws.iter_mut() {
         let asked = Instant::now();
-        queue_raw::cancel(h.addr(), r.key).await.expect("cancel socket closed without an answer");
+        raw::cancel(h.addr(), r.key()).await.expect("cancel socket closed without an answer");
         let reply = r.reply().await.unwrap();
         assert_eq!(reply.code(), Some("57014"), "{reply:?}");
         assert_eq!(reply.status, b'I');
@@ -89,13 +89,13 @@ async fn the_oldest_waiter_still_there_gets_the_server() {
     let h = Harness::start(trust_opts(1)).await;
     let direct = create_ledger(&h).await;
     let (a, _) = hold_server(&h).await;
-    let mut w1 = Raw::login(h.addr(), SCRAM_USER, "", &[]).await.unwrap();
+    let mut w1 = crate::raw_login(&h, SCRAM_USER, &[]).await.unwrap();
     w1.send_query("insert into ledger(id) values (71)").await.unwrap();
     until_waiting(&h, 1).await;
-    let mut w2 = Raw::login(h.addr(), SCRAM_USER, "", &[]).await.unwrap();
+    let mut w2 = crate::raw_login(&h, SCRAM_USER, &[]).await.unwrap();
     w2.send_query("insert into ledger(id) values (72)").await.unwrap();
     until_waiting(&h, 2).await;
-    let mut w3 = Raw::login(h.addr(), SCRAM_USER, "", &[]).await.unwrap();
+    let mut w3 = crate::raw_login(&h, SCRAM_USER, &[]).await.unwrap();
     w3.send_query("insert into ledger(id) values (73)").await.unwrap();
     until_waiting(&h, 3).await;
     w1.reset();
