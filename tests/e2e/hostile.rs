@@ -170,8 +170,9 @@ async fn malformed_messages_after_login() {
             assert_code(what, &c.outcome().await, want);
         }
         // Cut short, then EOF: the client is gone; nothing runs.
-        let short = tagged(fe::QUERY, b"select 'never run'\0");
-        let mut big = tagged(fe::QUERY, format!("select '{}'", "x".repeat(300_000)).as_bytes());
+        h.psql("create table never_run (v text); grant insert on never_run to public");
+        let short = tagged(fe::QUERY, b"insert into never_run values ('short')\0");
+        let mut big = tagged(fe::QUERY, format!("insert into never_run values ('{}')", "x".repeat(300_000)).as_bytes());
         big.truncate(100_000);
         for (what, bytes) in
             [("header only", &short[..5]), ("half a query", &short[..12]), ("100 KB of a 300 KB query", &big[..])]
@@ -185,6 +186,7 @@ async fn malformed_messages_after_login() {
             weir_e2e::eventually(Duration::from_secs(10), || pool.snapshot().recovering == 0).await,
             "recovery of the half-sent query ends"
         );
+        assert_eq!(h.psql("select count(*) from never_run"), "0", "a query cut short ran");
         before.unharmed(&h).await;
     })
     .await

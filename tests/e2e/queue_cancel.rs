@@ -112,9 +112,13 @@ async fn the_oldest_waiter_still_there_gets_the_server() {
     assert_eq!(h.pool().metrics.dropped_queries(DropReason::ClientGone), 1);
 }
 
-/// PgBouncer's test_cancel_race pattern (pool size 1): 100 cancels for
-/// client 1, fired at once at a running query and then spread over a loop,
-/// while client 2 keeps reusing the same server. Client 2 never sees 57014.
+/// Cancels in the interleaved half of `cancels_for_one_client_never_hit_the_next`.
+const INTERLEAVED: usize = 20;
+
+/// PgBouncer's test_cancel_race pattern (pool size 1): 50 cancels for
+/// client 1 fired at once at a running query, then 20 more, each at one of
+/// client 1's queries seen running, while client 2 keeps reusing the same
+/// server. Client 2 never sees 57014; each of client 1's queries does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancels_for_one_client_never_hit_the_next() {
     let h = Harness::start(Opts { pool_size: 1, ..Opts::default() }).await;
@@ -127,7 +131,8 @@ async fn cancels_for_one_client_never_hit_the_next() {
         let r = c1.simple_query("select pg_sleep(5)").await;
         (r, c1)
     });
-    weir_e2e::eventually(Duration::from_secs(5), || h.pool().snapshot().active == 1).await;
+    let started = weir_e2e::eventually(Duration::from_secs(5), || h.pool().snapshot().active == 1).await;
+    assert!(started, "client 1's sleep never took the server: {:?}", h.pool().snapshot());
     let c2_task = tokio::spawn(async move {
         for _ in 0..20 {
             if let Err(e) = c2.simple_query("select pg_sleep(0.01)").await {
@@ -149,20 +154,11 @@ async fn cancels_for_one_client_never_hit_the_next() {
     let (r, c1) = running.await.unwrap();
     assert_eq!(r.map(|_| ()).err().and_then(|e| sqlstate(&e)).as_deref(), Some("57014"), "client 1 was cancelled");
 
-    // Interleaved: client 1 loops on short queries, 50 more cancels land at
-    // random moments, client 2 loops on the same server.
-    let c1_task = tokio::spawn(async move {
-        let mut seen = 0;
-        for _ in 0..60 {
-            match c1.simple_query("select pg_sleep(0.005)").await {
-                Ok(_) => {}
-                Err(e) if sqlstate(&e).as_deref() == Some("57014") => seen += 1,
-                Err(e) => panic!("client 1 failed: {e}"),
-            }
-        }
-        seen
-    });
+    // Interleaved: client 2 loops on short queries on the same server while
+    // client 1 runs 20 sleeps, each cancelled once it is seen running on
+    // Postgres; every cancel lands on client 1's query, none on client 2's.
     let c2 = c2_task.await.expect("client 2 never saw 57014 during the burst");
+    let direct = h.direct().await;
     let c2_loop = tokio::spawn(async move {
         for _ in 0..60 {
             if let Err(e) = c2.simple_query("select pg_sleep(0.005)").await {
@@ -170,12 +166,26 @@ async fn cancels_for_one_client_never_hit_the_next() {
             }
         }
     });
-    for i in 0..50u64 {
-        tokio::time::sleep(Duration::from_millis(3 + (i * 7) % 11)).await;
-        token.cancel_query(NoTls).await.expect("cancel request accepted");
+    let mut seen = 0;
+    for _ in 0..INTERLEAVED {
+        let sleeping = c1.simple_query("select pg_sleep(30)");
+        let cancel = async {
+            let running =
+                "select count(*) from pg_stat_activity where query = 'select pg_sleep(30)' and state = 'active'";
+            let end = Instant::now() + Duration::from_secs(10);
+            while direct.query_one(running, &[]).await.unwrap().get::<_, i64>(0) != 1 {
+                assert!(Instant::now() < end, "client 1's sleep never ran");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            token.cancel_query(NoTls).await.expect("cancel request accepted");
+        };
+        let (r, ()) = tokio::join!(sleeping, cancel);
+        match r {
+            Err(e) if sqlstate(&e).as_deref() == Some("57014") => seen += 1,
+            other => panic!("client 1's sleep was not cancelled: {other:?}"),
+        }
     }
     c2_loop.await.expect("client 2 never saw 57014");
-    let seen = c1_task.await.unwrap();
-    eprintln!("client 1 saw {seen} cancels in the loop");
+    assert_eq!(seen, INTERLEAVED, "each cancel stopped client 1's running query");
     assert_eq!(h.pool().metrics.closed_total(), 0, "no server was closed");
 }
