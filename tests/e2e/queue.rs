@@ -6,6 +6,9 @@
 //!
 //! Every query under test inserts its own id into a `ledger` table, so
 //! "never ran" is checked on Postgres itself.
+//!
+//! The answers are timed in 100 ms windows, so every test here holds
+//! `weir_e2e::serial` and they run one at a time, not two per process.
 
 mod queue_cancel;
 mod queue_driver;

@@ -15,6 +15,7 @@ use weir_e2e::raw;
 /// never appears, and B's connection keeps working.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queued_cancel_answers_57014_and_the_query_never_runs() {
+    let _alone = weir_e2e::serial().await;
     let h = Harness::start(Opts { pool_size: 1, ..Opts::default() }).await;
     let direct = create_ledger(&h).await;
     let (a, a_pid) = hold_server(&h).await;
@@ -53,6 +54,7 @@ async fn queued_cancel_answers_57014_and_the_query_never_runs() {
 /// closed by weir without a byte, and no row appears.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queued_cancel_over_raw_sockets_keeps_each_connection() {
+    let _alone = weir_e2e::serial().await;
     let h = Harness::start(trust_opts(1)).await;
     let direct = create_ledger(&h).await;
     let (a, _) = hold_server(&h).await;
@@ -86,6 +88,7 @@ async fn queued_cancel_over_raw_sockets_keeps_each_connection() {
 /// never runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_oldest_waiter_still_there_gets_the_server() {
+    let _alone = weir_e2e::serial().await;
     let h = Harness::start(trust_opts(1)).await;
     let direct = create_ledger(&h).await;
     let (a, _) = hold_server(&h).await;
@@ -121,6 +124,7 @@ const INTERLEAVED: usize = 20;
 /// server. Client 2 never sees 57014; each of client 1's queries does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancels_for_one_client_never_hit_the_next() {
+    let _alone = weir_e2e::serial().await;
     let h = Harness::start(Opts { pool_size: 1, ..Opts::default() }).await;
     let c1 = h.client().await;
     let c2 = h.client().await;

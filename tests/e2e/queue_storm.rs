@@ -72,6 +72,7 @@ async fn leave_all(h: &Harness, raws: Vec<Raw>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_storm_of_departing_queued_clients_costs_nothing() {
+    let _alone = weir_e2e::serial().await;
     let h = Harness::start(trust_opts(POOL)).await;
     let direct = create_ledger(&h).await;
     let holders = open_pool(&h).await;

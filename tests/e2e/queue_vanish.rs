@@ -136,36 +136,43 @@ fn query_bytes(sql: &str) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reset_mid_query_outside_a_transaction() {
+    let _alone = weir_e2e::serial().await;
     vanish(false, Doing::Sleeping, Leave::Reset).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reset_mid_query_inside_a_transaction() {
+    let _alone = weir_e2e::serial().await;
     vanish(true, Doing::Sleeping, Leave::Reset).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminate_mid_query_inside_a_transaction() {
+    let _alone = weir_e2e::serial().await;
     vanish(true, Doing::Sleeping, Leave::Terminate).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reset_after_execute_without_sync_in_a_transaction() {
+    let _alone = weir_e2e::serial().await;
     vanish(true, Doing::ExecuteWithoutSync, Leave::Reset).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_mode_reset_mid_query_in_a_transaction() {
+    let _alone = weir_e2e::serial().await;
     vanish_in("session", true, Doing::Sleeping, Leave::Reset).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reset_halfway_through_a_short_message_in_a_transaction() {
+    let _alone = weir_e2e::serial().await;
     vanish(true, Doing::HalfShortMessage, Leave::Reset).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reset_halfway_through_a_long_message_in_a_transaction() {
+    let _alone = weir_e2e::serial().await;
     vanish(true, Doing::HalfLongMessage, Leave::Reset).await;
 }
 
@@ -174,6 +181,7 @@ async fn reset_halfway_through_a_long_message_in_a_transaction() {
 /// node-postgres `query_timeout`, where nobody cancels the running query).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_driver_connection_closed_mid_query_costs_nothing() {
+    let _alone = weir_e2e::serial().await;
     let h = Harness::start(Opts { pool_size: 1, ..Opts::default() }).await;
     let direct = create_ledger(&h).await;
     let (c, conn) =
@@ -204,6 +212,7 @@ async fn a_driver_connection_closed_mid_query_costs_nothing() {
 /// server-side work: no pool, no backend.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_gone_during_login_costs_no_server_work() {
+    let _alone = weir_e2e::serial().await;
     let h = Harness::start(Opts::default()).await;
     let startup = raw::startup(&[("user", MD5_USER), ("database", APP_DB)]);
     for i in 0..20 {
@@ -235,6 +244,7 @@ async fn a_client_gone_during_login_costs_no_server_work() {
 /// the next client gets a fresh one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recovery_that_cannot_finish_closes_the_server_with_its_reason() {
+    let _alone = weir_e2e::serial().await;
     let general = "server_reset_timeout = \"500ms\"".to_string();
     let h = Harness::start(Opts { relay: true, general, ..trust_opts(1) }).await;
     let direct = create_ledger(&h).await;
