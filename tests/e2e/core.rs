@@ -105,9 +105,9 @@ async fn scram_auth() {
         }
         let (ok, out, err) = psql_via_weir(&h, SCRAM_USER, SCRAM_PASS, "select 7").await;
         assert!(ok && out == "7", "psql over SCRAM: {out} {err}");
-        let e = connect(&h.url(SCRAM_USER, "wrong")).await.err().expect("wrong password refused");
+        let e = connect(&h.url(SCRAM_USER, "wrong")).await.expect_err("wrong password refused");
         assert_eq!(sqlstate(&e).as_deref(), Some("28P01"), "{e}");
-        let e = connect(&h.url("nobody", "x")).await.err().expect("unknown user refused");
+        let e = connect(&h.url("nobody", "x")).await.expect_err("unknown user refused");
         assert_eq!(sqlstate(&e).as_deref(), Some("28P01"), "{e}");
     })
     .await
@@ -166,7 +166,7 @@ async fn hashed_auth_file_secrets() {
             h.weir().reload(weir::Config::from_toml(&toml, &h.dir).unwrap()).unwrap();
             let c = connect(&h.url(TRUST_USER, TRUST_PASS)).await.unwrap_or_else(|e| panic!("{auth} {secret}: {e}"));
             assert_eq!(one_text(&c, "select current_user").await, TRUST_USER);
-            let e = connect(&h.url(TRUST_USER, "wrong")).await.err().expect("wrong password refused");
+            let e = connect(&h.url(TRUST_USER, "wrong")).await.expect_err("wrong password refused");
             assert_eq!(sqlstate(&e).as_deref(), Some("28P01"), "{auth}: {e}");
         }
     })
@@ -641,21 +641,21 @@ async fn startup_settings_are_checked_at_login() {
         let general = "track_extra_parameters = [\"search_path\", \"work_mem\", \"no_such_setting\"]".to_owned();
         let h = Harness::start(Opts { general, ..Default::default() }).await;
         let url = format!("{}?options=-c%20enable_seqscan%3Doff", h.url(SCRAM_USER, SCRAM_PASS));
-        let e = connect(&url).await.err().expect("setting outside the allow-list refused");
+        let e = connect(&url).await.expect_err("setting outside the allow-list refused");
         assert_eq!(sqlstate(&e).as_deref(), Some("08P01"), "{e}");
         let why = describe(e);
         assert!(why.contains("unsupported startup parameter: enable_seqscan"), "{why}");
         let url = format!("{}?options=-c%20no_such_setting%3D1", h.url(SCRAM_USER, SCRAM_PASS));
-        let e = connect(&url).await.err().expect("unknown setting refused");
+        let e = connect(&url).await.expect_err("unknown setting refused");
         assert_eq!(sqlstate(&e).as_deref(), Some("42704"), "{e}");
         assert!(describe(e).contains("no_such_setting"));
         let url = format!("{}?options=-c%20work_mem%3Dlots", h.url(SCRAM_USER, SCRAM_PASS));
-        let e = connect(&url).await.err().expect("invalid value refused");
+        let e = connect(&url).await.expect_err("invalid value refused");
         assert_eq!(sqlstate(&e).as_deref(), Some("22023"), "{e}");
         let url = format!("{}?options=-c%20work_mem%3D7MB", h.url(SCRAM_USER, SCRAM_PASS));
         assert_eq!(one_text(&connect(&url).await.unwrap(), "show work_mem").await, "7MB");
         let url = format!("{}?options=-d%205", h.url(SCRAM_USER, SCRAM_PASS));
-        let e = connect(&url).await.err().expect("non -c options refused");
+        let e = connect(&url).await.expect_err("non -c options refused");
         assert!(describe(e).contains("options"));
         assert_eq!(one_text(&h.client().await, "show work_mem").await, "4MB", "other clients keep the default");
     })
@@ -668,8 +668,7 @@ async fn startup_settings_are_checked_at_login() {
 async fn unknown_database_gets_3d000() {
     bounded(60, async {
         let h = Harness::start(Opts::default()).await;
-        let e =
-            connect(&format!("postgres://{SCRAM_USER}:{SCRAM_PASS}@{}/nope", h.addr())).await.err().expect("refused");
+        let e = connect(&format!("postgres://{SCRAM_USER}:{SCRAM_PASS}@{}/nope", h.addr())).await.expect_err("refused");
         assert_eq!(sqlstate(&e).as_deref(), Some("3D000"), "{e}");
     })
     .await
@@ -681,7 +680,7 @@ async fn too_many_clients_gets_53300() {
         let h = Harness::start(Opts { general: "max_client_conn = 2".into(), ..Default::default() }).await;
         let a = h.client().await;
         let b = h.client().await;
-        let e = connect(&h.url(SCRAM_USER, SCRAM_PASS)).await.err().expect("third client refused");
+        let e = connect(&h.url(SCRAM_USER, SCRAM_PASS)).await.expect_err("third client refused");
         assert_eq!(sqlstate(&e).as_deref(), Some("53300"), "{e}");
         assert_eq!(one_text(&a, "select 1").await, "1");
         drop(b);

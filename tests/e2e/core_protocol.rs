@@ -26,6 +26,9 @@ async fn connect(h: &Harness) -> Raw {
     Raw::connect(h.addr()).await.with_limit(READ_LIMIT)
 }
 
+/// Startup parameters, as the raw builders take them.
+type Params<'a> = &'a [(&'a str, &'a str)];
+
 fn user_params() -> [(&'static str, &'static str); 2] {
     [("user", SCRAM_USER), ("database", APP_DB)]
 }
@@ -212,7 +215,7 @@ async fn bytes_pipelined_after_ssl_request_are_refused() {
 async fn startup_parameters_weir_cannot_honour_are_refused() {
     bounded(60, async {
         let h = trust_harness("").await;
-        let cases: [(&[(&str, &str)], &str, &str); 4] = [
+        let cases: [(Params, &str, &str); 4] = [
             (&[("database", APP_DB)], "28000", "user"),
             (&[("user", SCRAM_USER), ("bad;name", "1")], "08P01", "bad;name"),
             (&[("user", SCRAM_USER), ("replication", "database")], "08P01", "replication"),

@@ -13,7 +13,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -26,10 +25,6 @@ const CLIENTS: usize = 20;
 const POOL_SIZE: u32 = 3;
 /// How long one driver's program may take, build included.
 const LIMIT: Duration = Duration::from_secs(180);
-
-/// One driver at a time: the machine has two cores, and a JVM, a Go build
-/// and 20 clients each are plenty for it.
-static SERIAL: Mutex<()> = Mutex::new(());
 
 async fn harness() -> Harness {
     Harness::start(Opts {
@@ -95,7 +90,9 @@ fn assert_prepared_through_weir(h: &Harness) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokio_postgres() {
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // One driver at a time: the machine has two cores, and a JVM, a Go build
+    // and 20 clients each are plenty for it.
+    let _one = weir_e2e::serial().await;
     let h = harness().await;
     let setup = h.client().await;
     setup
@@ -183,7 +180,7 @@ fn check(ok: bool, what: String) -> Result<(), String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn psycopg3() {
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = weir_e2e::serial().await;
     let h = harness().await;
     let mut cmd = command(&h, "python3");
     cmd.arg(drivers_dir().join("python/psycopg_conformance.py"));
@@ -193,7 +190,7 @@ async fn psycopg3() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn asyncpg() {
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = weir_e2e::serial().await;
     let h = harness().await;
     let mut cmd = command(&h, "python3");
     cmd.arg(drivers_dir().join("python/asyncpg_conformance.py"));
@@ -203,7 +200,7 @@ async fn asyncpg() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_postgres() {
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = weir_e2e::serial().await;
     let h = harness().await;
     let dir = drivers_dir().join("node");
     assert!(
@@ -218,7 +215,7 @@ async fn node_postgres() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pgjdbc() {
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = weir_e2e::serial().await;
     let jar = Path::new("/usr/share/java/postgresql.jar");
     assert!(jar.exists(), "pgjdbc is not installed ({}): run scripts/install-deps.sh", jar.display());
     let out = scratch("java");
@@ -235,7 +232,7 @@ async fn pgjdbc() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pgx_v4() {
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = weir_e2e::serial().await;
     let gopath = Path::new("/usr/share/gocode/src/github.com/jackc/pgx/v4");
     assert!(gopath.is_dir(), "pgx v4 is not installed ({}): run scripts/install-deps.sh", gopath.display());
     let out = scratch("go");
@@ -257,7 +254,7 @@ async fn pgx_v4() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn psql() {
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = weir_e2e::serial().await;
     let h = harness().await;
     h.client()
         .await
@@ -293,7 +290,7 @@ async fn run_owned(what: String, cmd: Command) -> String {
 }
 
 async fn pgbench(mode: &str) {
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = weir_e2e::serial().await;
     let h = harness().await;
     let addr = h.addr();
     let base = |h: &Harness| {

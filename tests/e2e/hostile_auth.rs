@@ -49,6 +49,9 @@ fn assert_fatal(what: &str, got: Outcome, want: &str) {
     assert_eq!(got.code(), want, "{what}: {got:?}");
 }
 
+/// Builds a client-final message from the server's nonce.
+type MsgFromNonce = Box<dyn Fn(&str) -> Vec<u8>>;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scram_exchange_abuse() {
     bounded(120, async {
@@ -78,7 +81,7 @@ async fn scram_exchange_abuse() {
             assert_fatal(what, c.outcome().await, want);
         }
 
-        let final_cases: Vec<(&str, Box<dyn Fn(&str) -> Vec<u8>>, &str)> = vec![
+        let final_cases: Vec<(&str, MsgFromNonce, &str)> = vec![
             ("wrong nonce", Box::new(|_: &str| final_msg("biws", "not-the-nonce", ZERO_PROOF)), "08P01"),
             ("nonce of the client alone", Box::new(|_: &str| final_msg("biws", CLIENT_NONCE, ZERO_PROOF)), "08P01"),
             ("proof not base64", Box::new(|n: &str| final_msg("biws", n, "@@@not*base64@@@")), "08P01"),

@@ -44,7 +44,7 @@ async fn open_pool(h: &Harness) -> Vec<Client> {
 async fn queue_clients(h: &Harness) -> Vec<Raw> {
     let mut raws = Vec::with_capacity(QUEUED);
     for chunk in (0..QUEUED).collect::<Vec<_>>().chunks(50) {
-        let logins = join_all(chunk.iter().map(|_| crate::raw_login(&h, SCRAM_USER, &[]))).await;
+        let logins = join_all(chunk.iter().map(|_| crate::raw_login(h, SCRAM_USER, &[]))).await;
         for (i, r) in chunk.iter().zip(logins) {
             let mut r = r.expect("queued client logs in");
             r.send_query(&format!("insert into ledger(id) values ({})", 1000 + i)).await.unwrap();
