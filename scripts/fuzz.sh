@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs every cargo-fuzz target in crates/proxy/fuzz for a bounded time
 # (FUZZ_SECONDS each, default 10) and fails on the first crash, printing the
-# executions per target. Installs cargo-fuzz from crates.io when missing.
+# executions per target. It also fails when `cargo fuzz list` names no
+# target, or a target reports no (or zero) executed units: a run that
+# fuzzed nothing is not a pass. Installs cargo-fuzz from crates.io when missing.
 # Stable rustc takes cargo-fuzz's -Z flags with RUSTC_BOOTSTRAP=1.
 # The committed seeds (crates/proxy/fuzz/corpus/TARGET) are read only; what
 # libFuzzer finds goes to a temporary folder, so the repo's corpus stays small.
@@ -18,6 +20,10 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
 fi
 
 targets=$(cargo fuzz list)
+if [ -z "$targets" ]; then
+    echo "cargo fuzz list named no fuzz target in crates/proxy/fuzz: nothing was fuzzed"
+    exit 1
+fi
 started=$(date +%s)
 cargo fuzz build
 echo "fuzz build: $(($(date +%s) - started)) s"
@@ -33,6 +39,11 @@ for t in $targets; do
         echo "fuzz target $t FAILED (input in crates/proxy/fuzz/artifacts/$t/)"
         exit 1
     fi
-    execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
-    echo "fuzz $t: ${execs:-?} executions in ${seconds} s, no crash"
+    execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
+    if ! [[ "$execs" =~ ^[0-9]+$ ]] || [ "$execs" -eq 0 ]; then
+        tail -n 60 "$log"
+        echo "fuzz target $t ran no input (stat::number_of_executed_units: '${execs}')"
+        exit 1
+    fi
+    echo "fuzz $t: ${execs} executions in ${seconds} s, no crash"
 done

@@ -78,7 +78,7 @@ impl PgBouncer {
     /// The last FATAL line of its log, if any.
     pub fn last_fatal(&self) -> Option<String> {
         let log = std::fs::read_to_string(&self.log).ok()?;
-        log.lines().filter(|l| l.contains("FATAL")).last().map(|l| l.trim().to_string())
+        log.lines().rfind(|l| l.contains("FATAL")).map(|l| l.trim().to_string())
     }
 }
 

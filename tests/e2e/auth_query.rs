@@ -5,13 +5,11 @@
 //! up with auth_query. Against a real Postgres whose pg_hba asks md5_user
 //! for md5 and every other password user for scram-sha-256.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use support::*;
 use weir::auth::UserList;
+use weir_e2e::*;
 
 const LIMIT: Duration = Duration::from_secs(20);
 

@@ -3,18 +3,11 @@
 //! portals fetched a few rows at a time (PortalSuspended), empty queries, and
 //! parameter changes that a rollback undoes.
 
-use std::future::Future;
-use std::time::Duration;
-
 use bytes::Bytes;
 use futures_util::SinkExt;
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, SimpleQueryMessage};
-use weir_e2e::{sqlstate, Harness, Opts};
-
-async fn bounded<T>(limit_secs: u64, f: impl Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(limit_secs), f).await.expect("test exceeded its time limit")
-}
+use weir_e2e::{bounded, sqlstate, Harness, Opts};
 
 async fn one_text(c: &Client, sql: &str) -> String {
     let rows = c.simple_query(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));

@@ -5,114 +5,29 @@
 //! client_login_timeout. Each bad input gets a FATAL ErrorResponse with the
 //! right SQLSTATE, then the connection closes; nobody else is harmed.
 
-use std::future::Future;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use weir::protocol::messages::{self, ErrorFields};
+use bytes::BytesMut;
+use tokio::io::AsyncReadExt;
+use weir::protocol::messages;
 use weir::protocol::tags::{backend as be, frontend as fe, startup as code};
-use weir::wire::{self, WireError};
-use weir_e2e::{Harness, Opts, APP_DB, SCRAM_USER};
+use weir_e2e::raw::{startup, startup_v, tagged, Raw};
+use weir_e2e::{bounded, Harness, Opts, APP_DB, SCRAM_USER};
 
 const READ_LIMIT: Duration = Duration::from_secs(5);
-
-async fn bounded<T>(limit_secs: u64, f: impl Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(limit_secs), f).await.expect("test exceeded its time limit")
-}
 
 /// weir with auth_type trust, so raw sockets can log in without a password exchange.
 async fn trust_harness(general: &str) -> Harness {
     Harness::start(Opts { auth_type: "trust", general: general.into(), ..Default::default() }).await
 }
 
-/// A StartupMessage for protocol `major.minor` with `params`.
-fn startup_v(major: i32, minor: i32, params: &[(&str, &str)]) -> BytesMut {
-    let mut buf = BytesMut::new();
-    messages::startup_message(&mut buf, (major << 16) | minor, params);
-    buf
+/// A raw connection to weir, each read bounded by `READ_LIMIT`.
+async fn connect(h: &Harness) -> Raw {
+    Raw::connect(h.addr()).await.with_limit(READ_LIMIT)
 }
 
-fn startup(params: &[(&str, &str)]) -> BytesMut {
-    startup_v(3, 0, params)
-}
-
-struct Raw {
-    s: TcpStream,
-    buf: BytesMut,
-}
-
-impl Raw {
-    async fn connect(h: &Harness) -> Raw {
-        Raw { s: TcpStream::connect(h.addr()).await.unwrap(), buf: BytesMut::new() }
-    }
-
-    async fn send(&mut self, bytes: &[u8]) {
-        self.s.write_all(bytes).await.unwrap();
-    }
-
-    /// The next message, or None at EOF.
-    async fn next(&mut self) -> Option<(u8, Bytes)> {
-        let read = wire::read_frame(&mut self.s, &mut self.buf, 1 << 20);
-        match tokio::time::timeout(READ_LIMIT, read).await.expect("weir answered in time") {
-            Ok(f) => Some((f.tag, f.bytes.slice(weir::protocol::HEADER_LEN..))),
-            Err(WireError::Eof) => None,
-            Err(e) => panic!("reading from weir: {e}"),
-        }
-    }
-
-    /// Reads until an ErrorResponse, which must be FATAL and followed by EOF.
-    async fn expect_fatal(&mut self) -> ErrorFields {
-        loop {
-            let (tag, body) = self.next().await.expect("an ErrorResponse before EOF");
-            if tag == be::ERROR_RESPONSE {
-                let f = messages::parse_error_fields(&body).unwrap();
-                assert_eq!(f.severity, "FATAL", "{f:?}");
-                assert!(self.next().await.is_none(), "connection closed after the FATAL");
-                return f;
-            }
-        }
-    }
-
-    /// Reads the login answer up to ReadyForQuery; returns the tags seen and
-    /// the ParameterStatus values.
-    async fn expect_login_ok(&mut self) -> (Vec<u8>, Vec<(String, String)>) {
-        let (mut tags, mut params) = (Vec::new(), Vec::new());
-        loop {
-            let (tag, body) = self.next().await.expect("login answer");
-            assert_ne!(tag, be::ERROR_RESPONSE, "{:?}", messages::parse_error_fields(&body));
-            tags.push(tag);
-            if tag == be::PARAMETER_STATUS {
-                let (k, v) = messages::parameter_status_text(&body).unwrap().expect("UTF-8 parameters");
-                params.push((k.to_owned(), v.to_owned()));
-            }
-            if tag == be::READY_FOR_QUERY {
-                return (tags, params);
-            }
-        }
-    }
-
-    /// Runs a simple query; returns the first column of the first DataRow.
-    async fn query_one(&mut self, sql: &str) -> String {
-        let mut out = BytesMut::new();
-        messages::query(&mut out, sql);
-        self.send(&out).await;
-        let mut value = None;
-        loop {
-            let (tag, body) = self.next().await.expect("query answer");
-            match tag {
-                be::DATA_ROW if value.is_none() => {
-                    let len = i32::from_be_bytes([body[2], body[3], body[4], body[5]]) as usize;
-                    value = Some(String::from_utf8(body[6..6 + len].to_vec()).unwrap());
-                }
-                be::ERROR_RESPONSE => panic!("{:?}", messages::parse_error_fields(&body)),
-                be::READY_FOR_QUERY => return value.expect("a row"),
-                _ => {}
-            }
-        }
-    }
-}
+/// Startup parameters, as the raw builders take them.
+type Params<'a> = &'a [(&'a str, &'a str)];
 
 fn user_params() -> [(&'static str, &'static str); 2] {
     [("user", SCRAM_USER), ("database", APP_DB)]
@@ -124,13 +39,13 @@ async fn bogus_startup_length_gets_08p01() {
     bounded(60, async {
         let h = trust_harness("").await;
         for bogus in [&[0u8, 0, 0, 5, 0][..], &[0xff, 0xff, 0xff, 0xf0, 0, 0, 0, 0][..]] {
-            let mut c = Raw::connect(&h).await;
-            c.send(bogus).await;
+            let mut c = connect(&h).await;
+            c.send(bogus).await.unwrap();
             let f = c.expect_fatal().await;
             assert_eq!(f.code, "08P01", "{f:?}");
         }
-        let mut ok = Raw::connect(&h).await;
-        ok.send(&startup(&user_params())).await;
+        let mut ok = connect(&h).await;
+        ok.send(&startup(&user_params())).await.unwrap();
         ok.expect_login_ok().await;
         assert_eq!(ok.query_one("select 'unharmed'").await, "unharmed");
     })
@@ -142,16 +57,16 @@ async fn bogus_startup_length_gets_08p01() {
 async fn negative_message_length_after_login_gets_08p01() {
     bounded(60, async {
         let h = trust_harness("").await;
-        let mut c = Raw::connect(&h).await;
-        c.send(&startup(&user_params())).await;
+        let mut c = connect(&h).await;
+        c.send(&startup(&user_params())).await.unwrap();
         c.expect_login_ok().await;
         assert_eq!(c.query_one("select 1").await, "1");
-        c.send(b"Q\xff\xff\xff\xfe").await;
+        c.send(b"Q\xff\xff\xff\xfe").await.unwrap();
         let f = c.expect_fatal().await;
         assert_eq!(f.code, "08P01", "{f:?}");
         // The pool lost nothing: another client is served at once.
-        let mut other = Raw::connect(&h).await;
-        other.send(&startup(&user_params())).await;
+        let mut other = connect(&h).await;
+        other.send(&startup(&user_params())).await.unwrap();
         other.expect_login_ok().await;
         assert_eq!(other.query_one("select 2").await, "2");
     })
@@ -163,12 +78,12 @@ async fn negative_message_length_after_login_gets_08p01() {
 async fn oversized_message_is_refused() {
     bounded(60, async {
         let h = trust_harness("max_message_size = 65536").await;
-        let mut c = Raw::connect(&h).await;
-        c.send(&startup(&user_params())).await;
+        let mut c = connect(&h).await;
+        c.send(&startup(&user_params())).await.unwrap();
         c.expect_login_ok().await;
         let mut q = vec![b'Q'];
         q.extend_from_slice(&(1_000_000i32).to_be_bytes());
-        c.send(&q).await;
+        c.send(&q).await.unwrap();
         let f = c.expect_fatal().await;
         assert_eq!(f.code, "08P01", "{f:?}");
         assert!(f.message_text().contains("65536"), "{f:?}");
@@ -183,16 +98,16 @@ async fn protocol_versions() {
     bounded(60, async {
         let h = trust_harness("").await;
         for major in [2, 4] {
-            let mut c = Raw::connect(&h).await;
-            c.send(&startup_v(major, 0, &user_params())).await;
+            let mut c = connect(&h).await;
+            c.send(&startup_v(major, 0, &user_params())).await.unwrap();
             let f = c.expect_fatal().await;
             assert_eq!(f.code, "0A000", "{f:?}");
             assert!(f.message_text().contains(&format!("protocol {major}.0")), "{f:?}");
         }
-        let mut c = Raw::connect(&h).await;
+        let mut c = connect(&h).await;
         let mut params = user_params().to_vec();
         params.push(("_pq_.some_option", "on"));
-        c.send(&startup_v(3, 7, &params)).await;
+        c.send(&startup_v(3, 7, &params)).await.unwrap();
         let (tag, body) = c.next().await.unwrap();
         assert_eq!(tag, be::NEGOTIATE_PROTOCOL_VERSION);
         assert_eq!(&body[..8], &[0, 0, 0, 0, 0, 0, 0, 1], "newest minor 0, one unknown option");
@@ -209,8 +124,8 @@ async fn oversized_startup_packet_is_refused() {
     bounded(60, async {
         let h = trust_harness("").await;
         let long = "x".repeat(12_000);
-        let mut c = Raw::connect(&h).await;
-        c.send(&startup(&[("user", SCRAM_USER), ("application_name", &long)])).await;
+        let mut c = connect(&h).await;
+        c.send(&startup(&[("user", SCRAM_USER), ("application_name", &long)])).await.unwrap();
         let f = c.expect_fatal().await;
         assert_eq!(f.code, "08P01", "{f:?}");
         assert!(f.message_text().contains("10000"), "{f:?}");
@@ -225,7 +140,7 @@ async fn silent_client_is_closed_by_client_login_timeout() {
     bounded(60, async {
         let h = trust_harness("client_login_timeout = \"300ms\"").await;
         let started = Instant::now();
-        let mut silent = Raw::connect(&h).await;
+        let mut silent = connect(&h).await;
         let f = silent.expect_fatal().await;
         let took = started.elapsed();
         assert_eq!(f.code, "08P01", "{f:?}");
@@ -235,8 +150,8 @@ async fn silent_client_is_closed_by_client_login_timeout() {
         // Halfway through a login counts too: startup sent, password never.
         let h = Harness::start(Opts { general: "client_login_timeout = \"300ms\"".into(), ..Default::default() }).await;
         let started = Instant::now();
-        let mut half = Raw::connect(&h).await;
-        half.send(&startup(&user_params())).await;
+        let mut half = connect(&h).await;
+        half.send(&startup(&user_params())).await.unwrap();
         let (tag, _) = half.next().await.unwrap();
         assert_eq!(tag, be::AUTHENTICATION, "asked for a password");
         half.expect_fatal().await;
@@ -251,14 +166,14 @@ async fn silent_client_is_closed_by_client_login_timeout() {
 async fn encryption_requests_are_refused_then_plaintext_login() {
     bounded(60, async {
         let h = trust_harness("").await;
-        let mut c = Raw::connect(&h).await;
+        let mut c = connect(&h).await;
         for request in [code::GSSENC_REQUEST, code::SSL_REQUEST] {
-            c.send(&messages::encryption_request(request)).await;
+            c.send(&messages::encryption_request(request)).await.unwrap();
             let mut answer = [0u8; 1];
             tokio::time::timeout(READ_LIMIT, c.s.read_exact(&mut answer)).await.unwrap().unwrap();
             assert_eq!(answer[0], b'N');
         }
-        c.send(&startup(&user_params())).await;
+        c.send(&startup(&user_params())).await.unwrap();
         let (tags, reported) = c.expect_login_ok().await;
         assert_eq!(tags.first(), Some(&be::AUTHENTICATION));
         assert!(tags.contains(&be::BACKEND_KEY_DATA), "{tags:?}");
@@ -287,8 +202,8 @@ async fn bytes_pipelined_after_ssl_request_are_refused() {
         let h = trust_harness("").await;
         let mut both = messages::encryption_request(code::SSL_REQUEST).to_vec();
         both.extend_from_slice(&startup(&user_params()));
-        let mut c = Raw::connect(&h).await;
-        c.send(&both).await;
+        let mut c = connect(&h).await;
+        c.send(&both).await.unwrap();
         let f = c.expect_fatal().await;
         assert_eq!(f.code, "08P01", "{f:?}");
     })
@@ -300,7 +215,7 @@ async fn bytes_pipelined_after_ssl_request_are_refused() {
 async fn startup_parameters_weir_cannot_honour_are_refused() {
     bounded(60, async {
         let h = trust_harness("").await;
-        let cases: [(&[(&str, &str)], &str, &str); 4] = [
+        let cases: [(Params, &str, &str); 4] = [
             (&[("database", APP_DB)], "28000", "user"),
             (&[("user", SCRAM_USER), ("bad;name", "1")], "08P01", "bad;name"),
             (&[("user", SCRAM_USER), ("replication", "database")], "08P01", "replication"),
@@ -309,21 +224,21 @@ async fn startup_parameters_weir_cannot_honour_are_refused() {
             (&[("user", SCRAM_USER), ("database", APP_DB), ("no_such_setting", "1")], "08P01", "no_such_setting"),
         ];
         for (params, want_code, mention) in cases {
-            let mut c = Raw::connect(&h).await;
-            c.send(&startup(params)).await;
+            let mut c = connect(&h).await;
+            c.send(&startup(params)).await.unwrap();
             let f = c.expect_fatal().await;
             assert_eq!(f.code, want_code, "{params:?}: {f:?}");
             assert!(f.message_text().contains(mention), "{params:?}: {f:?}");
         }
         // A bad TimeZone value is Postgres's to judge, and it says so.
-        let mut c = Raw::connect(&h).await;
-        c.send(&startup(&[("user", SCRAM_USER), ("database", APP_DB), ("TimeZone", "Nowhere/Land")])).await;
+        let mut c = connect(&h).await;
+        c.send(&startup(&[("user", SCRAM_USER), ("database", APP_DB), ("TimeZone", "Nowhere/Land")])).await.unwrap();
         let f = c.expect_fatal().await;
         assert_eq!(f.code, "22023", "{f:?}");
         // Accepted ones are applied and reported back in Postgres's spelling.
-        let mut c = Raw::connect(&h).await;
+        let mut c = connect(&h).await;
         let params = [("user", SCRAM_USER), ("database", APP_DB), ("DateStyle", "iso"), ("statement_timeout", "1234")];
-        c.send(&startup(&params)).await;
+        c.send(&startup(&params)).await.unwrap();
         let (_, reported) = c.expect_login_ok().await;
         assert!(reported.contains(&("DateStyle".into(), "ISO, MDY".into())), "{reported:?}");
         assert_eq!(c.query_one("show datestyle").await, "ISO, MDY");
@@ -332,26 +247,19 @@ async fn startup_parameters_weir_cannot_honour_are_refused() {
     .await
 }
 
-fn tagged(tag: u8, body: &[u8]) -> Vec<u8> {
-    let mut m = vec![tag];
-    m.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
-    m.extend_from_slice(body);
-    m
-}
-
 /// Extended protocol with Flush: answers come before Sync, and the server
 /// stays with the client (in transaction mode) until the Sync's ReadyForQuery.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flush_gets_answers_before_sync() {
     bounded(60, async {
         let h = Harness::start(Opts { auth_type: "trust", pool_size: 1, ..Default::default() }).await;
-        let mut c = Raw::connect(&h).await;
-        c.send(&startup(&user_params())).await;
+        let mut c = connect(&h).await;
+        c.send(&startup(&user_params())).await.unwrap();
         c.expect_login_ok().await;
         let mut batch = tagged(fe::PARSE, b"\0select pg_backend_pid()\0\0\0");
         batch.extend(tagged(fe::DESCRIBE, b"S\0"));
         batch.extend(tagged(fe::FLUSH, b""));
-        c.send(&batch).await;
+        c.send(&batch).await.unwrap();
         let mut tags = Vec::new();
         for _ in 0..3 {
             tags.push(c.next().await.unwrap().0);
@@ -359,12 +267,12 @@ async fn flush_gets_answers_before_sync() {
         assert_eq!(tags, [be::PARSE_COMPLETE, be::PARAMETER_DESCRIPTION, be::ROW_DESCRIPTION]);
 
         // Another client in the meantime must wait: the batch is still open.
-        let mut other = Raw::connect(&h).await;
-        other.send(&startup(&user_params())).await;
+        let mut other = connect(&h).await;
+        other.send(&startup(&user_params())).await.unwrap();
         other.expect_login_ok().await;
         let mut q = BytesMut::new();
         messages::query(&mut q, "select 'second'");
-        other.send(&q).await;
+        other.send(&q).await.unwrap();
         let mut probe = [0u8; 1];
         let early = tokio::time::timeout(Duration::from_millis(300), other.s.peek(&mut probe)).await;
         assert!(early.is_err(), "the other client was served mid-batch");
@@ -372,7 +280,7 @@ async fn flush_gets_answers_before_sync() {
         let mut rest = tagged(fe::BIND, b"\0\0\0\0\0\0\0\0");
         rest.extend(tagged(fe::EXECUTE, b"\0\0\0\0\0"));
         rest.extend(tagged(fe::SYNC, b""));
-        c.send(&rest).await;
+        c.send(&rest).await.unwrap();
         let mut tags = Vec::new();
         loop {
             let (tag, _) = c.next().await.unwrap();
@@ -382,15 +290,9 @@ async fn flush_gets_answers_before_sync() {
             }
         }
         assert_eq!(tags, [be::BIND_COMPLETE, be::DATA_ROW, be::COMMAND_COMPLETE, be::READY_FOR_QUERY]);
-        loop {
-            let (tag, body) = other.next().await.unwrap();
-            if tag == be::DATA_ROW {
-                assert_eq!(&body[6..], b"second");
-            }
-            if tag == be::READY_FOR_QUERY {
-                break;
-            }
-        }
+        // Then the waiting client is served: exactly its one row.
+        let reply = other.reply().await.unwrap();
+        assert_eq!((reply.rows, reply.error), (vec![vec![Some("second".to_owned())]], None));
     })
     .await
 }

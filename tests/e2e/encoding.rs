@@ -5,10 +5,6 @@
 //! Postgres, and afterwards the client and its server connection live on.
 //! Every case runs in session and in transaction mode.
 
-#[allow(dead_code)]
-#[path = "queue_raw.rs"]
-mod queue_raw;
-
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,7 +13,7 @@ use bytes::BufMut;
 use weir::protocol::tags::{backend as be, frontend as fe};
 use weir_e2e::{Harness, Opts, PgServer, TRUST_USER};
 
-use queue_raw::Raw;
+use weir_e2e::raw::Raw;
 
 const MODES: [&str; 2] = ["session", "transaction"];
 

@@ -4,9 +4,9 @@
 //! words, `hostssl` lines never match a plaintext client, the admin console
 //! obeys the file too, and a reload applies a new file and keeps a bad one out.
 
-use std::time::Duration;
-
-use weir_e2e::{connect, sqlstate, Harness, Opts, APP_DB, MD5_PASS, MD5_USER, SCRAM_PASS, SCRAM_USER, TRUST_USER};
+use weir_e2e::{
+    bounded, connect, sqlstate, Harness, Opts, APP_DB, MD5_PASS, MD5_USER, SCRAM_PASS, SCRAM_USER, TRUST_USER,
+};
 
 const HBA: &str = r#"
 # TYPE   DATABASE  USER        ADDRESS                     METHOD
@@ -18,10 +18,6 @@ host     all       mallory     all                         reject
 hostssl  all       all         all                         trust
 host     all       all         10.0.0.0/8                  trust
 "#;
-
-async fn bounded<T>(f: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(120), f).await.expect("test exceeded its time limit")
-}
 
 fn write_hba(path: &std::path::Path, text: &str) {
     std::fs::write(path, text).expect("write the hba file");
@@ -44,7 +40,7 @@ async fn login(h: &Harness, user: &str, password: &str, db: &str) -> (String, St
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hba_lines_choose_the_method_and_refuse_the_rest() {
-    bounded(async {
+    bounded(120, async {
         let dir = std::env::temp_dir().join(format!("weir-hba-{}", rand::random::<u32>()));
         std::fs::create_dir_all(&dir).unwrap();
         let hba_path = dir.join("hba.conf");

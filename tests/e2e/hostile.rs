@@ -4,66 +4,20 @@
 //! a client that connected before the attack still queries, a new one logs
 //! in, and the pool lost no server connection (closed_total unchanged).
 //!
-//! Client-side inputs are here; the auth exchange is in `hostile_auth`, the
-//! flood and the 1 GiB query in `hostile_flood`, and a malicious server in
-//! `hostile_server`.
+//! Client-side inputs are here; the auth exchange is in `hostile_auth` and a
+//! malicious server in `hostile_server`. The flood and the 1 GiB query
+//! measure weir's memory, so they are a test binary of their own
+//! (`hostile_flood`).
 
 mod hostile_auth;
-mod hostile_flood;
-mod hostile_raw;
 mod hostile_server;
 
-use std::future::Future;
 use std::time::{Duration, Instant};
 
-use tokio_postgres::Client;
 use weir::protocol::tags::{frontend as fe, startup as code};
-use weir_e2e::{Harness, Opts, APP_DB, SCRAM_USER};
+use weir_e2e::{bounded, Before, Harness, Opts, APP_DB, SCRAM_USER};
 
-use hostile_raw::{answer, header, startup, startup_body, tagged, untagged, Hostile, Outcome};
-
-pub async fn bounded<T>(limit_secs: u64, f: impl Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(limit_secs), f).await.expect("test exceeded its time limit")
-}
-
-/// A client connected (and served once) before the attack, and the pool's
-/// close count at that point.
-pub struct Before {
-    pub keeper: Client,
-    closed: u64,
-    opened: u64,
-}
-
-impl Before {
-    pub async fn take(h: &Harness) -> Before {
-        let keeper = h.client().await;
-        keeper.simple_query("select 1").await.expect("keeper's first query");
-        let m = &h.pool().metrics;
-        Before { keeper, closed: m.closed_total(), opened: m.opened() }
-    }
-
-    /// The keeper still queries, a new client logs in and queries, and no
-    /// server connection was closed (nor a new one needed beyond the pool).
-    pub async fn unharmed(&self, h: &Harness) {
-        let rows = self.keeper.simple_query("select 'keeper'").await.expect("the pre-attack client still queries");
-        assert!(!rows.is_empty());
-        let fresh = h.client().await;
-        fresh.simple_query("select 'fresh'").await.expect("a new client is served");
-        let m = &h.pool().metrics;
-        assert_eq!(m.closed_total(), self.closed, "no server connection was closed by the attack");
-        assert!(m.opened() <= self.opened + u64::from(h.opts.pool_size), "no churn of server connections");
-        let s = h.pool().snapshot();
-        assert_eq!((s.waiting, s.recovering), (0, 0), "{s:?}");
-    }
-}
-
-/// weir's resident memory (the harness runs weir in this process), in bytes.
-pub fn rss_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS line");
-    let kib: u64 = line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).expect("VmRSS value");
-    kib * 1024
-}
+use weir_e2e::raw::{answer, header, startup, startup_body, tagged, untagged, Outcome, Raw};
 
 fn assert_code(what: &str, got: &Outcome, want: &str) {
     assert_eq!(got.code(), want, "{what}: {got:?}");
@@ -115,8 +69,8 @@ async fn malformed_startup_packets() {
             assert_code(what, &answer(h.addr(), bytes).await, want);
         }
         // A well-formed CancelRequest for no one is closed without a word.
-        let mut c = Hostile::connect(h.addr()).await;
-        c.send(&weir::protocol::messages::cancel_request(12345, 678)).await;
+        let mut c = Raw::connect(h.addr()).await;
+        c.send_anyway(&weir::protocol::messages::cancel_request(12345, 678)).await;
         assert_eq!(c.outcome().await, Outcome::Closed, "cancel for an unknown key");
         before.unharmed(&h).await;
     })
@@ -134,17 +88,17 @@ async fn truncated_and_slow_logins_are_bounded() {
         let before = Before::take(&h).await;
         let full = startup(&user_params());
 
-        let mut half = Hostile::connect(h.addr()).await;
-        half.send(&full[..full.len() / 2]).await;
+        let mut half = Raw::connect(h.addr()).await;
+        half.send_anyway(&full[..full.len() / 2]).await;
         assert_eq!(half.eof_then_outcome().await, Outcome::Closed, "truncated startup, then EOF");
-        let mut len_only = Hostile::connect(h.addr()).await;
-        len_only.send(&full[..2]).await;
+        let mut len_only = Raw::connect(h.addr()).await;
+        len_only.send_anyway(&full[..2]).await;
         assert_eq!(len_only.eof_then_outcome().await, Outcome::Closed, "half a length, then EOF");
 
         // Stays silent halfway: the login timeout answers.
         let started = Instant::now();
-        let mut stuck = Hostile::connect(h.addr()).await;
-        stuck.send(&full[..full.len() - 1]).await;
+        let mut stuck = Raw::connect(h.addr()).await;
+        stuck.send_anyway(&full[..full.len() - 1]).await;
         let got = stuck.outcome().await;
         assert_code("truncated startup, then silence", &got, "08P01");
         assert!(got_message(&got).contains("client_login_timeout"), "{got:?}");
@@ -157,7 +111,7 @@ async fn truncated_and_slow_logins_are_bounded() {
             .map(|_| {
                 let (addr, full) = (h.addr(), full.clone());
                 tokio::spawn(async move {
-                    let mut c = Hostile::connect(addr).await;
+                    let mut c = Raw::connect(addr).await;
                     for b in &full {
                         if c.s.try_write(std::slice::from_ref(b)).is_err() {
                             break;
@@ -212,18 +166,19 @@ async fn malformed_messages_after_login() {
         ];
         for (what, bytes, want) in &cases {
             let mut c = logged_in(&h).await;
-            c.send(bytes).await;
+            c.send_anyway(bytes).await;
             assert_code(what, &c.outcome().await, want);
         }
         // Cut short, then EOF: the client is gone; nothing runs.
-        let short = tagged(fe::QUERY, b"select 'never run'\0");
-        let mut big = tagged(fe::QUERY, format!("select '{}'", "x".repeat(300_000)).as_bytes());
+        h.psql("create table never_run (v text); grant insert on never_run to public");
+        let short = tagged(fe::QUERY, b"insert into never_run values ('short')\0");
+        let mut big = tagged(fe::QUERY, format!("insert into never_run values ('{}')", "x".repeat(300_000)).as_bytes());
         big.truncate(100_000);
         for (what, bytes) in
             [("header only", &short[..5]), ("half a query", &short[..12]), ("100 KB of a 300 KB query", &big[..])]
         {
             let mut c = logged_in(&h).await;
-            c.send(bytes).await;
+            c.send_anyway(bytes).await;
             assert_eq!(c.eof_then_outcome().await, Outcome::Closed, "{what}");
         }
         let pool = h.pool();
@@ -231,17 +186,18 @@ async fn malformed_messages_after_login() {
             weir_e2e::eventually(Duration::from_secs(10), || pool.snapshot().recovering == 0).await,
             "recovery of the half-sent query ends"
         );
+        assert_eq!(h.psql("select count(*) from never_run"), "0", "a query cut short ran");
         before.unharmed(&h).await;
     })
     .await
 }
 
 /// A raw client logged in (trust) as scram_user.
-async fn logged_in(h: &Harness) -> Hostile {
-    let mut c = Hostile::connect(h.addr()).await;
-    c.send(&startup(&user_params())).await;
+async fn logged_in(h: &Harness) -> Raw {
+    let mut c = Raw::connect(h.addr()).await;
+    c.send_anyway(&startup(&user_params())).await;
     loop {
-        let (tag, _) = c.next().await.expect("login answer");
+        let (tag, _) = c.next_or_reset().await.expect("login answer");
         if tag == weir::protocol::tags::backend::READY_FOR_QUERY {
             return c;
         }

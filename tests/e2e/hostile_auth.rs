@@ -1,4 +1,4 @@
-//! Hostile input during authentication, SCRAM spoken by hand: garbage and
+//! Raw input during authentication, SCRAM spoken by hand: garbage and
 //! lying lengths in SASLInitialResponse, a wrong nonce, a proof that is not
 //! base64 or not 32 bytes, a channel binding that does not match, a Query
 //! where a password message belongs, an over-long password message, and the
@@ -7,10 +7,9 @@
 //! server work is done for it.
 
 use weir::protocol::tags::{auth, frontend as fe};
-use weir_e2e::{Harness, Opts, APP_DB, MD5_USER, SCRAM_USER};
+use weir_e2e::{bounded, Before, Harness, Opts, APP_DB, MD5_USER, SCRAM_USER};
 
-use super::hostile_raw::{header, startup, tagged, Hostile, Outcome};
-use super::{bounded, Before};
+use weir_e2e::raw::{header, startup, tagged, Outcome, Raw};
 
 const MECHANISM: &[u8] = b"SCRAM-SHA-256\0";
 /// 32 zero bytes in base64: a proof of the right shape that proves nothing.
@@ -26,18 +25,18 @@ fn sasl_initial(mechanism: &[u8], len: Option<i32>, data: &[u8]) -> Vec<u8> {
 }
 
 /// Connects as `user` and reads the first authentication request.
-async fn asked(h: &Harness, user: &str) -> (Hostile, i32) {
-    let mut c = Hostile::connect(h.addr()).await;
-    c.send(&startup(&[("user", user), ("database", APP_DB)])).await;
+async fn asked(h: &Harness, user: &str) -> (Raw, i32) {
+    let mut c = Raw::connect(h.addr()).await;
+    c.send_anyway(&startup(&[("user", user), ("database", APP_DB)])).await;
     let (code, _) = c.auth_request().await;
     (c, code)
 }
 
 /// A SCRAM exchange up to the server-first-message; returns the combined nonce.
-async fn at_client_final(h: &Harness) -> (Hostile, String) {
+async fn at_client_final(h: &Harness) -> (Raw, String) {
     let (mut c, code) = asked(h, SCRAM_USER).await;
     assert_eq!(code, auth::SASL);
-    c.send(&sasl_initial(MECHANISM, None, format!("n,,n=,r={CLIENT_NONCE}").as_bytes())).await;
+    c.send_anyway(&sasl_initial(MECHANISM, None, format!("n,,n=,r={CLIENT_NONCE}").as_bytes())).await;
     let (code, server_first) = c.auth_request().await;
     assert_eq!(code, auth::SASL_CONTINUE);
     let text = String::from_utf8(server_first.to_vec()).unwrap();
@@ -49,6 +48,9 @@ async fn at_client_final(h: &Harness) -> (Hostile, String) {
 fn assert_fatal(what: &str, got: Outcome, want: &str) {
     assert_eq!(got.code(), want, "{what}: {got:?}");
 }
+
+/// Builds a client-final message from the server's nonce.
+type MsgFromNonce = Box<dyn Fn(&str) -> Vec<u8>>;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scram_exchange_abuse() {
@@ -75,11 +77,11 @@ async fn scram_exchange_abuse() {
         ];
         for (what, bytes, want) in &first_cases {
             let (mut c, _) = asked(&h, SCRAM_USER).await;
-            c.send(bytes).await;
+            c.send_anyway(bytes).await;
             assert_fatal(what, c.outcome().await, want);
         }
 
-        let final_cases: Vec<(&str, Box<dyn Fn(&str) -> Vec<u8>>, &str)> = vec![
+        let final_cases: Vec<(&str, MsgFromNonce, &str)> = vec![
             ("wrong nonce", Box::new(|_: &str| final_msg("biws", "not-the-nonce", ZERO_PROOF)), "08P01"),
             ("nonce of the client alone", Box::new(|_: &str| final_msg("biws", CLIENT_NONCE, ZERO_PROOF)), "08P01"),
             ("proof not base64", Box::new(|n: &str| final_msg("biws", n, "@@@not*base64@@@")), "08P01"),
@@ -92,23 +94,23 @@ async fn scram_exchange_abuse() {
         ];
         for (what, build, want) in &final_cases {
             let (mut c, nonce) = at_client_final(&h).await;
-            c.send(&build(&nonce)).await;
+            c.send_anyway(&build(&nonce)).await;
             assert_fatal(what, c.outcome().await, want);
         }
 
         // Leaving in the middle (Terminate or EOF) is closed without a word.
         let (mut c, _) = at_client_final(&h).await;
-        c.send(&tagged(fe::TERMINATE, b"")).await;
+        c.send_anyway(&tagged(fe::TERMINATE, b"")).await;
         assert_eq!(c.outcome().await, Outcome::Closed, "Terminate mid-exchange");
         let (c, _) = asked(&h, SCRAM_USER).await;
         assert_eq!(c.eof_then_outcome().await, Outcome::Closed, "EOF mid-exchange");
         // An unknown user goes through the same exchange and fails the same way.
         let (mut c, code) = asked(&h, "no_such_user").await;
         assert_eq!(code, auth::SASL, "unknown users are asked like known ones");
-        c.send(&sasl_initial(MECHANISM, None, b"n,,n=,r=abc")).await;
+        c.send_anyway(&sasl_initial(MECHANISM, None, b"n,,n=,r=abc")).await;
         let (code, _) = c.auth_request().await;
         assert_eq!(code, auth::SASL_CONTINUE);
-        c.send(&final_msg("biws", "abc", ZERO_PROOF)).await;
+        c.send_anyway(&final_msg("biws", "abc", ZERO_PROOF)).await;
         assert_fatal("unknown user, bad nonce", c.outcome().await, "08P01");
 
         assert_eq!(h.server_pids(SCRAM_USER), servers_before, "no server connection was opened for the failures");
@@ -172,7 +174,7 @@ async fn md5_exchange_abuse() {
         for (what, bytes, want) in &cases {
             let (mut c, code) = asked(&h, MD5_USER).await;
             assert_eq!(code, auth::MD5_PASSWORD, "{what}");
-            c.send(bytes).await;
+            c.send_anyway(bytes).await;
             assert_fatal(what, c.outcome().await, want);
         }
         before.unharmed(&h).await;

@@ -17,11 +17,10 @@ use tokio::net::{TcpListener, TcpStream};
 use weir::protocol::messages;
 use weir::protocol::tags::{auth, backend as be, frontend as fe, status};
 use weir::wire;
-use weir_e2e::{Harness, Opts, SCRAM_USER};
+use weir_e2e::{bounded, Before, Harness, Opts, SCRAM_USER};
 use weir_metrics::CloseReason;
 
-use super::hostile_raw::{header, startup, tagged, Hostile, Outcome};
-use super::{bounded, Before};
+use weir_e2e::raw::{header, startup, tagged, Outcome, Raw};
 
 /// How a fake server misbehaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,15 +131,15 @@ fn greet(out: &mut BytesMut) {
 }
 
 /// A raw client of database `db`: logs in (trust), or returns what weir said.
-async fn client_of(h: &Harness, db: &str) -> Result<Hostile, Outcome> {
-    let mut c = Hostile::connect(h.addr()).await;
-    c.send(&startup(&[("user", SCRAM_USER), ("database", db)])).await;
+async fn client_of(h: &Harness, db: &str) -> Result<Raw, Outcome> {
+    let mut c = Raw::connect(h.addr()).await;
+    c.send_anyway(&startup(&[("user", SCRAM_USER), ("database", db)])).await;
     loop {
-        match c.next().await {
+        match c.next_or_reset().await {
             Some((be::READY_FOR_QUERY, _)) => return Ok(c),
             Some((be::ERROR_RESPONSE, body)) => {
                 let f = messages::parse_error_fields(&body).unwrap();
-                assert!(c.next().await.is_none(), "closed after the login error");
+                assert!(c.next_or_reset().await.is_none(), "closed after the login error");
                 return Err(Outcome::Fatal(f.code.clone(), f.message_text()));
             }
             Some(_) => {}
@@ -151,12 +150,12 @@ async fn client_of(h: &Harness, db: &str) -> Result<Hostile, Outcome> {
 
 /// Sends a Query; returns the tags of the answer up to ReadyForQuery (or
 /// up to the end) and the first error's (code, message).
-async fn query(c: &mut Hostile, sql: &str) -> (Vec<u8>, Option<(String, String)>) {
+async fn query(c: &mut Raw, sql: &str) -> (Vec<u8>, Option<(String, String)>) {
     let mut q = BytesMut::new();
     messages::query(&mut q, sql);
-    c.send(&q).await;
+    c.send_anyway(&q).await;
     let (mut tags, mut error) = (Vec::new(), None);
-    while let Some((tag, body)) = c.next().await {
+    while let Some((tag, body)) = c.next_or_reset().await {
         tags.push(tag);
         if tag == be::ERROR_RESPONSE && error.is_none() {
             let f = messages::parse_error_fields(&body).unwrap();

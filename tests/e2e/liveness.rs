@@ -6,15 +6,12 @@
 //! The watchdog (frozen paths, query_timeout, idle transactions) is in
 //! liveness_watchdog.rs.
 
-#[path = "liveness_util.rs"]
-mod util;
-
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use util::{backend_pids, clients, connect_within, exclusive, one, pid, run_each, terminate_all};
+use weir_e2e::liveness::{backend_pids, clients, connect_within, exclusive, one, pid, run_each, terminate_all};
 use weir_e2e::{eventually, sqlstate, Harness, Opts, StopMode, MD5_PASS, MD5_USER, SCRAM_PASS, SCRAM_USER};
 use weir_metrics::{CloseReason, ConnectFailure};
 

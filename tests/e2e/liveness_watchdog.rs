@@ -5,12 +5,9 @@
 //! and keep the connection; on a frozen path, close it), and
 //! idle_transaction_timeout.
 
-#[path = "liveness_util.rs"]
-mod util;
-
 use std::time::{Duration, Instant};
 
-use util::{
+use weir_e2e::liveness::{
     clients, connect_within, describe, direct_db_url, exclusive, harness_with_direct_db, one, pid, run_each,
     watched_client,
 };

@@ -2,6 +2,9 @@
 //! closes by reason, answers within 100 ms while the data path is saturated,
 //! SIGHUP reloads without dropping clients, SIGTERM drains, SIGINT stops,
 //! JSON logs, and `weir migrate-config` output that `weir check-config` takes.
+//!
+//! The scrape is timed in a 100 ms window, so every test here holds
+//! `weir_e2e::serial` and they run one at a time, not two per process.
 
 use std::net::TcpStream;
 use std::process::Command;
@@ -24,6 +27,7 @@ fn with<'a>(extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_move_under_load_and_count_server_closes_by_reason() {
+    let _alone = weir_e2e::serial().await;
     let pg = pg().await;
     let w = WeirProcess::start(&pg, "", "pool_size = 4").await;
     assert_eq!(w.http_get("/healthz").0, 200);
@@ -109,6 +113,7 @@ async fn metrics_move_under_load_and_count_server_closes_by_reason() {
 /// reached, ready again once one has been opened.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_follows_whether_servers_can_be_reached() {
+    let _alone = weir_e2e::serial().await;
     let pg = pg().await;
     let w = WeirProcess::start(&pg, "", "").await;
     assert_eq!(w.http_get("/readyz").0, 200);
@@ -182,6 +187,7 @@ async fn server_open_and_close_are_logged_with_the_reason() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_requests_are_counted() {
+    let _alone = weir_e2e::serial().await;
     let pg = pg().await;
     let w = WeirProcess::start(&pg, "", "").await;
     let c = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
@@ -213,6 +219,7 @@ async fn cancel_requests_are_counted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_answer_within_100ms_while_500_clients_saturate_a_pool_of_2() {
+    let _alone = weir_e2e::serial().await;
     let pg = pg().await;
     let w = WeirProcess::start(&pg, "query_wait_timeout = \"60s\"\nmax_client_conn = 600", "pool_size = 2").await;
     let stop = Arc::new(AtomicBool::new(false));
@@ -255,6 +262,7 @@ async fn metrics_answer_within_100ms_while_500_clients_saturate_a_pool_of_2() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_applies_a_new_pool_size_without_dropping_clients() {
+    let _alone = weir_e2e::serial().await;
     let pg = pg().await;
     let w = WeirProcess::start(&pg, "", "pool_size = 2").await;
     let c = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
@@ -284,6 +292,7 @@ async fn sighup_applies_a_new_pool_size_without_dropping_clients() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_a_running_transaction_finish_then_exits() {
+    let _alone = weir_e2e::serial().await;
     let pg = pg().await;
     let mut w = WeirProcess::start(&pg, "shutdown_timeout = \"20s\"", "").await;
     pg.psql("app", "create table drain_check (x int); grant all on drain_check to scram_user").unwrap();
@@ -329,6 +338,7 @@ async fn sigterm_lets_a_running_transaction_finish_then_exits() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigint_stops_and_shutdown_command_drains() {
+    let _alone = weir_e2e::serial().await;
     let pg = pg().await;
     let mut w = WeirProcess::start(&pg, "", "").await;
     let c = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
@@ -345,6 +355,7 @@ async fn sigint_stops_and_shutdown_command_drains() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_logs_with_connection_logging() {
+    let _alone = weir_e2e::serial().await;
     let pg = pg().await;
     let w =
         WeirProcess::start(&pg, "log_format = \"json\"\nlog_connections = true\nlog_disconnections = true", "").await;

@@ -7,102 +7,47 @@
 
 use std::time::Duration;
 
-use bytes::{BufMut, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use bytes::Bytes;
+use weir::protocol::tags::frontend as fe;
+use weir_e2e::raw::{error_fields, query, tagged, Raw};
 use weir_e2e::{connect, eventually, sqlstate, Harness, Opts, SCRAM_PASS, SCRAM_USER};
 
 async fn harness(pool_size: u32, general: &str) -> Harness {
     Harness::start(Opts { pool_size, auth_type: "trust", general: general.into(), ..Opts::default() }).await
 }
 
-/// A client speaking raw protocol messages to weir.
-struct Raw {
-    s: TcpStream,
-    buf: BytesMut,
-}
-
-fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
-    let mut m = vec![tag];
-    m.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
-    m.extend_from_slice(body);
-    m
-}
-
 fn parse(name: &str, q: &str) -> Vec<u8> {
-    msg(b'P', &[name.as_bytes(), b"\0", q.as_bytes(), b"\0\0\0"].concat())
+    tagged(fe::PARSE, &[name.as_bytes(), b"\0", q.as_bytes(), b"\0\0\0"].concat())
 }
 
 fn bind(stmt: &str) -> Vec<u8> {
-    msg(b'B', &[b"\0", stmt.as_bytes(), b"\0\0\0\0\0\0\0"].concat())
+    tagged(fe::BIND, &[b"\0", stmt.as_bytes(), b"\0\0\0\0\0\0\0"].concat())
 }
 
 fn execute() -> Vec<u8> {
-    msg(b'E', b"\0\0\0\0\0")
+    tagged(fe::EXECUTE, b"\0\0\0\0\0")
 }
 
 fn sync() -> Vec<u8> {
-    msg(b'S', b"")
-}
-
-fn query(sql: &str) -> Vec<u8> {
-    msg(b'Q', &[sql.as_bytes(), b"\0"].concat())
+    tagged(fe::SYNC, b"")
 }
 
 /// The SQLSTATE of an ErrorResponse body.
 fn code(body: &[u8]) -> String {
-    body.split(|&b| b == 0).find(|f| f.first() == Some(&b'C')).map(|f| String::from_utf8_lossy(&f[1..]).into()).unwrap()
+    error_fields(body).0
 }
 
-impl Raw {
-    async fn connect(h: &Harness) -> Raw {
-        let mut s = TcpStream::connect(h.addr()).await.unwrap();
-        let mut p = BytesMut::new();
-        p.put_i32(0);
-        p.put_i32(196_608);
-        for (k, v) in [("user", SCRAM_USER), ("database", weir_e2e::APP_DB)] {
-            p.put_slice(k.as_bytes());
-            p.put_u8(0);
-            p.put_slice(v.as_bytes());
-            p.put_u8(0);
-        }
-        p.put_u8(0);
-        let len = p.len() as i32;
-        p[..4].copy_from_slice(&len.to_be_bytes());
-        s.write_all(&p).await.unwrap();
-        let mut raw = Raw { s, buf: BytesMut::new() };
-        raw.until_ready().await;
-        raw
-    }
-
-    /// Sends messages and returns every reply up to the next ReadyForQuery.
-    async fn send(&mut self, msgs: &[Vec<u8>]) -> Vec<(u8, Vec<u8>)> {
-        self.s.write_all(&msgs.concat()).await.unwrap();
-        self.until_ready().await
-    }
-
-    async fn until_ready(&mut self) -> Vec<(u8, Vec<u8>)> {
-        let mut out = vec![];
-        loop {
-            while self.buf.len() >= 5 {
-                let len = i32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
-                if self.buf.len() < len + 1 {
-                    break;
-                }
-                let m = self.buf.split_to(len + 1);
-                out.push((m[0], m[5..].to_vec()));
-                if m[0] == b'Z' {
-                    return out;
-                }
-            }
-            let n =
-                tokio::time::timeout(Duration::from_secs(10), self.s.read_buf(&mut self.buf)).await.unwrap().unwrap();
-            assert!(n > 0, "weir closed the connection; got {out:?}");
-        }
-    }
+/// A raw client logged in (trust) through weir.
+async fn login(h: &Harness) -> Raw {
+    Raw::login(h.addr(), SCRAM_USER, "", &[]).await.expect("raw login")
 }
 
-fn tags(replies: &[(u8, Vec<u8>)]) -> String {
+/// Sends messages and returns every reply up to the next ReadyForQuery.
+async fn send(c: &mut Raw, msgs: &[Vec<u8>]) -> Vec<(u8, Bytes)> {
+    c.exchange(&msgs.concat()).await
+}
+
+fn tags(replies: &[(u8, Bytes)]) -> String {
     replies.iter().map(|(t, _)| *t as char).collect()
 }
 
@@ -144,43 +89,44 @@ async fn statements_follow_their_client_to_another_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_keep_their_meaning() {
     let h = harness(2, "").await;
-    let mut c = Raw::connect(&h).await;
-    let r = c.send(&[bind("never_prepared"), execute(), sync()]).await;
+    let mut c = login(&h).await;
+    let r = send(&mut c, &[bind("never_prepared"), execute(), sync()]).await;
     assert_eq!(tags(&r), "EZ");
     assert_eq!(code(&r[0].1), "26000", "Postgres's own answer");
-    let r = c.send(&[parse("bad", "select * from no_such_table"), sync()]).await;
+    let r = send(&mut c, &[parse("bad", "select * from no_such_table"), sync()]).await;
     assert_eq!(tags(&r), "EZ");
     assert_eq!(code(&r[0].1), "42P01", "the failing Parse is the client's error");
-    let r = c.send(&[bind("bad"), execute(), sync()]).await;
+    let r = send(&mut c, &[bind("bad"), execute(), sync()]).await;
     assert_eq!(code(&r[0].1), "26000", "a failed Parse defined nothing");
-    let r = c.send(&[parse("ok", "select 1"), bind("ok"), execute(), parse("later", "select 2"), sync()]).await;
+    let r = send(&mut c, &[parse("ok", "select 1"), bind("ok"), execute(), parse("later", "select 2"), sync()]).await;
     assert_eq!(tags(&r), "12DC1Z");
     // A batch failing midway: the ParseComplete weir owes before the failure
     // comes (ok2 is already on the server), nothing after it until ReadyForQuery.
-    let r = c.send(&[parse("ok2", "select 1"), parse("bad2", "select 1/0"), bind("bad2"), execute(), sync()]).await;
+    let r =
+        send(&mut c, &[parse("ok2", "select 1"), parse("bad2", "select 1/0"), bind("bad2"), execute(), sync()]).await;
     assert_eq!(tags(&r), "11EZ", "planning at Bind folds 1/0: {r:?}");
     assert_eq!(code(&r[2].1), "22012");
-    let r = c.send(&[msg(b'D', b"Sok2\0"), sync()]).await;
+    let r = send(&mut c, &[tagged(fe::DESCRIBE, b"Sok2\0"), sync()]).await;
     assert_eq!(tags(&r), "tTZ", "Describe replies are the server's");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deallocate_and_close_are_followed() {
     let h = harness(2, "").await;
-    let mut c = Raw::connect(&h).await;
-    assert_eq!(tags(&c.send(&[parse("s1", "select 1"), sync()]).await), "1Z");
-    let r = c.send(&[query("DEALLOCATE s1")]).await;
+    let mut c = login(&h).await;
+    assert_eq!(tags(&send(&mut c, &[parse("s1", "select 1"), sync()]).await), "1Z");
+    let r = send(&mut c, &[query("DEALLOCATE s1")]).await;
     assert_eq!(tags(&r), "CZ");
-    assert_eq!(r[0].1, b"DEALLOCATE\0");
-    assert_eq!(code(&c.send(&[bind("s1"), execute(), sync()]).await[0].1), "26000");
-    assert_eq!(tags(&c.send(&[parse("s1", "select 1"), sync()]).await), "1Z");
-    assert_eq!(tags(&c.send(&[msg(b'C', b"Ss1\0"), sync()]).await), "3Z");
-    assert_eq!(code(&c.send(&[bind("s1"), execute(), sync()]).await[0].1), "26000");
-    assert_eq!(tags(&c.send(&[parse("s2", "select 2"), sync()]).await), "1Z");
-    assert_eq!(tags(&c.send(&[query("DEALLOCATE ALL")]).await), "CZ");
-    assert_eq!(code(&c.send(&[bind("s2"), execute(), sync()]).await[0].1), "26000");
+    assert_eq!(&r[0].1[..], b"DEALLOCATE\0");
+    assert_eq!(code(&send(&mut c, &[bind("s1"), execute(), sync()]).await[0].1), "26000");
+    assert_eq!(tags(&send(&mut c, &[parse("s1", "select 1"), sync()]).await), "1Z");
+    assert_eq!(tags(&send(&mut c, &[tagged(fe::CLOSE, b"Ss1\0"), sync()]).await), "3Z");
+    assert_eq!(code(&send(&mut c, &[bind("s1"), execute(), sync()]).await[0].1), "26000");
+    assert_eq!(tags(&send(&mut c, &[parse("s2", "select 2"), sync()]).await), "1Z");
+    assert_eq!(tags(&send(&mut c, &[query("DEALLOCATE ALL")]).await), "CZ");
+    assert_eq!(code(&send(&mut c, &[bind("s2"), execute(), sync()]).await[0].1), "26000");
     // The server's statements were dropped too; preparing again still works.
-    let r = c.send(&[parse("s3", "select 2"), bind("s3"), execute(), sync()]).await;
+    let r = send(&mut c, &[parse("s3", "select 2"), bind("s3"), execute(), sync()]).await;
     assert_eq!(tags(&r), "12DCZ", "{r:?}");
 }
 
@@ -212,10 +158,10 @@ async fn listen_pins_the_client_and_its_server_is_reset_after() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_set_gets_a_warning() {
     let h = harness(2, "").await;
-    let mut c = Raw::connect(&h).await;
-    let r = c.send(&[query("SET search_path = public")]).await;
+    let mut c = login(&h).await;
+    let r = send(&mut c, &[query("SET search_path = public")]).await;
     assert_eq!(tags(&r), "NCZ");
     assert_eq!(code(&r[0].1), "01000");
-    assert_eq!(tags(&c.send(&[query("SET LOCAL search_path = public")]).await), "NCZ", "Postgres's own warning");
-    assert_eq!(tags(&c.send(&[query("SET application_name = 'x'")]).await), "CSZ", "reported: weir carries it");
+    assert_eq!(tags(&send(&mut c, &[query("SET LOCAL search_path = public")]).await), "NCZ", "Postgres's own warning");
+    assert_eq!(tags(&send(&mut c, &[query("SET application_name = 'x'")]).await), "CSZ", "reported: weir carries it");
 }

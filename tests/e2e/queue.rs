@@ -6,10 +6,12 @@
 //!
 //! Every query under test inserts its own id into a `ledger` table, so
 //! "never ran" is checked on Postgres itself.
+//!
+//! The answers are timed in 100 ms windows, so every test here holds
+//! `weir_e2e::serial` and they run one at a time, not two per process.
 
 mod queue_cancel;
 mod queue_driver;
-mod queue_raw;
 mod queue_storm;
 mod queue_vanish;
 mod queue_wait;
@@ -17,7 +19,16 @@ mod queue_wait;
 use std::time::Duration;
 
 use tokio_postgres::Client;
+use weir_e2e::raw::{self, Raw};
 use weir_e2e::{Harness, Opts};
+
+/// Every raw step of the queue tests gives up after this long, so no test can hang.
+const STEP_LIMIT: Duration = Duration::from_secs(30);
+
+/// A raw client logged in (trust) through weir as `user`, with the queue tests' step limit.
+pub async fn raw_login(h: &Harness, user: &str, extra: &[(&str, &str)]) -> raw::Result<Raw> {
+    Raw::login_within(STEP_LIMIT, h.addr(), user, "", extra).await
+}
 
 /// Creates the ledger table every queued or running test query writes to.
 pub async fn create_ledger(h: &Harness) -> Client {

@@ -7,14 +7,15 @@ use tokio_postgres::NoTls;
 use weir_e2e::{sqlstate, Harness, Opts, SCRAM_USER};
 use weir_metrics::{CancelOutcome, DropReason};
 
-use crate::queue_raw::{self, Raw};
 use crate::{create_ledger, hold_server, ledger_ids, trust_opts, until_waiting};
+use weir_e2e::raw;
 
 /// Queued cancel (tokio-postgres): B's queued INSERT is cancelled; B gets
 /// 57014 within 100 ms of the cancel call, the cancel socket closes, the row
 /// never appears, and B's connection keeps working.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queued_cancel_answers_57014_and_the_query_never_runs() {
+    let _alone = weir_e2e::serial().await;
     let h = Harness::start(Opts { pool_size: 1, ..Opts::default() }).await;
     let direct = create_ledger(&h).await;
     let (a, a_pid) = hold_server(&h).await;
@@ -53,19 +54,20 @@ async fn queued_cancel_answers_57014_and_the_query_never_runs() {
 /// closed by weir without a byte, and no row appears.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queued_cancel_over_raw_sockets_keeps_each_connection() {
+    let _alone = weir_e2e::serial().await;
     let h = Harness::start(trust_opts(1)).await;
     let direct = create_ledger(&h).await;
     let (a, _) = hold_server(&h).await;
     let mut raws = Vec::new();
     for id in 0..5 {
-        let mut r = Raw::login(h.addr(), SCRAM_USER, "", &[]).await.unwrap();
+        let mut r = crate::raw_login(&h, SCRAM_USER, &[]).await.unwrap();
         r.send_query(&format!("insert into ledger(id) values ({id})")).await.unwrap();
         raws.push(r);
     }
     until_waiting(&h, 5).await;
     for r in raws.iter_mut() {
         let asked = Instant::now();
-        queue_raw::cancel(h.addr(), r.key).await.expect("cancel socket closed without an answer");
+        raw::cancel(h.addr(), r.key()).await.expect("cancel socket closed without an answer");
         let reply = r.reply().await.unwrap();
         assert_eq!(reply.code(), Some("57014"), "{reply:?}");
         assert_eq!(reply.status, b'I');
@@ -86,16 +88,17 @@ async fn queued_cancel_over_raw_sockets_keeps_each_connection() {
 /// never runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_oldest_waiter_still_there_gets_the_server() {
+    let _alone = weir_e2e::serial().await;
     let h = Harness::start(trust_opts(1)).await;
     let direct = create_ledger(&h).await;
     let (a, _) = hold_server(&h).await;
-    let mut w1 = Raw::login(h.addr(), SCRAM_USER, "", &[]).await.unwrap();
+    let mut w1 = crate::raw_login(&h, SCRAM_USER, &[]).await.unwrap();
     w1.send_query("insert into ledger(id) values (71)").await.unwrap();
     until_waiting(&h, 1).await;
-    let mut w2 = Raw::login(h.addr(), SCRAM_USER, "", &[]).await.unwrap();
+    let mut w2 = crate::raw_login(&h, SCRAM_USER, &[]).await.unwrap();
     w2.send_query("insert into ledger(id) values (72)").await.unwrap();
     until_waiting(&h, 2).await;
-    let mut w3 = Raw::login(h.addr(), SCRAM_USER, "", &[]).await.unwrap();
+    let mut w3 = crate::raw_login(&h, SCRAM_USER, &[]).await.unwrap();
     w3.send_query("insert into ledger(id) values (73)").await.unwrap();
     until_waiting(&h, 3).await;
     w1.reset();
@@ -112,11 +115,16 @@ async fn the_oldest_waiter_still_there_gets_the_server() {
     assert_eq!(h.pool().metrics.dropped_queries(DropReason::ClientGone), 1);
 }
 
-/// PgBouncer's test_cancel_race pattern (pool size 1): 100 cancels for
-/// client 1, fired at once at a running query and then spread over a loop,
-/// while client 2 keeps reusing the same server. Client 2 never sees 57014.
+/// Cancels in the interleaved half of `cancels_for_one_client_never_hit_the_next`.
+const INTERLEAVED: usize = 20;
+
+/// PgBouncer's test_cancel_race pattern (pool size 1): 50 cancels for
+/// client 1 fired at once at a running query, then 20 more, each at one of
+/// client 1's queries seen running, while client 2 keeps reusing the same
+/// server. Client 2 never sees 57014; each of client 1's queries does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancels_for_one_client_never_hit_the_next() {
+    let _alone = weir_e2e::serial().await;
     let h = Harness::start(Opts { pool_size: 1, ..Opts::default() }).await;
     let c1 = h.client().await;
     let c2 = h.client().await;
@@ -127,7 +135,8 @@ async fn cancels_for_one_client_never_hit_the_next() {
         let r = c1.simple_query("select pg_sleep(5)").await;
         (r, c1)
     });
-    weir_e2e::eventually(Duration::from_secs(5), || h.pool().snapshot().active == 1).await;
+    let started = weir_e2e::eventually(Duration::from_secs(5), || h.pool().snapshot().active == 1).await;
+    assert!(started, "client 1's sleep never took the server: {:?}", h.pool().snapshot());
     let c2_task = tokio::spawn(async move {
         for _ in 0..20 {
             if let Err(e) = c2.simple_query("select pg_sleep(0.01)").await {
@@ -149,20 +158,11 @@ async fn cancels_for_one_client_never_hit_the_next() {
     let (r, c1) = running.await.unwrap();
     assert_eq!(r.map(|_| ()).err().and_then(|e| sqlstate(&e)).as_deref(), Some("57014"), "client 1 was cancelled");
 
-    // Interleaved: client 1 loops on short queries, 50 more cancels land at
-    // random moments, client 2 loops on the same server.
-    let c1_task = tokio::spawn(async move {
-        let mut seen = 0;
-        for _ in 0..60 {
-            match c1.simple_query("select pg_sleep(0.005)").await {
-                Ok(_) => {}
-                Err(e) if sqlstate(&e).as_deref() == Some("57014") => seen += 1,
-                Err(e) => panic!("client 1 failed: {e}"),
-            }
-        }
-        seen
-    });
+    // Interleaved: client 2 loops on short queries on the same server while
+    // client 1 runs 20 sleeps, each cancelled once it is seen running on
+    // Postgres; every cancel lands on client 1's query, none on client 2's.
     let c2 = c2_task.await.expect("client 2 never saw 57014 during the burst");
+    let direct = h.direct().await;
     let c2_loop = tokio::spawn(async move {
         for _ in 0..60 {
             if let Err(e) = c2.simple_query("select pg_sleep(0.005)").await {
@@ -170,12 +170,26 @@ async fn cancels_for_one_client_never_hit_the_next() {
             }
         }
     });
-    for i in 0..50u64 {
-        tokio::time::sleep(Duration::from_millis(3 + (i * 7) % 11)).await;
-        token.cancel_query(NoTls).await.expect("cancel request accepted");
+    let mut seen = 0;
+    for _ in 0..INTERLEAVED {
+        let sleeping = c1.simple_query("select pg_sleep(30)");
+        let cancel = async {
+            let running =
+                "select count(*) from pg_stat_activity where query = 'select pg_sleep(30)' and state = 'active'";
+            let end = Instant::now() + Duration::from_secs(10);
+            while direct.query_one(running, &[]).await.unwrap().get::<_, i64>(0) != 1 {
+                assert!(Instant::now() < end, "client 1's sleep never ran");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            token.cancel_query(NoTls).await.expect("cancel request accepted");
+        };
+        let (r, ()) = tokio::join!(sleeping, cancel);
+        match r {
+            Err(e) if sqlstate(&e).as_deref() == Some("57014") => seen += 1,
+            other => panic!("client 1's sleep was not cancelled: {other:?}"),
+        }
     }
     c2_loop.await.expect("client 2 never saw 57014");
-    let seen = c1_task.await.unwrap();
-    eprintln!("client 1 saw {seen} cancels in the loop");
+    assert_eq!(seen, INTERLEAVED, "each cancel stopped client 1's running query");
     assert_eq!(h.pool().metrics.closed_total(), 0, "no server was closed");
 }

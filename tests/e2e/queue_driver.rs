@@ -28,6 +28,7 @@ async fn require_asyncpg() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn asyncpg_timeouts_drop_the_queued_query_and_keep_the_connection() {
+    let _alone = weir_e2e::serial().await;
     require_asyncpg().await;
     let h = Harness::start(Opts { pool_size: 1, ..Opts::default() }).await;
     let direct = create_ledger(&h).await;

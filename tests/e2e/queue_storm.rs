@@ -10,8 +10,8 @@ use tokio_postgres::Client;
 use weir_e2e::{Harness, SCRAM_USER};
 use weir_metrics::DropReason;
 
-use crate::queue_raw::Raw;
 use crate::{backends_until, create_ledger, ledger_ids, logins_of, trust_opts, until_waiting};
+use weir_e2e::raw::Raw;
 
 const POOL: u32 = 20;
 const QUEUED: usize = 300;
@@ -44,7 +44,7 @@ async fn open_pool(h: &Harness) -> Vec<Client> {
 async fn queue_clients(h: &Harness) -> Vec<Raw> {
     let mut raws = Vec::with_capacity(QUEUED);
     for chunk in (0..QUEUED).collect::<Vec<_>>().chunks(50) {
-        let logins = join_all(chunk.iter().map(|_| Raw::login(h.addr(), SCRAM_USER, "", &[]))).await;
+        let logins = join_all(chunk.iter().map(|_| crate::raw_login(h, SCRAM_USER, &[]))).await;
         for (i, r) in chunk.iter().zip(logins) {
             let mut r = r.expect("queued client logs in");
             r.send_query(&format!("insert into ledger(id) values ({})", 1000 + i)).await.unwrap();
@@ -72,6 +72,7 @@ async fn leave_all(h: &Harness, raws: Vec<Raw>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_storm_of_departing_queued_clients_costs_nothing() {
+    let _alone = weir_e2e::serial().await;
     let h = Harness::start(trust_opts(POOL)).await;
     let direct = create_ledger(&h).await;
     let holders = open_pool(&h).await;
@@ -87,7 +88,8 @@ async fn a_storm_of_departing_queued_clients_costs_nothing() {
         });
         (Instant::now(), holders)
     });
-    weir_e2e::eventually(Duration::from_secs(5), || h.pool().snapshot().active == POOL).await;
+    let busy = weir_e2e::eventually(Duration::from_secs(5), || h.pool().snapshot().active == POOL).await;
+    assert!(busy, "the holders never took every server: {:?}", h.pool().snapshot());
     let raws = queue_clients(&h).await;
     until_waiting(&h, QUEUED as u32).await;
 

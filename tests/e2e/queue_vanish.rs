@@ -4,14 +4,12 @@
 
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use weir::protocol::tags::{auth, backend as be};
+use weir::protocol::tags::auth;
 use weir_e2e::{Harness, Opts, APP_DB, MD5_PASS, MD5_USER, SCRAM_USER};
 use weir_metrics::{CloseReason, DropReason};
 
-use crate::queue_raw::{self, Raw};
 use crate::{backends_until, create_ledger, ledger_ids, logins_of, trust_opts};
+use weir_e2e::raw::{self, Raw};
 
 /// How the client goes.
 #[derive(Debug, Clone, Copy)]
@@ -44,7 +42,7 @@ async fn vanish(in_tx: bool, doing: Doing, leave: Leave) {
 async fn vanish_in(pool_mode: &'static str, in_tx: bool, doing: Doing, leave: Leave) {
     let h = Harness::start(Opts { pool_mode, ..trust_opts(1) }).await;
     let direct = create_ledger(&h).await;
-    let mut raw = Raw::login(h.addr(), SCRAM_USER, "", &[]).await.unwrap();
+    let mut raw = crate::raw_login(&h, SCRAM_USER, &[]).await.unwrap();
     let pid: i32 = raw.query("select pg_backend_pid()").await.unwrap().scalar().unwrap().parse().unwrap();
     if pool_mode == "session" {
         assert_eq!(raw.query("set statement_timeout = '4321s'").await.unwrap().error, None);
@@ -138,36 +136,43 @@ fn query_bytes(sql: &str) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reset_mid_query_outside_a_transaction() {
+    let _alone = weir_e2e::serial().await;
     vanish(false, Doing::Sleeping, Leave::Reset).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reset_mid_query_inside_a_transaction() {
+    let _alone = weir_e2e::serial().await;
     vanish(true, Doing::Sleeping, Leave::Reset).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminate_mid_query_inside_a_transaction() {
+    let _alone = weir_e2e::serial().await;
     vanish(true, Doing::Sleeping, Leave::Terminate).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reset_after_execute_without_sync_in_a_transaction() {
+    let _alone = weir_e2e::serial().await;
     vanish(true, Doing::ExecuteWithoutSync, Leave::Reset).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_mode_reset_mid_query_in_a_transaction() {
+    let _alone = weir_e2e::serial().await;
     vanish_in("session", true, Doing::Sleeping, Leave::Reset).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reset_halfway_through_a_short_message_in_a_transaction() {
+    let _alone = weir_e2e::serial().await;
     vanish(true, Doing::HalfShortMessage, Leave::Reset).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reset_halfway_through_a_long_message_in_a_transaction() {
+    let _alone = weir_e2e::serial().await;
     vanish(true, Doing::HalfLongMessage, Leave::Reset).await;
 }
 
@@ -176,6 +181,7 @@ async fn reset_halfway_through_a_long_message_in_a_transaction() {
 /// node-postgres `query_timeout`, where nobody cancels the running query).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_driver_connection_closed_mid_query_costs_nothing() {
+    let _alone = weir_e2e::serial().await;
     let h = Harness::start(Opts { pool_size: 1, ..Opts::default() }).await;
     let direct = create_ledger(&h).await;
     let (c, conn) =
@@ -206,21 +212,18 @@ async fn a_driver_connection_closed_mid_query_costs_nothing() {
 /// server-side work: no pool, no backend.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_gone_during_login_costs_no_server_work() {
+    let _alone = weir_e2e::serial().await;
     let h = Harness::start(Opts::default()).await;
-    let startup = queue_raw::startup_packet(&[("user", MD5_USER), ("database", APP_DB)]);
+    let startup = raw::startup(&[("user", MD5_USER), ("database", APP_DB)]);
     for i in 0..20 {
-        let mut s = TcpStream::connect(h.addr()).await.unwrap();
+        let mut c = Raw::connect(h.addr()).await;
         if i % 2 == 0 {
-            s.write_all(&startup).await.unwrap();
-            let mut head = [0u8; 9];
-            s.read_exact(&mut head).await.unwrap();
-            assert_eq!(head[0], be::AUTHENTICATION);
-            assert_eq!(i32::from_be_bytes([head[5], head[6], head[7], head[8]]), auth::MD5_PASSWORD);
+            c.send(&startup).await.unwrap();
+            assert_eq!(c.auth_request().await.0, auth::MD5_PASSWORD);
         } else {
-            s.write_all(&startup[..startup.len() / 2]).await.unwrap();
+            c.send(&startup[..startup.len() / 2]).await.unwrap();
         }
-        let _ = s.set_zero_linger();
-        drop(s);
+        c.reset();
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
@@ -241,10 +244,11 @@ async fn a_client_gone_during_login_costs_no_server_work() {
 /// the next client gets a fresh one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recovery_that_cannot_finish_closes_the_server_with_its_reason() {
+    let _alone = weir_e2e::serial().await;
     let general = "server_reset_timeout = \"500ms\"".to_string();
     let h = Harness::start(Opts { relay: true, general, ..trust_opts(1) }).await;
     let direct = create_ledger(&h).await;
-    let mut raw = Raw::login(h.addr(), SCRAM_USER, "", &[]).await.unwrap();
+    let mut raw = crate::raw_login(&h, SCRAM_USER, &[]).await.unwrap();
     let pid = raw.query("select pg_backend_pid()").await.unwrap().scalar().unwrap().to_owned();
     assert_eq!(raw.query("begin").await.unwrap().status, b'T');
     raw.send_query("insert into ledger(id) select 5 from pg_sleep(30)").await.unwrap();

@@ -7,7 +7,6 @@ use tokio_postgres::{Client, NoTls};
 use weir_e2e::{sqlstate, Harness, Opts, SCRAM_PASS, SCRAM_USER};
 use weir_metrics::DropReason;
 
-use crate::queue_raw::Raw;
 use crate::{create_ledger, hold_server, ledger_ids};
 
 const NO_SERVER: &str = "no server connection became free within the wait budget";
@@ -27,6 +26,7 @@ async fn timed_failure(c: &Client, sql: &str, simple: bool) -> (String, String, 
 /// done; no server is opened, closed or otherwise touched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_get_the_budget_error_and_keep_their_connection() {
+    let _alone = weir_e2e::serial().await;
     let general = "query_wait_timeout = \"200ms\"".to_string();
     let h = Harness::start(Opts { pool_size: 1, general, ..Opts::default() }).await;
     let direct = create_ledger(&h).await;
@@ -73,6 +73,7 @@ async fn waiters_get_the_budget_error_and_keep_their_connection() {
 /// startup parameter works the same; `weir.*` never reaches Postgres.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_declared_deadline_sets_the_budget_and_stays_in_weir() {
+    let _alone = weir_e2e::serial().await;
     let general = "query_wait_timeout = \"10s\"".to_string();
     let h = Harness::start(Opts { pool_size: 1, general, auth_type: "trust", ..Opts::default() }).await;
     let (a, _) = hold_server(&h).await;
@@ -86,7 +87,7 @@ async fn a_declared_deadline_sets_the_budget_and_stays_in_weir() {
     assert!(message.contains("400ms"), "{message}");
     assert!(took >= Duration::from_millis(400) && took < Duration::from_millis(500), "answered after {took:?}");
 
-    let mut raw = Raw::login(h.addr(), SCRAM_USER, "", &[("weir.client_deadline", "250ms")]).await.unwrap();
+    let mut raw = crate::raw_login(&h, SCRAM_USER, &[("weir.client_deadline", "250ms")]).await.unwrap();
     let t = Instant::now();
     let reply = raw.query("select 1").await.unwrap();
     assert_eq!(reply.code(), Some("53300"), "{reply:?}");
@@ -124,6 +125,7 @@ fn a_budget_at_or_above_the_client_deadline_is_refused() {
 /// client deadline and keeps the running budget; a valid one applies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reload_refuses_a_budget_above_the_deadline_and_keeps_the_old_one() {
+    let _alone = weir_e2e::serial().await;
     let general = "query_wait_timeout = \"200ms\"".to_string();
     let h = Harness::start(Opts { pool_size: 1, general, ..Opts::default() }).await;
     let file = h.dir.join("weir.toml");

@@ -4,17 +4,13 @@
 //! pg_terminate_backend(pg_backend_pid()) ends the session with the
 //! server's own FATAL, as it does straight to Postgres.
 
-#[allow(dead_code)]
-#[path = "queue_raw.rs"]
-mod queue_raw;
-
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use tokio_postgres::{AsyncMessage, NoTls, SimpleQueryMessage};
 use weir_e2e::{sqlstate, Harness, Opts, TRUST_PASS, TRUST_USER};
 
-use queue_raw::Raw;
+use weir_e2e::raw::{self as queue_raw, Raw};
 
 const LIMIT: Duration = Duration::from_secs(30);
 
@@ -43,7 +39,7 @@ async fn backend_key_data_carries_the_servers_pid_and_cancels_still_work() {
     let h = session_harness().await;
     let mut raw = Raw::login(h.addr(), TRUST_USER, "", &[]).await.unwrap();
     let pid = backend_pid(&mut raw).await;
-    assert_eq!(raw.key.0, pid, "BackendKeyData's pid is the server's pg_backend_pid()");
+    assert_eq!(raw.key().0, pid, "BackendKeyData's pid is the server's pg_backend_pid()");
     assert!(h.server_pids(TRUST_USER).contains(&pid));
     let keys = shown_client_keys(&h).await;
     assert!(keys.contains(&pid.to_string()), "SHOW CLIENTS lists the pid the client was given: {keys:?}");
@@ -51,7 +47,7 @@ async fn backend_key_data_carries_the_servers_pid_and_cancels_still_work() {
     // A cancel with that key reaches weir, which forwards it with the server's key.
     raw.send_query("select pg_sleep(20)").await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    queue_raw::cancel(h.addr(), raw.key).await.unwrap();
+    queue_raw::cancel(h.addr(), raw.key()).await.unwrap();
     let reply = tokio::time::timeout(LIMIT, raw.reply()).await.unwrap().unwrap();
     assert_eq!(reply.code(), Some("57014"), "{reply:?}");
     // Straight to Postgres, weir's secret is not the backend's: nothing is cancelled.
@@ -59,7 +55,7 @@ async fn backend_key_data_carries_the_servers_pid_and_cancels_still_work() {
     let mut direct = Raw::login(pg_addr, TRUST_USER, "", &[]).await.unwrap();
     let direct_pid = backend_pid(&mut direct).await;
     direct.send_query("select pg_sleep(1)").await.unwrap();
-    queue_raw::cancel(pg_addr, (direct_pid, raw.key.1)).await.unwrap();
+    queue_raw::cancel(pg_addr, (direct_pid, raw.key().1)).await.unwrap();
     assert_eq!(direct.reply().await.unwrap().error, None, "a wrong secret cancels nothing");
     // The session lives on, on the same backend.
     assert_eq!(backend_pid(&mut raw).await, pid);
@@ -119,7 +115,7 @@ async fn terminating_its_own_backend_ends_the_session_with_the_servers_fatal() {
     // The pool lives on: a new client gets a new backend, with its real pid.
     let mut raw = Raw::login(h.addr(), TRUST_USER, "", &[]).await.unwrap();
     let pid = backend_pid(&mut raw).await;
-    assert_eq!(raw.key.0, pid);
+    assert_eq!(raw.key().0, pid);
 }
 
 /// A session-mode login takes its server before greeting: it waits in the

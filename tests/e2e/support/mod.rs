@@ -2,9 +2,12 @@
 //! and weir running in-process in front of them, plus client helpers.
 //! Every test builds its own `Harness`; dropping it tears everything down.
 
+pub mod liveness;
 pub mod pgbouncer;
 pub mod process;
+pub mod raw;
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -140,6 +143,37 @@ impl Drop for Harness {
     }
 }
 
+/// A client connected (and served once) before the attack, and the pool's
+/// close count at that point.
+pub struct Before {
+    pub keeper: Client,
+    closed: u64,
+    opened: u64,
+}
+
+impl Before {
+    pub async fn take(h: &Harness) -> Before {
+        let keeper = h.client().await;
+        keeper.simple_query("select 1").await.expect("keeper's first query");
+        let m = &h.pool().metrics;
+        Before { keeper, closed: m.closed_total(), opened: m.opened() }
+    }
+
+    /// The keeper still queries, a new client logs in and queries, and no
+    /// server connection was closed (nor a new one needed beyond the pool).
+    pub async fn unharmed(&self, h: &Harness) {
+        let rows = self.keeper.simple_query("select 'keeper'").await.expect("the pre-attack client still queries");
+        assert!(!rows.is_empty());
+        let fresh = h.client().await;
+        fresh.simple_query("select 'fresh'").await.expect("a new client is served");
+        let m = &h.pool().metrics;
+        assert_eq!(m.closed_total(), self.closed, "no server connection was closed by the attack");
+        assert!(m.opened() <= self.opened + u64::from(h.opts.pool_size), "no churn of server connections");
+        let s = h.pool().snapshot();
+        assert_eq!((s.waiting, s.recovering), (0, 0), "{s:?}");
+    }
+}
+
 /// Connects with tokio-postgres and drives the connection in the background.
 pub async fn connect(url: &str) -> Result<Client, tokio_postgres::Error> {
     let (client, conn) = tokio_postgres::connect(url, NoTls).await?;
@@ -191,4 +225,25 @@ pub async fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
 /// The SQLSTATE of a tokio-postgres error, if the server (or weir) sent one.
 pub fn sqlstate(e: &tokio_postgres::Error) -> Option<String> {
     e.as_db_error().map(|d| d.code().code().to_owned())
+}
+
+/// Tests that assert bounds that are the feature (liveness: refill within
+/// 1 s, an error within the watchdog's bound; the queue's and core's timing
+/// windows; hostile_flood's memory) run one at a time within their test
+/// binary: on 2 cores a neighbour would eat their window.
+pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    LOCK.lock().await
+}
+
+/// Runs a test body alone (see `serial`) and under a hard limit, so no
+/// test can hang the suite.
+pub async fn exclusive<T>(limit_secs: u64, f: impl Future<Output = T>) -> T {
+    let _serial = serial().await;
+    tokio::time::timeout(Duration::from_secs(limit_secs), f).await.expect("test exceeded its time limit")
+}
+
+/// Runs a test body under a hard limit, so no test can hang the suite.
+pub async fn bounded<T>(limit_secs: u64, f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(limit_secs), f).await.expect("test exceeded its time limit")
 }

@@ -8,9 +8,9 @@
 use std::sync::Arc;
 
 use super::control::{AdminError, Outcome};
-use crate::state::Shared;
 use crate::config::{keys, migrate, Config};
 use crate::protocol::sqlstate;
+use crate::state::Shared;
 
 /// The `[weir]` entries `key = value` stands for: PgBouncer's spelling
 /// first, else weir's own for a weir key (a TOML value, or a bare string

@@ -20,9 +20,9 @@ use weir_metrics::Window;
 use super::command::{Show, SYNOPSIS};
 use super::result::{float, int, text, Cell, Kind, ResultSet};
 use super::{show_more, stats};
-use crate::state::Shared;
 use crate::config::keys;
 use crate::pool::Pool;
+use crate::state::Shared;
 
 use Kind::{Float, Int, Int4, Text};
 

@@ -1,34 +1,20 @@
 //! Helpers shared by the liveness tests (liveness.rs, liveness_watchdog.rs).
-#![allow(dead_code)]
 
 use std::collections::HashSet;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::{Harness, Opts, PgOptions, PgServer, MD5_PASS, MD5_USER};
 use tokio::task::JoinHandle;
 use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
-use weir_e2e::{Harness, Opts, PgOptions, PgServer, MD5_PASS, MD5_USER};
 
-/// These tests assert bounds that are the feature (refill within 1 s, an
-/// error within the watchdog's bound); on 2 cores they run one at a time.
-pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
-    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    LOCK.lock().await
-}
-
-/// Runs a test body alone (see `serial`) and under a hard limit, so no
-/// test can hang the suite.
-pub async fn exclusive<T>(limit_secs: u64, f: impl Future<Output = T>) -> T {
-    let _serial = serial().await;
-    tokio::time::timeout(Duration::from_secs(limit_secs), f).await.expect("test exceeded its time limit")
-}
+pub use crate::{exclusive, serial};
 
 /// `n` clients logged in through weir at `url`, one after the other.
 pub async fn clients(url: &str, n: usize) -> Vec<Client> {
     let mut v = Vec::with_capacity(n);
     for _ in 0..n {
-        v.push(weir_e2e::connect(url).await.expect("login through weir"));
+        v.push(crate::connect(url).await.expect("login through weir"));
     }
     v
 }
@@ -114,7 +100,7 @@ pub fn describe(e: &tokio_postgres::Error) -> String {
 
 /// A connect, bounded.
 pub async fn connect_within(url: &str, limit: Duration) -> Result<Client, String> {
-    match tokio::time::timeout(limit, weir_e2e::connect(url)).await {
+    match tokio::time::timeout(limit, crate::connect(url)).await {
         Ok(Ok(c)) => Ok(c),
         Ok(Err(e)) => Err(describe(&e)),
         Err(_) => Err("connect timed out".into()),
