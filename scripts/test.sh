@@ -7,6 +7,10 @@ cd "$(dirname "$0")/.."
 
 bash scripts/install-deps.sh
 
+echo "== cargo fmt --check, cargo clippy -D warnings"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
 echo "== cargo test (workspace)"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -11,7 +11,6 @@ pub mod result;
 mod set;
 pub mod show;
 mod show_more;
-mod state;
 pub mod stats;
 
 use std::net::SocketAddr;
@@ -37,7 +36,6 @@ use crate::state::Shared;
 use crate::wire::{self, WireError};
 use command::Command;
 pub use control::AdminError;
-pub use state::{disabled_message, AdminState};
 
 /// Database names that reach the console instead of a pool.
 pub const CONSOLE_DATABASES: &[&str] = &["weir", "pgbouncer"];

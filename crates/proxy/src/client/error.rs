@@ -30,7 +30,7 @@ pub enum ClientError {
     #[error("sorry, too many clients already (max_client_conn)")]
     TooManyClients,
     /// The console's DISABLE closed the database to new clients.
-    #[error("{}", crate::admin::disabled_message(.0))]
+    #[error("{}", crate::state::disabled::disabled_message(.0))]
     Disabled(String),
     #[error("client_login_timeout expired before login completed")]
     LoginTimeout,

@@ -103,7 +103,7 @@ pub(crate) async fn greet<'a>(
     if session.mode == PoolMode::Session {
         let lease = take_server(&mut session, hello.deadline).await?;
         session.reg = shared.cancels.register_as(Some(lease.conn().backend_pid()));
-        session.held = Some(lease);
+        session.held = Some(Box::new(lease));
     }
     let key = (session.reg.pid, session.reg.secret);
     let out = login::greeting(&hello.server_params, &session.params, key, hello.minor, &hello.protocol_options);

@@ -58,7 +58,7 @@ pub struct Session<'a> {
     /// The client's listing for SHOW CLIENTS and KILL (set once logged in).
     pub(crate) listed: Option<crate::state::client_list::ClientGuard>,
     /// Session mode: the server taken at login, for the first request.
-    pub(crate) held: Option<Lease>,
+    pub(crate) held: Option<Box<Lease>>,
 }
 
 /// A client's wait budget, the one rule for the login's wait and every
@@ -68,21 +68,25 @@ pub struct Session<'a> {
 /// declared at startup.
 #[derive(Debug, Clone, Copy)]
 pub struct Budget {
-    share: Option<Duration>,
+    /// The declared deadline's share in microseconds; `u64::MAX` when none
+    /// was declared (8 bytes where an `Option<Duration>` takes 16: part of
+    /// every idle client's task, see `app/footprint.rs`).
+    share_us: u64,
 }
 
 impl Budget {
     pub fn new(declared: Option<Duration>, fraction: f64) -> Self {
-        Budget { share: declared.map(|d| d.mul_f64(fraction)) }
+        let share = declared.map(|d| u64::try_from(d.mul_f64(fraction).as_micros()).unwrap_or(u64::MAX - 1));
+        Budget { share_us: share.map_or(u64::MAX, |us| us.min(u64::MAX - 1)) }
     }
 
     /// The wait budget under `query_wait_timeout`: all of it, or less when
     /// the client declared a deadline (its share, so weir answers before the
     /// client gives up), but never below 1 ms.
     pub fn under(&self, query_wait_timeout: Duration) -> Duration {
-        match self.share {
-            Some(share) => query_wait_timeout.min(share).max(Duration::from_millis(1)),
-            None => query_wait_timeout,
+        match self.share_us {
+            u64::MAX => query_wait_timeout,
+            us => query_wait_timeout.min(Duration::from_micros(us)).max(Duration::from_millis(1)),
         }
     }
 }
@@ -174,7 +178,7 @@ impl<'a> Session<'a> {
         // The common case, with nothing awaited: a server is idle and ready.
         // The queue's wait is boxed apart (it is larger than the rest of a
         // request), so a request that finds a server at once never builds it.
-        let outcome = match self.held.take().or_else(|| self.pool.try_checkout()) {
+        let outcome = match self.held.take().map(|l| *l).or_else(|| self.pool.try_checkout()) {
             Some(lease) => Wait::Got(lease),
             None => Box::pin(self.wait_for_server()).await,
         };

@@ -5,6 +5,7 @@
 //! weir through this; the client tasks and the console read and change it.
 
 pub mod client_list;
+pub mod disabled;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -55,7 +56,7 @@ pub struct Shared {
     draining: AtomicBool,
     reload_lock: Mutex<()>,
     /// The console's DISABLE list.
-    pub admin: crate::admin::AdminState,
+    pub admin: disabled::AdminState,
 }
 
 /// What PAUSE/KILL left paused: everything, or some databases.

@@ -1,8 +1,9 @@
-//! What the console's commands leave behind for the rest of weir: the
-//! databases DISABLE closed to new clients.
+//! The databases the console's DISABLE closed to new clients: kept in
+//! shared state (set by `admin`, read by the pooled login in `client`).
 
 use std::collections::BTreeSet;
-use std::sync::Mutex;
+
+use parking_lot::Mutex;
 
 /// Kept in `Shared::admin`.
 #[derive(Debug, Default)]
@@ -11,8 +12,8 @@ pub struct AdminState {
 }
 
 impl AdminState {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
-        self.disabled.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, BTreeSet<String>> {
+        self.disabled.lock()
     }
 
     /// DISABLE (true) or ENABLE (false) `database`; true when that changed it.
