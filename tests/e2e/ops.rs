@@ -138,12 +138,12 @@ async fn readyz_follows_whether_servers_can_be_reached() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_stays_ready_through_a_postgres_outage_after_start() {
     let pg = pg().await;
-    let w = WeirProcess::start(&pg, "", "").await;
+    let w = WeirProcess::start(&pg, "query_wait_timeout = \"1s\"", "").await;
     let c = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
     c.simple_query("select 1").await.unwrap();
     pg.stop().unwrap();
-    let err = c.simple_query("select 1").await.expect_err("no server, an error");
-    assert!(err.code().is_some(), "an ErrorResponse with a SQLSTATE, not a hang: {err}");
+    let err = c.simple_query("select 1").await.expect_err("no server, an error at query_wait_timeout");
+    assert!(err.code().is_some(), "an ErrorResponse with a SQLSTATE: {err}");
     let failures = || metric(&w.metrics(), "weir_server_connect_failures_total", &with(&[]));
     assert!(eventually(Duration::from_secs(5), || failures() > 0.0).await, "failing connects are counted");
     for _ in 0..5 {

@@ -115,11 +115,6 @@ impl Pool {
                 st.last_error = Some(e.to_string());
                 st.last_error_code = Some(e.sqlstate());
                 st.connect_failed.notify_waiters();
-                if st.total() == 0 {
-                    // No server and none coming: every waiter gets the
-                    // connect error now (see `State::down`).
-                    st.let_go_of_waiters();
-                }
             }
         }
         self.want_connects(&mut st);
@@ -163,7 +158,7 @@ impl Pool {
     }
 }
 
-pub(super) fn down(st: &State) -> PoolError {
+fn down(st: &State) -> PoolError {
     PoolError::ServerDown {
         error: st.last_error.clone().unwrap_or_else(|| "server connect failed".into()),
         code: st.last_error_code.unwrap_or(sqlstate::SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION),

@@ -149,15 +149,14 @@ impl Pool {
             PoolError::WaitTimeout { budget, waited: started.elapsed(), last_error }
         };
         loop {
-            let conn = match self.checkout_or_enqueue(deadline)? {
+            let conn = match self.checkout_or_enqueue(deadline) {
                 Ok(conn) => conn,
                 Err(mut waiting) => match within(timer.as_mut(), &mut waiting.rx).await {
                     Some(Ok(conn)) => {
                         waiting.settled = true;
                         conn
                     }
-                    // The queue was let go: the pool closed, or its server is down.
-                    Some(Err(_)) => return Err(self.state.lock().down().unwrap_or(PoolError::Closed)),
+                    Some(Err(_)) => return Err(PoolError::Closed),
                     None => return Err(timed_out()),
                 },
             };
@@ -207,10 +206,7 @@ impl Pool {
     }
 
     /// Takes a healthy idle server, or joins the queue (and starts connects).
-    /// A pool that has no server and whose last connect failed (it is backing
-    /// off) answers at once with the connect error instead of queueing the
-    /// client for its whole budget: PgBouncer's fast-fail.
-    fn checkout_or_enqueue(self: &Arc<Self>, deadline: Instant) -> Result<Result<Box<ServerConn>, Waiting>, PoolError> {
+    fn checkout_or_enqueue(self: &Arc<Self>, deadline: Instant) -> Result<Box<ServerConn>, Waiting> {
         let mut st = self.state.lock();
         if !st.paused {
             while let Some(mut conn) = st.idle.pop() {
@@ -221,16 +217,13 @@ impl Pool {
                     continue;
                 }
                 st.active += 1;
-                return Ok(Ok(conn));
+                return Ok(conn);
             }
-        }
-        if let Some(down) = st.down() {
-            return Err(down);
         }
         let (tx, rx) = oneshot::channel();
         let id = st.push_waiter(tx, deadline);
         self.want_connects(&mut st);
-        Ok(Err(Waiting { pool: self.clone(), id, rx, settled: false }))
+        Err(Waiting { pool: self.clone(), id, rx, settled: false })
     }
 
     /// A server about to be lent (from idle or handed to a waiter) may have

@@ -135,19 +135,6 @@ impl State {
         self.waiters.iter().filter(|w| !w.tx.is_closed() && w.deadline > now).take(cap).count()
     }
 
-    /// The connect error, when the pool has no server and is backing off
-    /// after a failed connect: waiting could only end in the wait timeout.
-    pub fn down(&self) -> Option<super::PoolError> {
-        let backing_off = self.retry_at.is_some_and(|at| at > Instant::now());
-        (backing_off && self.total() == 0).then(|| super::connector::down(self))
-    }
-
-    /// Empties the queue; each waiter sees its channel closed and asks
-    /// [`down`](Self::down) why.
-    pub fn let_go_of_waiters(&mut self) {
-        self.waiters.clear();
-    }
-
     /// All server connections the pool accounts for.
     pub fn total(&self) -> u32 {
         self.idle.len() as u32 + self.active + self.connecting + self.recovering
