@@ -127,17 +127,7 @@ async fn pause_holds_new_queries_and_resume_releases_them() {
         busy.simple_query("select pg_sleep(1)").await.unwrap();
         (Instant::now(), busy)
     });
-    assert!(
-        eventually(Duration::from_secs(5), || pg
-            .psql(
-                "app",
-                "select count(*) from pg_stat_activity where query = 'select pg_sleep(1)' and state = 'active'"
-            )
-            .unwrap()
-            .trim()
-            == "1")
-        .await
-    );
+    assert!(eventually(Duration::from_secs(5), || sleep_running(&pg)).await, "the pg_sleep(1) is running");
     w.admin("PAUSE app").await.unwrap();
     let paused_at = Instant::now();
     let (finished_at, _busy) = running.await.unwrap();
@@ -244,17 +234,7 @@ async fn reconnect_closes_servers_once_released_and_wait_close_waits_for_them() 
 
     // One server is in use through RECONNECT; the idle ones close at once.
     let running = tokio::spawn(async move { busy.simple_query("select pg_sleep(1)").await.map(|_| busy) });
-    assert!(
-        eventually(Duration::from_secs(5), || pg
-            .psql(
-                "app",
-                "select count(*) from pg_stat_activity where query = 'select pg_sleep(1)' and state = 'active'"
-            )
-            .unwrap()
-            .trim()
-            == "1")
-        .await
-    );
+    assert!(eventually(Duration::from_secs(5), || sleep_running(&pg)).await, "the pg_sleep(1) is running");
     let out = w.admin("RECONNECT app").await.unwrap();
     assert!(out.contains("RECONNECT"), "{out}");
     let servers = rows(&w.admin("SHOW SERVERS").await.unwrap());
@@ -332,4 +312,10 @@ async fn set_changes_a_reloadable_setting_and_refuses_the_rest_and_suspend() {
         assert!(help.contains(cmd), "SHOW HELP lists {cmd}");
     }
     c.simple_query("select 2").await.expect("clients go on");
+}
+
+/// True when Postgres shows exactly one active `select pg_sleep(1)`.
+fn sleep_running(pg: &PgServer) -> bool {
+    let sql = "select count(*) from pg_stat_activity where query = 'select pg_sleep(1)' and state = 'active'";
+    pg.psql("app", sql).unwrap().trim() == "1"
 }
