@@ -1,12 +1,17 @@
 //! The admin console through psql and tokio-postgres, against the built weir
 //! binary: every SHOW renders, stats users may only look, PAUSE holds new
 //! queries until RESUME, KILL disconnects and closes, RELOAD keeps a bad file
-//! out.
+//! out, a server waiting for its cancel is counted in sv_being_canceled.
 
 use std::time::{Duration, Instant};
 
+use tokio_postgres::SimpleQueryMessage;
 use weir_e2e::process::{metric, rows, WeirProcess, ADMIN_PASS, ADMIN_USER, STATS_PASS, STATS_USER};
-use weir_e2e::{connect, eventually, sqlstate, PgOptions, PgServer, SCRAM_PASS, SCRAM_USER};
+use weir_e2e::raw::{self, Raw};
+use weir_e2e::{
+    connect, eventually, sqlstate, Harness, Opts, PgOptions, PgServer, APP_DB, SCRAM_PASS, SCRAM_USER, TRUST_PASS,
+    TRUST_USER,
+};
 
 async fn pg() -> PgServer {
     tokio::task::spawn_blocking(|| PgServer::start(PgOptions::default())).await.unwrap().expect("start postgres")
@@ -318,4 +323,58 @@ async fn set_changes_a_reloadable_setting_and_refuses_the_rest_and_suspend() {
 fn sleep_running(pg: &PgServer) -> bool {
     let sql = "select count(*) from pg_stat_activity where query = 'select pg_sleep(1)' and state = 'active'";
     pg.psql("app", sql).unwrap().trim() == "1"
+}
+
+/// A client that leaves while its query runs: weir cancels the query and
+/// holds the server in recovery until Postgres takes the cancel. SHOW POOLS
+/// counts it in sv_being_canceled meanwhile (the relay delays the cancel's
+/// connection), and the server is idle again afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_waiting_for_its_cancel_is_being_canceled() {
+    let opts = Opts { pool_size: 1, auth_type: "trust", relay: true, ..Opts::default() };
+    let h = Harness::start(opts).await;
+    let console = connect(&format!("postgres://admin:admin_pass@{}/pgbouncer", h.addr())).await.unwrap();
+    let pools_row = || async {
+        let rows = console.simple_query("SHOW POOLS").await.unwrap();
+        let row = rows.iter().find_map(|m| match m {
+            SimpleQueryMessage::Row(r) if r.get("database") == Some(APP_DB) => Some(r),
+            _ => None,
+        });
+        let row = row.expect("app pool row");
+        let get = |c: &str| row.get(c).unwrap().to_owned();
+        (get("sv_being_canceled"), get("sv_active"), get("sv_idle"))
+    };
+
+    let mut client = Raw::login(h.addr(), TRUST_USER, TRUST_PASS, &[]).await.unwrap();
+    client.send(&raw::query("select pg_sleep(30)")).await.unwrap();
+    let sql = "select count(*) from pg_stat_activity where query = 'select pg_sleep(30)' and state = 'active'";
+    let sleeping = || h.pg.psql(APP_DB, sql).is_ok_and(|o| o.trim() == "1");
+    assert!(eventually(Duration::from_secs(10), sleeping).await, "the pg_sleep(30) is running");
+
+    h.relay.as_ref().unwrap().set_connect_delay(Duration::from_millis(1500));
+    client.reset();
+    let mut seen = None;
+    for _ in 0..200 {
+        let row = pools_row().await;
+        if row.0 == "1" {
+            seen = Some(row);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (_, active, _) = seen.expect("SHOW POOLS counted the server in sv_being_canceled while its cancel was delayed");
+    assert_eq!(active, "0", "the client's server is no longer active");
+
+    h.relay.as_ref().unwrap().set_connect_delay(Duration::ZERO);
+    let mut back = None;
+    for _ in 0..100 {
+        let row = pools_row().await;
+        if row.0 == "0" && row.2 == "1" {
+            back = Some(row);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(back.is_some(), "the canceled server went back to the pool: {:?}", pools_row().await);
+    assert!(eventually(Duration::from_secs(10), || !sleeping()).await, "the query was canceled");
 }

@@ -36,7 +36,7 @@ pub use exporter::{install, render, Exporter, MetricsError, ReadyFn};
 pub use global::{record_reload, set_build_info, set_max_client_conn, GlobalMetrics, ReloadResult};
 pub use guard::ServerConnGuard;
 pub use names::describe_all;
-pub use pool::{render_all, Limits, PoolMetrics, ServerInfo, SharedCount};
+pub use pool::{render_all, BeingCanceled, Limits, PoolMetrics, ServerInfo, SharedCount};
 pub use rate::{RateWindow, Window};
 pub use state::{ClientState, ServerState};
 pub use stats::{Period, StatTotals};

@@ -69,6 +69,10 @@ pub const POOL_MAX_DB_CONNECTIONS: &str = "weir_pool_max_db_connections";
 pub const CLIENT_BYTES_RECEIVED_TOTAL: &str = "weir_client_bytes_received_total";
 /// Counter (database,user): bytes sent to clients (PgBouncer's `total_sent`).
 pub const CLIENT_BYTES_SENT_TOTAL: &str = "weir_client_bytes_sent_total";
+/// Counter (database,user): bytes read from servers while clients held them.
+pub const SERVER_BYTES_RECEIVED_TOTAL: &str = "weir_server_bytes_received_total";
+/// Counter (database,user): bytes written to servers while clients held them.
+pub const SERVER_BYTES_SENT_TOTAL: &str = "weir_server_bytes_sent_total";
 /// Gauge: the configured `max_client_conn`.
 pub const MAX_CLIENT_CONN: &str = "weir_max_client_conn";
 /// Counter (result): configuration reloads (SIGHUP, RELOAD, SET), by result.
@@ -126,9 +130,15 @@ pub const ALL: &[(&str, Kind, &str)] = &[
     (
         CLIENT_BYTES_RECEIVED_TOTAL,
         Kind::Counter,
-        "Bytes received from clients (forwarded to servers, or answered by weir).",
+        "Bytes read from clients (forwarded to servers, or answered by weir).",
     ),
     (CLIENT_BYTES_SENT_TOTAL, Kind::Counter, "Bytes sent to clients."),
+    (SERVER_BYTES_RECEIVED_TOTAL, Kind::Counter, "Bytes read from servers while clients held them."),
+    (
+        SERVER_BYTES_SENT_TOTAL,
+        Kind::Counter,
+        "Bytes written to servers while clients held them (client bytes as forwarded, and settings weir applied).",
+    ),
     (MAX_CLIENT_CONN, Kind::Gauge, "The configured max_client_conn."),
     (CONFIG_RELOADS_TOTAL, Kind::Counter, "Configuration reloads, by result (ok or failed)."),
     (BUILD_INFO, Kind::Gauge, "Build information; the value is always 1."),
@@ -159,6 +169,8 @@ pub const PER_POOL: &[&str] = &[
     POOL_MAX_DB_CONNECTIONS,
     CLIENT_BYTES_RECEIVED_TOTAL,
     CLIENT_BYTES_SENT_TOTAL,
+    SERVER_BYTES_RECEIVED_TOTAL,
+    SERVER_BYTES_SENT_TOTAL,
 ];
 
 impl Kind {
@@ -208,7 +220,7 @@ mod tests {
             assert!(!help.is_empty());
             assert!(seen.insert(*name), "duplicate {name}");
         }
-        assert_eq!(ALL.len(), 27);
+        assert_eq!(ALL.len(), 29);
         assert_eq!(histogram_names().count(), 3);
         assert!(PER_POOL.iter().all(|n| lookup(n).is_some()));
     }

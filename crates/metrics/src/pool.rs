@@ -59,6 +59,11 @@ pub struct PoolMetrics {
     wait_time_us: AtomicU64,
     bytes_received: AtomicU64,
     bytes_sent: AtomicU64,
+    server_bytes_received: AtomicU64,
+    server_bytes_sent: AtomicU64,
+    /// Servers waiting, after their client let go, for a cancel sent to
+    /// them to be answered (SHOW POOLS' sv_being_canceled).
+    being_canceled: AtomicI64,
     query_time_us: AtomicU64,
     /// The counters at the start of the current stats period, and the last
     /// completed period (`roll_period`).
@@ -105,6 +110,8 @@ pub(crate) struct Sample {
     pub pinned: u64,
     pub received: u64,
     pub sent: u64,
+    pub server_received: u64,
+    pub server_sent: u64,
     pub opens_rate: [f64; Window::ALL.len()],
     pub closes_rate: [f64; Window::ALL.len()],
     pub servers: [i64; ServerState::COUNT],
@@ -134,6 +141,8 @@ impl Sample {
         self.pinned += o.pinned;
         self.received += o.received;
         self.sent += o.sent;
+        self.server_received += o.server_received;
+        self.server_sent += o.server_sent;
         add_all(&mut self.opens_rate, &o.opens_rate);
         add_all(&mut self.closes_rate, &o.closes_rate);
         add_all(&mut self.servers, &o.servers);
@@ -230,6 +239,9 @@ impl PoolMetrics {
             wait_time_us: AtomicU64::new(0),
             bytes_received: AtomicU64::new(0),
             bytes_sent: AtomicU64::new(0),
+            server_bytes_received: AtomicU64::new(0),
+            server_bytes_sent: AtomicU64::new(0),
+            being_canceled: AtomicI64::new(0),
             query_time_us: AtomicU64::new(0),
             period: Mutex::new(Default::default()),
             client_parses: AtomicU64::new(0),
@@ -306,7 +318,7 @@ impl PoolMetrics {
         self.client_wait.record(wait);
     }
 
-    /// `n` bytes from a client were forwarded (per chunk, on the query path).
+    /// `n` bytes were read from a client (per chunk, on the query path).
     pub fn record_received(&self, n: usize) {
         self.bytes_received.fetch_add(n as u64, R);
     }
@@ -314,6 +326,31 @@ impl PoolMetrics {
     /// `n` bytes were sent to a client (per chunk, on the query path).
     pub fn record_sent(&self, n: usize) {
         self.bytes_sent.fetch_add(n as u64, R);
+    }
+
+    /// `n` bytes were read from a server while a client held it (per chunk,
+    /// on the query path).
+    pub fn record_server_received(&self, n: usize) {
+        self.server_bytes_received.fetch_add(n as u64, R);
+    }
+
+    /// `n` bytes were written to a server while a client held it: the
+    /// client's bytes as weir forwarded them (prepared statements renamed or
+    /// answered by weir), plus the settings weir applied for it.
+    pub fn record_server_sent(&self, n: usize) {
+        self.server_bytes_sent.fetch_add(n as u64, R);
+    }
+
+    /// A server its client let go waits for a cancel sent to it; the guard
+    /// counts it in `being_canceled` until dropped.
+    pub fn being_canceled(self: &Arc<Self>) -> BeingCanceled {
+        self.being_canceled.fetch_add(1, R);
+        BeingCanceled(self.clone())
+    }
+
+    /// Servers waiting for a cancel to be answered before they are idle.
+    pub fn servers_being_canceled(&self) -> u64 {
+        self.being_canceled.load(R).max(0) as u64
     }
 
     /// Queries were running on a server for `d` (first byte forwarded to
@@ -437,6 +474,16 @@ impl PoolMetrics {
     /// Bytes sent to clients.
     pub fn bytes_sent(&self) -> u64 {
         self.bytes_sent.load(R)
+    }
+
+    /// Bytes read from servers while clients held them.
+    pub fn server_bytes_received(&self) -> u64 {
+        self.server_bytes_received.load(R)
+    }
+
+    /// Bytes written to servers while clients held them.
+    pub fn server_bytes_sent(&self) -> u64 {
+        self.server_bytes_sent.load(R)
     }
 
     /// Total time queries ran on servers.
@@ -563,6 +610,8 @@ impl PoolMetrics {
             pinned: self.pinned(),
             received: self.bytes_received(),
             sent: self.bytes_sent(),
+            server_received: self.server_bytes_received(),
+            server_sent: self.server_bytes_sent(),
             opens_rate: std::array::from_fn(|i| self.opens.per_second(Window::ALL[i])),
             closes_rate: std::array::from_fn(|i| self.closes.per_second(Window::ALL[i])),
             servers: std::array::from_fn(|i| self.servers[i].load(R)),
@@ -573,6 +622,16 @@ impl PoolMetrics {
             client_wait: self.client_wait.snapshot(),
             transaction_duration: self.transaction_duration.snapshot(),
         }
+    }
+}
+
+/// Counts one server in `PoolMetrics::being_canceled` while it lives.
+#[derive(Debug)]
+pub struct BeingCanceled(Arc<PoolMetrics>);
+
+impl Drop for BeingCanceled {
+    fn drop(&mut self) {
+        self.0.being_canceled.fetch_sub(1, R);
     }
 }
 
@@ -652,5 +711,25 @@ mod tests {
         let last = p.last_period();
         assert_eq!((last.delta.sent, last.delta.received, last.delta.xacts), (10, 0, 0), "only the last period");
         assert_eq!(p.totals().sent, 50);
+    }
+
+    #[test]
+    fn server_bytes_and_servers_being_canceled() {
+        let p = PoolMetrics::new("db_server_bytes_test", "u");
+        p.record_server_sent(30);
+        p.record_server_received(70);
+        assert_eq!((p.server_bytes_sent(), p.server_bytes_received(), p.bytes_received()), (30, 70, 0));
+        let text = render_all();
+        let line = |name: &str| {
+            text.lines().find(|l| l.starts_with(name) && l.contains("db_server_bytes_test")).map(str::to_owned)
+        };
+        assert!(line("weir_server_bytes_sent_total").is_some_and(|l| l.ends_with(" 30")), "{text}");
+        assert!(line("weir_server_bytes_received_total").is_some_and(|l| l.ends_with(" 70")), "{text}");
+        let (a, b) = (p.being_canceled(), p.being_canceled());
+        assert_eq!(p.servers_being_canceled(), 2);
+        drop(a);
+        assert_eq!(p.servers_being_canceled(), 1);
+        drop(b);
+        assert_eq!(p.servers_being_canceled(), 0);
     }
 }

@@ -53,6 +53,8 @@ impl Out<'_> {
         self.family(PINNED_SESSIONS_TOTAL, |s, emit| emit(None, s.pinned.to_string()));
         self.family(CLIENT_BYTES_RECEIVED_TOTAL, |s, emit| emit(None, s.received.to_string()));
         self.family(CLIENT_BYTES_SENT_TOTAL, |s, emit| emit(None, s.sent.to_string()));
+        self.family(SERVER_BYTES_RECEIVED_TOTAL, |s, emit| emit(None, s.server_received.to_string()));
+        self.family(SERVER_BYTES_SENT_TOTAL, |s, emit| emit(None, s.server_sent.to_string()));
     }
 
     fn gauges(&mut self) {

@@ -23,6 +23,8 @@ pub enum Show {
     DnsZones,
     Fds,
     State,
+    Peers,
+    PeerPools,
     Version,
     Help,
 }
@@ -47,6 +49,8 @@ impl Show {
         ("DNS_ZONES", Show::DnsZones),
         ("FDS", Show::Fds),
         ("STATE", Show::State),
+        ("PEERS", Show::Peers),
+        ("PEER_POOLS", Show::PeerPools),
         ("VERSION", Show::Version),
         ("HELP", Show::Help),
     ];
@@ -124,6 +128,8 @@ pub const SYNOPSIS: &[(&str, &str)] = &[
     ("SHOW DNS_ZONES", "PgBouncer's DNS zones; empty (weir has none)"),
     ("SHOW FDS", "sockets for an online restart; empty (weir has no online restart)"),
     ("SHOW STATE", "whether weir is active, paused or suspended"),
+    ("SHOW PEERS", "PgBouncer's peers; empty (a weir process has no peers)"),
+    ("SHOW PEER_POOLS", "the peers' cancel pools; empty"),
     ("SHOW VERSION", "the weir version"),
     ("SHOW HELP", "this list"),
     ("SET key = value", "change a setting a RELOAD may change, until the next RELOAD"),

@@ -1,14 +1,14 @@
 //! The `SHOW` commands: snapshots of pools, clients, servers, databases and
-//! settings as result sets, with PgBouncer's columns first (PgBouncer 1.18's,
-//! in its order and with its types, then those later versions added), and
-//! weir's own columns (opens/closes per second, drops) after them. Reads
+//! settings as result sets, with PgBouncer's columns first (PgBouncer 1.23's,
+//! in its order and with its types; the later columns of newer versions
+//! after them), and weir's own columns (opens/closes per second, drops) after them. Reads
 //! shared state only; changes nothing. The statistics are in `stats.rs`, the
 //! lists PgBouncer has and weir mostly does not in `show_more.rs`.
 //!
 //! SHOW POOLS' sv_active_cancel counts cancels being forwarded to servers
-//! that clients hold; a cancel still in flight after its client released the
-//! server (which then waits in recovery) is not seen, and sv_being_canceled
-//! is reported as 0: weir does not yet count servers held for a cancel.
+//! that clients hold; sv_being_canceled counts servers whose client let go
+//! while a query ran, and which wait in recovery for the cancel weir (or the
+//! client) sent them.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -47,6 +47,8 @@ pub fn show(what: Show, shared: &Arc<Shared>) -> ResultSet {
         Show::DnsZones => show_more::dns_zones(),
         Show::Fds => show_more::fds(),
         Show::State => show_more::state(shared),
+        Show::Peers => show_more::peers(),
+        Show::PeerPools => show_more::peer_pools(),
         Show::Version => version(),
         Show::Help => help(),
     }
@@ -123,13 +125,12 @@ fn pools(shared: &Arc<Shared>) -> ResultSet {
             int(s.waiting),
             // weir answers a queued client's cancel itself, and closes a
             // cancel request's connection once it is forwarded: no client
-            // waits on a cancel. sv_being_canceled is not counted (see
-            // the module doc).
+            // waits on a cancel.
             int(0u8),
             int(0u8),
             int(s.active),
             int(cancels.get(&(pool.key.database.as_str(), pool.key.user.as_str())).copied().unwrap_or(0) as u64),
-            int(0u8),
+            int(m.servers_being_canceled()),
             int(s.idle.saturating_sub(used)),
             int(used),
             int(s.recovering),
@@ -156,6 +157,7 @@ pub(super) const CONNECTION_COLUMNS: &[(&str, Kind)] = &[
     ("type", Text),
     ("user", Text),
     ("database", Text),
+    ("replication", Text),
     ("state", Text),
     ("addr", Text),
     ("port", Int4),
@@ -171,6 +173,7 @@ pub(super) const CONNECTION_COLUMNS: &[(&str, Kind)] = &[
     ("remote_pid", Int4),
     ("tls", Text),
     ("application_name", Text),
+    ("prepared_statements", Int4),
 ];
 
 /// One connection's cells under `CONNECTION_COLUMNS`.
@@ -192,6 +195,8 @@ struct Connection<'a> {
     link: Option<String>,
     remote_pid: i32,
     application_name: Option<&'a str>,
+    /// A server's prepared statements (a client's are not counted: NULL).
+    prepared: Option<u64>,
 }
 
 impl Connection<'_> {
@@ -202,6 +207,8 @@ impl Connection<'_> {
             text(self.kind),
             text(self.user),
             text(self.database),
+            // weir takes no replication connections.
+            text("none"),
             text(self.state),
             addr,
             port,
@@ -218,6 +225,7 @@ impl Connection<'_> {
             // weir does not keep whether a connection uses TLS.
             None,
             self.application_name.and_then(text),
+            self.prepared.and_then(int),
         ];
         head.into_iter().chain(more).collect()
     }
@@ -254,6 +262,7 @@ pub(super) fn clients(shared: &Arc<Shared>) -> ResultSet {
             link: c.server_pid().map(id),
             remote_pid: 0,
             application_name: Some(&c.application_name),
+            prepared: None,
         };
         rs.push(conn.cells([int(c.key_pid), c.server_pid().and_then(int)]));
     }
@@ -261,8 +270,7 @@ pub(super) fn clients(shared: &Arc<Shared>) -> ResultSet {
 }
 
 pub(super) fn servers(shared: &Arc<Shared>) -> ResultSet {
-    // prepared_statements is PgBouncer 1.21's; client_key weir's own.
-    let mut rs = connection_set(&[("prepared_statements", Int), ("client_key", Int)]);
+    let mut rs = connection_set(&[("client_key", Int)]);
     let check_delay = shared.config.load().weir.server_check_delay;
     let clients = shared.client_list.all();
     let linked: HashMap<i32, i32> = clients.iter().filter_map(|c| Some((c.server_pid()?, c.key_pid))).collect();
@@ -297,9 +305,9 @@ pub(super) fn servers(shared: &Arc<Shared>) -> ResultSet {
                 link: linked.get(&s.pid).map(|k| id(*k)),
                 remote_pid: s.pid,
                 application_name: None,
+                prepared: Some(s.prepared_statements.get()),
             };
-            let prepared = int(s.prepared_statements.get());
-            rs.push(conn.cells([prepared, linked.get(&s.pid).and_then(|k| int(*k))]));
+            rs.push(conn.cells([linked.get(&s.pid).and_then(|k| int(*k))]));
         }
     }
     rs
@@ -320,13 +328,12 @@ fn databases(shared: &Arc<Shared>) -> ResultSet {
         ("pool_size", Int4),
         ("min_pool_size", Int4),
         ("reserve_pool", Int4),
+        ("server_lifetime", Int4),
         ("pool_mode", Text),
         ("max_connections", Int4),
         ("current_connections", Int4),
         ("paused", Int4),
         ("disabled", Int4),
-        // PgBouncer 1.23's.
-        ("server_lifetime", Int4),
         // weir's own.
         ("query_wait_timeout_ms", Int),
     ]);
@@ -344,12 +351,12 @@ fn databases(shared: &Arc<Shared>) -> ResultSet {
             int(s.pool_size),
             int(s.min_pool_size),
             int(s.reserve_pool_size),
+            int(cfg.weir.server_lifetime.as_secs()),
             text(s.pool_mode.as_str()),
             int(s.max_db_connections),
             int(current),
             int(u8::from(shared.is_paused(name))),
             int(u8::from(shared.admin.is_disabled(name))),
-            int(cfg.weir.server_lifetime.as_secs()),
             int(s.query_wait_timeout.as_millis().min(i64::MAX as u128) as i64),
         ]);
     }

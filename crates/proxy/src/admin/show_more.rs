@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use super::result::{text, Kind, ResultSet};
+use super::result::{int, text, Kind, ResultSet};
 use super::show::{clients, servers, CONNECTION_COLUMNS};
 use crate::state::Shared;
 
@@ -20,15 +20,43 @@ pub fn user_names(shared: &Shared) -> BTreeSet<String> {
     names
 }
 
-/// SHOW USERS: weir has no per-user settings, so pool_mode is NULL (the
-/// database's or the global one applies), as PgBouncer shows for a user
-/// without one.
+/// SHOW USERS, with PgBouncer 1.23's columns: weir has no per-user
+/// settings, so pool_size and pool_mode are NULL (the database's or the
+/// global one applies) and max_user_connections is 0 (no limit), as
+/// PgBouncer shows for a user without them; current_connections counts the
+/// user's server connections.
 pub fn users(shared: &Shared) -> ResultSet {
-    let mut rs = ResultSet::new(&[("name", Text), ("pool_mode", Text)]);
+    let mut rs = ResultSet::new(&[
+        ("name", Text),
+        ("pool_size", Text),
+        ("pool_mode", Text),
+        ("max_user_connections", Int4),
+        ("current_connections", Int4),
+    ]);
+    let pools = shared.pools.all();
     for name in user_names(shared) {
-        rs.push(vec![text(name), None]);
+        let servers = |s: crate::pool::PoolSnapshot| s.idle + s.active + s.connecting + s.recovering;
+        let current: u32 = pools.iter().filter(|p| p.key.user == name).map(|p| servers(p.snapshot())).sum();
+        rs.push(vec![text(name), None, None, int(0u8), int(current)]);
     }
     rs
+}
+
+/// SHOW PEERS: PgBouncer 1.19's peering (a cancel forwarded to the process
+/// that holds its client); a weir process has no peers, so the set is empty.
+pub fn peers() -> ResultSet {
+    ResultSet::new(&[("peer_id", Int4), ("host", Text), ("port", Int4), ("pool_size", Int4)])
+}
+
+/// SHOW PEER_POOLS: the peers' cancel pools; empty, as SHOW PEERS.
+pub fn peer_pools() -> ResultSet {
+    ResultSet::new(&[
+        ("peer_id", Int4),
+        ("cl_active_cancel_req", Int4),
+        ("cl_waiting_cancel_req", Int4),
+        ("sv_active_cancel", Int4),
+        ("sv_login", Int4),
+    ])
 }
 
 /// SHOW MEM: PgBouncer's slab caches; weir allocates per connection and has none.
@@ -101,8 +129,10 @@ pub fn fds() -> ResultSet {
 /// database is, never suspended.
 pub fn state(shared: &Shared) -> ResultSet {
     let yes_no = |b: bool| text(if b { "yes" } else { "no" });
-    let mut rs = ResultSet::new(&[("active", Text), ("paused", Text), ("suspended", Text)]);
+    let mut rs = ResultSet::new(&[("key", Text), ("value", Text)]);
     let paused = shared.paused_databases().iter().any(|d| d == "*");
-    rs.push(vec![yes_no(!shared.shutdown.is_cancelled() && !paused), yes_no(paused), yes_no(false)]);
+    rs.push(vec![text("active"), yes_no(!shared.shutdown.is_cancelled() && !paused)]);
+    rs.push(vec![text("paused"), yes_no(paused)]);
+    rs.push(vec![text("suspended"), yes_no(false)]);
     rs
 }

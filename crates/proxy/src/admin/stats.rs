@@ -1,6 +1,6 @@
 //! `SHOW STATS`, `STATS_TOTALS`, `STATS_AVERAGES` and `TOTALS`: each
 //! database's counters summed over its pools, with PgBouncer's columns in
-//! PgBouncer 1.18's order, then PgBouncer's later columns, then weir's own.
+//! PgBouncer 1.23's order, then PgBouncer 1.24's parse counts, then weir's own.
 //! Averages cover the last completed `stats_period`, which the task started
 //! by [`spawn_periods`] closes for every pool.
 
@@ -84,9 +84,10 @@ fn by_database(shared: &Shared) -> BTreeMap<String, Db> {
     dbs
 }
 
-/// PgBouncer 1.18's seven figures, in its order.
-fn totals_cells(t: &StatTotals) -> [Cell; 7] {
+/// PgBouncer 1.23's eight figures, in its order.
+fn totals_cells(t: &StatTotals) -> [Cell; 8] {
     [
+        int(t.assignments),
         int(t.xacts),
         int(t.queries),
         int(t.received),
@@ -115,14 +116,22 @@ fn averages(p: &Period) -> StatTotals {
     }
 }
 
-/// The figures after PgBouncer 1.18's in `STATS_TOTALS`/`STATS_AVERAGES`.
-fn later_cells(t: &StatTotals) -> [Cell; 3] {
-    [int(t.assignments), int(t.client_parses), int(t.server_parses)]
+/// PgBouncer 1.24's parse counts, after 1.23's figures in `STATS_TOTALS`/`STATS_AVERAGES`.
+fn later_cells(t: &StatTotals) -> [Cell; 2] {
+    [int(t.client_parses), int(t.server_parses)]
 }
 
-const FIGURES: [&str; 7] =
-    ["xact_count", "query_count", "bytes_received", "bytes_sent", "xact_time", "query_time", "wait_time"];
-const LATER: [&str; 3] = ["server_assignment_count", "client_parse_count", "server_parse_count"];
+const FIGURES: [&str; 8] = [
+    "server_assignment_count",
+    "xact_count",
+    "query_count",
+    "bytes_received",
+    "bytes_sent",
+    "xact_time",
+    "query_time",
+    "wait_time",
+];
+const LATER: [&str; 2] = ["client_parse_count", "server_parse_count"];
 
 fn numeric_columns(names: impl IntoIterator<Item = &'static str>) -> Vec<(&'static str, Kind)> {
     names.into_iter().map(|n| (n, Numeric)).collect()
@@ -131,6 +140,7 @@ fn numeric_columns(names: impl IntoIterator<Item = &'static str>) -> Vec<(&'stat
 pub fn stats(shared: &Shared) -> ResultSet {
     let mut cols = vec![("database", Text)];
     cols.extend(numeric_columns([
+        "total_server_assignment_count",
         "total_xact_count",
         "total_query_count",
         "total_received",
@@ -138,6 +148,7 @@ pub fn stats(shared: &Shared) -> ResultSet {
         "total_xact_time",
         "total_query_time",
         "total_wait_time",
+        "avg_server_assignment_count",
         "avg_xact_count",
         "avg_query_count",
         "avg_recv",
@@ -145,9 +156,7 @@ pub fn stats(shared: &Shared) -> ResultSet {
         "avg_xact_time",
         "avg_query_time",
         "avg_wait_time",
-        // PgBouncer 1.21-1.23's.
-        "total_server_assignment_count",
-        "avg_server_assignment_count",
+        // PgBouncer 1.24's.
         "total_client_parse_count",
         "total_server_parse_count",
         "avg_client_parse_count",
@@ -164,7 +173,7 @@ pub fn stats(shared: &Shared) -> ResultSet {
         let mut row = vec![text(db)];
         row.extend(totals_cells(t));
         row.extend(totals_cells(&a));
-        row.extend([int(t.assignments), int(a.assignments), int(t.client_parses), int(t.server_parses)]);
+        row.extend([int(t.client_parses), int(t.server_parses)]);
         row.extend([int(a.client_parses), int(a.server_parses)]);
         row.extend([int(d.opened), int(d.closed), int(d.failures), int(d.dropped)]);
         rs.push(row);
@@ -196,14 +205,20 @@ pub fn totals(shared: &Shared) -> ResultSet {
         t = t + d.totals;
         p = p.merge(d.period);
     }
-    const NAMES: [&str; 7] =
-        ["xact_count", "query_count", "client_bytes", "server_bytes", "xact_time", "query_time", "wait_time"];
+    const NAMES: [&str; 8] = [
+        "server_assignment_count",
+        "xact_count",
+        "query_count",
+        "client_bytes",
+        "server_bytes",
+        "xact_time",
+        "query_time",
+        "wait_time",
+    ];
     for (prefix, figures) in [("total", t), ("avg", averages(&p))] {
         for (name, cell) in NAMES.iter().zip(totals_cells(&figures)) {
             rs.push(vec![text(format!("{prefix}_{name}")), cell]);
         }
     }
-    rs.push(vec![text("total_server_assignment_count"), int(t.assignments)]);
-    rs.push(vec![text("avg_server_assignment_count"), int(averages(&p).assignments)]);
     rs
 }

@@ -265,7 +265,10 @@ impl<'a> Session<'a> {
                     match self.client.read_buf(&mut self.client_in).now_or_never() {
                         None => continue,
                         Some(Ok(0) | Err(_)) => return Ok(false),
-                        Some(Ok(_)) => continue,
+                        Some(Ok(n)) => {
+                            self.pool.metrics.record_received(n);
+                            continue;
+                        }
                     }
                 }
             }
@@ -290,16 +293,21 @@ impl<'a> Session<'a> {
 
     /// Reads more of a request begun, unless the drain comes first; EOF or
     /// an error is `Gone`. A poll function like `idle_wait`. Cancel-safe.
-    fn read_more(&mut self) -> impl std::future::Future<Output = Woke> + '_ {
+    fn read_more(&mut self) -> impl std::future::Future<Output = Woke> + use<'_, 'a> {
         wire::make_room(&mut self.client_in);
-        let (switch, client, client_in) = (&self.reg.slot.switch, &mut *self.client, &mut self.client_in);
+        // One pointer held across the wait (the future's size counts, see
+        // app/footprint.rs), split into the fields at each poll.
         std::future::poll_fn(move |cx| {
-            if switch.poll_drained(cx).is_ready() {
+            if self.reg.slot.switch.poll_drained(cx).is_ready() {
                 return Poll::Ready(Woke::Drained);
             }
-            tokio_util::io::poll_read_buf(Pin::new(&mut *client), cx, &mut *client_in).map(|r| match r {
+            let (client, client_in) = (&mut *self.client, &mut self.client_in);
+            tokio_util::io::poll_read_buf(Pin::new(client), cx, client_in).map(|r| match r {
                 Ok(0) | Err(_) => Woke::Gone,
-                Ok(_) => Woke::Data,
+                Ok(n) => {
+                    self.pool.metrics.record_received(n);
+                    Woke::Data
+                }
             })
         })
     }
@@ -330,6 +338,9 @@ impl<'a> Session<'a> {
                 biased;
                 _ = slot.cancelled_in_queue() => break Wait::Cancelled,
                 r = wire::fill(self.client, &mut self.client_in), if self.client_in.len() < WAIT_READ_LIMIT => {
+                    if let Ok(n) = r {
+                        pool.metrics.record_received(n);
+                    }
                     if r.is_err() || self.terminate_buffered() {
                         break Wait::Gone;
                     }
@@ -367,7 +378,10 @@ impl<'a> Session<'a> {
         }
         match self.client.try_read_buf(&mut self.client_in) {
             Ok(0) => true,
-            Ok(_) => self.terminate_buffered(),
+            Ok(n) => {
+                self.pool.metrics.record_received(n);
+                self.terminate_buffered()
+            }
             Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
         }
     }

@@ -139,7 +139,7 @@ async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
             r = sw.write(&to_server), if !to_server.is_empty() => match r {
                 Ok(n) => {
                     to_server.advance(n);
-                    metrics.record_received(n);
+                    metrics.record_server_sent(n);
                     query_started.get_or_insert_with(std::time::Instant::now);
                 }
                 Err(_) => return Ok(Ended::ServerGone { told }),
@@ -157,11 +157,17 @@ async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
                     let _ = cw.flush().await;
                     return Ok(Ended::ServerGone { told });
                 }
-                Ok(_) => wd.heard(),
+                Ok(n) => {
+                    wd.heard();
+                    metrics.record_server_received(n);
+                }
             },
             r = cr.read_buf(side.unread), if side.unread.len() < HIGH_WATER && !terminating => match r {
                 Ok(0) | Err(_) => return Ok(client_gone(&mut sw, &to_server).await),
-                Ok(_) => wd.client_spoke(),
+                Ok(n) => {
+                    wd.client_spoke();
+                    metrics.record_received(n);
+                }
             },
             e = wd.alarm(), if wd.armed() => {
                 *s.broken = e.close_reason();

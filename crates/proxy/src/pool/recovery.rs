@@ -26,6 +26,10 @@ pub(super) fn spawn(pool: Arc<Pool>, mut conn: Box<ServerConn>, opts: PoolOption
     conn.set_close_reason(CloseReason::ResetFailed);
     tokio::spawn(async move {
         let reset_query = reset.then_some(opts.reset_query.as_deref()).flatten();
+        // A cancel is (or is about to be) on its way to this server: SHOW
+        // POOLS counts it in sv_being_canceled until recovery ends.
+        let canceling = conn.conv.pending_rfq > 0 || !conn.cancel.gate.is_open();
+        let _being_canceled = canceling.then(|| pool.metrics.being_canceled());
         let result = match tokio::time::timeout(opts.reset_timeout, recover(&mut conn, reset_query)).await {
             Ok(Ok(())) => Ok(conn),
             Ok(Err(reason)) => Err((conn, reason)),

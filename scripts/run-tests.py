@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Runs the workspace's tests as `cargo test --workspace` would, in less wall time.
+
+Every test binary is built first (`cargo test --no-run`). Binaries whose tests
+hold timing windows that are the feature under test (those that call
+`serial()` or `exclusive()` from the e2e support, directly or in a `mod` file
+they include) then run one at a time with nothing else beside them. The rest
+mostly wait on Postgres, psql and child processes, so they run JOBS at a time
+first. Each binary's output is printed whole when it ends, then a summary.
+
+Exit status: 0 when every binary passed, 1 otherwise. The last line is
+`tests: N passed, M failed`.
+
+Usage: run-tests.py [--jobs N] [--timeout SECONDS] [cargo args...]
+"""
+
+import argparse
+import concurrent.futures
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+SOLO_MARKERS = ("exclusive(", "serial()")
+RESULT = re.compile(r"test result: \w+\. (\d+) passed; (\d+) failed")
+
+
+def build(cargo_args):
+    """Builds every test binary; returns [(name, executable, src_path, cwd)]."""
+    cmd = ["cargo", "test", "--workspace", "--locked", "--no-run", "--message-format=json-render-diagnostics"]
+    proc = subprocess.run(cmd + cargo_args, stdout=subprocess.PIPE, text=True, check=False)
+    if proc.returncode != 0:
+        sys.exit(proc.returncode)
+    found = []
+    for line in proc.stdout.splitlines():
+        msg = json.loads(line)
+        if msg.get("reason") != "compiler-artifact" or not msg.get("executable"):
+            continue
+        if not msg["profile"]["test"]:
+            continue
+        target = msg["target"]
+        cwd = os.path.dirname(msg["manifest_path"])
+        found.append((target["name"], msg["executable"], target["src_path"], cwd))
+    return found
+
+
+def sources(src_path):
+    """The file and the `mod name;` files next to it that it includes."""
+    files = [src_path]
+    try:
+        text = open(src_path, encoding="utf-8").read()
+    except OSError:
+        return files
+    folder = os.path.dirname(src_path)
+    for name in re.findall(r"^\s*(?:pub\s+)?mod\s+(\w+)\s*;", text, re.MULTILINE):
+        files.append(os.path.join(folder, name + ".rs"))
+    return files
+
+
+def is_solo(src_path):
+    for f in sources(src_path):
+        try:
+            text = open(f, encoding="utf-8").read()
+        except OSError:
+            continue
+        if any(m in text for m in SOLO_MARKERS):
+            return True
+    return False
+
+
+def run_one(binary, timeout):
+    name, exe, src, cwd = binary
+    env = dict(os.environ, CARGO_MANIFEST_DIR=cwd)
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(
+            [exe], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout, check=False
+        )
+        out, code = proc.stdout.decode("utf-8", "replace"), proc.returncode
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode("utf-8", "replace") + f"\n{name}: killed after {timeout} s\n"
+        code = -1
+    return name, src, exe, out, code, time.monotonic() - started
+
+
+def report(result, totals):
+    name, src, exe, out, code, secs = result
+    rel = os.path.relpath(src)
+    print(f"     Running {rel} ({os.path.relpath(exe)}) [{secs:.0f} s]", flush=False)
+    print(out, end="" if out.endswith("\n") else "\n")
+    passed = failed = 0
+    for p, f in RESULT.findall(out):
+        passed, failed = passed + int(p), failed + int(f)
+    if code != 0 and failed == 0:
+        failed = 1  # crashed, timed out, or failed outside a test
+    totals["passed"] += passed
+    totals["failed"] += failed
+    if code != 0:
+        totals["bad"].append(rel)
+    sys.stdout.flush()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=int(os.environ.get("WEIR_TEST_JOBS", "3")))
+    ap.add_argument("--timeout", type=int, default=900)
+    args, cargo_args = ap.parse_known_args()
+
+    binaries = build(cargo_args)
+    solo = [b for b in binaries if is_solo(b[2])]
+    shared = [b for b in binaries if not is_solo(b[2])]
+    totals = {"passed": 0, "failed": 0, "bad": []}
+    started = time.monotonic()
+    print(f"== {len(shared)} test binaries, {args.jobs} at a time", flush=True)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for fut in concurrent.futures.as_completed([pool.submit(run_one, b, args.timeout) for b in shared]):
+            report(fut.result(), totals)
+    print(f"== {len(solo)} timing-window test binaries, one at a time: {', '.join(b[0] for b in solo)}", flush=True)
+    for b in solo:
+        report(run_one(b, args.timeout), totals)
+
+    doc = subprocess.run(["cargo", "test", "--workspace", "--locked", "--doc", "--quiet"] + cargo_args, check=False)
+    if doc.returncode != 0:
+        totals["failed"] += 1
+        totals["bad"].append("doc tests")
+
+    print(f"== test binaries ran in {time.monotonic() - started:.0f} s")
+    for rel in totals["bad"]:
+        print(f"FAILED: {rel}")
+    print(f"tests: {totals['passed']} passed, {totals['failed']} failed")
+    return 1 if totals["bad"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
