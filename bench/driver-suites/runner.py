@@ -182,9 +182,12 @@ def run_suite(suite, target, port, out_dir):
         proc.wait(spec["bound"])
         cut = False
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
         cut = True
+    finally:
+        # Its own session, so the whole group (and any test's child) goes; also on Ctrl-C.
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     took = time.monotonic() - started
     results = {}
     if outcomes.exists():
