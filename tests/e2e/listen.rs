@@ -232,3 +232,22 @@ async fn listen_addr_list_listens_on_every_address() {
     })
     .await;
 }
+
+/// The weir binary removes its socket file when it ends, SIGQUIT (the
+/// immediate stop) included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_removes_its_socket_on_sigquit() {
+    bounded(240, async {
+        let s = Setup::new().await;
+        let general = format!("unix_socket_dir = \"{}\"", s.dir.display());
+        let mut w = weir_e2e::process::WeirProcess::start(&s.pg, &general, "").await;
+        let socket = s.dir.join(format!(".s.PGSQL.{}", w.port));
+        assert!(socket.exists(), "weir listens on {}; log:\n{}", socket.display(), w.logs());
+        let client = connect(&unix_conninfo(&s.dir, w.port, SCRAM_USER, SCRAM_PASS)).await.expect("over the socket");
+        client.simple_query("select 1").await.unwrap();
+        w.signal("QUIT");
+        assert!(w.wait_exit(std::time::Duration::from_secs(30)).await.is_some(), "weir ended; log:\n{}", w.logs());
+        assert!(!socket.exists(), "the socket file is gone; log:\n{}", w.logs());
+    })
+    .await;
+}
