@@ -168,3 +168,35 @@ pub fn group_id(group: &str) -> io::Result<u32> {
             io::Error::new(io::ErrorKind::NotFound, format!("unix_socket_group \"{group}\" is not in /etc/group"))
         })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_by_number_or_name() {
+        assert_eq!(group_id("0").unwrap(), 0);
+        assert_eq!(group_id("root").unwrap(), 0, "root is group 0 in /etc/group");
+        let e = group_id("no-such-group-here").unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+    }
+
+    /// A socket file that answers nobody is replaced; a plain file is not touched.
+    #[test]
+    fn stale_sockets_go_other_files_stay() {
+        let dir = std::env::temp_dir().join(format!("weir-stale-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let sock = dir.join(".s.PGSQL.1");
+        drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+        remove_stale(&sock).unwrap();
+        assert!(!sock.exists());
+        let live = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        assert_eq!(remove_stale(&sock).unwrap_err().kind(), io::ErrorKind::AddrInUse);
+        drop(live);
+        std::fs::remove_file(&sock).unwrap();
+        std::fs::write(&sock, "not a socket").unwrap();
+        assert!(remove_stale(&sock).is_err());
+        assert!(sock.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
