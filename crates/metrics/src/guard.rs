@@ -34,7 +34,7 @@ pub struct ServerConnGuard {
     /// Its entry in the pool's live server table, once described.
     live: Option<u64>,
     /// The backend's pid and address, once described (for the close line).
-    server: Option<(i32, std::net::SocketAddr)>,
+    server: Option<(i32, crate::ConnAddr)>,
 }
 
 impl ServerConnGuard {
@@ -192,7 +192,7 @@ mod tests {
         let mut g = ServerConnGuard::opened(Arc::clone(&p), Duration::ZERO);
         let info = ServerInfo {
             pid: 42,
-            addr: "127.0.0.1:5432".parse().unwrap(),
+            addr: "127.0.0.1:5432".parse::<std::net::SocketAddr>().unwrap().into(),
             local_addr: None,
             connected_at: std::time::SystemTime::now(),
             prepared_statements: Default::default(),

@@ -1,6 +1,7 @@
 //! weir-metrics: metric names, server-connection accounting and the
 //! Prometheus exporter for weir.
 //!
+//! * [`addr`] — [`ConnAddr`], a connection's end as logs and SHOW present it.
 //! * [`names`] — every exported metric name, label key and help text.
 //! * [`close`] / [`state`] — label vocabularies (close reasons, states, …).
 //! * [`rate`] — [`RateWindow`], opens/closes per second over 1 s/10 s/60 s.
@@ -18,6 +19,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod addr;
 pub mod close;
 pub mod exporter;
 pub mod global;
@@ -31,6 +33,7 @@ pub mod state;
 pub mod stats;
 mod text;
 
+pub use addr::ConnAddr;
 pub use close::{CancelOutcome, ClientResult, CloseReason, ConnectFailure, DropReason};
 pub use exporter::{install, render, Exporter, MetricsError, ReadyFn};
 pub use global::{record_reload, set_build_info, set_max_client_conn, GlobalMetrics, ReloadResult};

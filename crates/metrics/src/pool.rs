@@ -170,9 +170,9 @@ pub struct ServerInfo {
     /// The backend's process id (its BackendKeyData).
     pub pid: i32,
     /// The server's address.
-    pub addr: std::net::SocketAddr,
+    pub addr: crate::ConnAddr,
     /// weir's end of the connection.
-    pub local_addr: Option<std::net::SocketAddr>,
+    pub local_addr: Option<crate::ConnAddr>,
     /// When the connection was opened (wall clock).
     pub connected_at: SystemTime,
     /// Prepared statements weir keeps on it (transaction mode), kept up to

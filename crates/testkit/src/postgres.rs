@@ -160,6 +160,18 @@ impl PgServer {
         HOST
     }
 
+    /// The folder of the server's Unix socket (`unix_socket_directories`):
+    /// it listens on `<socket_dir>/.s.PGSQL.<port>`, where `local` lines trust
+    /// every role.
+    pub fn socket_dir(&self) -> &Path {
+        &self.root_dir
+    }
+
+    /// The folder of this server's binaries (psql, pg_ctl, ...).
+    pub fn bin_dir(&self) -> &Path {
+        &self.bin_dir
+    }
+
     /// The cluster's data directory (`PGDATA`).
     pub fn data_dir(&self) -> &Path {
         &self.data_dir

@@ -13,7 +13,6 @@ pub mod show;
 mod show_more;
 pub mod stats;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -71,8 +70,8 @@ impl Role {
 pub struct Login {
     pub req: Request,
     pub minor: u16,
-    pub peer: SocketAddr,
-    pub local: Option<SocketAddr>,
+    pub peer: weir_metrics::ConnAddr,
+    pub local: Option<weir_metrics::ConnAddr>,
     pub deadline: Instant,
 }
 

@@ -11,11 +11,10 @@
 //! client) sent them.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use weir_metrics::Window;
+use weir_metrics::{ConnAddr, Window};
 
 use super::command::{Show, SYNOPSIS};
 use super::result::{float, int, text, Cell, Kind, ResultSet};
@@ -63,9 +62,9 @@ fn wall(at: Instant) -> SystemTime {
     SystemTime::now() - at.elapsed()
 }
 
-fn addr_cells(addr: Option<SocketAddr>) -> [Cell; 2] {
+fn addr_cells(addr: Option<ConnAddr>) -> [Cell; 2] {
     match addr {
-        Some(a) => [text(a.ip().to_string()), int(a.port())],
+        Some(a) => [text(a.host()), int(a.port())],
         None => [None, None],
     }
 }
@@ -182,8 +181,8 @@ struct Connection<'a> {
     user: &'a str,
     database: &'a str,
     state: &'a str,
-    peer: SocketAddr,
-    local: Option<SocketAddr>,
+    peer: ConnAddr,
+    local: Option<ConnAddr>,
     since: SystemTime,
     /// The latest request (clients) or use (servers).
     request: SystemTime,

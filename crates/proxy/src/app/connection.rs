@@ -4,14 +4,13 @@
 //! says why, if any. Each client runs in one tracing span `client{peer,user,db}`.
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Instant;
 
 use bytes::BytesMut;
-use tokio::net::TcpStream;
 use tracing::Instrument;
+use weir_metrics::ConnAddr;
 
 use crate::client::login::{self, count_login, fatal_and_close, within, First};
 use crate::client::{ClientError, ClientStream, Session};
@@ -23,9 +22,9 @@ use crate::state::Shared;
 /// returning the instrumented future (not an `async fn` around it), so the
 /// client's task does not also keep the arguments' slots and a second copy
 /// of `peer` for its whole life.
-pub fn serve(socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>) -> impl std::future::Future<Output = ()> {
+pub fn serve(socket: ClientStream, peer: ConnAddr, shared: Arc<Shared>) -> impl std::future::Future<Output = ()> {
     let span = tracing::info_span!("client", %peer, user = tracing::field::Empty, db = tracing::field::Empty);
-    let mut socket = ClientStream::Plain(socket);
+    let mut socket = socket;
     async move {
         let started = shared.config.load().weir.log_disconnections.then(Instant::now);
         // The refusal is boxed, like every step an idle client is not in:
@@ -56,7 +55,7 @@ async fn refuse(socket: &mut ClientStream, e: ClientError) {
 /// A client's life: the login (boxed: it runs once, so the task's own
 /// future stays as small as its longest-lived state, an idle logged-in
 /// client), then the session until the client leaves or weir ends it.
-async fn run(socket: &mut ClientStream, peer: &SocketAddr, shared: &Arc<Shared>) -> Result<(), ClientError> {
+async fn run(socket: &mut ClientStream, peer: &ConnAddr, shared: &Arc<Shared>) -> Result<(), ClientError> {
     let Some(mut session) = Box::pin(log_in(socket, *peer, shared)).await? else { return Ok(()) };
     // The session, raced against the client's switch (a KILL), by hand
     // rather than by `select!` or a function of its own: this is part of
@@ -89,7 +88,7 @@ async fn farewell(socket: &mut ClientStream, why: &'static str) {
 /// CancelRequest, or an admin-console session that has ended).
 async fn log_in<'a>(
     socket: &'a mut ClientStream,
-    peer: SocketAddr,
+    peer: ConnAddr,
     shared: &Arc<Shared>,
 ) -> Result<Option<Session<'a>>, ClientError> {
     // The config as it is at login (a reload applies to later logins).
@@ -111,7 +110,7 @@ async fn log_in<'a>(
     span.record("user", req.user.as_str());
     span.record("db", req.database.as_str());
     if crate::admin::is_console_db(&req.database) {
-        let local = socket.local_addr();
+        let local = socket.local_addr(&peer);
         let login = crate::admin::Login { req, minor, peer, local, deadline: login_deadline };
         return Box::pin(crate::admin::serve(socket, buf, shared, cfg, login)).await.map(|()| None);
     }
@@ -129,7 +128,7 @@ async fn log_in<'a>(
     session.listed = Some(shared.client_list.register(NewClient {
         owner: Owner::Pool(session.pool.clone()),
         peer,
-        local: session.client.local_addr(),
+        local: session.client.local_addr(&peer),
         application_name: session.params.get("application_name").unwrap_or_default().to_owned(),
         key_pid: session.reg.pid,
         slot: Some(session.reg.slot.clone()),

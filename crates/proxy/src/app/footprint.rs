@@ -37,9 +37,9 @@ async fn socket_pair() -> (TcpStream, TcpStream) {
 #[tokio::test]
 async fn client_task_future_stays_within_budget() {
     let (socket, _peer_end) = socket_pair().await;
-    let peer = socket.peer_addr().unwrap();
+    let peer = socket.peer_addr().unwrap().into();
     let shared = Arc::new(Shared::new(config(), UserList::default()));
-    let task = super::serve(socket, peer, shared);
+    let task = super::serve(ClientStream::Plain(socket), peer, shared);
     let size = std::mem::size_of_val(&task);
     assert!(size <= CLIENT_FUTURE_BUDGET, "client task future is {size} bytes, over its {CLIENT_FUTURE_BUDGET}");
 }

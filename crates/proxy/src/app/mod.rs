@@ -1,4 +1,4 @@
-//! The running proxy: the listener and its accept loop, `max_client_conn`,
+//! The running proxy: the listeners (`listen`) and their accept loops, `max_client_conn`,
 //! readiness for the metrics endpoint, and starting, reloading and ending a
 //! `Weir`. Each accepted socket becomes one task (`connection`), which sends
 //! it to the pooled session (`client`) or the admin console (`admin`). The
@@ -7,6 +7,7 @@
 mod connection;
 #[cfg(test)]
 mod footprint;
+mod listen;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -16,14 +17,15 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use weir_metrics::ClientResult;
+use weir_metrics::{ClientResult, ConnAddr};
 
-use crate::client::ClientError;
+use crate::client::{ClientError, ClientStream};
 use crate::config::Config;
 use crate::protocol::messages::{self, Severity};
 pub use crate::state::{load_hba, load_users, quiesce, ReloadError, Shared, StartError};
 pub use connection::serve;
+pub use listen::group_id;
+use listen::Listener;
 
 /// How often the client gauges are refreshed from the client registry.
 const GAUGE_PERIOD: Duration = Duration::from_millis(500);
@@ -32,7 +34,10 @@ const GAUGE_PERIOD: Duration = Duration::from_millis(500);
 #[derive(Debug)]
 pub struct Weir {
     shared: Arc<Shared>,
-    addr: SocketAddr,
+    /// The TCP addresses bound (the first is `local_addr`).
+    addrs: Vec<SocketAddr>,
+    /// The Unix socket's path, if weir listens on one.
+    unix: Option<PathBuf>,
     exporter: Option<weir_metrics::Exporter>,
 }
 
@@ -54,23 +59,34 @@ impl Weir {
         let hba = load_hba(&cfg)?;
         let client_tls = crate::tls::load_client_tls(&cfg)?;
         crate::tls::load_server_tls(&cfg)?;
-        let listener =
-            TcpListener::bind(cfg.weir.listen_addr).await.map_err(|e| StartError::Listen(cfg.weir.listen_addr, e))?;
-        let addr = listener.local_addr().map_err(|e| StartError::Listen(cfg.weir.listen_addr, e))?;
+        let bound = listen::bind(&cfg)?;
         let shared = Arc::new(Shared::new(cfg, users));
         shared.hba.store(hba);
         shared.client_tls.store(client_tls);
         let _ = cell.set(Arc::downgrade(&shared));
         shared.listening.store(true, Ordering::SeqCst);
-        shared.tracker.spawn(accept_loop(listener, shared.clone()));
+        for listener in bound.listeners {
+            shared.tracker.spawn(accept_loop(listener, shared.clone()));
+        }
         spawn_client_gauges(&shared);
         crate::admin::stats::spawn_periods(&shared);
-        tracing::info!(%addr, "weir is listening");
-        Ok(Weir { shared, addr, exporter })
+        tracing::info!(addrs = ?bound.tcp, "weir is listening");
+        Ok(Weir { shared, addrs: bound.tcp, unix: bound.unix, exporter })
     }
 
+    /// The first TCP address weir listens on.
     pub fn local_addr(&self) -> SocketAddr {
-        self.addr
+        self.addrs[0]
+    }
+
+    /// Every TCP address weir listens on.
+    pub fn local_addrs(&self) -> &[SocketAddr] {
+        &self.addrs
+    }
+
+    /// The Unix socket weir listens on (`<unix_socket_dir>/.s.PGSQL.<port>`).
+    pub fn unix_socket_path(&self) -> Option<&std::path::Path> {
+        self.unix.as_deref()
     }
 
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
@@ -115,7 +131,7 @@ fn spawn_client_gauges(shared: &Arc<Shared>) {
     });
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+async fn accept_loop(listener: Listener, shared: Arc<Shared>) {
     loop {
         let accepted = tokio::select! {
             r = listener.accept() => r,
@@ -129,7 +145,6 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                 continue;
             }
         };
-        let _ = socket.set_nodelay(true);
         let max = shared.config.load().weir.max_client_conn as usize;
         if shared.clients.fetch_add(1, Ordering::AcqRel) >= max {
             shared.clients.fetch_sub(1, Ordering::AcqRel);
@@ -140,7 +155,8 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
         // `serve` gives the count back when the client is done.
         shared.tracker.spawn(serve(socket, peer, shared.clone()));
     }
-    // The listener closes here: new connections are refused from now on.
+    // The listener closes here (a Unix socket's file goes): new connections
+    // are refused from now on.
     shared.listening.store(false, Ordering::SeqCst);
     drop(listener);
     tracing::info!("stopped accepting clients");
@@ -148,7 +164,7 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
 
 /// Answers a client over max_client_conn with 53300 and closes gracefully,
 /// reading briefly so the error is not lost to a reset.
-async fn refuse(mut socket: TcpStream, peer: SocketAddr) {
+async fn refuse(mut socket: ClientStream, peer: ConnAddr) {
     static REFUSED: crate::ratelog::RateLimited = crate::ratelog::RateLimited::new();
     if let Some(held) = REFUSED.allow() {
         tracing::warn!(%peer, "refusing client: max_client_conn reached ({held} more since the last line)");

@@ -4,14 +4,16 @@
 //! method, and a client no line matches is refused (28000), as Postgres does.
 //!
 //! Supported: `host` lines (every TCP client), `hostssl` (TLS clients only),
-//! `hostnossl` and `hostnogssenc` (plain clients only); `hostgssenc` lines
-//! never match (GSS is not planned), nor do `local` lines (weir listens on
-//! TCP only). Databases: `all`, `sameuser`, or
+//! `hostnossl` and `hostnogssenc` (plain TCP clients only), `local` (clients
+//! on weir's Unix socket, which match no `host*` line); `hostgssenc` lines
+//! never match (GSS is not planned). Databases: `all`, `sameuser`, or
 //! names (comma-separated, quoted to take a keyword literally); users: `all`
 //! or names. Addresses: `all`, a CIDR (`10.0.0.0/8`, `::1/128`), or an
 //! address followed by a netmask field. Methods: `trust`, `reject`, `md5`
 //! (which does SCRAM for users whose secret is a SCRAM verifier, as Postgres
-//! does) and `scram-sha-256`. Anything else (`@file`, `+group`, host names,
+//! does), `scram-sha-256`, and on `local` lines `peer`, which loads but
+//! refuses the client ("peer authentication is not supported") until weir
+//! implements it. Anything else (`@file`, `+group`, host names,
 //! other methods, options after the method) is an error when the file is
 //! loaded, never silently ignored. Parsing and matching only; no I/O but `load`.
 
@@ -28,6 +30,8 @@ pub enum Method {
     Md5,
     ScramSha256,
     Reject,
+    /// `peer` (local lines only): not supported yet; refuses the client.
+    Peer,
 }
 
 impl Method {
@@ -37,7 +41,7 @@ impl Method {
             Method::Trust => Some(AuthType::Trust),
             Method::Md5 => Some(AuthType::Md5),
             Method::ScramSha256 => Some(AuthType::ScramSha256),
-            Method::Reject => None,
+            Method::Reject | Method::Peer => None,
         }
     }
 }
@@ -45,10 +49,11 @@ impl Method {
 /// The exchange for one client: `auth_type` itself, or with
 /// `auth_type = "hba"` the method of the first line of `hba` that matches;
 /// refused, in Postgres's words, by a `reject` line or when none matches.
+/// `peer` is None for a client on weir's Unix socket.
 pub fn method_for(
     auth_type: AuthType,
     hba: Option<&Hba>,
-    peer: IpAddr,
+    peer: Option<IpAddr>,
     tls: bool,
     database: &str,
     user: &str,
@@ -56,10 +61,12 @@ pub fn method_for(
     if auth_type != AuthType::Hba {
         return Ok(auth_type);
     }
-    let peer = peer.to_canonical();
+    let peer = peer.map(|p| p.to_canonical());
+    let host = peer.map_or_else(|| "[local]".to_owned(), |p| p.to_string());
     let encryption = if tls { "SSL encryption" } else { "no encryption" };
-    let who = format!("host \"{peer}\", user \"{user}\", database \"{database}\", {encryption}");
-    match hba.and_then(|h| h.method_over(peer, tls, database, user)) {
+    let who = format!("host \"{host}\", user \"{user}\", database \"{database}\", {encryption}");
+    match hba.and_then(|h| h.find(peer, tls, database, user)) {
+        Some(Method::Peer) => Err(AuthError::Refused("peer authentication is not supported".into())),
         Some(m) => m.auth_type().ok_or_else(|| AuthError::Refused(format!("pg_hba.conf rejects connection for {who}"))),
         None => Err(AuthError::Refused(format!("no pg_hba.conf entry for {who}"))),
     }
@@ -82,6 +89,8 @@ enum ConnType {
     Ssl,
     /// `hostnossl`, `hostnogssenc`: plain clients.
     NoSsl,
+    /// `local`: clients on weir's Unix socket.
+    Local,
     /// Needs an encryption weir does not offer (or a Unix socket): never matches.
     Never,
 }
@@ -156,7 +165,16 @@ impl Hba {
 
     /// As `method`, for a client that did (`tls`) or did not negotiate TLS.
     pub fn method_over(&self, peer: IpAddr, tls: bool, database: &str, user: &str) -> Option<Method> {
-        let peer = peer.to_canonical();
+        self.find(Some(peer.to_canonical()), tls, database, user)
+    }
+
+    /// As `method`, for a client on weir's Unix socket (`local` lines).
+    pub fn method_local(&self, database: &str, user: &str) -> Option<Method> {
+        self.find(None, false, database, user)
+    }
+
+    /// The first line matching a TCP client from `peer`, or (None) a Unix-socket client.
+    fn find(&self, peer: Option<IpAddr>, tls: bool, database: &str, user: &str) -> Option<Method> {
         self.rules.iter().find(|r| r.matches(peer, tls, database, user)).map(|r| r.method)
     }
 
@@ -170,17 +188,15 @@ impl Hba {
 }
 
 impl Rule {
-    fn matches(&self, peer: IpAddr, tls: bool, database: &str, user: &str) -> bool {
-        let conn_ok = match self.conn {
-            ConnType::Any => true,
-            ConnType::Ssl => tls,
-            ConnType::NoSsl => !tls,
-            ConnType::Never => false,
+    fn matches(&self, peer: Option<IpAddr>, tls: bool, database: &str, user: &str) -> bool {
+        let conn_ok = match (self.conn, peer) {
+            (ConnType::Local, local) => local.is_none(),
+            (_, None) | (ConnType::Never, _) => false,
+            (ConnType::Any, Some(ip)) => addr_match(self.addr, ip),
+            (ConnType::Ssl, Some(ip)) => tls && addr_match(self.addr, ip),
+            (ConnType::NoSsl, Some(ip)) => !tls && addr_match(self.addr, ip),
         };
-        conn_ok
-            && names_match(&self.databases, database, user)
-            && names_match(&self.users, user, user)
-            && addr_match(self.addr, peer)
+        conn_ok && names_match(&self.databases, database, user) && names_match(&self.users, user, user)
     }
 }
 
@@ -274,7 +290,8 @@ fn rule(fields: &[Vec<Token>]) -> Result<Rule, String> {
         "host" => ConnType::Any,
         "hostssl" => ConnType::Ssl,
         "hostnossl" | "hostnogssenc" => ConnType::NoSsl,
-        "hostgssenc" | "local" => ConnType::Never,
+        "local" => ConnType::Local,
+        "hostgssenc" => ConnType::Never,
         other => return Err(format!("unknown connection type \"{other}\"")),
     };
     let rest = &fields[1..];
@@ -292,6 +309,9 @@ fn rule(fields: &[Vec<Token>]) -> Result<Rule, String> {
     };
     if rest.len() > method_at + 1 {
         return Err("options after the method are not supported".into());
+    }
+    if method == Method::Peer && conn != ConnType::Local {
+        return Err("peer authentication is only supported on local sockets".into());
     }
     Ok(Rule { conn, databases: names(databases, true)?, users: names(users, false)?, addr, method })
 }
@@ -356,7 +376,8 @@ fn method(t: &Token) -> Result<Method, String> {
         "reject" => Ok(Method::Reject),
         "md5" => Ok(Method::Md5),
         "scram-sha-256" => Ok(Method::ScramSha256),
-        other => Err(format!("method \"{other}\" is not supported (trust, reject, md5, scram-sha-256)")),
+        "peer" => Ok(Method::Peer),
+        other => Err(format!("method \"{other}\" is not supported (trust, reject, md5, scram-sha-256, peer)")),
     }
 }
 
@@ -400,12 +421,17 @@ hostnossl all            all             192.168.0.0/16    scram-sha-256
     }
 
     #[test]
-    fn tls_and_local_lines_never_match() {
+    fn tls_lines_match_by_encryption_and_local_lines_only_unix_clients() {
         let tls = Hba::parse("hostssl all all all trust\nhostnossl all all all md5\n").unwrap();
         assert_eq!(tls.method_over(ip("127.0.0.1"), true, "app", "u"), Some(Method::Trust));
         assert_eq!(tls.method_over(ip("127.0.0.1"), false, "app", "u"), Some(Method::Md5));
+        assert_eq!(tls.method_local("app", "u"), None, "host lines never match a Unix-socket client");
         let hba = Hba::parse("hostssl all all all trust\nlocal all all trust\nhostgssenc all all all trust\n").unwrap();
         assert_eq!(hba.method(ip("127.0.0.1"), "app", "u"), None);
+        assert_eq!(hba.method_local("app", "u"), Some(Method::Trust));
+        let hba = Hba::parse("local app all md5\nlocal all all peer\n").unwrap();
+        assert_eq!(hba.method_local("app", "u"), Some(Method::Md5));
+        assert_eq!(hba.method_local("other", "u"), Some(Method::Peer));
         let hba = Hba::parse("hostnogssenc all all all trust").unwrap();
         assert_eq!(hba.method(ip("127.0.0.1"), "app", "u"), Some(Method::Trust));
     }
@@ -445,6 +471,7 @@ hostnossl all            all             192.168.0.0/16    scram-sha-256
             ("host app, all all md5", "comma"),
             ("host app,,x all all md5", "empty item"),
             ("host all all all md5,trust", "one value"),
+            ("host all all all peer", "only supported on local sockets"),
         ] {
             let err = Hba::parse(&format!("# ok\n{line}\n")).unwrap_err();
             assert!(matches!(&err, HbaError::Line { line: 2, .. }), "{line}: {err}");
@@ -455,7 +482,7 @@ hostnossl all            all             192.168.0.0/16    scram-sha-256
     #[test]
     fn method_for_resolves_only_hba() {
         let hba = Hba::parse("host app all 127.0.0.0/8 scram-sha-256\nhost all evil all reject").unwrap();
-        let local = ip("127.0.0.1");
+        let local = Some(ip("127.0.0.1"));
         assert_eq!(method_for(AuthType::Md5, Some(&hba), local, false, "x", "evil").unwrap(), AuthType::Md5);
         assert_eq!(method_for(AuthType::Hba, Some(&hba), local, false, "app", "u").unwrap(), AuthType::ScramSha256);
         let e = method_for(AuthType::Hba, Some(&hba), local, false, "other", "evil").unwrap_err();
@@ -463,13 +490,21 @@ hostnossl all            all             192.168.0.0/16    scram-sha-256
             e.to_string(),
             r#"pg_hba.conf rejects connection for host "127.0.0.1", user "evil", database "other", no encryption"#
         );
-        let e = method_for(AuthType::Hba, Some(&hba), ip("::ffff:10.0.0.1"), false, "app", "u").unwrap_err();
+        let e = method_for(AuthType::Hba, Some(&hba), Some(ip("::ffff:10.0.0.1")), false, "app", "u").unwrap_err();
         assert_eq!(
             e.to_string(),
             r#"no pg_hba.conf entry for host "10.0.0.1", user "u", database "app", no encryption"#
         );
         assert_eq!(e.sqlstate(), crate::protocol::sqlstate::INVALID_AUTHORIZATION_SPECIFICATION);
         assert!(method_for(AuthType::Hba, None, local, false, "app", "u").is_err(), "no file loaded: refused");
+        let e = method_for(AuthType::Hba, Some(&hba), None, false, "app", "u").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            r#"no pg_hba.conf entry for host "[local]", user "u", database "app", no encryption"#
+        );
+        let peer = Hba::parse("local all all peer").unwrap();
+        let e = method_for(AuthType::Hba, Some(&peer), None, false, "app", "u").unwrap_err();
+        assert_eq!(e.to_string(), "peer authentication is not supported");
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! is checked by `weir::config::check` (keys, types, PgBouncer-aware hints,
 //! weir's rules); this module adds what needs the files the config names,
 //! all offline: the auth_file, the auth_hba_file and the TLS files exist and
-//! load, and the auth_user is in the auth_file.
+//! load, the auth_user is in the auth_file, and unix_socket_dir is a folder
+//! weir can create its socket in (and unix_socket_group a known group).
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -61,6 +62,7 @@ fn file_problems(cfg: &Config) -> Vec<String> {
     if let Err(e) = weir::tls::load_server_tls(cfg) {
         problems.push(format!("server TLS: {e}"));
     }
+    problems.extend(socket_problems(cfg));
     let auth_user = &cfg.weir.auth_user;
     if !auth_user.is_empty() {
         match users.as_ref().map(|u| u.get(auth_user)) {
@@ -76,6 +78,34 @@ fn file_problems(cfg: &Config) -> Vec<String> {
                  plaintext or md5 password, since no client proves a key for it"
             )),
             _ => {}
+        }
+    }
+    problems
+}
+
+/// unix_socket_dir exists and is writable (a probe file is created and
+/// removed); unix_socket_group is a group this machine knows.
+fn socket_problems(cfg: &Config) -> Vec<String> {
+    let mut problems = Vec::new();
+    let Some(socket) = cfg.unix_socket_path(cfg.weir.listen_addr.port()) else { return problems };
+    let dir = socket.parent().unwrap_or(Path::new("/"));
+    if !dir.is_dir() {
+        problems.push(format!("weir.unix_socket_dir: {} is not an existing folder", dir.display()));
+    } else {
+        let probe = dir.join(format!(".weir-check-{}", std::process::id()));
+        match std::fs::File::create(&probe) {
+            Ok(_) => {
+                let _ = std::fs::remove_file(&probe);
+            }
+            Err(e) => {
+                problems.push(format!("weir.unix_socket_dir: weir cannot create its socket in {}: {e}", dir.display()))
+            }
+        }
+    }
+    let group = &cfg.weir.unix_socket_group;
+    if !group.is_empty() {
+        if let Err(e) = weir::app::group_id(group) {
+            problems.push(format!("weir.unix_socket_group: {e}"));
         }
     }
     problems

@@ -133,12 +133,15 @@ fn help(topic: Option<&str>) -> String {
             Reads a weir.toml and reports every problem in one run: TOML syntax, unknown keys (with the\n\
             nearest known key), values of the wrong type (with PgBouncer-aware hints: durations are\n\
             strings such as \"3600s\", listen_addr takes a port, [databases.NAME] tables instead of\n\
-            pgbouncer.ini lines), weir's rules, and whether the auth_file, auth_hba_file and TLS files\n\
-            exist and load. Exit status 0 when the config can be used, 1 otherwise."
+            pgbouncer.ini lines), weir's rules, whether the auth_file, auth_hba_file and TLS files\n\
+            exist and load, and whether unix_socket_dir is a folder weir can create its socket in.\n\
+            Exit status 0 when the config can be used, 1 otherwise."
             .into(),
         Some("migrate-config") => "usage: weir migrate-config pgbouncer.ini > weir.toml\n\n\
             Prints the weir.toml equivalent to a pgbouncer.ini on stdout (with [metrics] on\n\
-            127.0.0.1:9930), and one warning line on stderr for each setting weir does not have."
+            127.0.0.1:9930), and one warning line on stderr for each setting weir does not have.\n\
+            An unset unix_socket_dir is written as PgBouncer's default \"/tmp\" (weir's own default\n\
+            is no Unix socket)."
             .into(),
         Some("demo") => "usage: weir demo\n\n\
             Starts a throwaway PostgreSQL 15 in a temp dir with weir in front of it on 127.0.0.1:6432\n\

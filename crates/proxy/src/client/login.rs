@@ -3,7 +3,6 @@
 //! auth_file, and the greeting (AuthenticationOk, ParameterStatus,
 //! BackendKeyData, ReadyForQuery) in one write.
 
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -62,13 +61,15 @@ pub enum First {
 /// client that opens with a TLS ClientHello (direct TLS) gets the handshake
 /// at once, and must have negotiated ALPN "postgresql". With a mode that
 /// requires TLS, a plaintext startup packet is refused (cancels are not:
-/// they carry only the key, as in Postgres).
+/// they carry only the key, as in Postgres). A Unix-socket client is never
+/// offered TLS nor required to use it (as in Postgres and PgBouncer).
 pub async fn read_startup(
     stream: &mut ClientStream,
     buf: &mut BytesMut,
     tls: Option<&ClientTls>,
     cfg: &Config,
 ) -> Result<First, ClientError> {
+    let tls = tls.filter(|_| !stream.is_unix());
     if let Some(tls) = tls {
         if starts_with_client_hello(stream).await? {
             handshake(stream, tls).await?;
@@ -336,7 +337,7 @@ pub(crate) async fn within<T>(
 pub(crate) fn auth_method(
     shared: &Shared,
     cfg: &Config,
-    peer: SocketAddr,
+    peer: weir_metrics::ConnAddr,
     tls: bool,
     req: &Request,
 ) -> Result<crate::config::AuthType, ClientError> {

@@ -12,7 +12,6 @@ pub mod stream;
 pub mod transfer;
 pub mod transfer_watchdog;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -47,7 +46,7 @@ pub(crate) async fn log_in<'a>(
     cfg: &Arc<Config>,
     mut req: Request,
     minor: u16,
-    peer: SocketAddr,
+    peer: weir_metrics::ConnAddr,
 ) -> Result<(Session<'a>, Hello), ClientError> {
     let users = shared.users.load();
     let looked_up;

@@ -1,6 +1,7 @@
-//! A client's connection: plain TCP or TLS (rustls). The plain case keeps
-//! the zero-cost `TcpStream` halves on the hot path (see `transfer.rs`);
-//! TLS goes through `tokio::io::split`. rustls may keep records of a write
+//! A client's connection: plain TCP, a Unix-domain socket, or TLS (rustls,
+//! over TCP only, as Postgres). The plain cases keep their sockets' zero-cost
+//! halves on the hot path (see `transfer.rs`); TLS goes through
+//! `tokio::io::split`. rustls may keep records of a write
 //! when the socket is full; every TLS read flushes them first, and every
 //! exchange with a client ends in a read, so nothing is left unsent.
 
@@ -11,12 +12,16 @@ use std::task::{Context, Poll};
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UnixStream};
 use tokio_rustls::server::TlsStream;
+use weir_metrics::ConnAddr;
 
 /// A client's byte stream.
 pub enum ClientStream {
     Plain(TcpStream),
+    /// A client on weir's Unix socket (never TLS, as in Postgres); boxed so
+    /// that the enum, which every client task holds, stays TcpStream's size.
+    Unix(Box<UnixStream>),
     Tls(Box<TlsStream<TcpStream>>),
     /// Only while a TLS handshake owns the socket; it failed if still here.
     Closed,
@@ -31,16 +36,26 @@ impl ClientStream {
         matches!(self, ClientStream::Tls(_))
     }
 
+    /// A client on weir's Unix socket.
+    pub fn is_unix(&self) -> bool {
+        matches!(self, ClientStream::Unix(_))
+    }
+
     pub fn tcp(&self) -> Option<&TcpStream> {
         match self {
             ClientStream::Plain(s) => Some(s),
             ClientStream::Tls(s) => Some(s.get_ref().0),
-            ClientStream::Closed => None,
+            ClientStream::Unix(_) | ClientStream::Closed => None,
         }
     }
 
-    pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
-        self.tcp().and_then(|s| s.local_addr().ok())
+    /// weir's end: the TCP address, or for a Unix-socket client the same
+    /// `unix` address as its peer's (PgBouncer shows both so).
+    pub fn local_addr(&self, peer: &ConnAddr) -> Option<ConnAddr> {
+        match self {
+            ClientStream::Unix(_) => Some(*peer),
+            _ => self.tcp().and_then(|s| s.local_addr().ok()).map(ConnAddr::Tcp),
+        }
     }
 
     /// The ALPN protocol the TLS client negotiated.
@@ -71,6 +86,7 @@ impl ClientStream {
     pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self {
             ClientStream::Plain(s) => s.poll_read_ready(cx),
+            ClientStream::Unix(s) => s.poll_read_ready(cx),
             ClientStream::Tls(_) => Poll::Ready(Ok(())),
             ClientStream::Closed => Poll::Ready(Err(closed())),
         }
@@ -81,6 +97,7 @@ impl ClientStream {
     pub fn try_read_buf(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
         match self {
             ClientStream::Plain(s) => s.try_read_buf(buf),
+            ClientStream::Unix(s) => s.try_read_buf(buf),
             ClientStream::Tls(s) => {
                 let mut cx = Context::from_waker(std::task::Waker::noop());
                 let read = s.read_buf(buf);
@@ -98,6 +115,7 @@ impl AsyncRead for ClientStream {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             ClientStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            ClientStream::Unix(s) => Pin::new(s).poll_read(cx, buf),
             ClientStream::Tls(s) => {
                 // Records a write left in rustls (the socket was full) go
                 // out before weir waits for the client's answer to them.
@@ -113,6 +131,7 @@ impl AsyncWrite for ClientStream {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             ClientStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            ClientStream::Unix(s) => Pin::new(s).poll_write(cx, buf),
             ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
             ClientStream::Closed => Poll::Ready(Err(closed())),
         }
@@ -121,6 +140,7 @@ impl AsyncWrite for ClientStream {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             ClientStream::Plain(s) => Pin::new(s).poll_flush(cx),
+            ClientStream::Unix(s) => Pin::new(s).poll_flush(cx),
             ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
             ClientStream::Closed => Poll::Ready(Err(closed())),
         }
@@ -129,6 +149,7 @@ impl AsyncWrite for ClientStream {
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             ClientStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            ClientStream::Unix(s) => Pin::new(s).poll_shutdown(cx),
             ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
             ClientStream::Closed => Poll::Ready(Ok(())),
         }

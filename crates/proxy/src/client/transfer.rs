@@ -51,8 +51,9 @@ pub struct ClientSide<'a> {
 
 /// Moves bytes until the server can be released (when `release` is true) or
 /// one side goes away. Client bytes not yet sent stay in `side.unread`.
-/// A plain client uses TcpStream's zero-cost halves; a TLS client
-/// `tokio::io::split` (its reads flush what rustls still holds, see `stream`).
+/// A plain client (TCP or Unix socket) uses its socket's zero-cost halves; a
+/// TLS client `tokio::io::split` (its reads flush what rustls still holds,
+/// see `stream`). All three run the same `forward`.
 ///
 /// A plain function choosing between two futures, not an `async fn` around
 /// them: an `async fn` would keep its own copy of the arguments beside the
@@ -68,9 +69,13 @@ pub fn run<'a>(
             let (reader, writer) = tcp.split();
             Either::Left(forward(reader, writer, side, server, release))
         }
+        ClientStream::Unix(unix) => {
+            let (reader, writer) = unix.split();
+            Either::Right(Either::Left(forward(reader, writer, side, server, release)))
+        }
         other => {
             let (reader, writer) = tokio::io::split(other);
-            Either::Right(forward(reader, writer, side, server, release))
+            Either::Right(Either::Right(forward(reader, writer, side, server, release)))
         }
     }
 }

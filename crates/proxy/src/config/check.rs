@@ -210,22 +210,27 @@ fn value_hint(key: &str, value: &toml::Value) -> String {
     }
 }
 
+/// A pgbouncer.ini-style `listen_addr` (addresses without the port, which
+/// PgBouncer keeps in listen_port) gets the weir spelling.
 fn listen_addr_hint(addr: &str) -> String {
-    let addr = addr.trim();
-    if addr == "*" {
-        return "; listen_addr is one address with its port: write \"0.0.0.0:6432\" for every IPv4 address".into();
+    let items: Vec<&str> = addr.split(',').map(str::trim).collect();
+    let with_port = |a: &str| {
+        if a == "*" {
+            Some("*:6432".to_owned())
+        } else if a.parse::<std::net::Ipv6Addr>().is_ok() {
+            Some(format!("[{a}]:6432"))
+        } else if !a.is_empty() && !a.contains(':') {
+            Some(format!("{a}:6432"))
+        } else {
+            None
+        }
+    };
+    if items.iter().all(|a| with_port(a).is_none()) {
+        return String::new();
     }
-    if addr.contains(',') {
-        return "; listen_addr is one address with its port; a list is not supported".into();
-    }
-    let bare_v6 = addr.parse::<std::net::Ipv6Addr>().is_ok();
-    if bare_v6 {
-        return format!("; listen_addr needs a port (PgBouncer's listen_port): write \"[{addr}]:6432\"");
-    }
-    if !addr.contains(':') {
-        return format!("; listen_addr needs a port (PgBouncer's listen_port): write \"{addr}:6432\"");
-    }
-    String::new()
+    let fixed: Vec<String> = items.iter().map(|a| with_port(a).unwrap_or_else(|| (*a).to_owned())).collect();
+    let star = if items == ["*"] { " (every IPv4 and IPv6 address)" } else { "" };
+    format!("; listen_addr needs a port (PgBouncer's listen_port): write \"{}\"{star}", fixed.join(","))
 }
 
 /// Keys whose value is a duration string: their default serializes to a
@@ -335,7 +340,13 @@ mod tests {
         let p = problems("[weir]\nauth_type = \"trust\"\nlisten_addr = \"10.0.0.1\"\n");
         assert!(p[0].starts_with("weir.listen_addr: ") && p[0].ends_with("write \"10.0.0.1:6432\""), "{p:?}");
         let p = problems("[weir]\nauth_type = \"trust\"\nlisten_addr = \"*\"\n");
-        assert!(p[0].ends_with("write \"0.0.0.0:6432\" for every IPv4 address"), "{p:?}");
+        assert!(p[0].ends_with("write \"*:6432\" (every IPv4 and IPv6 address)"), "{p:?}");
+        let p = problems("[weir]\nauth_type = \"trust\"\nlisten_addr = \"127.0.0.1, ::1\"\n");
+        assert!(p[0].ends_with("write \"127.0.0.1:6432,[::1]:6432\""), "{p:?}");
+        let p = problems("[weir]\nauth_type = \"trust\"\nlisten_addr = \"127.0.0.1:6432,[::1]:6432\"\n");
+        assert!(p.is_empty(), "a list with one port is fine: {p:?}");
+        let p = problems("[weir]\nauth_type = \"trust\"\nunix_socket_mode = \"0999\"\nunix_socket_dir = \"@abs\"\n");
+        assert_eq!(p.len(), 2, "{p:?}");
         let p = problems("[weir]\nauth_type = \"trust\"\nlisten_addr = \"::1\"\n");
         assert!(p[0].ends_with("write \"[::1]:6432\""), "{p:?}");
         let p = problems("[weir]\nauth_type = \"trust\"\nlisten_port = 6432\n");

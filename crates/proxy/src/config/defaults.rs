@@ -17,6 +17,11 @@ impl Default for General {
     fn default() -> Self {
         General {
             listen_addr: "127.0.0.1:6432".parse().expect("static address"),
+            // PgBouncer's default is /tmp: weir opens a Unix socket only where
+            // it is told to (a sidecar is reached over TCP).
+            unix_socket_dir: String::new(),
+            unix_socket_mode: "0777".into(),
+            unix_socket_group: String::new(),
             auth_type: AuthType::Md5,
             auth_file: None,
             auth_hba_file: None,

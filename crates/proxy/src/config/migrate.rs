@@ -3,7 +3,10 @@
 //! Pure text in, text out. Same-named keys map directly, their TOML type taken
 //! from weir's own defaults; PgBouncer's bare seconds become `"Ns"` strings
 //! (`tcp_user_timeout` is in milliseconds there); `0` meaning "disabled" is
-//! handled key by key.
+//! handled key by key. `listen_addr` + `listen_port` become weir's
+//! `listen_addr` (`*` is `*:port`, a list keeps every address); an unset
+//! `unix_socket_dir` is written as PgBouncer's default `/tmp`, since weir's
+//! own default is no Unix socket.
 
 use std::fmt::Write as _;
 
@@ -53,7 +56,6 @@ const ZERO_KEEPS_DEFAULT: &[(&str, &str)] = &[
 const UNSUPPORTED: &[(&str, &str)] = &[
     ("client_tls_", "weir uses rustls's safe defaults for TLS versions, ciphers and curves"),
     ("server_tls_", "weir uses rustls's safe defaults for TLS versions and ciphers"),
-    ("unix_socket_", "weir listens on TCP only"),
     ("logfile", "weir logs to stderr; let the supervisor collect it"),
     ("syslog", "weir logs to stderr; let the supervisor collect it"),
     ("syslog_", "weir logs to stderr; let the supervisor collect it"),
@@ -133,6 +135,8 @@ struct Mapper {
     general: Vec<(String, String)>,
     listen_host: Option<String>,
     listen_port: Option<String>,
+    /// The ini set unix_socket_dir (perhaps empty: no socket).
+    unix_socket_dir_set: bool,
     databases: Vec<(String, Vec<(String, String)>)>,
     warnings: Vec<String>,
 }
@@ -164,6 +168,10 @@ impl Mapper {
                 self.listen_port = Some(value.to_owned());
                 Ok(())
             }
+            "unix_socket_dir" => {
+                self.unix_socket_dir_set = true;
+                self.same_named(key, value)
+            }
             "auth_type" => self.auth_type(value),
             "pool_mode" => self.pool_mode(value),
             "max_packet_size" => int(value).map(|v| self.set("max_message_size", v)),
@@ -178,13 +186,11 @@ impl Mapper {
     }
 
     fn listen_addr(&mut self, value: &str) -> Result<(), String> {
-        let mut addrs = value.split(',').map(str::trim);
-        let first = addrs.next().unwrap_or_default();
-        self.listen_host = Some(if first == "*" { "0.0.0.0".to_owned() } else { first.to_owned() });
-        match addrs.next() {
-            Some(_) => Err(format!("weir listens on one address; using {first}")),
-            None => Ok(()),
+        if value.split(',').any(|a| a.trim().parse::<std::net::IpAddr>().is_err() && a.trim() != "*") {
+            return Err("weir listens on IP addresses (or *), not host names; weir's default is kept".into());
         }
+        self.listen_host = Some(value.to_owned());
+        Ok(())
     }
 
     fn auth_type(&mut self, value: &str) -> Result<(), String> {
@@ -264,7 +270,6 @@ impl Mapper {
     fn database_key(&self, k: &str, v: &str) -> Result<Option<(String, String)>, String> {
         let kv = |key: &str, val: String| Ok(Some((key.to_owned(), val)));
         match k {
-            "host" if v.starts_with('/') => Err("unix sockets are not supported; weir connects over TCP".into()),
             "host" if v.contains(',') => Err("weir connects to one host per database".into()),
             "host" => kv("host", quoted(v)),
             "port" | "pool_size" | "min_pool_size" | "max_db_connections" => kv(k, int(v)?),
@@ -282,10 +287,18 @@ impl Mapper {
 
     fn finish(mut self) -> Migration {
         if self.listen_host.is_some() || self.listen_port.is_some() {
-            let host = self.listen_host.take().unwrap_or_else(|| "127.0.0.1".into());
+            let hosts = self.listen_host.take().unwrap_or_else(|| "127.0.0.1".into());
             let port = self.listen_port.take().unwrap_or_else(|| "6432".into());
-            let host = if host.contains(':') && !host.starts_with('[') { format!("[{host}]") } else { host };
-            self.general.insert(0, ("listen_addr".into(), quoted(&format!("{host}:{port}"))));
+            let with_port = |h: &str| match h.trim() {
+                h if h.contains(':') => format!("[{h}]:{port}"),
+                h => format!("{h}:{port}"),
+            };
+            let addrs: Vec<String> = hosts.split(',').map(with_port).collect();
+            self.general.insert(0, ("listen_addr".into(), quoted(&addrs.join(","))));
+        }
+        if !self.unix_socket_dir_set {
+            let tmp = "\"/tmp\"  # PgBouncer's default, kept; weir's own default is no Unix socket";
+            self.general.push(("unix_socket_dir".into(), tmp.into()));
         }
         let auth_type = self.general.iter().find(|(k, _)| k == "auth_type").map(|(_, v)| v.as_str());
         if auth_type != Some("\"trust\"") && !self.general.iter().any(|(k, _)| k == "auth_file") {
@@ -430,7 +443,8 @@ reporter = pool_mode=session
         let cfg =
             Config::from_toml(&m.toml, std::path::Path::new("/etc/weir")).unwrap_or_else(|e| panic!("{e}\n{}", m.toml));
         let g = &cfg.weir;
-        assert_eq!(g.listen_addr.to_string(), "0.0.0.0:6543");
+        assert_eq!(g.listen_addr.to_string(), "*:6543");
+        assert_eq!(g.unix_socket_dir, "/tmp", "PgBouncer's default socket folder is kept");
         assert_eq!(g.auth_type, AuthType::ScramSha256);
         assert_eq!(g.max_client_conn, 2000);
         assert_eq!(g.default_pool_size, 25);
@@ -491,8 +505,25 @@ reporter = pool_mode=session
         assert!(m.warnings.iter().any(|w| w.contains("auth_file is not set")));
         assert!(m.warnings.iter().any(|w| w.contains("%include")));
         assert!(m.warnings.iter().any(|w| w.contains("nonsense")));
-        assert!(m.warnings.iter().any(|w| w.contains("unix sockets")));
-        assert!(m.toml.contains("[databases.x-y]"));
+        assert!(m.toml.contains("[databases.x-y]\nhost = \"/tmp\""), "a Unix-socket host carries over: {}", m.toml);
+    }
+
+    #[test]
+    fn listening_keys_carry_over() {
+        let ini = "[pgbouncer]\nauth_type = trust\nlisten_addr = 127.0.0.1, ::1\nlisten_port = 7432\n\
+                   unix_socket_dir = /var/run/pgbouncer\nunix_socket_mode = 0770\nunix_socket_group = postgres\n\
+                   [databases]\napp = host=/var/run/postgresql port=5433\n";
+        let m = from_pgbouncer_ini(ini);
+        assert!(m.warnings.is_empty(), "{:#?}", m.warnings);
+        let cfg =
+            Config::from_toml(&m.toml, std::path::Path::new("/etc/weir")).unwrap_or_else(|e| panic!("{e}\n{}", m.toml));
+        assert_eq!(cfg.weir.listen_addr.to_string(), "127.0.0.1:7432,[::1]:7432");
+        assert_eq!(cfg.unix_socket_path(7432).unwrap(), std::path::Path::new("/var/run/pgbouncer/.s.PGSQL.7432"));
+        assert_eq!((cfg.unix_socket_mode_bits(), cfg.weir.unix_socket_group.as_str()), (Some(0o770), "postgres"));
+        assert_eq!(cfg.pool_settings("app").unwrap().host, "/var/run/postgresql");
+        let off = from_pgbouncer_ini("[pgbouncer]\nauth_type = trust\nunix_socket_dir =\n");
+        let cfg = Config::from_toml(&off.toml, std::path::Path::new("/etc/weir")).expect("valid");
+        assert_eq!(cfg.unix_socket_path(6432), None, "an empty unix_socket_dir stays off");
     }
 
     #[test]

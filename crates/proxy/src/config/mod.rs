@@ -6,6 +6,7 @@
 pub mod check;
 mod defaults;
 pub mod keys;
+mod listen;
 pub mod migrate;
 mod validate;
 
@@ -18,6 +19,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use serde::{Deserialize, Serialize};
 
+pub use listen::{ListenAddr, MAX_SOCKET_PATH};
 pub use validate::ConfigError;
 
 /// Client authentication method.
@@ -137,7 +139,14 @@ pub struct Config {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct General {
-    pub listen_addr: SocketAddr,
+    /// `address:port`, a comma-separated list of them (one port), or `*:port`.
+    pub listen_addr: ListenAddr,
+    /// The folder of weir's Unix socket `.s.PGSQL.<port>`; empty: none.
+    pub unix_socket_dir: String,
+    /// The socket file's permissions, octal ("0777", PgBouncer's default).
+    pub unix_socket_mode: String,
+    /// The socket file's group (a name or number); empty: weir's own.
+    pub unix_socket_group: String,
     pub auth_type: AuthType,
     pub auth_file: Option<PathBuf>,
     /// PgBouncer's subset of pg_hba.conf, used when `auth_type = "hba"`.

@@ -76,6 +76,9 @@ impl Config {
         if !g.auth_dbname.is_empty() && !self.databases.contains_key(&g.auth_dbname) {
             found.push(invalid("weir.auth_dbname", "is not a database in [databases]"));
         }
+        for (key, why) in super::listen::problems(self) {
+            found.push(invalid(format!("weir.{key}"), why));
+        }
     }
 
     /// Names in the startup-parameter lists are plain setting names, weir's

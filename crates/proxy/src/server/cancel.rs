@@ -1,15 +1,18 @@
 //! Forwarding a CancelRequest to Postgres on a new connection (with the
 //! server's own key; `cancel_keys` decides whether a client's cancel gets here), and the gate
 //! that keeps a server out of the pool while a cancel aimed at it is in flight
-//! (so a late cancel can never hit the next client's query).
+//! (so a late cancel can never hit the next client's query). A cancel goes
+//! the way its connection went: TCP (TLS if the connection is), or the
+//! server's Unix socket.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::Notify;
 
 use super::stream::ServerStream;
@@ -57,10 +60,28 @@ impl CancelGate {
     }
 }
 
+/// Where a server connection went: the TCP address it reached, or the
+/// Postgres Unix socket's path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CancelAddr {
+    Tcp(SocketAddr),
+    Unix(Arc<Path>),
+}
+
+impl CancelAddr {
+    /// As SHOW SERVERS and the logs show it (`unix` and the port for a socket).
+    pub fn shown(&self, port: u16) -> weir_metrics::ConnAddr {
+        match self {
+            CancelAddr::Tcp(a) => weir_metrics::ConnAddr::Tcp(*a),
+            CancelAddr::Unix(_) => weir_metrics::ConnAddr::Unix(port),
+        }
+    }
+}
+
 /// Where and how to cancel a server's running query.
 #[derive(Debug, Clone)]
 pub struct CancelTarget {
-    pub addr: SocketAddr,
+    pub addr: CancelAddr,
     pub pid: i32,
     pub secret: i32,
     pub gate: Arc<CancelGate>,
@@ -94,10 +115,13 @@ impl Drop for GateTicket {
 }
 
 async fn send_cancel(target: &CancelTarget) -> std::io::Result<()> {
-    let tcp = TcpStream::connect(target.addr).await?;
-    let mut s = match &target.gate.tls {
-        Some((tls, host)) => super::conn::negotiate_tls(tcp, tls, host).await.map_err(std::io::Error::other)?,
-        None => ServerStream::Plain(tcp),
+    let mut s = match (&target.addr, &target.gate.tls) {
+        (CancelAddr::Unix(path), _) => ServerStream::Unix(UnixStream::connect(path).await?),
+        (CancelAddr::Tcp(addr), Some((tls, host))) => {
+            let tcp = TcpStream::connect(addr).await?;
+            super::conn::negotiate_tls(tcp, tls, host).await.map_err(std::io::Error::other)?
+        }
+        (CancelAddr::Tcp(addr), None) => ServerStream::Plain(TcpStream::connect(addr).await?),
     };
     s.write_all(&messages::cancel_request(target.pid, target.secret)).await?;
     s.flush().await?;

@@ -3,16 +3,16 @@
 //! (including the spec it was opened with, for watchdog probes, and whether
 //! someone found it broken).
 
-use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use tokio::net::TcpStream;
-use weir_metrics::{CloseReason, ConnectFailure, PoolMetrics, ServerConnGuard};
+use tokio::net::{TcpStream, UnixStream};
+use weir_metrics::{CloseReason, ConnAddr, ConnectFailure, PoolMetrics, ServerConnGuard};
 
-use super::cancel::{CancelGate, CancelTarget};
+use super::cancel::{CancelAddr, CancelGate, CancelTarget};
 use super::conversation::Conversation;
 use super::login::{login, LoginError, LoginParams};
 use super::probe::{AlarmTimer, Watch};
@@ -204,12 +204,7 @@ impl ServerConn {
         if !self.rbuf.is_empty() {
             return true;
         }
-        let tcp = self.stream.tcp();
-        let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
-        match tcp.try_io(tokio::io::Interest::READABLE, || socket2::SockRef::from(tcp).peek(&mut probe)) {
-            Ok(_) => true, // data or EOF
-            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
-        }
+        self.stream.peek_ready()
     }
 }
 
@@ -224,13 +219,16 @@ pub async fn connect(spec: Arc<ConnectSpec>, metrics: &Arc<PoolMetrics>) -> Resu
         Ok(Err(e)) => return Err(e),
         Err(_) => return Err(ConnectError::Timeout(spec.connect_timeout)),
     };
-    let addr = stream.tcp().peer_addr()?;
+    let (addr, local_addr) = match stream.tcp() {
+        Some(tcp) => (CancelAddr::Tcp(tcp.peer_addr()?), tcp.local_addr().ok().map(ConnAddr::Tcp)),
+        None => (CancelAddr::Unix(socket_path(&spec.host, spec.port).into()), Some(ConnAddr::Unix(spec.port))),
+    };
     let mut guard = ServerConnGuard::opened(metrics.clone(), started.elapsed());
     let statements = ServerStatements::default();
     guard.describe(weir_metrics::ServerInfo {
         pid: login.backend_pid,
-        addr,
-        local_addr: stream.tcp().local_addr().ok(),
+        addr: addr.shown(spec.port),
+        local_addr,
         connected_at: std::time::SystemTime::now(),
         prepared_statements: statements.shown(),
     });
@@ -261,7 +259,7 @@ pub async fn connect(spec: Arc<ConnectSpec>, metrics: &Arc<PoolMetrics>) -> Resu
     })
 }
 
-fn cancel_target(addr: SocketAddr, pid: i32, secret: i32, tls: Option<&ConnectSpec>) -> CancelTarget {
+fn cancel_target(addr: CancelAddr, pid: i32, secret: i32, tls: Option<&ConnectSpec>) -> CancelTarget {
     let gate = match tls.and_then(|s| Some((s.tls.clone()?, s.host.clone()))) {
         Some((tls, host)) => CancelGate::over_tls(tls, host),
         None => CancelGate::default(),
@@ -269,16 +267,28 @@ fn cancel_target(addr: SocketAddr, pid: i32, secret: i32, tls: Option<&ConnectSp
     CancelTarget { addr, pid, secret, gate: Arc::new(gate) }
 }
 
-/// TCP connect, socket options and login, unbounded (callers bound it).
-/// Bytes the server sent after ReadyForQuery stay in the returned buffer.
+/// The Unix socket of a Postgres whose `host` is the folder `dir`, as libpq
+/// names it: `<dir>/.s.PGSQL.<port>`.
+pub fn socket_path(dir: &str, port: u16) -> PathBuf {
+    Path::new(dir).join(format!(".s.PGSQL.{port}"))
+}
+
+/// Connect (TCP with socket options, or a `host` starting with `/`: the
+/// server's Unix socket, never TLS, as libpq) and login, unbounded (callers
+/// bound it). Bytes the server sent after ReadyForQuery stay in the
+/// returned buffer.
 pub(super) async fn open(
     spec: &ConnectSpec,
 ) -> Result<(ServerStream, BytesMut, super::login::LoginResult), ConnectError> {
-    let tcp = TcpStream::connect((spec.host.as_str(), spec.port)).await?;
-    socket::apply(&tcp, &spec.liveness)?;
-    let mut stream = match &spec.tls {
-        Some(tls) => negotiate_tls(tcp, tls, &spec.host).await?,
-        None => ServerStream::Plain(tcp),
+    let mut stream = if spec.host.starts_with('/') {
+        ServerStream::Unix(UnixStream::connect(socket_path(&spec.host, spec.port)).await?)
+    } else {
+        let tcp = TcpStream::connect((spec.host.as_str(), spec.port)).await?;
+        socket::apply(&tcp, &spec.liveness)?;
+        match &spec.tls {
+            Some(tls) => negotiate_tls(tcp, tls, &spec.host).await?,
+            None => ServerStream::Plain(tcp),
+        }
     };
     let mut buf = BytesMut::with_capacity(8192);
     let params =

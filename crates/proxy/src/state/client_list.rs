@@ -5,14 +5,13 @@
 //! active) is read from its cancel slot, which the session keeps current.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use std::time::{Instant, SystemTime};
 
-use weir_metrics::ClientState;
+use weir_metrics::{ClientState, ConnAddr};
 
 use crate::cancel_keys::CancelSlot;
 use crate::pool::{Pool, PoolKey, Pools};
@@ -42,8 +41,8 @@ pub struct ClientEntry {
     /// The registry it is listed in (for `ClientGuard`'s drop).
     registry: std::sync::Weak<ClientList>,
     owner: Owner,
-    pub peer: SocketAddr,
-    pub local: Option<SocketAddr>,
+    pub peer: ConnAddr,
+    pub local: Option<ConnAddr>,
     pub application_name: String,
     pub connected_at: SystemTime,
     /// The BackendKeyData pid weir gave this client.
@@ -96,8 +95,8 @@ impl ClientEntry {
 #[derive(Debug)]
 pub struct NewClient {
     pub owner: Owner,
-    pub peer: SocketAddr,
-    pub local: Option<SocketAddr>,
+    pub peer: ConnAddr,
+    pub local: Option<ConnAddr>,
     pub application_name: String,
     pub key_pid: i32,
     pub slot: Option<Arc<CancelSlot>>,
@@ -214,7 +213,7 @@ mod tests {
     fn client(db: &str, slot: Option<Arc<CancelSlot>>) -> NewClient {
         NewClient {
             owner: Owner::Console(Box::new(PoolKey { user: "u".into(), database: db.into() })),
-            peer: "127.0.0.1:1".parse().unwrap(),
+            peer: "127.0.0.1:1".parse::<std::net::SocketAddr>().unwrap().into(),
             local: None,
             application_name: String::new(),
             key_pid: 1,

@@ -8,7 +8,6 @@ pub mod client_list;
 pub mod disabled;
 
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -70,7 +69,7 @@ struct Paused {
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error("cannot listen on {0}: {1}")]
-    Listen(SocketAddr, std::io::Error),
+    Listen(String, std::io::Error),
     #[error("cannot load auth_file {0}: {1}")]
     AuthFile(String, String),
     #[error("cannot load auth_hba_file {0}: {1}")]
@@ -242,9 +241,16 @@ impl Shared {
             }
         };
         keep("listen_addr", cfg.weir.listen_addr != old.weir.listen_addr);
+        let (new_unix, old_unix) = (&cfg.weir, &old.weir);
+        let unix_changed = (&new_unix.unix_socket_dir, &new_unix.unix_socket_mode, &new_unix.unix_socket_group)
+            != (&old_unix.unix_socket_dir, &old_unix.unix_socket_mode, &old_unix.unix_socket_group);
+        keep("unix_socket_dir, unix_socket_mode or unix_socket_group", unix_changed);
         keep("log_format", cfg.weir.log_format != old.weir.log_format);
         keep("metrics.listen_addr", cfg.metrics.listen_addr != old.metrics.listen_addr);
-        cfg.weir.listen_addr = old.weir.listen_addr;
+        cfg.weir.listen_addr = old.weir.listen_addr.clone();
+        cfg.weir.unix_socket_dir = old.weir.unix_socket_dir.clone();
+        cfg.weir.unix_socket_mode = old.weir.unix_socket_mode.clone();
+        cfg.weir.unix_socket_group = old.weir.unix_socket_group.clone();
         cfg.weir.log_format = old.weir.log_format;
         cfg.metrics.listen_addr = old.metrics.listen_addr;
         self.users.store(Arc::new(users));

@@ -1,0 +1,202 @@
+//! weir's listening sockets: every TCP address of `listen_addr`, all on one
+//! port (`*` binds `0.0.0.0` and `[::]`, the latter IPv6-only, and skips
+//! IPv6 where the machine has none), and the Unix socket
+//! `<unix_socket_dir>/.s.PGSQL.<port>` with unix_socket_mode and
+//! unix_socket_group. A stale socket file (one nobody answers on) is
+//! removed at start; weir's own file is removed when its listener closes.
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use socket2::{Domain, Socket, Type};
+use tokio::net::{TcpListener, UnixListener};
+use weir_metrics::ConnAddr;
+
+use crate::client::ClientStream;
+use crate::config::Config;
+use crate::state::StartError;
+
+/// Pending connections the kernel queues per listener (PgBouncer's listen_backlog).
+const BACKLOG: i32 = 128;
+
+/// One listening socket.
+pub(super) enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener, SocketFile),
+}
+
+impl Listener {
+    /// The next client, with its address (`unix` and the port for the Unix socket).
+    pub(super) async fn accept(&self) -> io::Result<(ClientStream, ConnAddr)> {
+        match self {
+            Listener::Tcp(l) => {
+                let (socket, peer) = l.accept().await?;
+                let _ = socket.set_nodelay(true);
+                Ok((ClientStream::Plain(socket), ConnAddr::Tcp(peer)))
+            }
+            Listener::Unix(l, file) => {
+                let (socket, _) = l.accept().await?;
+                Ok((ClientStream::Unix(Box::new(socket)), ConnAddr::Unix(file.port)))
+            }
+        }
+    }
+}
+
+/// weir's socket file: removed when dropped, unless another process has
+/// replaced it since.
+pub(super) struct SocketFile {
+    path: PathBuf,
+    ino: u64,
+    port: u16,
+}
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.ino) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Everything weir listens on.
+pub(super) struct Bound {
+    pub listeners: Vec<Listener>,
+    pub tcp: Vec<SocketAddr>,
+    pub unix: Option<PathBuf>,
+}
+
+/// Binds every address of the config; any failure is a start error (for
+/// `*`, an IPv6 address the machine cannot have is skipped with a warning).
+pub(super) fn bind(cfg: &Config) -> Result<Bound, StartError> {
+    let listen = &cfg.weir.listen_addr;
+    let mut bound = Bound { listeners: Vec::new(), tcp: Vec::new(), unix: None };
+    let mut port = listen.port();
+    for &want in listen.addrs() {
+        let mut addr = want;
+        addr.set_port(port);
+        let listener = match bind_tcp(addr) {
+            Ok(l) => l,
+            Err(e) if listen.is_any() && addr.is_ipv6() && !bound.tcp.is_empty() && absent_family(&e) => {
+                tracing::warn!(%addr, error = %e, "listen_addr *: no IPv6 here; listening on IPv4 only");
+                continue;
+            }
+            Err(e) => return Err(StartError::Listen(addr.to_string(), e)),
+        };
+        let local = listener.local_addr().map_err(|e| StartError::Listen(addr.to_string(), e))?;
+        port = local.port();
+        bound.tcp.push(local);
+        bound.listeners.push(Listener::Tcp(listener));
+    }
+    if let Some(path) = cfg.unix_socket_path(port) {
+        let fail = |e: io::Error| StartError::Listen(path.display().to_string(), e);
+        let (listener, file) = bind_unix(&path, port, cfg).map_err(fail)?;
+        bound.listeners.push(Listener::Unix(listener, file));
+        bound.unix = Some(path);
+    }
+    Ok(bound)
+}
+
+/// The machine lacks this address family (or address), as opposed to the
+/// port being taken or not allowed.
+fn absent_family(e: &io::Error) -> bool {
+    !matches!(e.kind(), io::ErrorKind::AddrInUse | io::ErrorKind::PermissionDenied)
+}
+
+/// A TCP listener with SO_REUSEADDR (as tokio's `bind`), IPv6-only on IPv6
+/// addresses so that `[::]` and `0.0.0.0` can share a port.
+fn bind_tcp(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    socket.set_reuse_address(true)?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(BACKLOG)?;
+    TcpListener::from_std(socket.into())
+}
+
+/// The Unix listener at `path`, after removing a stale socket there; then
+/// the file's mode and group.
+fn bind_unix(path: &Path, port: u16, cfg: &Config) -> io::Result<(UnixListener, SocketFile)> {
+    remove_stale(path)?;
+    let listener = UnixListener::bind(path)?;
+    let mode = cfg.unix_socket_mode_bits().unwrap_or(0o777);
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    let group = &cfg.weir.unix_socket_group;
+    if !group.is_empty() {
+        let gid = group_id(group)?;
+        std::os::unix::fs::chown(path, None, Some(gid))?;
+    }
+    let ino = std::fs::symlink_metadata(path)?.ino();
+    tracing::info!(path = %path.display(), mode = format!("{mode:04o}"), "weir is listening on a Unix socket");
+    Ok((listener, SocketFile { path: path.to_owned(), ino, port }))
+}
+
+/// Removes a socket file nobody answers on (a weir or PgBouncer that did not
+/// clean up); one that answers, or a file that is not a socket, is an error.
+fn remove_stale(path: &Path) -> io::Result<()> {
+    let Ok(meta) = std::fs::symlink_metadata(path) else { return Ok(()) };
+    if !meta.file_type().is_socket() {
+        return Err(io::Error::new(io::ErrorKind::AlreadyExists, "a file that is not a socket is in the way"));
+    }
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return Err(io::Error::new(io::ErrorKind::AddrInUse, "another process is listening on this socket"));
+    }
+    tracing::info!(path = %path.display(), "removing a stale Unix socket");
+    std::fs::remove_file(path)
+}
+
+/// unix_socket_group: a group number, or a name looked up in /etc/group.
+pub fn group_id(group: &str) -> io::Result<u32> {
+    if let Ok(gid) = group.parse() {
+        return Ok(gid);
+    }
+    let groups = std::fs::read_to_string("/etc/group")?;
+    groups
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split(':');
+            let name = fields.next()?;
+            let gid = fields.nth(1)?.parse().ok()?;
+            (name == group).then_some(gid)
+        })
+        .next()
+        .ok_or_else(|| {
+            io::Error::new(io::ErrorKind::NotFound, format!("unix_socket_group \"{group}\" is not in /etc/group"))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_by_number_or_name() {
+        assert_eq!(group_id("0").unwrap(), 0);
+        assert_eq!(group_id("root").unwrap(), 0, "root is group 0 in /etc/group");
+        let e = group_id("no-such-group-here").unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+    }
+
+    /// A socket file that answers nobody is replaced; a plain file is not touched.
+    #[test]
+    fn stale_sockets_go_other_files_stay() {
+        let dir = std::env::temp_dir().join(format!("weir-stale-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let sock = dir.join(".s.PGSQL.1");
+        drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+        remove_stale(&sock).unwrap();
+        assert!(!sock.exists());
+        let live = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        assert_eq!(remove_stale(&sock).unwrap_err().kind(), io::ErrorKind::AddrInUse);
+        drop(live);
+        std::fs::remove_file(&sock).unwrap();
+        std::fs::write(&sock, "not a socket").unwrap();
+        assert!(remove_stale(&sock).is_err());
+        assert!(sock.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
