@@ -52,7 +52,7 @@ pub(crate) async fn log_in<'a>(
     let users = shared.users.load();
     let looked_up;
     let secret = match users.get(&req.user) {
-        None if !cfg.weir.auth_user.is_empty() => {
+        None if !cfg.auth_user(&req.database).is_empty() => {
             looked_up = auth_query(shared, cfg, &req).await?;
             looked_up.as_ref()
         }
@@ -60,9 +60,17 @@ pub(crate) async fn log_in<'a>(
     };
     let method = auth_method(shared, cfg, peer, socket.is_tls(), &req)?;
     let authed = crate::auth::authenticate(socket, buf, method, &req.user, secret).await?;
-    let credentials = crate::auth::server_credentials(secret, &authed);
+    let mut credentials = crate::auth::server_credentials(secret, &authed);
     // The names move into the key: nothing after this reads them from `req`.
-    let key = PoolKey { database: std::mem::take(&mut req.database), user: std::mem::take(&mut req.user) };
+    let mut key = PoolKey { database: std::mem::take(&mut req.database), user: std::mem::take(&mut req.user) };
+    // A forced user: the pool is that user's, whoever the client is.
+    if let Some((forced, password)) = cfg.forced_user(&key.database) {
+        credentials = match password {
+            Some(p) => crate::auth::Credentials::Password(p.to_owned()),
+            None => crate::auth::Credentials::of_stored(users.get(forced)),
+        };
+        forced.clone_into(&mut key.user);
+    }
     if shared.admin.is_disabled(&key.database) {
         return Err(ClientError::Disabled(key.database));
     }
@@ -131,8 +139,13 @@ async fn take_server(session: &mut Session<'_>, deadline: Instant) -> Result<cra
 }
 
 /// The verifier of a user not in auth_file, by auth_query (None: no such
-/// user). Bounded by the login deadline around `authenticate`.
-async fn auth_query(shared: &Shared, cfg: &Config, req: &Request) -> Result<Option<crate::auth::Secret>, ClientError> {
+/// user). Bounded by the login deadline around `authenticate`. The console
+/// uses it too, for admin and stats users.
+pub(crate) async fn auth_query(
+    shared: &Shared,
+    cfg: &Config,
+    req: &Request,
+) -> Result<Option<crate::auth::Secret>, ClientError> {
     let deadline = Instant::now() + cfg.weir.client_login_timeout;
     let users = shared.users.load();
     let fetch = |database, auth_user, credentials| {
