@@ -182,7 +182,13 @@ impl Mapper {
     fn listen_addr(&mut self, value: &str) -> Result<(), String> {
         let mut addrs = value.split(',').map(str::trim);
         let first = addrs.next().unwrap_or_default();
-        self.listen_host = Some(if first == "*" { "0.0.0.0".to_owned() } else { first.to_owned() });
+        // weir listens on an address, not a name: localhost is the loopback.
+        let host = match first {
+            "*" => "0.0.0.0",
+            "localhost" => "127.0.0.1",
+            other => other,
+        };
+        self.listen_host = Some(host.to_owned());
         match addrs.next() {
             Some(_) => Err(format!("weir listens on one address; using {first}")),
             None => Ok(()),
@@ -244,6 +250,10 @@ impl Mapper {
         let defaults = toml::Value::try_from(General::default()).ok();
         let default = defaults.as_ref().and_then(|d| d.get(key));
         let v = match default {
+            // A duration weir has that this list does not know: PgBouncer's are seconds.
+            Some(toml::Value::String(d)) if humantime::parse_duration(d).is_ok() => {
+                return self.duration(key, value, 1.0);
+            }
             Some(toml::Value::Integer(_)) => int(value)?,
             Some(toml::Value::Float(_)) => value.parse::<f64>().map_err(|_| "not a number".to_string())?.to_string(),
             Some(toml::Value::Boolean(_)) => boolean(value)?,
