@@ -110,3 +110,29 @@ pub fn stored_login_problems(cfg: &crate::config::Config, users: &super::UserLis
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_scram_only_login_user_is_refused_and_a_missing_one_is_not() {
+        let text = "[weir]\nauth_type = \"md5\"\nauth_file = \"u.txt\"\nauth_user = \"lookup\"\n\
+                    [databases.app]\nuser = \"owner\"\n[databases.other]\nauth_user = \"absent\"\n";
+        let cfg = crate::config::Config::from_toml(text, std::path::Path::new(".")).unwrap();
+        let verifier = "SCRAM-SHA-256$4096:c2FsdA==$c3RvcmVka2V5c3RvcmVka2V5c3RvcmVka2V5c3RvcmU=:\
+                        c2VydmVya2V5c2VydmVya2V5c2VydmVya2V5c2VydmU=";
+        let users = super::super::UserList::parse(&format!(
+            "\"lookup\" \"{verifier}\"\n\"owner\" \"md545f2603610af569b6155c45067268c6b\"\n"
+        ))
+        .expect("userlist");
+        let problems = stored_login_problems(&cfg, &users);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].starts_with("weir.auth_user: \"lookup\" has only a SCRAM verifier"), "{problems:?}");
+        assert_eq!(Credentials::of_stored(users.get("absent")), Credentials::None, "no entry: no password");
+        assert_eq!(
+            Credentials::of_stored(users.get("owner")),
+            Credentials::Md5("md545f2603610af569b6155c45067268c6b".into())
+        );
+    }
+}

@@ -387,6 +387,20 @@ mod tests {
     }
 
     #[test]
+    fn users_and_the_fallback_database_are_checked_like_databases() {
+        let good =
+            format!("{BASE}[databases.\"*\"]\nport = 5432\n[users.bob]\npool_mode = \"session\"\npool_size = 3\n");
+        assert!(problems(&good).is_empty(), "{:?}", problems(&good));
+        let p = problems(&format!("{BASE}[users.bob]\npool_sise = 3\n[users]\nann = \"pool_mode=session\"\n"));
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert!(p.iter().any(|m| m.contains("did you mean `pool_size`?")), "{p:?}");
+        assert!(p.iter().any(|m| m.contains("pgbouncer.ini [users] line")), "{p:?}");
+        let p = problems(&format!("{BASE}[users.bob]\npool_size = 0\n[databases.app]\npassword = \"x\"\n"));
+        assert!(p.contains(&"users.bob.pool_size: must be at least 1".to_owned()), "{p:?}");
+        assert!(p.iter().any(|m| m.starts_with("databases.app.password: ")), "{p:?}");
+    }
+
+    #[test]
     fn edit_distance_counts_single_edits() {
         assert_eq!(edit_distance("server_lifetme", "server_lifetime"), 1);
         assert_eq!(edit_distance("abc", "abc"), 0);

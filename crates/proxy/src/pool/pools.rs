@@ -179,3 +179,31 @@ impl PoolOptions {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> Config {
+        let text = "[weir]\nauth_type = \"trust\"\n[databases.app]\n[databases.\"*\"]\nport = 5999\n";
+        Config::from_toml(text, std::path::Path::new(".")).unwrap()
+    }
+
+    fn key(db: &str) -> PoolKey {
+        PoolKey { database: db.into(), user: "u".into() }
+    }
+
+    #[tokio::test]
+    async fn unused_fallback_pools_are_removed_and_listed_ones_kept() {
+        let (pools, cfg) = (Pools::new(), cfg());
+        let auto = pools.get_or_create(&cfg, &key("other"), None).expect("the fallback serves any name");
+        assert!(auto.settings().auto && auto.settings().dbname == "other");
+        let listed = pools.get_or_create(&cfg, &key("app"), None).unwrap();
+        assert!(!listed.settings().auto);
+        assert!(pools.remove_idle_auto(Duration::ZERO).is_empty(), "a client still holds it");
+        drop((auto, listed));
+        assert!(pools.remove_idle_auto(Duration::from_secs(3600)).is_empty(), "not idle long enough");
+        assert_eq!(pools.remove_idle_auto(Duration::ZERO), vec![key("other")]);
+        assert_eq!(pools.all().iter().map(|p| p.key.database.as_str()).collect::<Vec<_>>(), ["app"]);
+    }
+}
