@@ -62,7 +62,10 @@ async fn migrated_pgbouncer_ini_serves_fallback_forced_user_users_and_auth_query
         // A user only Postgres knows logs in through auth_query.
         let user = one(&weir.url("only_pg", "only_pg_pass", APP_DB), "select current_user::text").await;
         assert_eq!(user, "only_pg");
-        let wrong = connect(&weir.url("only_pg", "wrong", APP_DB)).await.err().expect("a wrong password is refused");
+        let wrong = match connect(&weir.url("only_pg", "wrong", APP_DB)).await {
+            Ok(_) => panic!("a wrong password is refused"),
+            Err(e) => e,
+        };
         assert_eq!(sqlstate(&wrong).as_deref(), Some("28P01"), "{wrong}");
 
         // The [users] entry: md5_user's pools are session pools of 3.
