@@ -24,8 +24,8 @@ const NEGATIVE_TTL: Duration = Duration::from_secs(2);
 pub enum AuthQueryError {
     #[error("auth_query: database \"{0}\" is not configured")]
     UnknownDatabase(String),
-    #[error("auth_query: no server connection for auth_user: {0}")]
-    NoServer(String),
+    #[error("auth_query: no server connection for auth_user \"{user}\": {why}")]
+    NoServer { user: String, why: String },
     #[error("auth_query failed: {0}")]
     Query(String),
     #[error("auth_query: the server connection failed")]

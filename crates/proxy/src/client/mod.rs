@@ -170,7 +170,8 @@ async fn run_auth_query(
     deadline: Instant,
 ) -> Result<crate::auth::query::Answer, AuthQueryError> {
     let pool = shared.pool_for(cfg, &key, credentials).ok_or(AuthQueryError::UnknownDatabase(key.database))?;
-    let mut lease = pool.acquire(deadline).await.map_err(|e| AuthQueryError::NoServer(e.to_string()))?;
+    let no_server = |why: String| AuthQueryError::NoServer { user: key.user.clone(), why };
+    let mut lease = pool.acquire(deadline).await.map_err(|e| no_server(e.to_string()))?;
     let sql = &cfg.weir.auth_query;
     let answer = tokio::time::timeout_at(deadline.into(), crate::server::auth_lookup::run(lease.conn_mut(), sql, user));
     match answer.await {
@@ -181,7 +182,7 @@ async fn run_auth_query(
         }
         Err(_) => {
             lease.close(weir_metrics::CloseReason::ServerError);
-            Err(AuthQueryError::NoServer("timed out".into()))
+            Err(no_server("timed out".into()))
         }
     }
 }
