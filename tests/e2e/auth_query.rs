@@ -164,8 +164,11 @@ async fn user_names_are_bound_as_parameters_never_interpolated() {
     }
 }
 
+/// An auth_user not in the auth_file logs in with no password (PgBouncer's
+/// rule); where Postgres asks it for one, the client's refusal says so.
+/// (tests/e2e/dropin.rs has the trusted case.)
 #[tokio::test]
-async fn auth_user_missing_from_auth_file_is_a_clear_refusal() {
+async fn auth_user_missing_from_auth_file_logs_in_without_a_password() {
     let h = with_auth_query("scram-sha-256", "30s").await;
     set_users(&h, "\"someone_else\" \"pw\"\n");
     h.psql("create role aq_orphan login password 'pw'");
@@ -173,6 +176,7 @@ async fn auth_user_missing_from_auth_file_is_a_clear_refusal() {
     assert_eq!(sqlstate(&e).as_deref(), Some("28000"), "{e}");
     let msg = e.as_db_error().map(|d| d.message().to_owned()).unwrap_or_default();
     assert!(msg.contains("auth_user") && msg.contains(AUTH_USER), "{msg}");
+    assert!(msg.contains("asked for a password but none is configured"), "{msg}");
 }
 
 /// CVE-2025-12819's class: a client's startup `search_path` must never reach

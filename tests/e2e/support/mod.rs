@@ -3,6 +3,7 @@
 //! Every test builds its own `Harness`; dropping it tears everything down.
 
 pub mod liveness;
+pub mod migrated;
 pub mod pgbouncer;
 pub mod process;
 pub mod raw;

@@ -116,8 +116,18 @@ async fn greet(
 ) -> Result<Option<(Role, Registration)>, ClientError> {
     let user = &login.req.user;
     let users = shared.users.load();
+    let looked_up;
+    // An admin or stats user not in the auth_file is looked up by auth_query
+    // (in auth_dbname), as PgBouncer does; nobody else costs a query.
+    let secret = match users.get(user) {
+        None if Role::of(cfg, user).is_some() && !cfg.auth_user(&login.req.database).is_empty() => {
+            looked_up = crate::client::auth_query(shared, cfg, &login.req).await?;
+            looked_up.as_ref()
+        }
+        found => found,
+    };
     let method = auth_method(shared, cfg, login.peer, socket.is_tls(), &login.req)?;
-    crate::auth::authenticate(socket, buf, method, user, users.get(user)).await?;
+    crate::auth::authenticate(socket, buf, method, user, secret).await?;
     let Some(role) = Role::of(cfg, user) else {
         shared.cancels.metrics.record_client_connection(ClientResult::Refused);
         let msg = format!("user \"{user}\" may not use the admin console: list it in admin_users or stats_users");

@@ -17,7 +17,7 @@ use crate::config::AuthType;
 use crate::protocol::{frame::read_cstr, messages, sqlstate, tags, SqlState};
 use crate::wire::{self, WireError};
 
-pub use credentials::{Credentials, ScramKeys};
+pub use credentials::{stored_login_problems, Credentials, ScramKeys};
 pub use scram::{ScramError, ScramSecret, ScramServer, ScramSuccess};
 pub use userlist::{Secret, UserList, UserListError};
 

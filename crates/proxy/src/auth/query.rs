@@ -24,10 +24,8 @@ const NEGATIVE_TTL: Duration = Duration::from_secs(2);
 pub enum AuthQueryError {
     #[error("auth_query: database \"{0}\" is not configured")]
     UnknownDatabase(String),
-    #[error("auth_query: auth_user \"{0}\" is not in auth_file")]
-    NoAuthUser(String),
-    #[error("auth_query: no server connection for auth_user: {0}")]
-    NoServer(String),
+    #[error("auth_query: no server connection for auth_user \"{user}\": {why}")]
+    NoServer { user: String, why: String },
     #[error("auth_query failed: {0}")]
     Query(String),
     #[error("auth_query: the server connection failed")]
@@ -70,6 +68,8 @@ impl AuthQueryCache {
 /// running auth_query through `fetch`, which gets the database to run it in
 /// and the auth_user's name and credentials, and answers as
 /// `server::auth_lookup::run` does. `Ok(None)`: no such user (or no password).
+/// The auth_user is the database's own or `[weir]`'s; one not in the
+/// auth_file logs in without a password, as in PgBouncer.
 pub async fn lookup<F, Fut>(
     cache: &AuthQueryCache,
     users: &UserList,
@@ -88,13 +88,9 @@ where
     if let Some(hit) = cache.get(&cache_key, g.auth_query_cache_ttl) {
         return Ok(hit);
     }
-    let auth_secret = users.get(&g.auth_user).ok_or_else(|| AuthQueryError::NoAuthUser(g.auth_user.clone()))?;
-    let credentials = match auth_secret {
-        Secret::Plain(p) => Credentials::Password(p.clone()),
-        Secret::Md5(m) => Credentials::Md5(m.clone()),
-        Secret::Scram(_) => Credentials::None,
-    };
-    let secret = match fetch(db.to_owned(), g.auth_user.clone(), credentials).await? {
+    let auth_user = cfg.auth_user(database);
+    let credentials = Credentials::of_stored(users.get(auth_user));
+    let secret = match fetch(db.to_owned(), auth_user.to_owned(), credentials).await? {
         Ok(Some(pw)) => Secret::parse(&pw).ok(),
         Ok(None) => None,
         Err(message) => return Err(AuthQueryError::Query(message)),

@@ -2,13 +2,14 @@
 //! is checked by `weir::config::check` (keys, types, PgBouncer-aware hints,
 //! weir's rules); this module adds what needs the files the config names,
 //! all offline: the auth_file, the auth_hba_file and the TLS files exist and
-//! load, the auth_user is in the auth_file, and unix_socket_dir is a folder
-//! weir can create its socket in (and unix_socket_group a known group).
+//! load, no auth_user or forced user has only a SCRAM verifier there, and
+//! unix_socket_dir is a folder weir can create its socket in (and
+//! unix_socket_group a known group).
 
 use std::path::Path;
 use std::process::ExitCode;
 
-use weir::auth::{hba::Hba, Secret, UserList};
+use weir::auth::{hba::Hba, UserList};
 use weir::config::{check, Config};
 
 pub fn run(path: &Path) -> ExitCode {
@@ -63,22 +64,10 @@ fn file_problems(cfg: &Config) -> Vec<String> {
         problems.push(format!("server TLS: {e}"));
     }
     problems.extend(socket_problems(cfg));
-    let auth_user = &cfg.weir.auth_user;
-    if !auth_user.is_empty() {
-        match users.as_ref().map(|u| u.get(auth_user)) {
-            None if cfg.auth_file_path().is_none() => {
-                problems.push(format!("weir.auth_user: \"{auth_user}\" needs an auth_file that lists it"))
-            }
-            Some(None) => problems.push(format!(
-                "weir.auth_user: \"{auth_user}\" is not in the auth_file; weir logs in as auth_user with its \
-                 auth_file password to run auth_query (PgBouncer would try without a password; weir does not)"
-            )),
-            Some(Some(Secret::Scram(_))) => problems.push(format!(
-                "weir.auth_user: \"{auth_user}\" has only a SCRAM secret in the auth_file; auth_query needs a \
-                 plaintext or md5 password, since no client proves a key for it"
-            )),
-            _ => {}
-        }
+    // An auth_user or forced user missing from the auth_file logs in without
+    // a password (PgBouncer's rule); one with only a SCRAM verifier cannot.
+    if let Some(users) = &users {
+        problems.extend(weir::auth::stored_login_problems(cfg, users));
     }
     problems
 }

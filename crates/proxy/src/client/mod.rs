@@ -51,7 +51,7 @@ pub(crate) async fn log_in<'a>(
     let users = shared.users.load();
     let looked_up;
     let secret = match users.get(&req.user) {
-        None if !cfg.weir.auth_user.is_empty() => {
+        None if !cfg.auth_user(&req.database).is_empty() => {
             looked_up = auth_query(shared, cfg, &req).await?;
             looked_up.as_ref()
         }
@@ -59,9 +59,17 @@ pub(crate) async fn log_in<'a>(
     };
     let method = auth_method(shared, cfg, peer, socket.is_tls(), &req)?;
     let authed = crate::auth::authenticate(socket, buf, method, &req.user, secret).await?;
-    let credentials = crate::auth::server_credentials(secret, &authed);
+    let mut credentials = crate::auth::server_credentials(secret, &authed);
     // The names move into the key: nothing after this reads them from `req`.
-    let key = PoolKey { database: std::mem::take(&mut req.database), user: std::mem::take(&mut req.user) };
+    let mut key = PoolKey { database: std::mem::take(&mut req.database), user: std::mem::take(&mut req.user) };
+    // A forced user: the pool is that user's, whoever the client is.
+    if let Some((forced, password)) = cfg.forced_user(&key.database) {
+        credentials = match password {
+            Some(p) => crate::auth::Credentials::Password(p.to_owned()),
+            None => crate::auth::Credentials::of_stored(users.get(forced)),
+        };
+        forced.clone_into(&mut key.user);
+    }
     if shared.admin.is_disabled(&key.database) {
         return Err(ClientError::Disabled(key.database));
     }
@@ -130,8 +138,13 @@ async fn take_server(session: &mut Session<'_>, deadline: Instant) -> Result<cra
 }
 
 /// The verifier of a user not in auth_file, by auth_query (None: no such
-/// user). Bounded by the login deadline around `authenticate`.
-async fn auth_query(shared: &Shared, cfg: &Config, req: &Request) -> Result<Option<crate::auth::Secret>, ClientError> {
+/// user). Bounded by the login deadline around `authenticate`. The console
+/// uses it too, for admin and stats users.
+pub(crate) async fn auth_query(
+    shared: &Shared,
+    cfg: &Config,
+    req: &Request,
+) -> Result<Option<crate::auth::Secret>, ClientError> {
     let deadline = Instant::now() + cfg.weir.client_login_timeout;
     let users = shared.users.load();
     let fetch = |database, auth_user, credentials| {
@@ -156,7 +169,8 @@ async fn run_auth_query(
     deadline: Instant,
 ) -> Result<crate::auth::query::Answer, AuthQueryError> {
     let pool = shared.pool_for(cfg, &key, credentials).ok_or(AuthQueryError::UnknownDatabase(key.database))?;
-    let mut lease = pool.acquire(deadline).await.map_err(|e| AuthQueryError::NoServer(e.to_string()))?;
+    let no_server = |why: String| AuthQueryError::NoServer { user: key.user.clone(), why };
+    let mut lease = pool.acquire(deadline).await.map_err(|e| no_server(e.to_string()))?;
     let sql = &cfg.weir.auth_query;
     let answer = tokio::time::timeout_at(deadline.into(), crate::server::auth_lookup::run(lease.conn_mut(), sql, user));
     match answer.await {
@@ -167,7 +181,7 @@ async fn run_auth_query(
         }
         Err(_) => {
             lease.close(weir_metrics::CloseReason::ServerError);
-            Err(AuthQueryError::NoServer("timed out".into()))
+            Err(no_server("timed out".into()))
         }
     }
 }

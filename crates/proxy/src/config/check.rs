@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use super::{keys, Config, Database, General, MetricsSection};
+use super::{keys, Config, Database, General, MetricsSection, UserSettings};
 
 /// Every problem found, and the config as far as it could be read (the keys
 /// with a problem left out), so that the files it names can be checked too.
@@ -99,6 +99,7 @@ fn check_sections(table: &mut toml::Table) -> Vec<String> {
             "weir" => problems.extend(check_keys::<General>("weir", section, keys::general_keys())),
             "metrics" => problems.extend(check_keys::<MetricsSection>("metrics", section, keys::metrics_keys())),
             "databases" => problems.extend(check_databases(section)),
+            "users" => problems.extend(check_users(section)),
             other => {
                 problems.push(unknown_section(other));
                 return false;
@@ -120,8 +121,7 @@ fn misplaced_top_level(name: &str) -> String {
 fn unknown_section(name: &str) -> String {
     let hint = match name {
         "pgbouncer" => "; pgbouncer.ini's [pgbouncer] section is [weir] here".to_owned(),
-        "users" => "; weir has no [users] section: per-user settings are not supported".to_owned(),
-        _ => did_you_mean(name, &["weir", "metrics", "databases"]),
+        _ => did_you_mean(name, &["weir", "metrics", "databases", "users"]),
     };
     format!("unknown section [{name}]{hint}")
 }
@@ -141,6 +141,28 @@ fn check_databases(section: &mut toml::Table) -> Vec<String> {
             _ => problems.push(format!("databases.{name}: must be a table: [databases.{name}] with host, port, …")),
         }
         false
+    });
+    problems
+}
+
+fn check_users(section: &mut toml::Table) -> Vec<String> {
+    let mut problems = Vec::new();
+    section.retain(|name, value| match value {
+        toml::Value::Table(t) => {
+            problems.extend(check_keys::<UserSettings>(&format!("users.{name}"), t, keys::user_keys()));
+            true
+        }
+        toml::Value::String(s) if s.contains('=') => {
+            problems.push(format!(
+                "users.{name}: `{s}` is a pgbouncer.ini [users] line; in weir it is a [users.{name}] table \
+                 (`weir migrate-config pgbouncer.ini` converts a whole file)"
+            ));
+            false
+        }
+        _ => {
+            problems.push(format!("users.{name}: must be a table: [users.{name}] with pool_mode, pool_size, …"));
+            false
+        }
     });
     problems
 }
@@ -182,8 +204,8 @@ fn unknown_key_hint(key: &str, known: &[&str]) -> String {
     match key {
         "listen_port" => "; weir has no listen_port: the port goes into listen_addr, as in \"127.0.0.1:6432\"".into(),
         "logfile" | "pidfile" | "syslog" => "; weir logs to stderr and does not daemonize".into(),
-        "user" | "password" | "auth_user" if !known.contains(&"auth_user") => {
-            "; a forced user per database is not supported: clients log in to Postgres as themselves".into()
+        "user" if known.contains(&"listen_addr") => {
+            "; weir does not switch users: run it as the user it should be (a forced user goes on a database)".into()
         }
         _ => did_you_mean(key, known),
     }
@@ -373,6 +395,20 @@ mod tests {
             "databases.weir: is reserved for the admin console",
         ];
         assert_eq!(p, want);
+    }
+
+    #[test]
+    fn users_and_the_fallback_database_are_checked_like_databases() {
+        let good =
+            format!("{BASE}[databases.\"*\"]\nport = 5432\n[users.bob]\npool_mode = \"session\"\npool_size = 3\n");
+        assert!(problems(&good).is_empty(), "{:?}", problems(&good));
+        let p = problems(&format!("{BASE}[users.bob]\npool_sise = 3\n[users]\nann = \"pool_mode=session\"\n"));
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert!(p.iter().any(|m| m.contains("did you mean `pool_size`?")), "{p:?}");
+        assert!(p.iter().any(|m| m.contains("pgbouncer.ini [users] line")), "{p:?}");
+        let p = problems(&format!("{BASE}[users.bob]\npool_size = 0\n[databases.app]\npassword = \"x\"\n"));
+        assert!(p.contains(&"users.bob.pool_size: must be at least 1".to_owned()), "{p:?}");
+        assert!(p.iter().any(|m| m.starts_with("databases.app.password: ")), "{p:?}");
     }
 
     #[test]

@@ -29,6 +29,8 @@ impl Default for General {
             auth_query: "SELECT usename, passwd FROM pg_shadow WHERE usename=$1".into(),
             auth_dbname: String::new(),
             auth_query_cache_ttl: Duration::from_secs(30),
+            autodb_idle_timeout: Duration::from_secs(3600),
+            max_user_connections: 0,
             pool_mode: PoolMode::Transaction,
             default_pool_size: 20,
             min_pool_size: 0,

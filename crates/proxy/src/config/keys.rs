@@ -6,7 +6,7 @@
 use serde::de::{self, DeserializeOwned, Deserializer, Visitor};
 use serde::Serialize;
 
-use super::{Config, Database, General, MetricsSection};
+use super::{Config, Database, General, MetricsSection, UserSettings};
 
 /// A deserializer that only records the field list a derived struct asks for.
 struct FieldNames(&'static [&'static str]);
@@ -54,6 +54,11 @@ pub fn metrics_keys() -> &'static [&'static str] {
 /// Keys of a `[databases.NAME]` section.
 pub fn database_keys() -> &'static [&'static str] {
     field_names::<Database>()
+}
+
+/// Keys of a `[users.NAME]` section.
+pub fn user_keys() -> &'static [&'static str] {
+    field_names::<UserSettings>()
 }
 
 /// `key → value` for every key of a section; unset optional keys are None.
@@ -161,7 +166,12 @@ mod tests {
                 in_section && line.strip_prefix(key).is_some_and(|rest| rest.trim_start().starts_with('='))
             })
         };
-        let sections = [("weir", general_keys()), ("metrics", metrics_keys()), ("databases.", database_keys())];
+        let sections = [
+            ("weir", general_keys()),
+            ("metrics", metrics_keys()),
+            ("databases.", database_keys()),
+            ("users.", user_keys()),
+        ];
         for (section, keys) in sections {
             for key in keys {
                 assert!(documented(section, key), "config/weir.toml does not document [{section}] {key}");

@@ -33,6 +33,7 @@ const SECONDS: &[&str] = &[
     "query_wait_timeout",
     "query_timeout",
     "idle_transaction_timeout",
+    "autodb_idle_timeout",
     "tcp_keepidle",
     "tcp_keepintvl",
 ];
@@ -138,6 +139,7 @@ struct Mapper {
     /// The ini set unix_socket_dir (perhaps empty: no socket).
     unix_socket_dir_set: bool,
     databases: Vec<(String, Vec<(String, String)>)>,
+    users: Vec<(String, Vec<(String, String)>)>,
     warnings: Vec<String>,
 }
 
@@ -146,7 +148,7 @@ impl Mapper {
         match section {
             "pgbouncer" => self.setting(key, value, line),
             "databases" => self.database(key, value, line),
-            "users" => self.warn(line, format!("[users] {key}: per-user settings are not supported by weir")),
+            "users" => self.user(key, value, line),
             other => self.warn(line, format!("[{other}] {key}: section not supported by weir")),
         }
     }
@@ -186,10 +188,16 @@ impl Mapper {
     }
 
     fn listen_addr(&mut self, value: &str) -> Result<(), String> {
-        if value.split(',').any(|a| a.trim().parse::<std::net::IpAddr>().is_err() && a.trim() != "*") {
+        if value
+            .split(',')
+            .any(|a| !matches!(a.trim(), "*" | "localhost") && a.trim().parse::<std::net::IpAddr>().is_err())
+        {
             return Err("weir listens on IP addresses (or *), not host names; weir's default is kept".into());
         }
-        self.listen_host = Some(value.to_owned());
+        // weir listens on an address, not a name: localhost is the loopback.
+        let hosts: Vec<&str> =
+            value.split(',').map(|a| if a.trim() == "localhost" { "127.0.0.1" } else { a.trim() }).collect();
+        self.listen_host = Some(hosts.join(","));
         Ok(())
     }
 
@@ -199,7 +207,12 @@ impl Mapper {
                 self.set("auth_type", quoted(value));
                 Ok(())
             }
-            "any" => Err("\"any\" has no weir equivalent (there is no forced user); use trust".into()),
+            "any" => {
+                self.set("auth_type", quoted("trust"));
+                Err("weir has no \"any\"; trust is used: the databases' forced users decide who logs in to Postgres \
+                     (the client's user name still names its pool)"
+                    .into())
+            }
             other => {
                 Err(format!("weir supports trust, md5, scram-sha-256 and hba, not {other}; weir's default md5 is kept"))
             }
@@ -212,7 +225,10 @@ impl Mapper {
                 self.set("pool_mode", quoted(value));
                 Ok(())
             }
-            _ => Err("weir supports session and transaction pooling; weir's default transaction is kept".into()),
+            _ => {
+                self.set("pool_mode", quoted("transaction"));
+                Err("weir supports session and transaction pooling; transaction, the nearest, is used".into())
+            }
         }
     }
 
@@ -240,6 +256,10 @@ impl Mapper {
         let defaults = toml::Value::try_from(General::default()).ok();
         let default = defaults.as_ref().and_then(|d| d.get(key));
         let v = match default {
+            // A duration weir has that this list does not know: PgBouncer's are seconds.
+            Some(toml::Value::String(d)) if humantime::parse_duration(d).is_ok() => {
+                return self.duration(key, value, 1.0);
+            }
             Some(toml::Value::Integer(_)) => int(value)?,
             Some(toml::Value::Float(_)) => value.parse::<f64>().map_err(|_| "not a number".to_string())?.to_string(),
             Some(toml::Value::Boolean(_)) => boolean(value)?,
@@ -250,12 +270,26 @@ impl Mapper {
         Ok(())
     }
 
-    /// One `[databases]` line: `name = host=... port=... dbname=...`.
-    fn database(&mut self, name: &str, value: &str, line: usize) {
-        if name == "*" {
-            self.warn(line, "[databases] * (fallback database): weir has none; list each database".into());
-            return;
+    /// One `[users]` line: `name = pool_mode=session pool_size=5 ...`.
+    fn user(&mut self, name: &str, value: &str, line: usize) {
+        let mut out = Vec::new();
+        for (k, v) in conninfo(value) {
+            let kv = match k.as_str() {
+                "pool_size" | "max_user_connections" => int(&v).map(|n| (k.clone(), n)),
+                "pool_mode" => pool_mode_value(&v).map(|m| (k.clone(), m)),
+                _ => Err("not supported per user by weir".into()),
+            };
+            match kv {
+                Ok(kv) => out.push(kv),
+                Err(why) => self.warn(line, format!("[users] {name}: {k}={v}: {why}")),
+            }
         }
+        self.users.push((name.to_owned(), out));
+    }
+
+    /// One `[databases]` line: `name = host=... port=... dbname=...`;
+    /// `*` is the fallback database.
+    fn database(&mut self, name: &str, value: &str, line: usize) {
         let mut out = Vec::new();
         for (k, v) in conninfo(value) {
             match self.database_key(&k, &v) {
@@ -274,14 +308,10 @@ impl Mapper {
             "host" => kv("host", quoted(v)),
             "port" | "pool_size" | "min_pool_size" | "max_db_connections" => kv(k, int(v)?),
             "reserve_pool" | "reserve_pool_size" => kv("reserve_pool_size", int(v)?),
-            "dbname" => kv("dbname", quoted(v)),
-            "pool_mode" if v == "session" || v == "transaction" => kv("pool_mode", quoted(v)),
-            "pool_mode" => Err("weir supports session and transaction pooling".into()),
-            "user" | "password" | "auth_user" => {
-                Err("weir has no forced user: clients log in to Postgres as themselves with their auth_file password"
-                    .into())
-            }
-            _ => Err("not supported by weir".into()),
+            "pool_mode" => kv("pool_mode", pool_mode_value(v)?),
+            "dbname" | "user" | "password" | "auth_user" | "connect_query" | "application_name" | "client_encoding"
+            | "datestyle" | "timezone" => kv(k, quoted(v)),
+            _ => Err("not supported per database by weir".into()),
         }
     }
 
@@ -300,6 +330,10 @@ impl Mapper {
             let tmp = "\"/tmp\"  # PgBouncer's default, kept; weir's own default is no Unix socket";
             self.general.push(("unix_socket_dir".into(), tmp.into()));
         }
+        if !self.general.iter().any(|(k, _)| k == "pool_mode") {
+            // PgBouncer's default; weir's own default is transaction.
+            self.general.push(("pool_mode".into(), quoted("session")));
+        }
         let auth_type = self.general.iter().find(|(k, _)| k == "auth_type").map(|(_, v)| v.as_str());
         if auth_type != Some("\"trust\"") && !self.general.iter().any(|(k, _)| k == "auth_file") {
             self.warnings.push("auth_file is not set: weir needs one unless auth_type = \"trust\"; add it".into());
@@ -316,13 +350,23 @@ impl Mapper {
             let _ = writeln!(out, "{k} = {v}");
         }
         out.push_str("\n[metrics]\n# Prometheus /metrics, /healthz, /readyz (PgBouncer has no equivalent).\nlisten_addr = \"127.0.0.1:9930\"\n");
-        for (name, kvs) in &self.databases {
-            let _ = writeln!(out, "\n[databases.{}]", toml_key(name));
-            for (k, v) in kvs {
-                let _ = writeln!(out, "{k} = {v}");
+        for (section, entries) in [("databases", &self.databases), ("users", &self.users)] {
+            for (name, kvs) in entries {
+                let _ = writeln!(out, "\n[{section}.{}]", toml_key(name));
+                for (k, v) in kvs {
+                    let _ = writeln!(out, "{k} = {v}");
+                }
             }
         }
         out
+    }
+}
+
+/// A pool_mode weir has, as TOML.
+fn pool_mode_value(v: &str) -> Result<String, String> {
+    match v {
+        "session" | "transaction" => Ok(quoted(v)),
+        _ => Err("weir supports session and transaction pooling".into()),
     }
 }
 
@@ -408,8 +452,8 @@ mod tests {
 ; a typical production pgbouncer.ini
 [databases]
 app = host=10.0.0.5 port=5433 dbname=app_prod pool_size=40 reserve_pool=5
-reports = host=10.0.0.6 dbname='reports db' pool_mode=session user=reporter
-* = host=10.0.0.7
+reports = host=10.0.0.6 dbname='reports db' pool_mode=session user=reporter password=secret connect_query='SELECT 1' application_name=rep client_encoding=UTF8 datestyle=ISO timezone=UTC auth_user=pgb min_pool_size=2 max_db_connections=9 max_db_client_connections=5
+* = host=10.0.0.7 auth_user=pgb
 
 [pgbouncer]
 listen_addr = *
@@ -433,8 +477,11 @@ logfile = /var/log/pgbouncer.log
 stats_period = 60
 frobnicate = 3
 
+autodb_idle_timeout = 600
+max_user_connections = 50
+
 [users]
-reporter = pool_mode=session
+reporter = pool_mode=session pool_size=3 max_user_connections=7 query_timeout=5
 "#;
 
     #[test]
@@ -461,7 +508,29 @@ reporter = pool_mode=session
         assert_eq!((app.pool_size, app.reserve_pool_size), (40, 5));
         let reports = cfg.pool_settings("reports").unwrap();
         assert_eq!((reports.dbname.as_str(), reports.pool_mode), ("reports db", PoolMode::Session));
-        assert_eq!(cfg.databases.len(), 2);
+        assert_eq!((reports.min_pool_size, reports.max_db_connections), (2, 9));
+        assert_eq!(reports.connect_query, "SELECT 1");
+        let want =
+            [("client_encoding", "UTF8"), ("DateStyle", "ISO"), ("TimeZone", "UTC"), ("application_name", "rep")];
+        assert_eq!(reports.startup_params, want.map(|(k, v)| (k.to_owned(), v.to_owned())));
+        assert_eq!(cfg.forced_user("reports"), Some(("reporter", Some("secret"))));
+        assert_eq!((cfg.auth_user("reports"), cfg.auth_user("unlisted")), ("pgb", "pgb"));
+        assert_eq!(cfg.databases.len(), 3);
+        let fallback = cfg.pool_settings("unlisted").unwrap();
+        assert!(fallback.auto && fallback.host == "10.0.0.7" && fallback.dbname == "unlisted");
+        assert!(!app.auto);
+        assert_eq!(g.autodb_idle_timeout, Duration::from_secs(600));
+        assert_eq!(g.max_user_connections, 50);
+        let user = cfg.pool_settings_for("app", Some("reporter")).unwrap();
+        assert_eq!((user.pool_mode, user.pool_size, user.max_user_connections), (PoolMode::Session, 3, 7));
+    }
+
+    #[test]
+    fn pgbouncer_default_pool_mode_is_kept() {
+        let m = from_pgbouncer_ini("[pgbouncer]\nauth_type = trust\n[databases]\napp = host=db\n");
+        let cfg = Config::from_toml(&m.toml, std::path::Path::new(".")).expect("valid");
+        assert_eq!(cfg.weir.pool_mode, PoolMode::Session, "PgBouncer's default, not weir's");
+        assert!(m.toml.contains("[metrics]\n") && m.toml.contains("listen_addr = \"127.0.0.1:9930\""));
     }
 
     #[test]
@@ -473,15 +542,15 @@ reporter = pool_mode=session
             "server_tls_protocols",
             "logfile",
             "frobnicate",
-            "user=reporter",
-            "* (fallback",
-            "[users] reporter",
+            "max_db_client_connections=5",
+            "[users] reporter: query_timeout=5",
         ] {
             assert!(warned(needle), "no warning about {needle}: {:#?}", m.warnings);
         }
-        assert!(!warned("query_timeout"), "0 = off maps to unset: {:#?}", m.warnings);
+        assert!(!warned("query_timeout = 0"), "0 = off maps to unset: {:#?}", m.warnings);
         assert!(!warned("max_client_conn"));
-        assert_eq!(m.warnings.len(), 7, "{:#?}", m.warnings);
+        assert!(!warned("user=reporter") && !warned("* ") && !warned("auth_user"), "{:#?}", m.warnings);
+        assert_eq!(m.warnings.len(), 6, "{:#?}", m.warnings);
     }
 
     #[test]

@@ -128,8 +128,12 @@ pub struct Config {
     pub weir: General,
     #[serde(default)]
     pub metrics: MetricsSection,
+    /// `[databases.NAME]`; the name `"*"` is the fallback database.
     #[serde(default)]
     pub databases: BTreeMap<String, Database>,
+    /// `[users.NAME]`: per-user pool settings (PgBouncer's `[users]`).
+    #[serde(default)]
+    pub users: BTreeMap<String, UserSettings>,
     /// The folder relative paths are resolved against (the config file's folder).
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -162,6 +166,12 @@ pub struct General {
     /// How long a verifier found by auth_query is reused.
     #[serde(with = "humantime_serde")]
     pub auth_query_cache_ttl: Duration,
+    /// A pool of the fallback database (`[databases."*"]`) with no client and
+    /// no lent server for this long is removed (PgBouncer's autodb_idle_timeout).
+    #[serde(with = "humantime_serde")]
+    pub autodb_idle_timeout: Duration,
+    /// Server connections per user across databases; 0: no limit.
+    pub max_user_connections: u32,
     pub pool_mode: PoolMode,
     pub default_pool_size: u32,
     pub min_pool_size: u32,
@@ -272,6 +282,29 @@ pub struct Database {
     pub query_wait_timeout: Option<Duration>,
     #[serde(default, with = "humantime_serde")]
     pub client_deadline: Option<Duration>,
+    /// A forced user: servers log in as this user whoever the client is.
+    pub user: Option<String>,
+    /// The forced user's password (else its auth_file entry).
+    pub password: Option<String>,
+    /// The auth_query user for clients of this database.
+    pub auth_user: Option<String>,
+    /// Run once on each new server connection, after login.
+    pub connect_query: Option<String>,
+    /// Sent in the server's startup packet, as the server's default.
+    pub application_name: Option<String>,
+    pub client_encoding: Option<String>,
+    pub datestyle: Option<String>,
+    pub timezone: Option<String>,
+}
+
+/// One `[users.NAME]` entry: pool settings for every pool of that user.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserSettings {
+    pub pool_mode: Option<PoolMode>,
+    pub pool_size: Option<u32>,
+    /// Server connections of this user across databases; 0: no limit.
+    pub max_user_connections: Option<u32>,
 }
 
 /// The settings of one pool, resolved from `[weir]` and `[databases.X]`.
@@ -288,7 +321,17 @@ pub struct PoolSettings {
     pub query_wait_timeout: Duration,
     pub client_deadline: Option<Duration>,
     pub max_prepared_statements: u32,
+    pub max_user_connections: u32,
+    /// The pool belongs to the fallback database (created on demand, removed
+    /// after autodb_idle_timeout unused).
+    pub auto: bool,
+    pub connect_query: String,
+    /// Startup parameters sent to the server (application_name, client_encoding, …).
+    pub startup_params: Vec<(String, String)>,
 }
+
+/// The name of the fallback database entry.
+pub const FALLBACK_DATABASE: &str = "*";
 
 impl Config {
     /// Parses TOML text; `base_dir` anchors relative paths.
@@ -327,23 +370,68 @@ impl Config {
         p.as_ref().map(|p| self.base_dir.join(p))
     }
 
-    /// Resolved settings for clients asking for database `name`.
+    /// The entry serving database `name`: its own, or the fallback `"*"`
+    /// (true: the fallback's).
+    pub fn database(&self, name: &str) -> Option<(&Database, bool)> {
+        match self.databases.get(name) {
+            Some(db) => Some((db, name == FALLBACK_DATABASE)),
+            None => self.databases.get(FALLBACK_DATABASE).map(|db| (db, true)),
+        }
+    }
+
+    /// The forced user of database `name` and its configured password.
+    pub fn forced_user(&self, name: &str) -> Option<(&str, Option<&str>)> {
+        let (db, _) = self.database(name)?;
+        db.user.as_deref().map(|u| (u, db.password.as_deref()))
+    }
+
+    /// The auth_query user for clients of database `name` (empty: none).
+    pub fn auth_user(&self, name: &str) -> &str {
+        let own = self.database(name).and_then(|(db, _)| db.auth_user.as_deref());
+        own.unwrap_or(&self.weir.auth_user)
+    }
+
+    /// Resolved settings for clients asking for database `name` (any user).
     pub fn pool_settings(&self, name: &str) -> Option<PoolSettings> {
-        let db = self.databases.get(name)?;
+        self.pool_settings_for(name, None)
+    }
+
+    /// Resolved settings for the pool of database `name` and `user`:
+    /// `[users.USER]` over `[databases.NAME]` over `[weir]`.
+    pub fn pool_settings_for(&self, name: &str, user: Option<&str>) -> Option<PoolSettings> {
+        let (db, auto) = self.database(name)?;
+        let u = user.and_then(|u| self.users.get(u)).cloned().unwrap_or_default();
         let g = &self.weir;
         Some(PoolSettings {
             host: db.host.clone(),
             port: db.port,
             dbname: db.dbname.clone().unwrap_or_else(|| name.to_owned()),
-            pool_mode: db.pool_mode.unwrap_or(g.pool_mode),
-            pool_size: db.pool_size.unwrap_or(g.default_pool_size),
+            pool_mode: u.pool_mode.or(db.pool_mode).unwrap_or(g.pool_mode),
+            pool_size: u.pool_size.or(db.pool_size).unwrap_or(g.default_pool_size),
             min_pool_size: db.min_pool_size.unwrap_or(g.min_pool_size),
             reserve_pool_size: db.reserve_pool_size.unwrap_or(g.reserve_pool_size),
             max_db_connections: db.max_db_connections.unwrap_or(g.max_db_connections),
             query_wait_timeout: db.query_wait_timeout.unwrap_or(g.query_wait_timeout),
             client_deadline: db.client_deadline.or(g.client_deadline),
             max_prepared_statements: g.max_prepared_statements,
+            max_user_connections: u.max_user_connections.unwrap_or(g.max_user_connections),
+            auto,
+            connect_query: db.connect_query.clone().unwrap_or_default(),
+            startup_params: db.startup_params(),
         })
+    }
+}
+
+impl Database {
+    /// The server startup parameters this entry sets, in PgBouncer's order.
+    fn startup_params(&self) -> Vec<(String, String)> {
+        let named = [
+            ("client_encoding", &self.client_encoding),
+            ("DateStyle", &self.datestyle),
+            ("TimeZone", &self.timezone),
+            ("application_name", &self.application_name),
+        ];
+        named.into_iter().filter_map(|(k, v)| Some((k.to_owned(), v.clone()?))).collect()
     }
 }
 

@@ -39,6 +39,11 @@ impl Config {
         for name in self.databases.keys() {
             self.check_database(name, &mut found);
         }
+        for (name, u) in &self.users {
+            if u.pool_size == Some(0) {
+                found.push(invalid(format!("users.{name}.pool_size"), "must be at least 1"));
+            }
+        }
         found
     }
 
@@ -70,10 +75,14 @@ impl Config {
             (false, true) => found.push(invalid("weir.auth_hba_file", "is used only with auth_type = \"hba\"")),
             _ => {}
         }
-        if !g.auth_user.is_empty() && !g.auth_query.contains("$1") {
+        let db_auth_user = self.databases.values().any(|d| d.auth_user.is_some());
+        if (!g.auth_user.is_empty() || db_auth_user) && !g.auth_query.contains("$1") {
             found.push(invalid("weir.auth_query", "must take the user name as $1"));
         }
-        if !g.auth_dbname.is_empty() && !self.databases.contains_key(&g.auth_dbname) {
+        if g.autodb_idle_timeout.is_zero() {
+            found.push(invalid("weir.autodb_idle_timeout", "must be above zero"));
+        }
+        if !g.auth_dbname.is_empty() && self.database(&g.auth_dbname).is_none() {
             found.push(invalid("weir.auth_dbname", "is not a database in [databases]"));
         }
         for (key, why) in super::listen::problems(self) {
@@ -144,6 +153,10 @@ impl Config {
     fn check_database(&self, name: &str, found: &mut Vec<ConfigError>) {
         let Some(s) = self.pool_settings(name) else { return };
         let key = |k: &str| format!("databases.{name}.{k}");
+        let db = &self.databases[name];
+        if db.password.is_some() && db.user.is_none() {
+            found.push(invalid(key("password"), "is the forced user's password: set user too"));
+        }
         if name == "weir" || name == "pgbouncer" {
             found.push(invalid(format!("databases.{name}"), "is reserved for the admin console"));
         }

@@ -60,12 +60,15 @@ impl Pool {
                 self.make_room(st);
                 break;
             };
+            // Held back like max_db_connections: upkeep retries every 500 ms.
+            let max_user = st.opts.settings.max_user_connections;
+            let Some(user_slot) = CountSlot::take(&self.user_servers.count, max_user) else { break };
             st.connecting += 1;
             let pool = self.clone();
             let spec = Arc::new(st.opts.spec.clone());
             tokio::spawn(async move {
                 let result = server::connect(spec, &pool.metrics).await;
-                pool.connected(result, slot);
+                pool.connected(result, (slot, user_slot));
             });
         }
     }
@@ -90,7 +93,8 @@ impl Pool {
         });
     }
 
-    fn connected(self: &Arc<Self>, result: Result<ServerConn, ConnectError>, slot: CountSlot) {
+    fn connected(self: &Arc<Self>, result: Result<ServerConn, ConnectError>, slots: (CountSlot, CountSlot)) {
+        let (slot, user_slot) = slots;
         let mut st = self.state.lock();
         st.connecting -= 1;
         match result {
@@ -100,6 +104,7 @@ impl Pool {
                 st.last_error = None;
                 st.last_error_code = None;
                 conn.slot = Some(slot);
+                conn.user_slot = Some(user_slot);
                 conn.retire_at = conn.created + jittered(st.opts.lifetime);
                 if st.server_params.is_none() {
                     st.server_params = Some(Arc::new(conn.params.clone()));

@@ -85,10 +85,17 @@ pub struct Pool {
     pub stamps: crate::params::StampCache,
     state: Mutex<State>,
     db_servers: Arc<pools::DbCount>,
+    /// This user's server count across databases (max_user_connections).
+    user_servers: Arc<pools::DbCount>,
 }
 
 impl Pool {
-    pub(crate) fn new(key: PoolKey, opts: PoolOptions, db_servers: Arc<pools::DbCount>) -> Arc<Pool> {
+    pub(crate) fn new(
+        key: PoolKey,
+        opts: PoolOptions,
+        db_servers: Arc<pools::DbCount>,
+        user_servers: Arc<pools::DbCount>,
+    ) -> Arc<Pool> {
         let metrics = PoolMetrics::new(key.database.clone(), key.user.clone());
         metrics.set_limits(limits(&opts.settings));
         let pool = Arc::new(Pool {
@@ -97,6 +104,7 @@ impl Pool {
             stamps: Default::default(),
             state: Mutex::new(State::new(opts)),
             db_servers,
+            user_servers,
         });
         pool.db_servers.pools.lock().push(Arc::downgrade(&pool));
         upkeep::spawn(&pool);

@@ -1,10 +1,14 @@
 //! All pools (`Pools`), keyed by (database, user), created on first use from
 //! the live config (not to be confused with `state::client_list`, the list
-//! of clients, or `cancel_keys`); plus the per-database server count behind `max_db_connections`.
+//! of clients, or `cancel_keys`); plus the per-database server count behind
+//! `max_db_connections` and the per-user one behind `max_user_connections`.
+//! Pools of the fallback database that nobody used for `autodb_idle_timeout`
+//! are removed (`remove_idle_auto`), and their metric series with them.
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -33,6 +37,9 @@ pub(crate) struct DbCount {
 pub struct Pools {
     pools: Mutex<HashMap<PoolKey, Arc<Pool>>>,
     dbs: Mutex<HashMap<String, Arc<DbCount>>>,
+    users: Mutex<HashMap<String, Arc<DbCount>>>,
+    /// Fallback-database pools found unused, and since when.
+    unused_since: Mutex<HashMap<PoolKey, Instant>>,
 }
 
 impl Pools {
@@ -52,14 +59,41 @@ impl Pools {
             return Some(p);
         }
         let opts = PoolOptions::from_config(cfg, key, credentials)?;
-        let db = self.db_count(&key.database);
+        let db = count(&self.dbs, &key.database);
+        let user = count(&self.users, &key.user);
         let mut pools = self.pools.lock();
-        Some(pools.entry(key.clone()).or_insert_with(|| Pool::new(key.clone(), opts, db)).clone())
+        Some(pools.entry(key.clone()).or_insert_with(|| Pool::new(key.clone(), opts, db, user)).clone())
     }
 
-    fn db_count(&self, database: &str) -> Arc<DbCount> {
-        let mut dbs = self.dbs.lock();
-        dbs.entry(database.to_owned()).or_default().clone()
+    /// Removes the fallback database's pools that had no client, no lent
+    /// server and no waiter for `idle_timeout` (checked at each call), and
+    /// closes their idle servers. A removed pool's metric series go with it.
+    /// Returns the keys removed.
+    pub fn remove_idle_auto(&self, idle_timeout: Duration) -> Vec<PoolKey> {
+        let now = Instant::now();
+        let mut removed = Vec::new();
+        let mut pools = self.pools.lock();
+        let mut unused = self.unused_since.lock();
+        unused.retain(|k, _| pools.contains_key(k));
+        for (key, pool) in pools.iter() {
+            // Only the map holds it: no client session and no lease.
+            let in_use = Arc::strong_count(pool) > 1 || !pool.snapshot().is_unused();
+            if !pool.settings().auto || in_use {
+                unused.remove(key);
+                continue;
+            }
+            let since = *unused.entry(key.clone()).or_insert(now);
+            if now.duration_since(since) >= idle_timeout {
+                removed.push(key.clone());
+            }
+        }
+        for key in &removed {
+            unused.remove(key);
+            if let Some(pool) = pools.remove(key) {
+                pool.close_idle(weir_metrics::CloseReason::IdleTimeout);
+            }
+        }
+        removed
     }
 
     /// Every pool, sorted by key.
@@ -85,6 +119,11 @@ impl Pools {
     }
 }
 
+/// The shared server count for `name` in `counts`, created if needed.
+fn count(counts: &Mutex<HashMap<String, Arc<DbCount>>>, name: &str) -> Arc<DbCount> {
+    counts.lock().entry(name.to_owned()).or_default().clone()
+}
+
 /// Gives `pool` new credentials when they are known and differ; idle
 /// connections pick the new spec up at the next upkeep.
 fn update_credentials(pool: &Arc<Pool>, credentials: Credentials) {
@@ -100,7 +139,7 @@ fn update_credentials(pool: &Arc<Pool>, credentials: Credentials) {
 impl PoolOptions {
     /// Resolves a pool's options from the config; None for unknown databases.
     pub fn from_config(cfg: &Config, key: &PoolKey, credentials: impl Into<Credentials>) -> Option<PoolOptions> {
-        let settings = cfg.pool_settings(&key.database)?;
+        let settings = cfg.pool_settings_for(&key.database, Some(&key.user))?;
         let g = &cfg.weir;
         let spec = ConnectSpec {
             host: settings.host.clone(),
@@ -116,6 +155,8 @@ impl PoolOptions {
                 tracing::error!(error = %e, "server TLS files no longer load; connections will fail");
                 crate::tls::broken_server_tls(g.server_tls_sslmode, e.to_string())
             }),
+            startup_params: settings.startup_params.clone(),
+            connect_query: settings.connect_query.clone(),
         };
         Some(PoolOptions {
             connect_concurrency: g
@@ -136,5 +177,33 @@ impl PoolOptions {
             settings,
             spec,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> Config {
+        let text = "[weir]\nauth_type = \"trust\"\n[databases.app]\n[databases.\"*\"]\nport = 5999\n";
+        Config::from_toml(text, std::path::Path::new(".")).unwrap()
+    }
+
+    fn key(db: &str) -> PoolKey {
+        PoolKey { database: db.into(), user: "u".into() }
+    }
+
+    #[tokio::test]
+    async fn unused_fallback_pools_are_removed_and_listed_ones_kept() {
+        let (pools, cfg) = (Pools::new(), cfg());
+        let auto = pools.get_or_create(&cfg, &key("other"), None).expect("the fallback serves any name");
+        assert!(auto.settings().auto && auto.settings().dbname == "other");
+        let listed = pools.get_or_create(&cfg, &key("app"), None).unwrap();
+        assert!(!listed.settings().auto);
+        assert!(pools.remove_idle_auto(Duration::ZERO).is_empty(), "a client still holds it");
+        drop((auto, listed));
+        assert!(pools.remove_idle_auto(Duration::from_secs(3600)).is_empty(), "not idle long enough");
+        assert_eq!(pools.remove_idle_auto(Duration::ZERO), vec![key("other")]);
+        assert_eq!(pools.all().iter().map(|p| p.key.database.as_str()).collect::<Vec<_>>(), ["app"]);
     }
 }

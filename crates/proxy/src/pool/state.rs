@@ -67,6 +67,13 @@ pub struct PoolSnapshot {
     pub pool_size: u32,
 }
 
+impl PoolSnapshot {
+    /// Nothing lent, opening, being cleaned up or waited for.
+    pub fn is_unused(&self) -> bool {
+        self.active == 0 && self.connecting == 0 && self.recovering == 0 && self.waiting == 0
+    }
+}
+
 impl State {
     pub fn new(opts: PoolOptions) -> Self {
         State {

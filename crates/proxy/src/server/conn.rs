@@ -38,6 +38,11 @@ pub struct ConnectSpec {
     pub watch: Watch,
     /// TLS towards the server (server_tls_sslmode); None: plain TCP.
     pub tls: Option<Arc<crate::tls::ServerTls>>,
+    /// Startup parameters sent to the server (a database's application_name,
+    /// client_encoding, datestyle, timezone).
+    pub startup_params: Vec<(String, String)>,
+    /// Run once after login (a database's connect_query); empty: none.
+    pub connect_query: String,
 }
 
 /// Why a connect failed.
@@ -53,6 +58,9 @@ pub enum ConnectError {
     /// that does not verify, a failed handshake.
     #[error("server TLS (server_tls_sslmode = {mode}): {why}")]
     Tls { mode: &'static str, why: String },
+    /// The database's connect_query failed.
+    #[error("connect_query failed: {0}")]
+    ConnectQuery(String),
 }
 
 impl ConnectError {
@@ -62,7 +70,9 @@ impl ConnectError {
             ConnectError::Io(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => ConnectFailure::Refused,
             ConnectError::Io(_) => ConnectFailure::Io,
             ConnectError::Login(e) if e.is_auth_failure() => ConnectFailure::Auth,
-            ConnectError::Login(_) | ConnectError::Tls { .. } => ConnectFailure::Protocol,
+            ConnectError::Login(_) | ConnectError::Tls { .. } | ConnectError::ConnectQuery(_) => {
+                ConnectFailure::Protocol
+            }
         }
     }
 
@@ -97,6 +107,8 @@ pub struct ServerConn {
     pub(crate) retire_at: Instant,
     /// Holds this connection's place in its database's connection count.
     pub(crate) slot: Option<CountSlot>,
+    /// Its place under max_user_connections.
+    pub(crate) user_slot: Option<CountSlot>,
     /// What it was opened with (the pool's upkeep refreshes it after a reload).
     pub(crate) spec: Arc<ConnectSpec>,
     /// Set by whoever found the connection unusable (a watchdog): the pool
@@ -212,6 +224,24 @@ impl ServerConn {
 /// TCP connect, socket options, startup, authentication and the first
 /// ReadyForQuery all count against it.
 pub async fn connect(spec: Arc<ConnectSpec>, metrics: &Arc<PoolMetrics>) -> Result<ServerConn, ConnectError> {
+    let mut conn = connect_plain(spec, metrics).await?;
+    if conn.spec.connect_query.is_empty() {
+        return Ok(conn);
+    }
+    let sql = conn.spec.connect_query.clone();
+    let ran = tokio::time::timeout(conn.spec.connect_timeout, super::exchange::run_checked(&mut conn, &sql)).await;
+    let failed = match ran {
+        Ok(Ok(None)) => return Ok(conn),
+        Ok(Ok(Some(refused))) => refused.message_text(),
+        Ok(Err(reason)) => format!("the server connection failed ({reason:?})"),
+        Err(_) => "timed out".to_owned(),
+    };
+    conn.close(CloseReason::ServerError);
+    Err(ConnectError::ConnectQuery(failed))
+}
+
+/// `connect` without the connect_query.
+async fn connect_plain(spec: Arc<ConnectSpec>, metrics: &Arc<PoolMetrics>) -> Result<ServerConn, ConnectError> {
     let started = Instant::now();
     let result = tokio::time::timeout(spec.connect_timeout, open(&spec)).await;
     let (stream, rbuf, login) = match result {
@@ -251,6 +281,7 @@ pub async fn connect(spec: Arc<ConnectSpec>, metrics: &Arc<PoolMetrics>) -> Resu
         last_used: now,
         retire_at: now + Duration::from_secs(3600),
         slot: None,
+        user_slot: None,
         spec,
         broken: None,
         statements,
@@ -291,8 +322,12 @@ pub(super) async fn open(
         }
     };
     let mut buf = BytesMut::with_capacity(8192);
-    let params =
-        LoginParams { user: &spec.user, credentials: &spec.credentials, database: &spec.dbname, startup_params: &[] };
+    let params = LoginParams {
+        user: &spec.user,
+        credentials: &spec.credentials,
+        database: &spec.dbname,
+        startup_params: &spec.startup_params,
+    };
     let result = login(&mut stream, &mut buf, &params).await?;
     Ok((stream, buf, result))
 }

@@ -208,6 +208,8 @@ mod tests {
             connect_timeout: Duration::from_secs(2),
             watch: Watch::default(),
             tls: None,
+            startup_params: Vec::new(),
+            connect_query: String::new(),
         };
         assert!(matches!(probe(&spec, 1).await, Verdict::Dead(_)));
     }

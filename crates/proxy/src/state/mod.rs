@@ -93,11 +93,14 @@ pub enum ReloadError {
     Tls(#[from] crate::tls::TlsError),
 }
 
-/// Loads the auth_file named by the config (empty when there is none).
+/// Loads the auth_file named by the config (empty when there is none), and
+/// refuses one that holds only a SCRAM verifier for a user weir logs in as.
 pub fn load_users(cfg: &Config) -> Result<UserList, StartError> {
-    match cfg.auth_file_path() {
-        Some(p) => UserList::load(&p).map_err(|e| StartError::AuthFile(p.display().to_string(), e.to_string())),
-        None => Ok(UserList::default()),
+    let Some(p) = cfg.auth_file_path() else { return Ok(UserList::default()) };
+    let users = UserList::load(&p).map_err(|e| StartError::AuthFile(p.display().to_string(), e.to_string()))?;
+    match crate::auth::stored_login_problems(cfg, &users).into_iter().next() {
+        Some(problem) => Err(StartError::AuthFile(p.display().to_string(), problem)),
+        None => Ok(users),
     }
 }
 
