@@ -172,6 +172,21 @@ pub struct General {
     pub client_deadline: Option<Duration>,
     /// Share of a client-declared deadline that weir spends waiting for a server.
     pub client_deadline_fraction: f64,
+    /// Clients one pool may keep queued for a server; past it a new waiter
+    /// gets 53300 at once. 0: no bound.
+    pub max_waiting_clients: u32,
+    /// Clients queued for a server across all pools; past it a new waiter
+    /// gets 53300 at once. 0: no bound.
+    pub max_waiting_clients_total: u32,
+    /// Refuse at once (53300) a waiter whose predicted wait exceeds the
+    /// budget it has left, instead of at the end of that budget.
+    pub wait_shedding: bool,
+    /// Do not start a transaction when the client's deadline leaves less time
+    /// than this pool's transactions take (53300, never reaches Postgres).
+    pub deadline_start: bool,
+    /// Added to a pool's high transaction time (mean + 4 deviations) for `deadline_start`.
+    #[serde(with = "humantime_serde")]
+    pub deadline_start_margin: Duration,
     #[serde(with = "humantime_serde")]
     pub server_reset_timeout: Duration,
     #[serde(with = "humantime_serde")]
@@ -263,6 +278,7 @@ pub struct Database {
     pub query_wait_timeout: Option<Duration>,
     #[serde(default, with = "humantime_serde")]
     pub client_deadline: Option<Duration>,
+    pub max_waiting_clients: Option<u32>,
 }
 
 /// The settings of one pool, resolved from `[weir]` and `[databases.X]`.
@@ -278,6 +294,7 @@ pub struct PoolSettings {
     pub max_db_connections: u32,
     pub query_wait_timeout: Duration,
     pub client_deadline: Option<Duration>,
+    pub max_waiting_clients: u32,
     pub max_prepared_statements: u32,
 }
 
@@ -333,6 +350,7 @@ impl Config {
             max_db_connections: db.max_db_connections.unwrap_or(g.max_db_connections),
             query_wait_timeout: db.query_wait_timeout.unwrap_or(g.query_wait_timeout),
             client_deadline: db.client_deadline.or(g.client_deadline),
+            max_waiting_clients: db.max_waiting_clients.unwrap_or(g.max_waiting_clients),
             max_prepared_statements: g.max_prepared_statements,
         })
     }

@@ -33,6 +33,8 @@ pub(crate) struct DbCount {
 pub struct Pools {
     pools: Mutex<HashMap<PoolKey, Arc<Pool>>>,
     dbs: Mutex<HashMap<String, Arc<DbCount>>>,
+    /// Clients queued in any pool (`max_waiting_clients_total`).
+    queued: Arc<super::QueueCount>,
 }
 
 impl Pools {
@@ -54,12 +56,17 @@ impl Pools {
         let opts = PoolOptions::from_config(cfg, key, credentials)?;
         let db = self.db_count(&key.database);
         let mut pools = self.pools.lock();
-        Some(pools.entry(key.clone()).or_insert_with(|| Pool::new(key.clone(), opts, db)).clone())
+        Some(pools.entry(key.clone()).or_insert_with(|| Pool::new(key.clone(), opts, db, self.queued.clone())).clone())
     }
 
     fn db_count(&self, database: &str) -> Arc<DbCount> {
         let mut dbs = self.dbs.lock();
         dbs.entry(database.to_owned()).or_default().clone()
+    }
+
+    /// Clients queued for a server across all pools.
+    pub fn queued(&self) -> u32 {
+        self.queued.get()
     }
 
     /// Every pool, sorted by key.
@@ -133,6 +140,13 @@ impl PoolOptions {
             check_delay: g.server_check_delay,
             check_query: g.server_check_query.clone(),
             check_timeout: g.server_check_timeout,
+            admission: super::AdmissionConfig {
+                max_waiting_total: g.max_waiting_clients_total,
+                shed: g.wait_shedding,
+                deadline_start: g.deadline_start,
+                deadline_margin: g.deadline_start_margin,
+                client_deadline: settings.client_deadline,
+            },
             settings,
             spec,
         })
