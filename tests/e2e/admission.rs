@@ -146,8 +146,7 @@ async fn a_queue_past_its_bound_is_refused_at_once() {
 /// adds about 100 ms, so with every server held a queue of about 20 fills
 /// the budget, and shedding (at 1.25 x) starts at about 26. Raw clients
 /// queue until one is shed: it is answered 53300 while every server is
-/// still held, its INSERT never runs, and every waiter queued before it is
-/// served.
+/// still held, its INSERT never runs, and the front of the queue is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_that_cannot_be_served_in_time_is_shed_at_once() {
     let h = Harness::start(opts(4, "query_wait_timeout = \"2s\"", "")).await;
@@ -181,12 +180,18 @@ async fn a_waiter_that_cannot_be_served_in_time_is_shed_at_once() {
     commit_all(&holders).await;
     let mut served = Vec::new();
     for (i, r) in queued.iter_mut().enumerate() {
-        if r.reply().await.unwrap().error.is_none() {
-            served.push(i as i64 + 1);
+        match r.reply().await.unwrap().error {
+            None => served.push(i as i64 + 1),
+            // The holders' long transactions raise the estimate as they end,
+            // so the last waiters may be shed then (the re-check), and on a
+            // machine too busy to queue them within 2 s some time out.
+            Some((_, m)) => {
+                assert!(m.contains("within the wait budget") || m.contains("query shed"), "a waiter got: {m}")
+            }
         }
     }
-    assert_eq!(served, (1..id).collect::<Vec<_>>(), "every waiter admitted was served");
-    assert!(!ledger_ids(&direct).await.contains(&id), "the shed INSERT never ran");
+    assert!(served.starts_with(&[1, 2, 3, 4]), "the front of the queue is served: {served:?}");
+    assert_eq!(ledger_ids(&direct).await, served, "the served INSERTs ran, the shed one did not");
 }
 
 /// Transactions of 50 ms; a client declaring a 20 ms deadline is refused

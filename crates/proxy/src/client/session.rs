@@ -232,7 +232,7 @@ impl<'a> Session<'a> {
     /// pool's transactions take. Two atomic loads when no deadline is known.
     fn too_late(&self, waited: Duration) -> Option<PoolError> {
         let deadline = self.budget.declared().or_else(|| self.pool.estimate.client_deadline())?;
-        let needed = self.pool.estimate.start_threshold()?;
+        let needed = self.pool.estimate.start_threshold(deadline)?;
         let left = deadline.saturating_sub(waited);
         (left < needed).then_some(PoolError::TooLate { left, needed })
     }

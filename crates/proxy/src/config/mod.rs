@@ -184,7 +184,7 @@ pub struct General {
     /// Do not start a transaction when the client's deadline leaves less time
     /// than this pool's transactions take (53300, never reaches Postgres).
     pub deadline_start: bool,
-    /// Added to a pool's high transaction time (mean + 4 deviations) for `deadline_start`.
+    /// Added to a pool's transaction time estimate for `deadline_start`.
     #[serde(with = "humantime_serde")]
     pub deadline_start_margin: Duration,
     #[serde(with = "humantime_serde")]

@@ -9,11 +9,14 @@
 //! - deadline-aware start (`deadline_start`): a query whose client deadline
 //!   leaves less time than this pool's transactions take is not started.
 //!
-//! The estimate is TCP's round-trip estimator (RFC 6298) applied to server
-//! hold times: a smoothed mean (gain 1/8) and a smoothed mean deviation (gain
-//! 1/4), in microseconds, updated with plain loads and stores when a
-//! transaction ends (two threads racing lose one sample, which an average
-//! does not miss). No lock, no allocation.
+//! The estimate is shaped like TCP's round-trip estimator (RFC 6298), applied
+//! to server hold times: a smoothed mean and a smoothed mean deviation, in
+//! microseconds. The first 32 samples are averaged plainly; after that the
+//! mean moves by 1/32 of each error and the deviation by 1/16 (slower than
+//! TCP's 1/8 and 1/4: one long transaction among many short ones must not
+//! swing the mean). Updated with plain loads and stores when a transaction
+//! ends (two threads racing lose one sample, which an average does not
+//! miss). No lock, no allocation.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -30,6 +33,10 @@ pub const MIN_SAMPLES: u32 = 32;
 /// counts only the waiters ahead of it, not its own turn).
 const SHED_FACTOR_NUM: u64 = 5;
 const SHED_FACTOR_DEN: u64 = 4;
+
+/// 1/gain of the mean and of the deviation, once past `MIN_SAMPLES`.
+const MEAN_GAIN: i64 = 32;
+const DEV_GAIN: i64 = 16;
 
 /// Deviations above the mean that make the "high percentile" of a
 /// transaction's hold time (RFC 6298's K).
@@ -89,18 +96,17 @@ impl Estimator {
 
     /// One transaction held a server for `held`.
     pub fn record(&self, held: Duration) {
-        let x = micros(held);
+        let x = micros(held).min(i64::MAX as u64) as i64;
         let n = self.samples.load(R);
-        if n == 0 {
-            self.mean_us.store(x, R);
-            self.dev_us.store(x / 2, R);
-        } else {
-            let mean = self.mean_us.load(R);
-            let dev = self.dev_us.load(R);
-            let err = x.abs_diff(mean);
-            self.dev_us.store(dev - dev / 4 + err / 4, R);
-            self.mean_us.store(mean - mean / 8 + x / 8, R);
-        }
+        let (mean, dev) = (self.mean_us.load(R) as i64, self.dev_us.load(R) as i64);
+        let err = x - mean;
+        // A plain average while young, then a fixed gain.
+        let mean_gain = i64::from(n + 1).min(MEAN_GAIN);
+        let dev_gain = i64::from(n + 1).min(DEV_GAIN);
+        let mean = mean + err / mean_gain;
+        let dev = if n == 0 { x / 2 } else { dev + (err.abs() - dev) / dev_gain };
+        self.mean_us.store(mean.max(0) as u64, R);
+        self.dev_us.store(dev.max(0) as u64, R);
         if n < MIN_SAMPLES {
             self.samples.store(n + 1, R);
         }
@@ -111,16 +117,24 @@ impl Estimator {
         (self.samples.load(R) >= MIN_SAMPLES).then(|| Duration::from_micros(self.mean_us.load(R)))
     }
 
-    /// What a transaction of this pool takes at most, nearly always: mean
-    /// plus four deviations, plus `deadline_start_margin`. None while the
-    /// rule is off or the estimate is young.
-    pub fn start_threshold(&self) -> Option<Duration> {
+    /// The time a query must have left of its client's `deadline` to
+    /// start: what a transaction of this pool takes at most, nearly always
+    /// (mean plus four deviations, plus `deadline_start_margin`). When even
+    /// a whole deadline is below that, the pool's transactions vary too much
+    /// for it to say anything (a few long ones among many short), and the
+    /// typical one decides: mean plus the margin. So a query that has not
+    /// waited is refused only when the pool's typical transaction is longer
+    /// than its whole deadline. None while the rule is off or the estimate
+    /// is young.
+    pub fn start_threshold(&self, deadline: Duration) -> Option<Duration> {
         if !self.deadline_start.load(R) {
             return None;
         }
-        let mean = self.mean()?;
-        let high = micros(mean) + DEVIATIONS * self.dev_us.load(R) + self.deadline_margin_us.load(R);
-        Some(Duration::from_micros(high))
+        let mean = micros(self.mean()?);
+        let margin = self.deadline_margin_us.load(R);
+        let high = mean + DEVIATIONS * self.dev_us.load(R) + margin;
+        let needed = if high <= micros(deadline) { high } else { mean + margin };
+        Some(Duration::from_micros(needed))
     }
 
     /// The predicted wait of a waiter with `ahead` waiters before it, on a
@@ -200,7 +214,7 @@ mod tests {
         let e = Estimator::new(&on());
         e.record(Duration::from_secs(1));
         assert_eq!(e.shed(1000, 1, Duration::from_millis(1)), None);
-        assert_eq!(e.start_threshold(), None);
+        assert_eq!(e.start_threshold(Duration::from_secs(1)), None);
     }
 
     #[test]
@@ -218,19 +232,37 @@ mod tests {
         let e = warmed(10);
         e.configure(&AdmissionConfig { shed: false, deadline_start: false, ..on() });
         assert_eq!(e.shed(1000, 1, Duration::from_millis(1)), None);
-        assert_eq!(e.start_threshold(), None);
+        assert_eq!(e.start_threshold(Duration::from_secs(1)), None);
     }
 
     #[test]
     fn the_start_threshold_is_the_mean_plus_deviations_plus_margin() {
         let e = warmed(10);
-        let t = e.start_threshold().unwrap();
-        assert!(t >= Duration::from_millis(11), "{t:?}");
+        let second = Duration::from_secs(1);
+        let t = e.start_threshold(second).unwrap();
+        assert!(t >= Duration::from_millis(11) && t < Duration::from_millis(12), "{t:?}");
         for _ in 0..MIN_SAMPLES {
             e.record(Duration::from_millis(2));
             e.record(Duration::from_millis(18));
         }
-        assert!(e.start_threshold().unwrap() > Duration::from_millis(20), "variance raises it");
+        let high = e.start_threshold(second).unwrap();
+        assert!(high > Duration::from_millis(20), "variance raises it: {high:?}");
+        // A deadline below that high estimate: the typical transaction (the
+        // mean, about 10 ms, plus the margin) decides, so a query that has not
+        // waited still starts.
+        let typical = e.start_threshold(Duration::from_millis(15)).unwrap();
+        assert!(typical < Duration::from_millis(15), "{typical:?}");
+    }
+
+    #[test]
+    fn a_few_long_transactions_do_not_refuse_every_query() {
+        let e = warmed(5);
+        for i in 0..200 {
+            e.record(Duration::from_millis(if i % 10 == 0 { 500 } else { 5 }));
+        }
+        let deadline = Duration::from_millis(100);
+        let needed = e.start_threshold(deadline).unwrap();
+        assert!(needed < deadline, "a whole 100 ms deadline is enough to start: {needed:?}");
     }
 
     #[test]
