@@ -4,7 +4,9 @@
 //! client whose deadline expires does what pgx does: CancelRequest on a new
 //! socket, then Terminate and close, then reconnect.
 //!
-//! It runs against weir (in-process, on its own runtime) and, where Debian's
+//! It runs against weir (in-process, on its own runtime) twice, with
+//! admission control (shedding, deadline-aware start) on and then off, and,
+//! where Debian's
 //! `pgbouncer` is installed, against PgBouncer in the same run, on one
 //! throwaway Postgres, and prints a table: client outcomes and latencies,
 //! server connections opened and closed (counted from Postgres's own log),
@@ -146,7 +148,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     let dir = work_dir()?;
     std::fs::write(dir.join("userlist.txt"), format!("\"{TRUST_USER}\" \"{TRUST_PASS}\"\n"))?;
 
-    let mut reports = vec![run_weir(&clients, &pg, &dir, &shape)?];
+    let mut reports = vec![run_weir(&clients, &pg, &dir, &shape, true)?, run_weir(&clients, &pg, &dir, &shape, false)?];
     let pgbouncer_note = if !with_pgbouncer {
         Some("PgBouncer skipped (--no-pgbouncer)".to_string())
     } else if !crate::pgbouncer::installed() {
@@ -177,11 +179,20 @@ fn work_dir() -> anyhow::Result<PathBuf> {
     Ok(dir)
 }
 
-fn run_weir(clients: &tokio::runtime::Runtime, pg: &PgServer, dir: &Path, shape: &Shape) -> anyhow::Result<Report> {
+/// weir with admission control on (its defaults) or off (`wait_shedding`
+/// and `deadline_start` false: the wait timeout alone).
+fn run_weir(
+    clients: &tokio::runtime::Runtime,
+    pg: &PgServer,
+    dir: &Path,
+    shape: &Shape,
+    admission: bool,
+) -> anyhow::Result<Report> {
     let text = format!(
         "[weir]\nlisten_addr = \"127.0.0.1:0\"\nauth_type = \"trust\"\nauth_file = \"userlist.txt\"\n\
          pool_mode = \"transaction\"\ndefault_pool_size = {pool}\nmax_client_conn = 2000\n\
          query_wait_timeout = \"{wait}ms\"\nclient_deadline = \"{deadline}ms\"\n\
+         wait_shedding = {admission}\ndeadline_start = {admission}\n\
          [databases.{APP_DB}]\nhost = \"127.0.0.1\"\nport = {port}\n",
         pool = shape.pool,
         wait = shape.wait_timeout.as_millis(),
@@ -192,7 +203,8 @@ fn run_weir(clients: &tokio::runtime::Runtime, pg: &PgServer, dir: &Path, shape:
     let server = runtime("weir")?;
     let weir = server.block_on(weir::Weir::start(cfg))?;
     let url = format!("postgres://{TRUST_USER}:{TRUST_PASS}@{}/{APP_DB}", weir.local_addr());
-    let mut report = clients.block_on(drive(pg, "weir", &url, shape, 1))?;
+    let (name, first_id) = if admission { ("weir", 1) } else { ("weir-noadm", 50_000_000) };
+    let mut report = clients.block_on(drive(pg, name, &url, shape, first_id))?;
     if let Some(pool) = weir.shared().pools.get(APP_DB, TRUST_USER) {
         let m = &pool.metrics;
         report.weir_closes = Some(by_label(CloseReason::ALL.iter().map(|r| (r.as_label(), m.closed(*r)))));

@@ -14,17 +14,24 @@ fn percentiles(r: &Report, o: Outcome) -> String {
     format!("{:.0}/{:.0}/{:.0}", at(0.5), at(0.99), at(1.0))
 }
 
+/// The share of queries that ended with `o`, in percent.
+fn share(r: &Report, o: Outcome) -> String {
+    let n = r.sent.iter().filter(|s| s.outcome == o).count();
+    format!("{:.2}", 100.0 * n as f64 / r.sent.len().max(1) as f64)
+}
+
 /// One pooler's column: (row label, value).
 fn cells(r: &Report) -> Vec<(&'static str, String)> {
     let count = |o: Outcome| r.sent.iter().filter(|s| s.outcome == o).count().to_string();
     vec![
         ("queries sent", r.sent.len().to_string()),
         ("  ok", count(Outcome::Ok)),
-        ("  pooler wait-timeout error", count(Outcome::WaitTimeout)),
+        ("  pooler refusal (53300, wait timeout)", count(Outcome::WaitTimeout)),
         ("  client deadline expired (cancel+close)", count(Outcome::DeadlineExpired)),
         ("  other errors", count(Outcome::Other)),
         ("ok latency p50/p99/max (ms)", percentiles(r, Outcome::Ok)),
-        ("wait-timeout answer p50/p99/max (ms)", percentiles(r, Outcome::WaitTimeout)),
+        ("refusal (53300) answer p50/p99/max (ms)", percentiles(r, Outcome::WaitTimeout)),
+        ("client deadline misses (% of queries)", share(r, Outcome::DeadlineExpired)),
         ("client reconnects", r.reconnects.to_string()),
         ("server connections opened (PG log)", r.opened.to_string()),
         ("server connections closed (PG log)", r.closed.to_string()),

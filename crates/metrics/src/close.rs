@@ -109,6 +109,13 @@ label_enum! {
         Cancelled => "cancelled",
         /// The client waited longer than `query_wait_timeout` for a server.
         WaitTimeout => "wait_timeout",
+        /// Refused at once: the queue was at `max_waiting_clients(_total)`.
+        QueueFull => "queue_full",
+        /// Refused at once: its predicted wait exceeded its wait budget.
+        Shed => "shed",
+        /// Not started: the client's deadline left less time than the
+        /// pool's transactions take.
+        Deadline => "deadline",
     }
 }
 

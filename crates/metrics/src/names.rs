@@ -39,6 +39,8 @@ pub const POOL_SERVERS: &str = "weir_pool_servers";
 pub const POOL_CLIENTS: &str = "weir_pool_clients";
 /// Gauge (database,user): age of the oldest waiting client, in seconds.
 pub const POOL_MAXWAIT_SECONDS: &str = "weir_pool_maxwait_seconds";
+/// Gauge (database,user): the predicted wait of a client queued now.
+pub const POOL_PREDICTED_WAIT_SECONDS: &str = "weir_pool_predicted_wait_seconds";
 /// Histogram (database,user): time clients waited for a server connection.
 pub const CLIENT_WAIT_DURATION_SECONDS: &str = "weir_client_wait_duration_seconds";
 /// Counter (database,user,reason): queries dropped before reaching a server.
@@ -114,6 +116,11 @@ pub const ALL: &[(&str, Kind, &str)] = &[
     (POOL_SERVERS, Kind::Gauge, "Server connections by state."),
     (POOL_CLIENTS, Kind::Gauge, "Client connections by state."),
     (POOL_MAXWAIT_SECONDS, Kind::Gauge, "How long the oldest waiting client has waited."),
+    (
+        POOL_PREDICTED_WAIT_SECONDS,
+        Kind::Gauge,
+        "Predicted wait of a client queued now: waiters ahead x mean server hold time / servers (0 when not full).",
+    ),
     (CLIENT_WAIT_DURATION_SECONDS, Kind::Histogram, "Time clients waited for a server connection."),
     (QUERIES_DROPPED_TOTAL, Kind::Counter, "Queries dropped before completing, by reason."),
     (CANCEL_REQUESTS_TOTAL, Kind::Counter, "Cancel requests received, by outcome."),
@@ -156,6 +163,7 @@ pub const PER_POOL: &[&str] = &[
     POOL_SERVERS,
     POOL_CLIENTS,
     POOL_MAXWAIT_SECONDS,
+    POOL_PREDICTED_WAIT_SECONDS,
     CLIENT_WAIT_DURATION_SECONDS,
     QUERIES_DROPPED_TOTAL,
     TRANSACTIONS_TOTAL,
@@ -220,7 +228,7 @@ mod tests {
             assert!(!help.is_empty());
             assert!(seen.insert(*name), "duplicate {name}");
         }
-        assert_eq!(ALL.len(), 29);
+        assert_eq!(ALL.len(), 30);
         assert_eq!(histogram_names().count(), 3);
         assert!(PER_POOL.iter().all(|n| lookup(n).is_some()));
     }

@@ -76,6 +76,7 @@ pub struct PoolMetrics {
     servers: [AtomicI64; ServerState::COUNT],
     clients: [AtomicI64; ClientState::COUNT],
     maxwait_us: AtomicU64,
+    predicted_wait_us: AtomicU64,
     live: Mutex<BTreeMap<u64, ServerInfo>>,
     next_live: AtomicU64,
     connect_duration: Histogram,
@@ -117,6 +118,7 @@ pub(crate) struct Sample {
     pub servers: [i64; ServerState::COUNT],
     pub clients: [i64; ClientState::COUNT],
     pub maxwait_us: u64,
+    pub predicted_wait_us: u64,
     pub limits: Limits,
     pub connect_duration: Snapshot,
     pub client_wait: Snapshot,
@@ -148,6 +150,7 @@ impl Sample {
         add_all(&mut self.servers, &o.servers);
         add_all(&mut self.clients, &o.clients);
         self.maxwait_us = self.maxwait_us.max(o.maxwait_us);
+        self.predicted_wait_us = self.predicted_wait_us.max(o.predicted_wait_us);
         self.limits.pool_size += o.limits.pool_size;
         self.limits.reserve_pool_size += o.limits.reserve_pool_size;
         self.limits.max_db_connections += o.limits.max_db_connections;
@@ -252,6 +255,7 @@ impl PoolMetrics {
             servers: zeroed_i(),
             clients: zeroed_i(),
             maxwait_us: AtomicU64::new(0),
+            predicted_wait_us: AtomicU64::new(0),
             live: Mutex::new(BTreeMap::new()),
             next_live: AtomicU64::new(1),
             connect_duration: Histogram::default(),
@@ -396,6 +400,16 @@ impl PoolMetrics {
     pub fn move_client(&self, from: ClientState, to: ClientState) {
         self.add_clients(from, -1);
         self.add_clients(to, 1);
+    }
+
+    /// Sets the predicted wait of a client queued now (zero if none).
+    pub fn set_predicted_wait(&self, wait: Duration) {
+        self.predicted_wait_us.store(micros(wait), R);
+    }
+
+    /// The predicted wait of a client queued now, as last published.
+    pub fn predicted_wait(&self) -> Duration {
+        Duration::from_micros(self.predicted_wait_us.load(R))
     }
 
     /// Sets how long the oldest waiting client has waited (zero if none).
@@ -617,6 +631,7 @@ impl PoolMetrics {
             servers: std::array::from_fn(|i| self.servers[i].load(R)),
             clients: std::array::from_fn(|i| self.clients[i].load(R)),
             maxwait_us: self.maxwait_us.load(R),
+            predicted_wait_us: self.predicted_wait_us.load(R),
             limits: self.limits(),
             connect_duration: self.connect_duration.snapshot(),
             client_wait: self.client_wait.snapshot(),

@@ -102,6 +102,7 @@ fn pools(shared: &Arc<Shared>) -> ResultSet {
         ("sv_closed", Int),
         ("connect_failures", Int),
         ("dropped", Int),
+        ("predicted_wait_us", Int),
     ]);
     let cfg = shared.config.load();
     let counts = shared.client_list.idle_and_active();
@@ -146,6 +147,7 @@ fn pools(shared: &Arc<Shared>) -> ResultSet {
             int(m.closed_total()),
             int(m.connect_failures_total()),
             int(m.dropped_queries_total()),
+            int(s.predicted_wait.as_micros().min(i64::MAX as u128) as i64),
         ]);
     }
     rs

@@ -74,7 +74,12 @@ impl ClientError {
             ClientError::TooManyClients => sqlstate::TOO_MANY_CONNECTIONS,
             ClientError::Disabled(_) => sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE,
             ClientError::LoginTimeout => sqlstate::PROTOCOL_VIOLATION,
-            ClientError::NoServer(PoolError::WaitTimeout { .. }) => sqlstate::TOO_MANY_CONNECTIONS,
+            ClientError::NoServer(
+                PoolError::WaitTimeout { .. }
+                | PoolError::QueueFull { .. }
+                | PoolError::Shed { .. }
+                | PoolError::TooLate { .. },
+            ) => sqlstate::TOO_MANY_CONNECTIONS,
             ClientError::NoServer(PoolError::ServerDown { code, .. }) => *code,
             ClientError::Watchdog(w) => w.sqlstate(),
             ClientError::NoServer(PoolError::Closed) | ClientError::ShuttingDown => sqlstate::ADMIN_SHUTDOWN,

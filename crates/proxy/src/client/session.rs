@@ -68,16 +68,22 @@ pub struct Session<'a> {
 /// declared at startup.
 #[derive(Debug, Clone, Copy)]
 pub struct Budget {
-    /// The declared deadline's share in microseconds; `u64::MAX` when none
-    /// was declared (8 bytes where an `Option<Duration>` takes 16: part of
-    /// every idle client's task, see `app/footprint.rs`).
-    share_us: u64,
+    /// The declared deadline's share, and the declared deadline, in
+    /// microseconds; `u32::MAX` when none was declared (8 bytes in all
+    /// where two `Option<Duration>` take 32: part of every idle client's
+    /// task, see `app/footprint.rs`). A deadline past 71 minutes counts as
+    /// 71 minutes.
+    share_us: u32,
+    deadline_us: u32,
 }
 
 impl Budget {
     pub fn new(declared: Option<Duration>, fraction: f64) -> Self {
-        let share = declared.map(|d| u64::try_from(d.mul_f64(fraction).as_micros()).unwrap_or(u64::MAX - 1));
-        Budget { share_us: share.map_or(u64::MAX, |us| us.min(u64::MAX - 1)) }
+        let us = |d: Duration| u32::try_from(d.as_micros()).unwrap_or(u32::MAX - 1).min(u32::MAX - 1);
+        Budget {
+            share_us: declared.map_or(u32::MAX, |d| us(d.mul_f64(fraction))),
+            deadline_us: declared.map_or(u32::MAX, us),
+        }
     }
 
     /// The wait budget under `query_wait_timeout`: all of it, or less when
@@ -85,9 +91,14 @@ impl Budget {
     /// client gives up), but never below 1 ms.
     pub fn under(&self, query_wait_timeout: Duration) -> Duration {
         match self.share_us {
-            u64::MAX => query_wait_timeout,
-            us => query_wait_timeout.min(Duration::from_micros(us)).max(Duration::from_millis(1)),
+            u32::MAX => query_wait_timeout,
+            us => query_wait_timeout.min(Duration::from_micros(us.into())).max(Duration::from_millis(1)),
         }
+    }
+
+    /// The deadline the client declared at login, if it did.
+    pub fn declared(&self) -> Option<Duration> {
+        (self.deadline_us != u32::MAX).then(|| Duration::from_micros(self.deadline_us.into()))
     }
 }
 
@@ -174,6 +185,9 @@ impl<'a> Session<'a> {
     /// Gets a server for the buffered request and serves it. Returns false
     /// when the session is over.
     pub(crate) async fn one_request(&mut self) -> Result<bool, ClientError> {
+        if let Some(e) = self.too_late(Duration::ZERO) {
+            return self.refused(e).await;
+        }
         self.reg.slot.set_waiting();
         // The common case, with nothing awaited: a server is idle and ready.
         // The queue's wait is boxed apart (it is larger than the rest of a
@@ -193,20 +207,34 @@ impl<'a> Session<'a> {
                 self.refuse_request(sqlstate::QUERY_CANCELED, CANCELED_MESSAGE).await?;
                 return Ok(true);
             }
-            Wait::Failed(e) => {
-                if matches!(e, PoolError::WaitTimeout { .. }) {
-                    self.pool.metrics.record_dropped_query(DropReason::WaitTimeout);
-                }
-                static DROPPED: crate::ratelog::RateLimited = crate::ratelog::RateLimited::new();
-                if let Some(held) = DROPPED.allow() {
-                    tracing::warn!(error = %e, "query dropped: no server in time ({held} more since the last line)");
-                }
-                let err = ClientError::NoServer(e);
-                self.refuse_request(err.sqlstate(), &err.client_message()).await?;
-                return Ok(true);
-            }
+            Wait::Failed(e) => return self.refused(e).await,
         };
         self.serve(lease).await
+    }
+
+    /// Answers a query the pool gave no server (or admission refused): the
+    /// client gets the error and keeps its connection.
+    async fn refused(&mut self, e: PoolError) -> Result<bool, ClientError> {
+        if let Some(reason) = e.drop_reason() {
+            self.pool.metrics.record_dropped_query(reason);
+        }
+        static DROPPED: crate::ratelog::RateLimited = crate::ratelog::RateLimited::new();
+        if let Some(held) = DROPPED.allow() {
+            tracing::warn!(error = %e, "query dropped: no server in time ({held} more since the last line)");
+        }
+        let err = ClientError::NoServer(e);
+        self.refuse_request(err.sqlstate(), &err.client_message()).await?;
+        Ok(true)
+    }
+
+    /// Deadline-aware start: Some when the client's deadline (declared, or
+    /// the pool's client_deadline), less `waited`, leaves less time than this
+    /// pool's transactions take. Two atomic loads when no deadline is known.
+    fn too_late(&self, waited: Duration) -> Option<PoolError> {
+        let deadline = self.budget.declared().or_else(|| self.pool.estimate.client_deadline())?;
+        let needed = self.pool.estimate.start_threshold(deadline)?;
+        let left = deadline.saturating_sub(waited);
+        (left < needed).then_some(PoolError::TooLate { left, needed })
     }
 
     /// Waits, holding no server, until a request that needs one is buffered.
@@ -314,14 +342,25 @@ impl<'a> Session<'a> {
 
     /// Queues for a server while watching the client and the cancel registry.
     async fn wait_for_server(&mut self) -> Wait {
-        let deadline = Instant::now() + self.budget.under(self.pool.query_wait_timeout());
+        let arrived = Instant::now();
+        let deadline = arrived + self.budget.under(self.pool.query_wait_timeout());
         let mut timer = match self.wait_timer.take() {
             Some(t) => t,
             None => Box::pin(tokio::time::sleep_until(deadline.into())),
         };
         let outcome = self.queue(deadline, &mut timer).await;
         self.wait_timer = Some(timer);
-        outcome
+        match outcome {
+            // The wait ate into the deadline: the server goes on unused.
+            Wait::Got(lease) => match self.too_late(arrived.elapsed()) {
+                Some(e) => {
+                    drop(lease);
+                    Wait::Failed(e)
+                }
+                None => Wait::Got(lease),
+            },
+            other => other,
+        }
     }
 
     /// The wait in the pool's queue, on the session's wait timer.
@@ -464,7 +503,9 @@ impl<'a> Session<'a> {
         self.reg.slot.set_idle();
         match ended? {
             Ended::Released => {
-                self.pool.metrics.record_transaction(started.elapsed());
+                let held = started.elapsed();
+                self.pool.metrics.record_transaction(held);
+                self.pool.estimate.record(held);
                 drop(lease);
                 Ok(true)
             }

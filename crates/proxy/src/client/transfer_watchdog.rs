@@ -16,7 +16,10 @@
 //!   server owes an answer, weir is reading, and no byte arrives, the silence
 //!   clock runs. When it runs out, an out-of-band probe asks Postgres on a
 //!   fresh connection whether our backend is still working (see
-//!   `server::watch`). A slow query passes and the clock restarts; a dead
+//!   `server::watch`). A slow query passes and the clock restarts, twice as
+//!   long each time the same silence is probed again (up to 16 x: a query
+//!   that stays silent for minutes costs a few probes, not one every 5 s);
+//!   any server byte brings it back to `server_check_silence`. A dead
 //!   path, dead server or finished backend whose answer never came gives the
 //!   client 08006 and closes the connection with reason `unresponsive`.
 //!   Waiting on the client (COPY IN, or a client too slow to read so that
@@ -90,6 +93,9 @@ pub struct Watchdog<'a> {
     silent_since: Option<Instant>,
     /// Server bytes arrived since the silence clock was last set.
     heard: bool,
+    /// Probes that found the server alive during this silence: the next
+    /// one waits `silence` x 2^n (`MAX_SILENCE_BACKOFF` at most).
+    alive_probes: u8,
     probe: Option<Probe>,
     /// Idle-in-transaction clock: since the client last sent anything.
     idle_since: Option<Instant>,
@@ -107,6 +113,7 @@ impl<'a> Watchdog<'a> {
             cancelled_at: None,
             silent_since: None,
             heard: false,
+            alive_probes: 0,
             probe: None,
             idle_since: None,
             timer,
@@ -132,6 +139,7 @@ impl<'a> Watchdog<'a> {
             // transaction then costs no clock reading.
             self.silent_since = Some(Instant::now());
             self.probe = None;
+            self.alive_probes = 0;
         }
         self.heard = false;
         let idle_in_tx = client_quiet && conv.is_quiet() && conv.status != status::IDLE;
@@ -225,7 +233,7 @@ impl<'a> Watchdog<'a> {
                 _ => {}
             }
         }
-        if let (Some(since), Some(limit)) = (self.silent_since, self.watch.silence) {
+        if let (Some(since), Some(limit)) = (self.silent_since, self.silence_limit()) {
             if self.probe.is_none() && now >= since + limit {
                 tracing::info!(pid = self.cancel.pid, "server silent while owing an answer: probing it");
                 let (spec, pid) = (self.spec.clone(), self.cancel.pid);
@@ -245,6 +253,7 @@ impl<'a> Watchdog<'a> {
             Verdict::Alive => {
                 tracing::debug!(pid = self.cancel.pid, "silent server is still working");
                 self.silent_since = Some(Instant::now());
+                self.alive_probes = (self.alive_probes + 1).min(MAX_SILENCE_BACKOFF);
                 None
             }
             Verdict::Dead(why) => {
@@ -260,12 +269,18 @@ impl<'a> Watchdog<'a> {
             (Some(since), Some(limit), None) => Some(since + limit),
             _ => None,
         };
-        let silence = match (self.silent_since, self.watch.silence, &self.probe) {
+        let silence = match (self.silent_since, self.silence_limit(), &self.probe) {
             (Some(since), Some(limit), None) => Some(since + limit),
             _ => None,
         };
         let idle = self.idle_since.zip(self.watch.idle_transaction).map(|(s, l)| s + l);
         [query, silence, idle].into_iter().flatten().min()
+    }
+
+    /// The silence that calls for the next probe: `server_check_silence`,
+    /// doubled for each probe that found this silence a working query.
+    fn silence_limit(&self) -> Option<Duration> {
+        self.watch.silence.map(|s| s * (1u32 << self.alive_probes))
     }
 
     /// Points the timer at `next` unless it already fires at or before it
@@ -284,9 +299,35 @@ impl<'a> Watchdog<'a> {
     }
 }
 
+/// Doublings of the silence between probes of one long silent query.
+const MAX_SILENCE_BACKOFF: u8 = 4;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_silent_query_found_alive_is_probed_ever_less_often() {
+        let cfg = crate::config::Config::from_toml(
+            "[weir]\nauth_type = \"trust\"\nserver_check_silence = \"5s\"\n[databases.app]\n",
+            std::path::Path::new("."),
+        )
+        .unwrap();
+        let key = crate::pool::PoolKey { database: "app".into(), user: "u".into() };
+        let opts = crate::pool::PoolOptions::from_config(&cfg, &key, crate::auth::Credentials::None).unwrap();
+        let spec = Arc::new(opts.spec);
+        let cancel = CancelTarget { addr: "127.0.0.1:1".parse().unwrap(), pid: 1, secret: 2, gate: Default::default() };
+        let mut timer = AlarmTimer::default();
+        let mut w = Watchdog::new(&spec, &cancel, &mut timer);
+        let limits: Vec<u64> = (0..6)
+            .map(|_| {
+                let s = w.silence_limit().unwrap().as_secs();
+                w.judge(Verdict::Alive);
+                s
+            })
+            .collect();
+        assert_eq!(limits, vec![5, 10, 20, 40, 80, 80]);
+    }
 
     #[test]
     fn errors_carry_the_right_codes_and_reasons() {

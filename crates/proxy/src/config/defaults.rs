@@ -44,6 +44,15 @@ impl Default for General {
             query_wait_timeout: Duration::from_secs(120),
             client_deadline: None,
             client_deadline_fraction: 0.8,
+            // Not PgBouncer's (it has no bound): a hard backstop under the
+            // estimate-based shedding. 1,000 per pool holds pgbench -c 1000 on
+            // a pool of 20 (980 wait); 2,000 in all is below the 3,680 of the
+            // incident that had no bound.
+            max_waiting_clients: 1000,
+            max_waiting_clients_total: 2000,
+            wait_shedding: true,
+            deadline_start: true,
+            deadline_start_margin: Duration::from_millis(1),
             server_reset_timeout: Duration::from_secs(5),
             // PgBouncer waits 15 s; a sidecar next to its database needs far less.
             server_connect_timeout: Duration::from_secs(5),

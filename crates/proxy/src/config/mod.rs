@@ -191,6 +191,21 @@ pub struct General {
     pub client_deadline: Option<Duration>,
     /// Share of a client-declared deadline that weir spends waiting for a server.
     pub client_deadline_fraction: f64,
+    /// Clients one pool may keep queued for a server; past it a new waiter
+    /// gets 53300 at once. 0: no bound.
+    pub max_waiting_clients: u32,
+    /// Clients queued for a server across all pools; past it a new waiter
+    /// gets 53300 at once. 0: no bound.
+    pub max_waiting_clients_total: u32,
+    /// Refuse at once (53300) a waiter whose predicted wait exceeds the
+    /// budget it has left, instead of at the end of that budget.
+    pub wait_shedding: bool,
+    /// Do not start a transaction when the client's deadline leaves less time
+    /// than this pool's transactions take (53300, never reaches Postgres).
+    pub deadline_start: bool,
+    /// Added to a pool's transaction time estimate for `deadline_start`.
+    #[serde(with = "humantime_serde")]
+    pub deadline_start_margin: Duration,
     #[serde(with = "humantime_serde")]
     pub server_reset_timeout: Duration,
     #[serde(with = "humantime_serde")]
@@ -295,6 +310,7 @@ pub struct Database {
     pub client_encoding: Option<String>,
     pub datestyle: Option<String>,
     pub timezone: Option<String>,
+    pub max_waiting_clients: Option<u32>,
 }
 
 /// One `[users.NAME]` entry: pool settings for every pool of that user.
@@ -320,6 +336,7 @@ pub struct PoolSettings {
     pub max_db_connections: u32,
     pub query_wait_timeout: Duration,
     pub client_deadline: Option<Duration>,
+    pub max_waiting_clients: u32,
     pub max_prepared_statements: u32,
     pub max_user_connections: u32,
     /// The pool belongs to the fallback database (created on demand, removed
@@ -413,6 +430,7 @@ impl Config {
             max_db_connections: db.max_db_connections.unwrap_or(g.max_db_connections),
             query_wait_timeout: db.query_wait_timeout.unwrap_or(g.query_wait_timeout),
             client_deadline: db.client_deadline.or(g.client_deadline),
+            max_waiting_clients: db.max_waiting_clients.unwrap_or(g.max_waiting_clients),
             max_prepared_statements: g.max_prepared_statements,
             max_user_connections: u.max_user_connections.unwrap_or(g.max_user_connections),
             auto,

@@ -19,6 +19,17 @@ fn minimal_config_gets_defaults() {
 }
 
 #[test]
+fn admission_defaults_bound_the_queue_and_override_per_database() {
+    let cfg = Config::from_toml(MINIMAL, Path::new(".")).unwrap();
+    assert_eq!(cfg.pool_settings("app").unwrap().max_waiting_clients, 1000);
+    assert_eq!(cfg.weir.max_waiting_clients_total, 2000);
+    assert!(cfg.weir.wait_shedding && cfg.weir.deadline_start);
+    let text = format!("{MINIMAL}max_waiting_clients = 50\n");
+    let cfg = Config::from_toml(&text, Path::new(".")).unwrap();
+    assert_eq!(cfg.pool_settings("app").unwrap().max_waiting_clients, 50);
+}
+
+#[test]
 fn unknown_keys_are_errors() {
     let text = MINIMAL.replace("auth_type", "bogus_key = 1\nauth_type");
     let err = Config::from_toml(&text, Path::new(".")).unwrap_err();

@@ -1,8 +1,10 @@
 //! The server pool of one (database, user): idle connections (LIFO), a FIFO of
 //! waiters, parallel bounded connects, recovery of connections a client left
 //! dirty, and upkeep. Server connections belong to the pool, never to a client:
-//! a client borrows one through a `Lease`.
+//! a client borrows one through a `Lease`. Admission control (the queue's
+//! bound, shedding, deadline-aware start) is in `admission`.
 
+mod admission;
 mod connector;
 mod evict;
 mod inspect;
@@ -25,6 +27,7 @@ use weir_metrics::{CloseReason, PoolMetrics};
 use crate::config::PoolSettings;
 use crate::server::{ConnectSpec, ServerConn};
 
+pub use admission::{AdmissionConfig, Estimator, QueueCount};
 pub use inspect::IdleServer;
 pub use lease::Lease;
 pub use pools::{PoolKey, Pools};
@@ -46,6 +49,7 @@ pub struct PoolOptions {
     pub check_delay: Duration,
     pub check_query: String,
     pub check_timeout: Duration,
+    pub admission: AdmissionConfig,
 }
 
 /// Why a client got no server.
@@ -65,6 +69,42 @@ pub enum PoolError {
     ServerDown { error: String, code: crate::protocol::SqlState },
     #[error("the pool is shutting down")]
     Closed,
+    /// 53300 at once: the queue is at its bound.
+    #[error(
+        "the queue for a server is full ({waiting} clients already waiting, {key} = {waiting}); the query was not run"
+    )]
+    QueueFull { waiting: u32, key: &'static str },
+    /// 53300 at once: the queue ahead holds more work than the pool can
+    /// serve within what is left of the wait budget.
+    #[error(
+        "query shed: the predicted wait for a server ({}) exceeds the wait budget left ({}); the query was not run",
+        humantime::format_duration(*predicted),
+        humantime::format_duration(*left)
+    )]
+    Shed { predicted: Duration, left: Duration },
+    /// 53300 before the query starts: the client's deadline leaves less time
+    /// than this pool's transactions take.
+    #[error(
+        "query not started: {} left of the client deadline, below this pool's recent transaction time ({}); \
+         the query was not run",
+        humantime::format_duration(*left),
+        humantime::format_duration(*needed)
+    )]
+    TooLate { left: Duration, needed: Duration },
+}
+
+impl PoolError {
+    /// The `weir_queries_dropped_total` reason of a refused query, if it is one.
+    pub fn drop_reason(&self) -> Option<weir_metrics::DropReason> {
+        use weir_metrics::DropReason as D;
+        match self {
+            PoolError::WaitTimeout { .. } => Some(D::WaitTimeout),
+            PoolError::QueueFull { .. } => Some(D::QueueFull),
+            PoolError::Shed { .. } => Some(D::Shed),
+            PoolError::TooLate { .. } => Some(D::Deadline),
+            PoolError::ServerDown { .. } | PoolError::Closed => None,
+        }
+    }
 }
 
 /// A pool's configured limits, as `/metrics` exports them.
@@ -83,10 +123,14 @@ pub struct Pool {
     pub metrics: Arc<PoolMetrics>,
     /// Clients' parameter maps by content, for `ServerConn::sync_params`.
     pub stamps: crate::params::StampCache,
+    /// Server hold time per transaction, and the admission switches.
+    pub estimate: Estimator,
     state: Mutex<State>,
     db_servers: Arc<pools::DbCount>,
     /// This user's server count across databases (max_user_connections).
     user_servers: Arc<pools::DbCount>,
+    /// Waiters across all pools (`max_waiting_clients_total`).
+    queued_total: Arc<QueueCount>,
 }
 
 impl Pool {
@@ -95,6 +139,7 @@ impl Pool {
         opts: PoolOptions,
         db_servers: Arc<pools::DbCount>,
         user_servers: Arc<pools::DbCount>,
+        queued_total: Arc<QueueCount>,
     ) -> Arc<Pool> {
         let metrics = PoolMetrics::new(key.database.clone(), key.user.clone());
         metrics.set_limits(limits(&opts.settings));
@@ -102,9 +147,11 @@ impl Pool {
             key,
             metrics,
             stamps: Default::default(),
+            estimate: Estimator::new(&opts.admission),
             state: Mutex::new(State::new(opts)),
             db_servers,
             user_servers,
+            queued_total,
         });
         pool.db_servers.pools.lock().push(Arc::downgrade(&pool));
         upkeep::spawn(&pool);
@@ -114,6 +161,7 @@ impl Pool {
     /// Replaces the settings (config reload). Connections are kept.
     pub fn reconfigure(self: &Arc<Self>, opts: PoolOptions) {
         self.metrics.set_limits(limits(&opts.settings));
+        self.estimate.configure(&opts.admission);
         let mut st = self.state.lock();
         st.opts = opts;
         self.want_connects(&mut st);
@@ -127,6 +175,12 @@ impl Pool {
     /// The current query_wait_timeout (cheap: read at every wait).
     pub fn query_wait_timeout(&self) -> Duration {
         self.state.lock().opts.settings.query_wait_timeout
+    }
+
+    /// The current query_wait_timeout and configured client_deadline.
+    pub fn wait_settings(&self) -> (Duration, Option<Duration>) {
+        let st = self.state.lock();
+        (st.opts.settings.query_wait_timeout, st.opts.settings.client_deadline)
     }
 
     /// Borrows a server, waiting in FIFO order until `deadline`.
@@ -157,12 +211,18 @@ impl Pool {
             PoolError::WaitTimeout { budget, waited: started.elapsed(), last_error }
         };
         loop {
-            let conn = match self.checkout_or_enqueue(deadline) {
+            let conn = match self.checkout_or_enqueue(deadline)? {
                 Ok(conn) => conn,
                 Err(mut waiting) => match within(timer.as_mut(), &mut waiting.rx).await {
-                    Some(Ok(conn)) => {
+                    Some(Ok(handed)) => {
                         waiting.settled = true;
-                        conn
+                        match handed {
+                            Ok(conn) => conn,
+                            Err(predicted) => {
+                                let left = deadline.saturating_duration_since(Instant::now());
+                                return Err(PoolError::Shed { predicted, left });
+                            }
+                        }
                     }
                     Some(Err(_)) => return Err(PoolError::Closed),
                     None => return Err(timed_out()),
@@ -213,8 +273,10 @@ impl Pool {
         Some(Lease::new(self.clone(), conn))
     }
 
-    /// Takes a healthy idle server, or joins the queue (and starts connects).
-    fn checkout_or_enqueue(self: &Arc<Self>, deadline: Instant) -> Result<Box<ServerConn>, Waiting> {
+    /// Takes a healthy idle server, or joins the queue (and starts
+    /// connects), or is refused at once by admission control.
+    #[allow(clippy::type_complexity)]
+    fn checkout_or_enqueue(self: &Arc<Self>, deadline: Instant) -> Result<Result<Box<ServerConn>, Waiting>, PoolError> {
         let mut st = self.state.lock();
         if !st.paused {
             while let Some(mut conn) = st.idle.pop() {
@@ -225,13 +287,59 @@ impl Pool {
                     continue;
                 }
                 st.active += 1;
-                return Ok(conn);
+                return Ok(Ok(conn));
             }
         }
+        self.admit(&st, deadline)?;
+        let total_limit = st.opts.admission.max_waiting_total;
+        let Some(counted) = self.queued_total.join(total_limit) else {
+            return Err(PoolError::QueueFull { waiting: total_limit, key: "max_waiting_clients_total" });
+        };
         let (tx, rx) = oneshot::channel();
-        let id = st.push_waiter(tx, deadline);
+        let id = st.push_waiter(tx, deadline, counted);
         self.want_connects(&mut st);
-        Err(Waiting { pool: self.clone(), id, rx, settled: false })
+        Ok(Err(Waiting { pool: self.clone(), id, rx, settled: false }))
+    }
+
+    /// Refuses a new waiter at once when the pool's queue is at its bound,
+    /// or when the pool is full and the waiters ahead hold more work than it
+    /// can serve before `deadline`.
+    fn admit(&self, st: &State, deadline: Instant) -> Result<(), PoolError> {
+        let ahead = st.waiters.len();
+        let max = st.opts.settings.max_waiting_clients;
+        if max != 0 && ahead >= max as usize {
+            return Err(PoolError::QueueFull { waiting: max, key: "max_waiting_clients" });
+        }
+        if !st.saturated() {
+            return Ok(());
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        match self.estimate.shed(ahead, st.capacity(), left) {
+            Some(predicted) => Err(PoolError::Shed { predicted, left }),
+            None => Ok(()),
+        }
+    }
+
+    /// The queue moved: the last waiter (the one with the most ahead of it)
+    /// is told at once when its predicted wait has grown past what is left
+    /// of its budget, and so on forward until one can still be served.
+    /// O(1) per waiter shed; nothing when the queue is empty.
+    fn shed_tail(&self, st: &mut State) {
+        if st.waiters.is_empty() || !st.saturated() {
+            return;
+        }
+        let now = Instant::now();
+        let servers = st.capacity();
+        while let Some(last) = st.waiters.back() {
+            let left = last.deadline.saturating_duration_since(now);
+            if left.is_zero() {
+                return;
+            }
+            let Some(predicted) = self.estimate.shed(st.waiters.len() - 1, servers, left) else { return };
+            if let Some(w) = st.waiters.pop_back() {
+                let _ = w.tx.send(Err(predicted));
+            }
+        }
     }
 
     /// A server about to be lent (from idle or handed to a waiter) may have
@@ -303,12 +411,13 @@ impl Pool {
         }
         if !st.paused {
             while let Some(w) = st.next_waiter() {
-                match w.tx.send(conn) {
+                match w.tx.send(Ok(conn)) {
                     Ok(()) => {
                         st.active += 1;
+                        self.shed_tail(st);
                         return;
                     }
-                    Err(back) => conn = back,
+                    Err(back) => conn = back.expect("sent a server"),
                 }
             }
         }
@@ -328,7 +437,13 @@ impl Pool {
 
     /// Counters for the admin console and tests.
     pub fn snapshot(&self) -> PoolSnapshot {
-        self.state.lock().snapshot()
+        let st = self.state.lock();
+        let mut snap = st.snapshot();
+        if st.saturated() {
+            let predicted = self.estimate.predicted_wait(st.waiters.len(), st.capacity());
+            snap.predicted_wait = predicted.unwrap_or_default();
+        }
+        snap
     }
 
     pub fn pause(self: &Arc<Self>) {
@@ -384,12 +499,15 @@ pub(crate) async fn within<F: std::future::Future>(timer: Pin<&mut Sleep>, fut: 
     }
 }
 
+/// What a waiter is sent: a server, or its predicted wait when it is shed.
+pub(crate) type Handed = Result<Box<ServerConn>, Duration>;
+
 /// A place in the queue. Dropping it leaves the queue at once.
 #[derive(Debug)]
 struct Waiting {
     pool: Arc<Pool>,
     id: u64,
-    rx: oneshot::Receiver<Box<ServerConn>>,
+    rx: oneshot::Receiver<Handed>,
     settled: bool,
 }
 
@@ -399,7 +517,7 @@ impl Drop for Waiting {
             return;
         }
         self.rx.close();
-        let handed = self.rx.try_recv().ok();
+        let handed = self.rx.try_recv().ok().and_then(Result::ok);
         let mut st = self.pool.state.lock();
         st.remove_waiter(self.id);
         if let Some(conn) = handed {

@@ -40,6 +40,8 @@ pub struct Pools {
     users: Mutex<HashMap<String, Arc<DbCount>>>,
     /// Fallback-database pools found unused, and since when.
     unused_since: Mutex<HashMap<PoolKey, Instant>>,
+    /// Clients queued in any pool (`max_waiting_clients_total`).
+    queued: Arc<super::QueueCount>,
 }
 
 impl Pools {
@@ -62,7 +64,12 @@ impl Pools {
         let db = count(&self.dbs, &key.database);
         let user = count(&self.users, &key.user);
         let mut pools = self.pools.lock();
-        Some(pools.entry(key.clone()).or_insert_with(|| Pool::new(key.clone(), opts, db, user)).clone())
+        Some(
+            pools
+                .entry(key.clone())
+                .or_insert_with(|| Pool::new(key.clone(), opts, db, user, self.queued.clone()))
+                .clone(),
+        )
     }
 
     /// Removes the fallback database's pools that had no client, no lent
@@ -94,6 +101,11 @@ impl Pools {
             }
         }
         removed
+    }
+
+    /// Clients queued for a server across all pools.
+    pub fn queued(&self) -> u32 {
+        self.queued.get()
     }
 
     /// Every pool, sorted by key.
@@ -174,6 +186,13 @@ impl PoolOptions {
             check_delay: g.server_check_delay,
             check_query: g.server_check_query.clone(),
             check_timeout: g.server_check_timeout,
+            admission: super::AdmissionConfig {
+                max_waiting_total: g.max_waiting_clients_total,
+                shed: g.wait_shedding,
+                deadline_start: g.deadline_start,
+                deadline_margin: g.deadline_start_margin,
+                client_deadline: settings.client_deadline,
+            },
             settings,
             spec,
         })

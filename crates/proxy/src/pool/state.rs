@@ -14,10 +14,12 @@ use crate::server::ServerConn;
 #[derive(Debug)]
 pub(super) struct WaiterEntry {
     pub id: u64,
-    pub tx: oneshot::Sender<Box<ServerConn>>,
+    pub tx: oneshot::Sender<super::Handed>,
     pub since: Instant,
     /// The end of this waiter's budget: past it, a server is no use to it.
     pub deadline: Instant,
+    /// Its place in `max_waiting_clients_total`, given up with the entry.
+    _counted: super::admission::Counted,
 }
 
 #[derive(Debug)]
@@ -65,6 +67,9 @@ pub struct PoolSnapshot {
     pub maxwait: Duration,
     pub paused: bool,
     pub pool_size: u32,
+    /// What a client queued now would wait, as predicted (zero while the
+    /// pool has room or the estimate is young).
+    pub predicted_wait: Duration,
 }
 
 impl PoolSnapshot {
@@ -97,10 +102,15 @@ impl State {
         }
     }
 
-    pub fn push_waiter(&mut self, tx: oneshot::Sender<Box<ServerConn>>, deadline: Instant) -> u64 {
+    pub fn push_waiter(
+        &mut self,
+        tx: oneshot::Sender<super::Handed>,
+        deadline: Instant,
+        counted: super::admission::Counted,
+    ) -> u64 {
         self.next_waiter += 1;
         let id = self.next_waiter;
-        self.waiters.push_back(WaiterEntry { id, tx, since: Instant::now(), deadline });
+        self.waiters.push_back(WaiterEntry { id, tx, since: Instant::now(), deadline, _counted: counted });
         id
     }
 
@@ -155,6 +165,17 @@ impl State {
         s.pool_size + if reserve_due { s.reserve_pool_size } else { 0 }
     }
 
+    /// The most servers the pool may hold at once (pool and reserve).
+    pub fn capacity(&self) -> u32 {
+        self.opts.settings.pool_size + self.opts.settings.reserve_pool_size
+    }
+
+    /// Every server the pool may open is open or opening, and none is idle:
+    /// a new waiter must wait for a transaction to end.
+    pub fn saturated(&self) -> bool {
+        !self.paused && self.idle.is_empty() && self.total() >= self.capacity()
+    }
+
     pub fn over_capacity(&self) -> bool {
         self.total() > self.opts.settings.pool_size + self.opts.settings.reserve_pool_size
     }
@@ -190,6 +211,7 @@ impl State {
             maxwait: self.maxwait(),
             paused: self.paused,
             pool_size: self.opts.settings.pool_size,
+            predicted_wait: Duration::ZERO,
         }
     }
 }
@@ -214,10 +236,11 @@ mod tests {
         let now = Instant::now();
         let later = now + Duration::from_secs(60);
         let mut rxs = Vec::new();
+        let count = std::sync::Arc::new(super::super::QueueCount::default());
         let mut push = |st: &mut State, deadline| {
             let (tx, rx) = oneshot::channel();
             rxs.push(rx);
-            st.push_waiter(tx, deadline)
+            st.push_waiter(tx, deadline, count.join(0).unwrap())
         };
         let gone = push(&mut st, later);
         let expired = push(&mut st, now);

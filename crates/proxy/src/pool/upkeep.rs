@@ -91,5 +91,6 @@ fn publish(pool: &Arc<Pool>, last: PoolSnapshot) -> PoolSnapshot {
     m.add_servers(ServerState::Login, d(now.connecting, last.connecting));
     m.add_clients(ClientState::Waiting, d(now.waiting, last.waiting));
     m.set_maxwait(now.maxwait);
+    m.set_predicted_wait(now.predicted_wait);
     now
 }
