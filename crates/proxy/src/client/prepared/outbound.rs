@@ -14,7 +14,7 @@ use crate::protocol::{
     extended::{self, TARGET_STATEMENT},
     messages::{self, Severity},
     peek_header, sqlstate,
-    tags::frontend as fe,
+    tags::{frontend as fe, status},
     ProtocolError, HEADER_LEN,
 };
 use crate::server::conversation::STREAM_THRESHOLD;
@@ -143,6 +143,7 @@ impl ClientStatements {
         match classify(text) {
             Sql::Pins(why) => self.pin(why),
             Sql::DropsAll => server.mark_all_uncertain(),
+            Sql::Ddl => self.saw_ddl(server),
             Sql::SessionSet(_) if self.pinned.is_none() => return Ok(self.start_tracking(m, conv)),
             Sql::SessionSet(_) => {}
             Sql::Other | Sql::Deallocate(_) => {}
@@ -223,12 +224,25 @@ impl ClientStatements {
             return Ok(Step::Next);
         };
         self.look_at(p.query, server);
+        self.metrics.record_client_parse();
+        if let Some(old) = self.statements.get(p.name).cloned() {
+            self.duplicate(m, src, &p, old, server, rw);
+            return Ok(Step::Next);
+        }
         let name = p.name.to_vec();
         let stmt = Arc::new(Statement::new(p.query, p.param_types));
         self.statements.insert(name.clone(), stmt.clone());
-        self.metrics.record_client_parse();
         if server.contains(&stmt.weir) {
             server.touch(&stmt.weir);
+            if self.status == status::FAILED {
+                // Postgres answers 25P02 (or, for COMMIT/ROLLBACK, parses):
+                // the unnamed statement gets the server's own answer.
+                let mut unnamed = BytesMut::new();
+                extended::parse(&mut unnamed, "", p.query, p.param_types);
+                rw.splice(src, m.at, m.total, &unnamed);
+                self.expect.push_back(Expect::Parse { pass: true, weir: None, client: Some((name, stmt)) });
+                return Ok(Step::Next);
+            }
             rw.splice(src, m.at, m.total, &[]);
             self.expect.push_back(Expect::FakeParse { client: name, stmt });
             return Ok(Step::Next);
@@ -236,6 +250,27 @@ impl ClientStatements {
         let parse = self.server_parse(&stmt, server, Some((name, stmt.clone())));
         rw.splice(src, m.at, m.total, &parse);
         Ok(Step::Next)
+    }
+
+    /// A Parse of a name the client holds: Postgres checks the text, then
+    /// answers 42P05. The server does both for the held statement's weir
+    /// name (prepared first if this server lacks it); the error is renamed
+    /// on its way back, and the client keeps its statement.
+    fn duplicate(
+        &mut self,
+        m: &Msg<'_>,
+        src: &[u8],
+        p: &extended::ParseRef<'_>,
+        old: Arc<Statement>,
+        server: &mut ServerStatements,
+        rw: &mut Rewrite,
+    ) {
+        let (client, new) = (p.name.to_vec(), Arc::new(Statement::new(p.query, p.param_types)));
+        self.ensure(&old, src, m.at, server, rw);
+        let mut dup = BytesMut::new();
+        extended::parse(&mut dup, &old.weir, p.query, p.param_types);
+        rw.splice(src, m.at, m.total, &dup);
+        self.expect.push_back(Expect::DupParse { client, old: old.weir.clone(), new });
     }
 
     fn on_bind(
@@ -246,16 +281,16 @@ impl ClientStatements {
         rw: &mut Rewrite,
     ) -> Result<Step, ProtocolError> {
         let Some(head) = extended::read_bind_head(m.bytes)? else {
-            return Ok(if m.whole() { self.pass(m, Expect::Bind) } else { Step::Wait });
+            return Ok(if m.whole() { self.pass(m, Expect::Bind { managed: false }) } else { Step::Wait });
         };
         let Some(stmt) = self.statements.get(head.statement).cloned() else {
-            return Ok(self.pass(m, Expect::Bind));
+            return Ok(self.pass(m, Expect::Bind { managed: false }));
         };
         self.ensure(&stmt, src, m.at, server, rw);
         let mut new_head = BytesMut::new();
         extended::bind_head(&mut new_head, m.total, &head, &stmt.weir);
         rw.splice(src, m.at, head.rest_at, &new_head);
-        Ok(self.pass(m, Expect::Bind))
+        Ok(self.pass(m, Expect::Bind { managed: true }))
     }
 
     fn on_describe(
@@ -269,13 +304,14 @@ impl ClientStatements {
             Ok((TARGET_STATEMENT, name)) => self.statements.get(name).cloned(),
             _ => None,
         };
+        let managed = stmt.is_some();
         if let Some(stmt) = stmt {
             self.ensure(&stmt, src, m.at, server, rw);
             let mut msg = BytesMut::new();
             extended::target(&mut msg, fe::DESCRIBE, TARGET_STATEMENT, &stmt.weir);
             rw.splice(src, m.at, m.total, &msg);
         }
-        Ok(self.pass(m, Expect::Describe))
+        Ok(self.pass(m, Expect::Describe { managed }))
     }
 
     fn on_close(&mut self, m: &Msg<'_>, src: &[u8], rw: &mut Rewrite) -> Result<Step, ProtocolError> {
@@ -319,6 +355,7 @@ impl ClientStatements {
                 self.statements.clear();
                 server.mark_all_uncertain();
             }
+            Sql::Ddl => self.saw_ddl(server),
             Sql::SessionSet(param) if self.pinned.is_none() => {
                 let mut notice = BytesMut::new();
                 messages::error_response(&mut notice, Severity::Warning, sqlstate::WARNING, &set_warning(&param));
@@ -326,6 +363,13 @@ impl ClientStatements {
             }
             _ => {}
         }
+    }
+
+    /// DDL may leave shared statements stale: a new generation now, and
+    /// another when the lease ends (after the DDL has run).
+    fn saw_ddl(&mut self, server: &mut ServerStatements) {
+        self.ddl = true;
+        self.invalidate(server);
     }
 
     fn pass(&mut self, m: &Msg<'_>, e: Expect) -> Step {
@@ -364,6 +408,7 @@ impl ClientStatements {
         out.extend_from_slice(&stmt.parse);
         self.metrics.record_server_parse();
         let pass = client.is_some();
+        server.add_provisional(stmt.weir.clone());
         self.expect.push_back(Expect::Parse { pass, weir: Some(stmt.weir.clone()), client });
         out
     }
