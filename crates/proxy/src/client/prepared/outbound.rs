@@ -4,6 +4,7 @@
 //! client's own Parse/Close/DEALLOCATE of statements weir keeps, and queues
 //! what the server will owe for each message sent.
 
+use std::collections::btree_map::Entry;
 use std::sync::Arc;
 
 use bytes::BytesMut;
@@ -225,13 +226,21 @@ impl ClientStatements {
         };
         self.look_at(p.query, server);
         self.metrics.record_client_parse();
-        if let Some(old) = self.statements.get(p.name).cloned() {
-            self.duplicate(m, src, &p, old, server, rw);
-            return Ok(Step::Next);
-        }
-        let name = p.name.to_vec();
         let stmt = Arc::new(Statement::new(p.query, p.param_types));
-        self.statements.insert(name.clone(), stmt.clone());
+        // One look-up, and the same two copies of the name as ever.
+        let name = match self.statements.entry(p.name.to_vec()) {
+            Entry::Occupied(held) => {
+                let old = held.get().clone();
+                let out = self.duplicate(&p, old, stmt, server);
+                rw.splice(src, m.at, m.total, &out);
+                return Ok(Step::Next);
+            }
+            Entry::Vacant(free) => {
+                let name = free.key().clone();
+                free.insert(stmt.clone());
+                name
+            }
+        };
         if server.contains(&stmt.weir) {
             server.touch(&stmt.weir);
             if self.status == status::FAILED {
@@ -258,19 +267,15 @@ impl ClientStatements {
     /// on its way back, and the client keeps its statement.
     fn duplicate(
         &mut self,
-        m: &Msg<'_>,
-        src: &[u8],
         p: &extended::ParseRef<'_>,
         old: Arc<Statement>,
+        new: Arc<Statement>,
         server: &mut ServerStatements,
-        rw: &mut Rewrite,
-    ) {
-        let (client, new) = (p.name.to_vec(), Arc::new(Statement::new(p.query, p.param_types)));
-        self.ensure(&old, src, m.at, server, rw);
-        let mut dup = BytesMut::new();
-        extended::parse(&mut dup, &old.weir, p.query, p.param_types);
-        rw.splice(src, m.at, m.total, &dup);
-        self.expect.push_back(Expect::DupParse { client, old: old.weir.clone(), new });
+    ) -> BytesMut {
+        let mut out = self.prepare_if_missing(&old, server).unwrap_or_default();
+        extended::parse(&mut out, &old.weir, p.query, p.param_types);
+        self.expect.push_back(Expect::DupParse { client: p.name.to_vec(), old: old.weir.clone(), new });
+        out
     }
 
     fn on_bind(
@@ -386,12 +391,18 @@ impl ClientStatements {
         server: &mut ServerStatements,
         rw: &mut Rewrite,
     ) {
+        if let Some(parse) = self.prepare_if_missing(stmt, server) {
+            rw.splice(src, at, 0, &parse);
+        }
+    }
+
+    /// The messages that prepare `stmt` if the server lacks it.
+    fn prepare_if_missing(&mut self, stmt: &Arc<Statement>, server: &mut ServerStatements) -> Option<BytesMut> {
         if server.contains(&stmt.weir) {
             server.touch(&stmt.weir);
-            return;
+            return None;
         }
-        let parse = self.server_parse(stmt, server, None);
-        rw.splice(src, at, 0, &parse);
+        Some(self.server_parse(stmt, server, None))
     }
 
     /// The messages that prepare `stmt` on the server: closes first (see
