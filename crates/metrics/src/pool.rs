@@ -71,6 +71,10 @@ pub struct PoolMetrics {
     client_parses: AtomicU64,
     server_parses: AtomicU64,
     pinned: AtomicU64,
+    /// Bumped whenever weir's shared prepared statements may be stale (DDL,
+    /// or a server error meaning one is): each server connection re-prepares
+    /// its statements on first use after a change.
+    statements_epoch: AtomicU64,
     opens: RateWindow,
     closes: RateWindow,
     servers: [AtomicI64; ServerState::COUNT],
@@ -250,6 +254,7 @@ impl PoolMetrics {
             client_parses: AtomicU64::new(0),
             server_parses: AtomicU64::new(0),
             pinned: AtomicU64::new(0),
+            statements_epoch: AtomicU64::new(0),
             opens: RateWindow::new(),
             closes: RateWindow::new(),
             servers: zeroed_i(),
@@ -376,6 +381,17 @@ impl PoolMetrics {
     /// A client session got pinned to a server connection.
     pub fn record_pinned(&self) {
         self.pinned.fetch_add(1, R);
+    }
+
+    /// The generation of the pool's shared prepared statements.
+    pub fn statements_epoch(&self) -> u64 {
+        self.statements_epoch.load(R)
+    }
+
+    /// Every shared prepared statement of the pool may be stale; returns the
+    /// new generation.
+    pub fn invalidate_statements(&self) -> u64 {
+        self.statements_epoch.fetch_add(1, R) + 1
     }
 
     // ---- gauges maintained by the proxy ----

@@ -228,6 +228,21 @@ pub fn error_is_fatal(mut body: &[u8]) -> Result<bool, ProtocolError> {
     }
 }
 
+/// The SQLSTATE of an ErrorResponse body, as the server's bytes.
+pub fn error_code(mut body: &[u8]) -> Result<&[u8], ProtocolError> {
+    loop {
+        let Some((&field, rest)) = body.split_first() else { return Err(ProtocolError::Truncated) };
+        body = rest;
+        if field == 0 {
+            return Ok(b"");
+        }
+        let value = read_cbytes(&mut body)?;
+        if field == b'C' {
+            return Ok(value);
+        }
+    }
+}
+
 /// Reads a ParameterStatus body into (name, value), as the server's bytes.
 pub fn parse_parameter_status(mut body: &[u8]) -> Result<(&[u8], &[u8]), ProtocolError> {
     let name = read_cbytes(&mut body)?;

@@ -2,8 +2,10 @@
 //! server connection: an LRU of at most `max_prepared_statements` names, plus
 //! the names whose existence is uncertain (a client ran DEALLOCATE ALL or
 //! DISCARD ALL, or left mid-batch), which are closed before being prepared
-//! again. Statements used during the current lease are never evicted, so a
-//! portal bound from one stays valid until the transaction ends.
+//! again. A new pool-wide generation (`sync_epoch`: DDL, or an error meaning
+//! a statement is stale) makes every name uncertain. Statements used during
+//! the current lease are never evicted, so a portal bound from one stays
+//! valid until the transaction ends.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -22,8 +24,15 @@ pub struct ServerStatements {
     entries: HashMap<Arc<str>, Entry>,
     by_age: BTreeMap<u64, Arc<str>>,
     maybe: HashSet<Arc<str>>,
+    /// Prepared since the server was last idle: if that transaction rolls
+    /// back, they may name objects that are gone.
+    provisional: Vec<Arc<str>>,
+    /// An error or ROLLBACK came since the first of `provisional`.
+    rolled_back: bool,
     tick: u64,
     lease: u64,
+    /// The pool's statement generation these entries belong to.
+    epoch: u64,
     /// The number of statements, for SHOW SERVERS.
     shown: SharedCount,
 }
@@ -32,6 +41,43 @@ impl ServerStatements {
     /// Starts a new lease: statements used from now on are protected from eviction.
     pub fn begin_lease(&mut self) {
         self.lease += 1;
+    }
+
+    /// Catches up with the pool's statement generation: after a change,
+    /// every statement here may be stale and is prepared afresh on next use.
+    pub fn sync_epoch(&mut self, epoch: u64) {
+        if self.epoch != epoch {
+            self.epoch = epoch;
+            self.mark_all_uncertain();
+        }
+    }
+
+    /// `name` is being prepared, maybe inside a transaction.
+    pub fn add_provisional(&mut self, name: Arc<str>) {
+        self.provisional.push(name);
+    }
+
+    /// Statements were prepared since the server was last idle.
+    pub fn has_provisional(&self) -> bool {
+        !self.provisional.is_empty()
+    }
+
+    /// An error or a ROLLBACK (of the transaction or to a savepoint).
+    pub fn rolled_back(&mut self) {
+        self.rolled_back |= !self.provisional.is_empty();
+    }
+
+    /// The server is idle again (`finished`), or was left mid-transaction:
+    /// what was prepared since it was last idle stays if its transaction
+    /// committed, else it becomes uncertain (closed and prepared afresh
+    /// before its next use).
+    pub fn settle(&mut self, finished: bool) {
+        if std::mem::take(&mut self.rolled_back) || !finished {
+            let names = std::mem::take(&mut self.provisional);
+            names.into_iter().for_each(|n| self.mark_uncertain(n));
+        } else {
+            self.provisional.clear();
+        }
     }
 
     /// The statement count as the admin console sees it (updated when a lease ends).
@@ -128,6 +174,8 @@ impl ServerStatements {
 
     /// The server is known to hold none of weir's statements (after a reset).
     pub fn clear(&mut self) {
+        self.provisional.clear();
+        self.rolled_back = false;
         self.entries.clear();
         self.by_age.clear();
         self.maybe.clear();
@@ -183,5 +231,34 @@ mod tests {
         s.mark_uncertain(n("z"));
         s.clear();
         assert!(!s.is_uncertain("z"));
+    }
+
+    #[test]
+    fn statements_of_a_rolled_back_transaction_become_uncertain() {
+        let mut s = ServerStatements::default();
+        for (rolled_back, finished, kept) in [(false, true, true), (true, true, false), (false, false, false)] {
+            s.insert(n("a"), 5);
+            s.add_provisional(n("a"));
+            assert!(s.has_provisional());
+            if rolled_back {
+                s.rolled_back();
+            }
+            s.settle(finished);
+            assert!(!s.has_provisional());
+            assert_eq!((s.contains("a"), s.is_uncertain("a")), (kept, !kept));
+        }
+    }
+
+    #[test]
+    fn a_new_generation_makes_every_statement_uncertain() {
+        let mut s = ServerStatements::default();
+        s.insert(n("a"), 5);
+        s.sync_epoch(0);
+        assert!(s.contains("a"), "same generation: kept");
+        s.sync_epoch(1);
+        assert!(!s.contains("a") && s.is_uncertain("a"));
+        s.insert(n("a"), 5);
+        s.sync_epoch(1);
+        assert!(s.contains("a"));
     }
 }

@@ -3,6 +3,12 @@
 //! weir's own Parse/Close, and puts the replies weir owes (ParseComplete,
 //! CloseComplete, DEALLOCATE's answer, notices) in their place in the stream.
 //!
+//! Replies also settle what weir keeps fresh: an idle ReadyForQuery settles
+//! the statements prepared in the transaction it ends (an error or ROLLBACK
+//! makes them uncertain), a stale-statement error on one of weir's
+//! statements starts a new generation, and the 42P05 answering a Parse of a
+//! name the client holds is renamed to the client's name.
+//!
 //! After an ErrorResponse to an extended-protocol message the server skips
 //! everything up to Sync: the queued expectations up to that Sync are dropped
 //! and what weir assumed about them is undone. Replies weir owed before the
@@ -47,8 +53,10 @@ impl ClientStatements {
         while let Ok(Some((tag, total))) = peek_header(&src[at..], MAX_SERVER_MESSAGE) {
             let avail = src.len() - at;
             let msg = &src[at..at + avail.min(total)];
-            if !self.on_reply(tag, msg, server) {
-                rw.splice(src, at, total, &[]);
+            match self.on_reply(tag, msg, server) {
+                Fate::Pass => {}
+                Fate::Swallow => rw.splice(src, at, total, &[]),
+                Fate::Replace(with) => rw.splice(src, at, total, &with),
             }
             if avail < total {
                 // A message length is an i32: the rest fits.
@@ -112,16 +120,20 @@ impl ClientStatements {
         settled
     }
 
-    /// Pops what one server message answers. False when the client must not
-    /// see it (the reply to weir's own Parse or Close).
-    fn on_reply(&mut self, tag: u8, msg: &[u8], server: &mut ServerStatements) -> bool {
+    /// Pops what one server message answers, and says what the client gets
+    /// of it (nothing, for the replies to weir's own Parse or Close).
+    fn on_reply(&mut self, tag: u8, msg: &[u8], server: &mut ServerStatements) -> Fate {
         let front = self.expect.front();
-        match tag {
+        let pass = match tag {
             be::PARSE_COMPLETE => match front {
                 Some(Expect::Parse { pass, .. }) => {
                     let pass = *pass;
                     self.expect.pop_front();
                     pass
+                }
+                Some(Expect::DupParse { .. }) => {
+                    self.duplicate_took(server);
+                    true
                 }
                 _ => true,
             },
@@ -133,29 +145,75 @@ impl ClientStatements {
                 }
                 _ => true,
             },
-            be::BIND_COMPLETE => self.pop_if(|e| matches!(e, Expect::Bind)),
+            be::BIND_COMPLETE => self.pop_if(|e| matches!(e, Expect::Bind { .. })),
             be::COPY_IN_RESPONSE | be::COPY_BOTH_RESPONSE => {
                 self.drop_ignored_syncs();
                 true
             }
-            be::ROW_DESCRIPTION | be::NO_DATA => self.pop_if(|e| matches!(e, Expect::Describe)),
+            be::ROW_DESCRIPTION | be::NO_DATA => self.pop_if(|e| matches!(e, Expect::Describe { .. })),
             be::COMMAND_COMPLETE | be::EMPTY_QUERY_RESPONSE | be::PORTAL_SUSPENDED => {
+                if server.has_provisional() && msg[HEADER_LEN.min(msg.len())..].starts_with(b"ROLLBACK") {
+                    server.rolled_back();
+                }
                 self.pop_if(|e| matches!(e, Expect::Execute))
             }
-            be::ERROR_RESPONSE => {
-                if !matches!(front, None | Some(Expect::Query) | Some(Expect::Sync)) {
-                    self.skip_to_sync(server);
-                }
-                true
-            }
+            be::ERROR_RESPONSE => return self.on_error(msg, server),
             be::READY_FOR_QUERY => {
                 if let Some(&s) = msg.get(HEADER_LEN) {
                     self.status = s;
                 }
                 self.pop_through_sync(server);
+                if self.status == status::IDLE {
+                    server.settle(true);
+                }
                 true
             }
             _ => true,
+        };
+        if pass {
+            Fate::Pass
+        } else {
+            Fate::Swallow
+        }
+    }
+
+    /// An ErrorResponse: the failing message and the rest up to Sync were
+    /// skipped. A stale-statement error on one of weir's statements starts a
+    /// new generation; the 42P05 for a name the client holds is renamed.
+    fn on_error(&mut self, msg: &[u8], server: &mut ServerStatements) -> Fate {
+        if server.has_provisional() {
+            server.rolled_back();
+        }
+        let whole = msg.len() >= HEADER_LEN && msg.len() == 1 + read_len(msg);
+        let code = match msg.get(HEADER_LEN..) {
+            Some(body) if whole => messages::error_code(body).unwrap_or(b""),
+            _ => b"",
+        };
+        let mut fate = Fate::Pass;
+        match self.expect.front() {
+            None | Some(Expect::Query) | Some(Expect::Sync) => return fate,
+            Some(Expect::DupParse { client, old, .. })
+                if code == sqlstate::DUPLICATE_PREPARED_STATEMENT.code().as_bytes() =>
+            {
+                fate = Fate::Replace(renamed(msg, old.as_bytes(), client));
+            }
+            Some(Expect::Bind { managed: true } | Expect::Describe { managed: true }) if is_stale(code) => {
+                self.invalidate(server);
+            }
+            _ => {}
+        }
+        self.skip_to_sync(server);
+        fate
+    }
+
+    /// The server took a Parse weir sent for a name the client holds: its
+    /// statement under that weir name was gone, and now has the new text.
+    /// Postgres would have defined the client's statement: so does weir, and
+    /// the weir name is closed before its next use.
+    fn duplicate_took(&mut self, server: &mut ServerStatements) {
+        if let Some(Expect::DupParse { client, old, new }) = self.expect.pop_front() {
+            server.mark_uncertain(old);
+            self.statements.insert(client, new);
         }
     }
 
@@ -207,4 +265,42 @@ impl ClientStatements {
             self.undo(e, server);
         }
     }
+}
+
+/// What the client gets of one server message.
+enum Fate {
+    Pass,
+    Swallow,
+    Replace(Bytes),
+}
+
+/// Codes that, on one of weir's statements, mean it no longer matches the
+/// catalog: a type or object it names is gone (XX000 "cache lookup
+/// failed"), its result type changed (0A000 "cached plan must not change
+/// result type"), or it is not on the server (26000).
+fn is_stale(code: &[u8]) -> bool {
+    [sqlstate::INTERNAL_ERROR, sqlstate::FEATURE_NOT_SUPPORTED, sqlstate::INVALID_SQL_STATEMENT_NAME]
+        .iter()
+        .any(|s| s.code().as_bytes() == code)
+}
+
+/// The length field of a whole message (it counts itself, not the tag).
+fn read_len(msg: &[u8]) -> usize {
+    u32::from_be_bytes([msg[1], msg[2], msg[3], msg[4]]) as usize
+}
+
+/// `msg` with every `from` in its body replaced by `to`, as bytes.
+fn renamed(msg: &[u8], from: &[u8], to: &[u8]) -> Bytes {
+    let mut out = BytesMut::with_capacity(msg.len() + to.len());
+    out.extend_from_slice(&msg[..HEADER_LEN]);
+    let mut rest = &msg[HEADER_LEN..];
+    while let Some(i) = memchr::memmem::find(rest, from) {
+        out.extend_from_slice(&rest[..i]);
+        out.extend_from_slice(to);
+        rest = &rest[i + from.len()..];
+    }
+    out.extend_from_slice(rest);
+    let len = (out.len() - 1) as u32;
+    out[1..HEADER_LEN].copy_from_slice(&len.to_be_bytes());
+    out.freeze()
 }

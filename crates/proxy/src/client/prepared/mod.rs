@@ -10,6 +10,17 @@
 //! * the queue of replies the server owes for what was sent, and the
 //!   inbound filter (`inbound.rs`) that swallows replies to weir's own
 //!   messages and synthesizes the ones the client expects in their place;
+//! * keeping shared statements fresh: a statement weir prepared in a
+//!   transaction that then rolled back (wholly or to a savepoint) may name
+//!   objects that are gone, so it is made uncertain on that server (closed
+//!   and prepared again before anyone uses it); DDL a client runs, and a
+//!   server error that means a statement is stale (XX000, 0A000, 26000 on
+//!   one of weir's statements), start a new pool-wide generation in which
+//!   every server prepares its statements afresh;
+//! * the client's statement namespace as a backend has it: a Parse of a
+//!   name the client holds gets Postgres's own 42P05 (weir sends it to the
+//!   server under the held statement's name and renames the error), a Parse
+//!   in a failed transaction gets the server's 25P02;
 //! * pinning: a client that used LISTEN, a session advisory lock, WITH HOLD
 //!   cursors, SQL PREPARE or temporary tables keeps its server connection.
 //!
@@ -69,9 +80,22 @@ enum Expect {
         weir: Option<Arc<str>>,
         client: Option<(Vec<u8>, Arc<Statement>)>,
     },
-    Bind,
-    Describe,
+    /// `managed`: it names one of weir's statements.
+    Bind {
+        managed: bool,
+    },
+    Describe {
+        managed: bool,
+    },
     Execute,
+    /// The client's Parse of a name it holds, sent as a Parse of that
+    /// statement's weir name (`old`) so that the server answers 42P05 after
+    /// checking the text as it would. `new` is the statement it asked for.
+    DupParse {
+        client: Vec<u8>,
+        old: Arc<str>,
+        new: Arc<Statement>,
+    },
     /// A Close sent to the server; `evicted` names a statement weir closes.
     Close {
         pass: bool,
@@ -130,6 +154,8 @@ pub struct ClientStatements {
     /// holds one (almost always empty).
     statements: BTreeMap<Vec<u8>, Arc<Statement>>,
     expect: VecDeque<Expect>,
+    /// The client ran DDL in this lease.
+    ddl: bool,
     /// Bytes of a client message being streamed through, not yet seen.
     pass_remaining: u32,
     /// Bytes of a server message being streamed through, not yet seen.
@@ -149,6 +175,7 @@ impl ClientStatements {
             pinned: None,
             statements: BTreeMap::new(),
             expect: VecDeque::new(),
+            ddl: false,
             pass_remaining: 0,
             reply_partial: 0,
             status: status::IDLE,
@@ -164,6 +191,7 @@ impl ClientStatements {
     /// A server connection was just lent to this client.
     pub fn begin(&mut self, server: &mut ServerStatements, conv: &Conversation) {
         server.begin_lease();
+        server.sync_epoch(self.metrics.statements_epoch());
         self.expect.clear();
         self.reply_partial = 0;
         self.status = conv.status;
@@ -180,9 +208,23 @@ impl ClientStatements {
                 _ => {}
             }
         }
+        // Prepared in a transaction that did not end cleanly in this lease.
+        server.settle(false);
+        if std::mem::take(&mut self.ddl) {
+            // Again now that the DDL has run: a statement prepared by
+            // someone else meanwhile may predate its commit.
+            self.invalidate(server);
+        }
         self.reply_partial = 0;
         self.pass_remaining = 0;
         server.publish();
+    }
+
+    /// Every shared statement of the pool may be stale: a new generation,
+    /// caught up with at once on this server, at the next lease on others.
+    fn invalidate(&mut self, server: &mut ServerStatements) {
+        tracing::debug!("shared prepared statements may be stale: preparing them afresh");
+        server.sync_epoch(self.metrics.invalidate_statements());
     }
 
     fn pin(&mut self, why: &'static str) {

@@ -4,6 +4,7 @@
 //! client's own Parse/Close/DEALLOCATE of statements weir keeps, and queues
 //! what the server will owe for each message sent.
 
+use std::collections::btree_map::Entry;
 use std::sync::Arc;
 
 use bytes::BytesMut;
@@ -14,7 +15,7 @@ use crate::protocol::{
     extended::{self, TARGET_STATEMENT},
     messages::{self, Severity},
     peek_header, sqlstate,
-    tags::frontend as fe,
+    tags::{frontend as fe, status},
     ProtocolError, HEADER_LEN,
 };
 use crate::server::conversation::STREAM_THRESHOLD;
@@ -143,6 +144,7 @@ impl ClientStatements {
         match classify(text) {
             Sql::Pins(why) => self.pin(why),
             Sql::DropsAll => server.mark_all_uncertain(),
+            Sql::Ddl => self.saw_ddl(server),
             Sql::SessionSet(_) if self.pinned.is_none() => return Ok(self.start_tracking(m, conv)),
             Sql::SessionSet(_) => {}
             Sql::Other | Sql::Deallocate(_) => {}
@@ -223,12 +225,33 @@ impl ClientStatements {
             return Ok(Step::Next);
         };
         self.look_at(p.query, server);
-        let name = p.name.to_vec();
-        let stmt = Arc::new(Statement::new(p.query, p.param_types));
-        self.statements.insert(name.clone(), stmt.clone());
         self.metrics.record_client_parse();
+        let stmt = Arc::new(Statement::new(p.query, p.param_types));
+        // One look-up, and the same two copies of the name as ever.
+        let name = match self.statements.entry(p.name.to_vec()) {
+            Entry::Occupied(held) => {
+                let old = held.get().clone();
+                let out = self.duplicate(&p, old, stmt, server);
+                rw.splice(src, m.at, m.total, &out);
+                return Ok(Step::Next);
+            }
+            Entry::Vacant(free) => {
+                let name = free.key().clone();
+                free.insert(stmt.clone());
+                name
+            }
+        };
         if server.contains(&stmt.weir) {
             server.touch(&stmt.weir);
+            if self.status == status::FAILED {
+                // Postgres answers 25P02 (or, for COMMIT/ROLLBACK, parses):
+                // the unnamed statement gets the server's own answer.
+                let mut unnamed = BytesMut::new();
+                extended::parse(&mut unnamed, "", p.query, p.param_types);
+                rw.splice(src, m.at, m.total, &unnamed);
+                self.expect.push_back(Expect::Parse { pass: true, weir: None, client: Some((name, stmt)) });
+                return Ok(Step::Next);
+            }
             rw.splice(src, m.at, m.total, &[]);
             self.expect.push_back(Expect::FakeParse { client: name, stmt });
             return Ok(Step::Next);
@@ -236,6 +259,23 @@ impl ClientStatements {
         let parse = self.server_parse(&stmt, server, Some((name, stmt.clone())));
         rw.splice(src, m.at, m.total, &parse);
         Ok(Step::Next)
+    }
+
+    /// A Parse of a name the client holds: Postgres checks the text, then
+    /// answers 42P05. The server does both for the held statement's weir
+    /// name (prepared first if this server lacks it); the error is renamed
+    /// on its way back, and the client keeps its statement.
+    fn duplicate(
+        &mut self,
+        p: &extended::ParseRef<'_>,
+        old: Arc<Statement>,
+        new: Arc<Statement>,
+        server: &mut ServerStatements,
+    ) -> BytesMut {
+        let mut out = self.prepare_if_missing(&old, server).unwrap_or_default();
+        extended::parse(&mut out, &old.weir, p.query, p.param_types);
+        self.expect.push_back(Expect::DupParse { client: p.name.to_vec(), old: old.weir.clone(), new });
+        out
     }
 
     fn on_bind(
@@ -246,16 +286,16 @@ impl ClientStatements {
         rw: &mut Rewrite,
     ) -> Result<Step, ProtocolError> {
         let Some(head) = extended::read_bind_head(m.bytes)? else {
-            return Ok(if m.whole() { self.pass(m, Expect::Bind) } else { Step::Wait });
+            return Ok(if m.whole() { self.pass(m, Expect::Bind { managed: false }) } else { Step::Wait });
         };
         let Some(stmt) = self.statements.get(head.statement).cloned() else {
-            return Ok(self.pass(m, Expect::Bind));
+            return Ok(self.pass(m, Expect::Bind { managed: false }));
         };
         self.ensure(&stmt, src, m.at, server, rw);
         let mut new_head = BytesMut::new();
         extended::bind_head(&mut new_head, m.total, &head, &stmt.weir);
         rw.splice(src, m.at, head.rest_at, &new_head);
-        Ok(self.pass(m, Expect::Bind))
+        Ok(self.pass(m, Expect::Bind { managed: true }))
     }
 
     fn on_describe(
@@ -269,13 +309,14 @@ impl ClientStatements {
             Ok((TARGET_STATEMENT, name)) => self.statements.get(name).cloned(),
             _ => None,
         };
+        let managed = stmt.is_some();
         if let Some(stmt) = stmt {
             self.ensure(&stmt, src, m.at, server, rw);
             let mut msg = BytesMut::new();
             extended::target(&mut msg, fe::DESCRIBE, TARGET_STATEMENT, &stmt.weir);
             rw.splice(src, m.at, m.total, &msg);
         }
-        Ok(self.pass(m, Expect::Describe))
+        Ok(self.pass(m, Expect::Describe { managed }))
     }
 
     fn on_close(&mut self, m: &Msg<'_>, src: &[u8], rw: &mut Rewrite) -> Result<Step, ProtocolError> {
@@ -319,6 +360,7 @@ impl ClientStatements {
                 self.statements.clear();
                 server.mark_all_uncertain();
             }
+            Sql::Ddl => self.saw_ddl(server),
             Sql::SessionSet(param) if self.pinned.is_none() => {
                 let mut notice = BytesMut::new();
                 messages::error_response(&mut notice, Severity::Warning, sqlstate::WARNING, &set_warning(&param));
@@ -326,6 +368,13 @@ impl ClientStatements {
             }
             _ => {}
         }
+    }
+
+    /// DDL may leave shared statements stale: a new generation now, and
+    /// another when the lease ends (after the DDL has run).
+    fn saw_ddl(&mut self, server: &mut ServerStatements) {
+        self.ddl = true;
+        self.invalidate(server);
     }
 
     fn pass(&mut self, m: &Msg<'_>, e: Expect) -> Step {
@@ -342,12 +391,18 @@ impl ClientStatements {
         server: &mut ServerStatements,
         rw: &mut Rewrite,
     ) {
+        if let Some(parse) = self.prepare_if_missing(stmt, server) {
+            rw.splice(src, at, 0, &parse);
+        }
+    }
+
+    /// The messages that prepare `stmt` if the server lacks it.
+    fn prepare_if_missing(&mut self, stmt: &Arc<Statement>, server: &mut ServerStatements) -> Option<BytesMut> {
         if server.contains(&stmt.weir) {
             server.touch(&stmt.weir);
-            return;
+            return None;
         }
-        let parse = self.server_parse(stmt, server, None);
-        rw.splice(src, at, 0, &parse);
+        Some(self.server_parse(stmt, server, None))
     }
 
     /// The messages that prepare `stmt` on the server: closes first (see
@@ -364,6 +419,7 @@ impl ClientStatements {
         out.extend_from_slice(&stmt.parse);
         self.metrics.record_server_parse();
         let pass = client.is_some();
+        server.add_provisional(stmt.weir.clone());
         self.expect.push_back(Expect::Parse { pass, weir: Some(stmt.weir.clone()), client });
         out
     }

@@ -1,7 +1,8 @@
 //! A cheap look at the head of a query's text (at most `INSPECT_LIMIT`
 //! bytes, words only, never a full parse) to find what transaction pooling
-//! must know about: DEALLOCATE / DISCARD ALL (prepared statements), and the
-//! session features that cannot survive a change of server connection.
+//! must know about: DEALLOCATE / DISCARD ALL (prepared statements), DDL
+//! that may leave shared statements stale, and the session features that
+//! cannot survive a change of server connection.
 
 /// Only this much of a query's text is looked at.
 pub const INSPECT_LIMIT: usize = 1024;
@@ -15,6 +16,8 @@ pub enum Sql {
     Deallocate(Vec<u8>),
     /// `DEALLOCATE [PREPARE] ALL` or `DISCARD ALL`.
     DropsAll,
+    /// `DROP ...` or `ALTER ...`: statements prepared before may be stale.
+    Ddl,
     /// A session feature that needs the same server connection from now on.
     Pins(&'static str),
     /// `SET` at session level of a parameter weir does not carry across
@@ -55,6 +58,8 @@ pub fn classify(text: &[u8]) -> Sql {
         } else {
             Sql::Other
         }
+    } else if is(b"drop") || is(b"alter") {
+        Sql::Ddl
     } else if is(b"listen") {
         Sql::Pins("LISTEN")
     } else if is(b"prepare") {
@@ -277,6 +282,14 @@ mod tests {
         assert_eq!(classify(b"SET TIME ZONE 'UTC'"), Sql::Other);
         assert_eq!(classify(b"set application_name = 'x'"), Sql::Other);
         assert_eq!(classify(b"set DateStyle = ISO"), Sql::Other);
+    }
+
+    #[test]
+    fn ddl_is_flagged() {
+        assert_eq!(classify(b"DROP TYPE mood"), Sql::Ddl);
+        assert_eq!(classify(b" alter table t alter column a type text"), Sql::Ddl);
+        assert_eq!(classify(b"dropped"), Sql::Other);
+        assert_eq!(classify(b"create type mood as enum ('a')"), Sql::Other);
     }
 
     #[test]
