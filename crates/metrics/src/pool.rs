@@ -66,6 +66,7 @@ pub struct PoolMetrics {
     client_parses: AtomicU64,
     server_parses: AtomicU64,
     pinned: AtomicU64,
+    settings_unfollowed: AtomicU64,
     opens: RateWindow,
     closes: RateWindow,
     servers: [AtomicI64; ServerState::COUNT],
@@ -103,6 +104,7 @@ pub(crate) struct Sample {
     pub client_parses: u64,
     pub server_parses: u64,
     pub pinned: u64,
+    pub settings_unfollowed: u64,
     pub received: u64,
     pub sent: u64,
     pub opens_rate: [f64; Window::ALL.len()],
@@ -132,6 +134,7 @@ impl Sample {
         self.client_parses += o.client_parses;
         self.server_parses += o.server_parses;
         self.pinned += o.pinned;
+        self.settings_unfollowed += o.settings_unfollowed;
         self.received += o.received;
         self.sent += o.sent;
         add_all(&mut self.opens_rate, &o.opens_rate);
@@ -235,6 +238,7 @@ impl PoolMetrics {
             client_parses: AtomicU64::new(0),
             server_parses: AtomicU64::new(0),
             pinned: AtomicU64::new(0),
+            settings_unfollowed: AtomicU64::new(0),
             opens: RateWindow::new(),
             closes: RateWindow::new(),
             servers: zeroed_i(),
@@ -335,6 +339,12 @@ impl PoolMetrics {
     /// A client session got pinned to a server connection.
     pub fn record_pinned(&self) {
         self.pinned.fetch_add(1, R);
+    }
+
+    /// A client's session settings could not be read back from a server
+    /// (transaction mode): the server is reset, the client keeps its old ones.
+    pub fn record_settings_unfollowed(&self) {
+        self.settings_unfollowed.fetch_add(1, R);
     }
 
     // ---- gauges maintained by the proxy ----
@@ -503,6 +513,11 @@ impl PoolMetrics {
         self.pinned.load(R)
     }
 
+    /// Session-settings read-backs that failed.
+    pub fn settings_unfollowed(&self) -> u64 {
+        self.settings_unfollowed.load(R)
+    }
+
     /// Server connection opens per second over `window`.
     pub fn opens_per_second(&self, window: Window) -> f64 {
         self.opens.per_second(window)
@@ -561,6 +576,7 @@ impl PoolMetrics {
             client_parses: self.client_parses(),
             server_parses: self.server_parses(),
             pinned: self.pinned(),
+            settings_unfollowed: self.settings_unfollowed(),
             received: self.bytes_received(),
             sent: self.bytes_sent(),
             opens_rate: std::array::from_fn(|i| self.opens.per_second(Window::ALL[i])),

@@ -134,19 +134,19 @@ impl ParamMap {
         self.len() == 0
     }
 
-    /// Appends the SET statements that make a server with `server` values
-    /// match `self` for the names `self` has.
-    pub fn push_sets(&self, server: &ParamMap, sql: &mut String) {
+    /// Appends the statements (made by `statement`) that make a server with
+    /// `server` values match `self` for the names `self` has.
+    pub fn push_sets(&self, server: &ParamMap, sql: &mut String, statement: fn(&str, &str) -> String) {
         for ((mine, theirs), name) in self.vals().tracked.iter().zip(&server.vals().tracked).zip(TRACKED) {
             if let Some(v) = mine {
                 if theirs.as_ref() != Some(v) {
-                    sql.push_str(&set_statement(name, v));
+                    sql.push_str(&statement(name, v));
                 }
             }
         }
         for (k, v) in &self.vals().other {
             if server.get(k) != Some(v.as_str()) {
-                sql.push_str(&set_statement(k, v));
+                sql.push_str(&statement(k, v));
             }
         }
     }
@@ -161,7 +161,9 @@ impl ParamMap {
     }
 
     /// The SQL that makes a server's reported params and applied settings
-    /// match a client's, or None when nothing differs.
+    /// match a client's, or None when nothing differs: one simple query,
+    /// so one round trip however many differ. Settings go through
+    /// `set_config`, which takes a value as Postgres reads it back.
     pub fn sync_sql(
         params: &ParamMap,
         settings: &ParamMap,
@@ -169,8 +171,8 @@ impl ParamMap {
         server_settings: &ParamMap,
     ) -> Option<String> {
         let mut sql = String::new();
-        params.push_sets(server_params, &mut sql);
-        settings.push_sets(server_settings, &mut sql);
+        params.push_sets(server_params, &mut sql, set_statement);
+        settings.push_sets(server_settings, &mut sql, set_config_statement);
         settings.push_resets(server_settings, &mut sql);
         (!sql.is_empty()).then_some(sql)
     }
@@ -184,12 +186,23 @@ pub fn valid_name(name: &str) -> bool {
 /// `SET "name" TO 'value';` with the value quoted for any server setting of
 /// standard_conforming_strings.
 pub fn set_statement(name: &str, value: &str) -> String {
-    let quoted = if value.contains('\\') {
+    format!("SET \"{}\" TO {};", name.replace('"', "\"\""), literal(value))
+}
+
+/// `SELECT pg_catalog.set_config('name', 'value', false);`: the value as
+/// `pg_settings.setting` gives it. (`SET search_path TO 'a, b'` would name
+/// one schema "a, b"; set_config reads the list.)
+pub fn set_config_statement(name: &str, value: &str) -> String {
+    format!("SELECT pg_catalog.set_config({}, {}, false);", literal(name), literal(value))
+}
+
+/// A string literal read the same under either standard_conforming_strings.
+fn literal(value: &str) -> String {
+    if value.contains('\\') {
         format!("E'{}'", value.replace('\\', "\\\\").replace('\'', "''"))
     } else {
         format!("'{}'", value.replace('\'', "''"))
-    };
-    format!("SET \"{}\" TO {};", name.replace('"', "\"\""), quoted)
+    }
 }
 
 /// Parses a startup `options` value into `-c name=value` settings.
@@ -254,6 +267,8 @@ mod tests {
         let mut leftover = ParamMap::new();
         leftover.set("search_path", "x");
         assert_eq!(ParamMap::sync_sql(&client, &none, &server, &leftover).unwrap(), "RESET \"search_path\";");
+        let sql = ParamMap::sync_sql(&client, &leftover, &server, &none).unwrap();
+        assert_eq!(sql, "SELECT pg_catalog.set_config('search_path', 'x', false);");
     }
 
     #[test]
@@ -328,6 +343,7 @@ mod tests {
     #[test]
     fn backslashes_use_escape_strings() {
         assert_eq!(set_statement("x", "a\\b"), "SET \"x\" TO E'a\\\\b';");
+        assert_eq!(set_config_statement("x", "a'\\"), "SELECT pg_catalog.set_config('x', E'a''\\\\', false);");
         assert!(!valid_name("a;drop"));
     }
 }

@@ -27,10 +27,14 @@ use crate::protocol::{
     peek_header, scan_frames, sqlstate,
     tags::{frontend as fe, status},
 };
+use crate::server::readback::Readback;
 use crate::wire;
 
 /// While queued, read at most this much more from the client (to see it leave).
 const WAIT_READ_LIMIT: usize = 1 << 20;
+
+/// How long reading a server's session settings back may take.
+const READBACK_LIMIT: Duration = Duration::from_secs(10);
 
 /// Postgres's own words for a cancelled statement.
 const CANCELED_MESSAGE: &str = "canceling statement due to user request";
@@ -443,14 +447,25 @@ impl<'a> Session<'a> {
         )
         .await;
         self.prepared.end(&mut lease.conn_mut().statements);
-        if self.prepared.pinned().is_some() {
-            // LISTEN, locks, cursors... stay on it: reset before anyone else gets it.
+        let touched = self.prepared.take_settings_touched();
+        if self.prepared.pinned().is_some() || (touched && !matches!(ended, Ok(Ended::Released))) {
+            // LISTEN, locks, cursors, settings not read back... stay on it:
+            // reset before anyone else gets it.
             lease.set_needs_reset();
         }
         self.reg.slot.set_idle();
-        match ended? {
+        // A statement of its own: the `?`'s temporary (with room for a
+        // ClientError) would otherwise stay in the request's future across
+        // the read-back's await.
+        let ended = ended?;
+        match ended {
             Ended::Released => {
                 self.pool.metrics.record_transaction(started.elapsed());
+                if touched {
+                    // Boxed: rare, and kept out of every request's future.
+                    let read_back = Box::pin(self.read_back_settings(lease));
+                    return read_back.await;
+                }
                 drop(lease);
                 Ok(true)
             }
@@ -466,6 +481,38 @@ impl<'a> Session<'a> {
                 self.server_lost(told).await
             }
         }
+    }
+
+    /// After a transaction that may have changed unreported session
+    /// settings: the server's settings, read back, become the client's (and
+    /// are what weir knows this server holds). A server whose settings
+    /// cannot be read is reset before another client gets it; the client
+    /// keeps its earlier settings (logged and counted, never told).
+    async fn read_back_settings(&mut self, mut lease: Lease) -> Result<bool, ClientError> {
+        let conn = lease.conn_mut();
+        let read = tokio::time::timeout(READBACK_LIMIT, conn.read_back_settings()).await;
+        match read {
+            Ok(Ok(Readback::Settings(mut settings))) => {
+                self.pool.stamps.canonicalize(&mut settings);
+                conn.settings = settings.clone();
+                conn.matched = None;
+                self.settings = settings;
+            }
+            Ok(Ok(Readback::Unreadable)) => {
+                tracing::info!("session settings could not be read back; the server connection will be reset");
+                self.pool.metrics.record_settings_unfollowed();
+                lease.set_needs_reset();
+            }
+            Ok(Err(reason)) => {
+                self.pool.metrics.record_settings_unfollowed();
+                lease.close(reason);
+            }
+            Err(_) => {
+                self.pool.metrics.record_settings_unfollowed();
+                lease.close(CloseReason::ServerError);
+            }
+        }
+        Ok(true)
     }
 
     /// The server is gone. The client gets one FATAL and no more: the
