@@ -82,7 +82,11 @@ async fn clients_sharing_one_server_each_keep_their_own() {
     let mut b = login(&h).await;
     run(&mut a, "SET statement_timeout = '150ms'").await;
     run(&mut b, "SET lock_timeout = '2s'").await;
+    // Reported by Postgres (ParameterStatus), not among weir's six.
+    run(&mut a, "SET default_transaction_read_only = on").await;
     for _ in 0..6 {
+        assert_eq!(show(&mut b, "default_transaction_read_only").await, "off");
+        assert_eq!(show(&mut a, "default_transaction_read_only").await, "on");
         assert_eq!(show(&mut a, "statement_timeout").await, "150ms");
         assert_eq!(show(&mut a, "lock_timeout").await, "0");
         assert_eq!(show(&mut b, "statement_timeout").await, "0");
@@ -146,6 +150,12 @@ async fn transactions_decide_what_is_kept() {
     assert_eq!(show(&mut a, "lock_timeout").await, "2s", "committed");
     assert_eq!(show(&mut a, "work_mem").await, "4MB", "rolled back to the savepoint");
     // Committed, in one simple query: kept.
+    // A reported parameter: its ParameterStatus reports the rollback too.
+    for sql in ["begin", "SET application_name = 'rolled_back'", "rollback"] {
+        run(&mut a, sql).await;
+    }
+    run(&mut b, "select 1").await;
+    assert_eq!(show(&mut a, "application_name").await, "");
     run(&mut a, "begin; SET statement_timeout = '150ms'; commit").await;
     run(&mut b, "select 1").await;
     assert_eq!(show(&mut a, "statement_timeout").await, "150ms");
@@ -201,4 +211,25 @@ async fn a_custom_parameter_pins_its_client_and_stays_with_it() {
     let mut b = login(&h).await;
     let theirs = run(&mut b, "select coalesce(current_setting('myapp.tenant', true), '')").await;
     assert_eq!(theirs.as_deref(), Some(""), "reset before another client got the server");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_returns_to_the_startup_settings() {
+    let h = harness(1).await;
+    // statement_timeout is on track_extra_parameters' default list.
+    let mut a = Raw::login(h.addr(), SCRAM_USER, "", &[("statement_timeout", "5s")]).await.expect("login");
+    let mut b = login(&h).await;
+    assert_eq!(show(&mut a, "statement_timeout").await, "5s");
+    run(&mut a, "SET statement_timeout = '150ms'").await;
+    run(&mut b, "select 1").await;
+    assert_eq!(show(&mut a, "statement_timeout").await, "150ms");
+    assert_eq!(show(&mut b, "statement_timeout").await, "0");
+    run(&mut a, "RESET ALL").await;
+    run(&mut b, "select 1").await;
+    assert_eq!(show(&mut a, "statement_timeout").await, "5s", "RESET ALL returns to the startup value, as in Postgres");
+    run(&mut a, "SET statement_timeout = '150ms'").await;
+    run(&mut a, "RESET statement_timeout").await;
+    run(&mut b, "select 1").await;
+    assert_eq!(show(&mut a, "statement_timeout").await, "5s");
+    assert_eq!(show(&mut b, "statement_timeout").await, "0");
 }

@@ -33,9 +33,12 @@ pub struct ParamMap {
 struct Values {
     tracked: [Option<String>; TRACKED.len()],
     other: Vec<(String, String)>,
+    /// The values RESET returns to, where they are not the server's own (a
+    /// client's startup settings: `ParamMap::keep_as_reset_values`).
+    reset: Vec<(String, String)>,
 }
 
-static EMPTY: Values = Values { tracked: [const { None }; TRACKED.len()], other: Vec::new() };
+static EMPTY: Values = Values { tracked: [const { None }; TRACKED.len()], other: Vec::new(), reset: Vec::new() };
 
 impl PartialEq for ParamMap {
     fn eq(&self, other: &Self) -> bool {
@@ -112,6 +115,38 @@ impl ParamMap {
             },
         }
         self.stamp = NEXT_STAMP.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Makes the unreported values now in the map the ones RESET returns
+    /// to: a client's startup settings, as Postgres keeps them (not its own
+    /// server defaults) through RESET and RESET ALL.
+    pub fn keep_as_reset_values(&mut self) {
+        if let Some(vals) = self.values.as_mut() {
+            let vals = Arc::make_mut(vals);
+            if vals.reset != vals.other {
+                vals.reset = vals.other.clone();
+                self.stamp = NEXT_STAMP.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// A client's settings after a server's session-level ones were read
+    /// back: its reset values (see `keep_as_reset_values`), overridden by
+    /// `session`'s. Keeps the reset values.
+    pub fn after_read_back(&self, session: ParamMap) -> ParamMap {
+        let reset = &self.vals().reset;
+        if reset.is_empty() {
+            return session;
+        }
+        let mut out = ParamMap::new();
+        for (k, v) in reset {
+            out.set(k, v);
+        }
+        out.keep_as_reset_values();
+        for (k, v) in session.iter() {
+            out.set(k, v);
+        }
+        out
     }
 
     /// Names this map's content (see the type's documentation).
@@ -324,6 +359,24 @@ mod tests {
         let all: Vec<_> = p.iter().collect();
         assert_eq!(all, vec![("DateStyle", "ISO, MDY"), ("Search_Path", "b")], "tracked names in canonical spelling");
         assert!(!p.is_empty() && ParamMap::new().is_empty());
+    }
+
+    #[test]
+    fn reset_values_come_back_after_a_read_back() {
+        let mut startup = ParamMap::new();
+        startup.set("statement_timeout", "5s");
+        startup.keep_as_reset_values();
+        let mut session = ParamMap::new();
+        session.set("lock_timeout", "1s");
+        let after = startup.after_read_back(session.clone());
+        assert_eq!(after.get("statement_timeout"), Some("5s"), "RESET returns to the startup value");
+        assert_eq!(after.get("lock_timeout"), Some("1s"));
+        session.set("statement_timeout", "7s");
+        let again = after.after_read_back(session);
+        assert_eq!(again.get("statement_timeout"), Some("7s"), "a session value wins");
+        assert_eq!(again.after_read_back(ParamMap::new()).get("statement_timeout"), Some("5s"), "RESET ALL");
+        let plain = ParamMap::new().after_read_back(ParamMap::new());
+        assert!(plain.is_empty());
     }
 
     #[test]

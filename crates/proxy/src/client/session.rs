@@ -130,6 +130,8 @@ impl<'a> Session<'a> {
     /// A session for `client`, whose unread bytes are `client_in`.
     pub fn new(client: &'a mut ClientStream, client_in: BytesMut, login: LoggedIn) -> Self {
         let LoggedIn { pool, mode, mut params, mut settings, reg, budget, max_message, shutdown } = login;
+        // RESET goes back to the startup settings, as in Postgres.
+        settings.keep_as_reset_values();
         // Clients with the same values share stamps (see `ServerConn::sync_params`).
         pool.stamps.canonicalize(&mut params);
         pool.stamps.canonicalize(&mut settings);
@@ -492,9 +494,10 @@ impl<'a> Session<'a> {
         let conn = lease.conn_mut();
         let read = tokio::time::timeout(READBACK_LIMIT, conn.read_back_settings()).await;
         match read {
-            Ok(Ok(Readback::Settings(mut settings))) => {
+            Ok(Ok(Readback::Settings(on_server))) => {
+                let mut settings = self.settings.after_read_back(on_server.clone());
                 self.pool.stamps.canonicalize(&mut settings);
-                conn.settings = settings.clone();
+                conn.settings = on_server;
                 conn.matched = None;
                 self.settings = settings;
             }
