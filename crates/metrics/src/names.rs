@@ -162,6 +162,7 @@ pub const PER_POOL: &[&str] = &[
     PREPARED_STATEMENTS_CLIENT_PARSES_TOTAL,
     PREPARED_STATEMENTS_SERVER_PARSES_TOTAL,
     PINNED_SESSIONS_TOTAL,
+    SETTINGS_UNFOLLOWED_TOTAL,
     POOL_SIZE,
     POOL_RESERVE_POOL_SIZE,
     POOL_MAX_DB_CONNECTIONS,
@@ -216,7 +217,7 @@ mod tests {
             assert!(!help.is_empty());
             assert!(seen.insert(*name), "duplicate {name}");
         }
-        assert_eq!(ALL.len(), 27);
+        assert_eq!(ALL.len(), 28);
         assert_eq!(histogram_names().count(), 3);
         assert!(PER_POOL.iter().all(|n| lookup(n).is_some()));
     }

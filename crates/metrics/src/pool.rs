@@ -635,6 +635,8 @@ mod tests {
         assert_eq!(p.transaction_time(), Duration::from_millis(3));
         assert_eq!((p.server_assignments(), p.wait_time()), (1, Duration::from_millis(1)));
         assert_eq!((p.client_parses(), p.server_parses(), p.pinned()), (1, 1, 1));
+        p.record_settings_unfollowed();
+        assert_eq!(p.settings_unfollowed(), 1);
         assert_eq!(p.opened(), 0, "connect failures are not opens");
 
         p.add_servers(ServerState::Login, 1);
