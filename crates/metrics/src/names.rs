@@ -61,6 +61,9 @@ pub const PREPARED_STATEMENTS_CLIENT_PARSES_TOTAL: &str = "weir_prepared_stateme
 pub const PREPARED_STATEMENTS_SERVER_PARSES_TOTAL: &str = "weir_prepared_statements_server_parses_total";
 /// Counter (database,user): sessions pinned to a server connection.
 pub const PINNED_SESSIONS_TOTAL: &str = "weir_pinned_sessions_total";
+/// Counter (database,user): session-settings read-backs that failed (the
+/// server was reset instead).
+pub const SETTINGS_UNFOLLOWED_TOTAL: &str = "weir_session_settings_unfollowed_total";
 /// Gauge (database,user): the pool's configured `pool_size`.
 pub const POOL_SIZE: &str = "weir_pool_size";
 /// Gauge (database,user): the pool's configured `reserve_pool_size`.
@@ -131,6 +134,11 @@ pub const ALL: &[(&str, Kind, &str)] = &[
     (PREPARED_STATEMENTS_CLIENT_PARSES_TOTAL, Kind::Counter, "Parse messages received from clients."),
     (PREPARED_STATEMENTS_SERVER_PARSES_TOTAL, Kind::Counter, "Parse messages sent to servers."),
     (PINNED_SESSIONS_TOTAL, Kind::Counter, "Client sessions pinned to one server connection."),
+    (
+        SETTINGS_UNFOLLOWED_TOTAL,
+        Kind::Counter,
+        "Session-settings read-backs that failed; the server connection was reset instead.",
+    ),
     (POOL_SIZE, Kind::Gauge, "The pool's configured pool_size."),
     (POOL_RESERVE_POOL_SIZE, Kind::Gauge, "The pool's configured reserve_pool_size."),
     (POOL_MAX_DB_CONNECTIONS, Kind::Gauge, "The database's configured max_db_connections (0: no limit)."),
@@ -172,6 +180,7 @@ pub const PER_POOL: &[&str] = &[
     PREPARED_STATEMENTS_CLIENT_PARSES_TOTAL,
     PREPARED_STATEMENTS_SERVER_PARSES_TOTAL,
     PINNED_SESSIONS_TOTAL,
+    SETTINGS_UNFOLLOWED_TOTAL,
     POOL_SIZE,
     POOL_RESERVE_POOL_SIZE,
     POOL_MAX_DB_CONNECTIONS,
@@ -228,7 +237,7 @@ mod tests {
             assert!(!help.is_empty());
             assert!(seen.insert(*name), "duplicate {name}");
         }
-        assert_eq!(ALL.len(), 30);
+        assert_eq!(ALL.len(), 31);
         assert_eq!(histogram_names().count(), 3);
         assert!(PER_POOL.iter().all(|n| lookup(n).is_some()));
     }

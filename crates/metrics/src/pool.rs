@@ -75,6 +75,7 @@ pub struct PoolMetrics {
     /// or a server error meaning one is): each server connection re-prepares
     /// its statements on first use after a change.
     statements_epoch: AtomicU64,
+    settings_unfollowed: AtomicU64,
     opens: RateWindow,
     closes: RateWindow,
     servers: [AtomicI64; ServerState::COUNT],
@@ -113,6 +114,7 @@ pub(crate) struct Sample {
     pub client_parses: u64,
     pub server_parses: u64,
     pub pinned: u64,
+    pub settings_unfollowed: u64,
     pub received: u64,
     pub sent: u64,
     pub server_received: u64,
@@ -145,6 +147,7 @@ impl Sample {
         self.client_parses += o.client_parses;
         self.server_parses += o.server_parses;
         self.pinned += o.pinned;
+        self.settings_unfollowed += o.settings_unfollowed;
         self.received += o.received;
         self.sent += o.sent;
         self.server_received += o.server_received;
@@ -255,6 +258,7 @@ impl PoolMetrics {
             server_parses: AtomicU64::new(0),
             pinned: AtomicU64::new(0),
             statements_epoch: AtomicU64::new(0),
+            settings_unfollowed: AtomicU64::new(0),
             opens: RateWindow::new(),
             closes: RateWindow::new(),
             servers: zeroed_i(),
@@ -392,6 +396,12 @@ impl PoolMetrics {
     /// new generation.
     pub fn invalidate_statements(&self) -> u64 {
         self.statements_epoch.fetch_add(1, R) + 1
+    }
+
+    /// A client's session settings could not be read back from a server
+    /// (transaction mode): the server is reset, the client keeps its old ones.
+    pub fn record_settings_unfollowed(&self) {
+        self.settings_unfollowed.fetch_add(1, R);
     }
 
     // ---- gauges maintained by the proxy ----
@@ -580,6 +590,11 @@ impl PoolMetrics {
         self.pinned.load(R)
     }
 
+    /// Session-settings read-backs that failed.
+    pub fn settings_unfollowed(&self) -> u64 {
+        self.settings_unfollowed.load(R)
+    }
+
     /// Server connection opens per second over `window`.
     pub fn opens_per_second(&self, window: Window) -> f64 {
         self.opens.per_second(window)
@@ -638,6 +653,7 @@ impl PoolMetrics {
             client_parses: self.client_parses(),
             server_parses: self.server_parses(),
             pinned: self.pinned(),
+            settings_unfollowed: self.settings_unfollowed(),
             received: self.bytes_received(),
             sent: self.bytes_sent(),
             server_received: self.server_bytes_received(),
@@ -709,6 +725,8 @@ mod tests {
         assert_eq!(p.transaction_time(), Duration::from_millis(3));
         assert_eq!((p.server_assignments(), p.wait_time()), (1, Duration::from_millis(1)));
         assert_eq!((p.client_parses(), p.server_parses(), p.pinned()), (1, 1, 1));
+        p.record_settings_unfollowed();
+        assert_eq!(p.settings_unfollowed(), 1);
         assert_eq!(p.opened(), 0, "connect failures are not opens");
 
         p.add_servers(ServerState::Login, 1);

@@ -33,9 +33,12 @@ pub struct ParamMap {
 struct Values {
     tracked: [Option<String>; TRACKED.len()],
     other: Vec<(String, String)>,
+    /// The values RESET returns to, where they are not the server's own (a
+    /// client's startup settings: `ParamMap::keep_as_reset_values`).
+    reset: Vec<(String, String)>,
 }
 
-static EMPTY: Values = Values { tracked: [const { None }; TRACKED.len()], other: Vec::new() };
+static EMPTY: Values = Values { tracked: [const { None }; TRACKED.len()], other: Vec::new(), reset: Vec::new() };
 
 impl PartialEq for ParamMap {
     fn eq(&self, other: &Self) -> bool {
@@ -114,6 +117,38 @@ impl ParamMap {
         self.stamp = NEXT_STAMP.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Makes the unreported values now in the map the ones RESET returns
+    /// to: a client's startup settings, as Postgres keeps them (not its own
+    /// server defaults) through RESET and RESET ALL.
+    pub fn keep_as_reset_values(&mut self) {
+        if let Some(vals) = self.values.as_mut() {
+            let vals = Arc::make_mut(vals);
+            if vals.reset != vals.other {
+                vals.reset = vals.other.clone();
+                self.stamp = NEXT_STAMP.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// A client's settings after a server's session-level ones were read
+    /// back: its reset values (see `keep_as_reset_values`), overridden by
+    /// `session`'s. Keeps the reset values.
+    pub fn after_read_back(&self, session: ParamMap) -> ParamMap {
+        let reset = &self.vals().reset;
+        if reset.is_empty() {
+            return session;
+        }
+        let mut out = ParamMap::new();
+        for (k, v) in reset {
+            out.set(k, v);
+        }
+        out.keep_as_reset_values();
+        for (k, v) in session.iter() {
+            out.set(k, v);
+        }
+        out
+    }
+
     /// Names this map's content (see the type's documentation).
     pub fn stamp(&self) -> u64 {
         self.stamp
@@ -134,19 +169,19 @@ impl ParamMap {
         self.len() == 0
     }
 
-    /// Appends the SET statements that make a server with `server` values
-    /// match `self` for the names `self` has.
-    pub fn push_sets(&self, server: &ParamMap, sql: &mut String) {
+    /// Appends the statements (made by `statement`) that make a server with
+    /// `server` values match `self` for the names `self` has.
+    pub fn push_sets(&self, server: &ParamMap, sql: &mut String, statement: fn(&str, &str) -> String) {
         for ((mine, theirs), name) in self.vals().tracked.iter().zip(&server.vals().tracked).zip(TRACKED) {
             if let Some(v) = mine {
                 if theirs.as_ref() != Some(v) {
-                    sql.push_str(&set_statement(name, v));
+                    sql.push_str(&statement(name, v));
                 }
             }
         }
         for (k, v) in &self.vals().other {
             if server.get(k) != Some(v.as_str()) {
-                sql.push_str(&set_statement(k, v));
+                sql.push_str(&statement(k, v));
             }
         }
     }
@@ -161,7 +196,9 @@ impl ParamMap {
     }
 
     /// The SQL that makes a server's reported params and applied settings
-    /// match a client's, or None when nothing differs.
+    /// match a client's, or None when nothing differs: one simple query,
+    /// so one round trip however many differ. Settings go through
+    /// `set_config`, which takes a value as Postgres reads it back.
     pub fn sync_sql(
         params: &ParamMap,
         settings: &ParamMap,
@@ -169,8 +206,8 @@ impl ParamMap {
         server_settings: &ParamMap,
     ) -> Option<String> {
         let mut sql = String::new();
-        params.push_sets(server_params, &mut sql);
-        settings.push_sets(server_settings, &mut sql);
+        params.push_sets(server_params, &mut sql, set_statement);
+        settings.push_sets(server_settings, &mut sql, set_config_statement);
         settings.push_resets(server_settings, &mut sql);
         (!sql.is_empty()).then_some(sql)
     }
@@ -184,12 +221,23 @@ pub fn valid_name(name: &str) -> bool {
 /// `SET "name" TO 'value';` with the value quoted for any server setting of
 /// standard_conforming_strings.
 pub fn set_statement(name: &str, value: &str) -> String {
-    let quoted = if value.contains('\\') {
+    format!("SET \"{}\" TO {};", name.replace('"', "\"\""), literal(value))
+}
+
+/// `SELECT pg_catalog.set_config('name', 'value', false);`: the value as
+/// `pg_settings.setting` gives it. (`SET search_path TO 'a, b'` would name
+/// one schema "a, b"; set_config reads the list.)
+pub fn set_config_statement(name: &str, value: &str) -> String {
+    format!("SELECT pg_catalog.set_config({}, {}, false);", literal(name), literal(value))
+}
+
+/// A string literal read the same under either standard_conforming_strings.
+fn literal(value: &str) -> String {
+    if value.contains('\\') {
         format!("E'{}'", value.replace('\\', "\\\\").replace('\'', "''"))
     } else {
         format!("'{}'", value.replace('\'', "''"))
-    };
-    format!("SET \"{}\" TO {};", name.replace('"', "\"\""), quoted)
+    }
 }
 
 /// Parses a startup `options` value into `-c name=value` settings.
@@ -254,6 +302,8 @@ mod tests {
         let mut leftover = ParamMap::new();
         leftover.set("search_path", "x");
         assert_eq!(ParamMap::sync_sql(&client, &none, &server, &leftover).unwrap(), "RESET \"search_path\";");
+        let sql = ParamMap::sync_sql(&client, &leftover, &server, &none).unwrap();
+        assert_eq!(sql, "SELECT pg_catalog.set_config('search_path', 'x', false);");
     }
 
     #[test]
@@ -312,6 +362,24 @@ mod tests {
     }
 
     #[test]
+    fn reset_values_come_back_after_a_read_back() {
+        let mut startup = ParamMap::new();
+        startup.set("statement_timeout", "5s");
+        startup.keep_as_reset_values();
+        let mut session = ParamMap::new();
+        session.set("lock_timeout", "1s");
+        let after = startup.after_read_back(session.clone());
+        assert_eq!(after.get("statement_timeout"), Some("5s"), "RESET returns to the startup value");
+        assert_eq!(after.get("lock_timeout"), Some("1s"));
+        session.set("statement_timeout", "7s");
+        let again = after.after_read_back(session);
+        assert_eq!(again.get("statement_timeout"), Some("7s"), "a session value wins");
+        assert_eq!(again.after_read_back(ParamMap::new()).get("statement_timeout"), Some("5s"), "RESET ALL");
+        let plain = ParamMap::new().after_read_back(ParamMap::new());
+        assert!(plain.is_empty());
+    }
+
+    #[test]
     fn options_parse_dash_c_forms() {
         let o = parse_options("-c weir.client_deadline=800ms -csearch_path=a\\ b --work-mem=4MB").unwrap();
         assert_eq!(
@@ -328,6 +396,7 @@ mod tests {
     #[test]
     fn backslashes_use_escape_strings() {
         assert_eq!(set_statement("x", "a\\b"), "SET \"x\" TO E'a\\\\b';");
+        assert_eq!(set_config_statement("x", "a'\\"), "SELECT pg_catalog.set_config('x', E'a''\\\\', false);");
         assert!(!valid_name("a;drop"));
     }
 }

@@ -193,13 +193,30 @@ fn take_setting(req: &mut Request, name: &str, value: &str, cfg: &Config) -> Res
     Ok(())
 }
 
-/// The client's tracked parameters: its own values over the server's defaults.
+/// Parameters Postgres reports that no client can change: never synced.
+const FIXED: &[&str] = &[
+    "server_version",
+    "server_encoding",
+    "integer_datetimes",
+    "is_superuser",
+    "session_authorization",
+    "in_hot_standby",
+];
+
+/// The client's reported parameters: its own values over the server's
+/// defaults, for every one a client can change (a SET of any of them, such
+/// as default_transaction_read_only, is then undone on the next client's
+/// server).
 pub fn client_params(req: &Request, server: &ParamMap) -> ParamMap {
     let mut p = ParamMap::new();
     for name in TRACKED {
         if let Some(v) = req.params.get(name).or_else(|| server.get(name)) {
             p.set(name, v);
         }
+    }
+    let listed = |list: &[&str], k: &str| list.iter().any(|f| f.eq_ignore_ascii_case(k));
+    for (k, v) in server.iter().filter(|(k, _)| !listed(FIXED, k) && !listed(TRACKED, k)) {
+        p.set(k, v);
     }
     p
 }

@@ -27,10 +27,14 @@ use crate::protocol::{
     peek_header, scan_frames, sqlstate,
     tags::{frontend as fe, status},
 };
+use crate::server::readback::Readback;
 use crate::wire;
 
 /// While queued, read at most this much more from the client (to see it leave).
 const WAIT_READ_LIMIT: usize = 1 << 20;
+
+/// How long reading a server's session settings back may take.
+const READBACK_LIMIT: Duration = Duration::from_secs(10);
 
 /// Postgres's own words for a cancelled statement.
 const CANCELED_MESSAGE: &str = "canceling statement due to user request";
@@ -137,6 +141,8 @@ impl<'a> Session<'a> {
     /// A session for `client`, whose unread bytes are `client_in`.
     pub fn new(client: &'a mut ClientStream, client_in: BytesMut, login: LoggedIn) -> Self {
         let LoggedIn { pool, mode, mut params, mut settings, reg, budget, max_message, shutdown } = login;
+        // RESET goes back to the startup settings, as in Postgres.
+        settings.keep_as_reset_values();
         // Clients with the same values share stamps (see `ServerConn::sync_params`).
         pool.stamps.canonicalize(&mut params);
         pool.stamps.canonicalize(&mut settings);
@@ -496,16 +502,29 @@ impl<'a> Session<'a> {
         )
         .await;
         self.prepared.end(&mut lease.conn_mut().statements);
-        if self.prepared.pinned().is_some() {
-            // LISTEN, locks, cursors... stay on it: reset before anyone else gets it.
+        let touched = self.prepared.take_settings_touched();
+        if self.prepared.pinned().is_some() || (touched && !matches!(ended, Ok(Ended::Released))) {
+            // LISTEN, locks, cursors, settings not read back... stay on it:
+            // reset before anyone else gets it.
             lease.set_needs_reset();
         }
         self.reg.slot.set_idle();
-        match ended? {
+        // A statement of its own: the `?`'s temporary (with room for a
+        // ClientError) would otherwise stay in the request's future across
+        // the read-back's await.
+        let ended = ended?;
+        match ended {
             Ended::Released => {
-                let held = started.elapsed();
-                self.pool.metrics.record_transaction(held);
-                self.pool.estimate.record(held);
+                {
+                    let held = started.elapsed();
+                    self.pool.metrics.record_transaction(held);
+                    self.pool.estimate.record(held);
+                }
+                if touched {
+                    // Boxed: rare, and kept out of every request's future.
+                    let read_back = Box::pin(self.read_back_settings(lease));
+                    return read_back.await;
+                }
                 drop(lease);
                 Ok(true)
             }
@@ -521,6 +540,39 @@ impl<'a> Session<'a> {
                 self.server_lost(told).await
             }
         }
+    }
+
+    /// After a transaction that may have changed unreported session
+    /// settings: the server's settings, read back, become the client's (and
+    /// are what weir knows this server holds). A server whose settings
+    /// cannot be read is reset before another client gets it; the client
+    /// keeps its earlier settings (logged and counted, never told).
+    async fn read_back_settings(&mut self, mut lease: Lease) -> Result<bool, ClientError> {
+        let conn = lease.conn_mut();
+        let read = tokio::time::timeout(READBACK_LIMIT, conn.read_back_settings()).await;
+        match read {
+            Ok(Ok(Readback::Settings(on_server))) => {
+                let mut settings = self.settings.after_read_back(on_server.clone());
+                self.pool.stamps.canonicalize(&mut settings);
+                conn.settings = on_server;
+                conn.matched = None;
+                self.settings = settings;
+            }
+            Ok(Ok(Readback::Unreadable)) => {
+                tracing::info!("session settings could not be read back; the server connection will be reset");
+                self.pool.metrics.record_settings_unfollowed();
+                lease.set_needs_reset();
+            }
+            Ok(Err(reason)) => {
+                self.pool.metrics.record_settings_unfollowed();
+                lease.close(reason);
+            }
+            Err(_) => {
+                self.pool.metrics.record_settings_unfollowed();
+                lease.close(CloseReason::ServerError);
+            }
+        }
+        Ok(true)
     }
 
     /// The server is gone. The client gets one FATAL and no more: the

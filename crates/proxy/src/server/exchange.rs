@@ -79,6 +79,15 @@ pub async fn drain(conn: &mut ServerConn) -> Result<(), CloseReason> {
 /// returning the first ErrorResponse (the statement Postgres refused), if any.
 /// ParameterStatus updates `conn.params`; ReadyForQuery sets the status.
 pub async fn run_checked(conn: &mut ServerConn, sql: &str) -> Result<Option<ErrorFields>, CloseReason> {
+    run_rows(conn, sql, |_| {}).await
+}
+
+/// `run_checked`, passing each DataRow's body to `on_row`.
+pub async fn run_rows(
+    conn: &mut ServerConn,
+    sql: &str,
+    mut on_row: impl FnMut(&[u8]),
+) -> Result<Option<ErrorFields>, CloseReason> {
     let mut out = BytesMut::new();
     messages::query(&mut out, sql);
     write(conn, &out).await?;
@@ -88,6 +97,7 @@ pub async fn run_checked(conn: &mut ServerConn, sql: &str) -> Result<Option<Erro
         let frame = read.await.map_err(read_failure)?;
         let body = frame.body();
         match frame.tag {
+            be::DATA_ROW => on_row(body),
             be::ERROR_RESPONSE => {
                 let f = messages::parse_error_fields(body).map_err(|_| CloseReason::ProtocolError)?;
                 if f.severity == "FATAL" || f.severity == "PANIC" {

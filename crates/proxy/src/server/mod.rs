@@ -10,6 +10,7 @@ pub mod conversation;
 pub mod exchange;
 pub mod login;
 pub mod probe;
+pub mod readback;
 pub mod scram_client;
 pub mod socket;
 pub mod statements;

@@ -1,7 +1,7 @@
 //! The server → client half: walks the headers of server messages about to
 //! reach a tracked client, pops the reply queue, swallows the replies to
 //! weir's own Parse/Close, and puts the replies weir owes (ParseComplete,
-//! CloseComplete, DEALLOCATE's answer, notices) in their place in the stream.
+//! CloseComplete, DEALLOCATE's answer) in their place in the stream.
 //!
 //! Replies also settle what weir keeps fresh: an idle ReadyForQuery settles
 //! the statements prepared in the transaction it ends (an error or ROLLBACK
@@ -102,7 +102,6 @@ impl ClientStatements {
             match self.expect.pop_front() {
                 Some(Expect::FakeParse { .. }) => extended::parse_complete(out),
                 Some(Expect::FakeClose { .. }) => extended::close_complete(out),
-                Some(Expect::Notice(n)) => out.extend_from_slice(&n),
                 Some(Expect::FakeDeallocate { client, stmt }) => {
                     if self.status == status::FAILED {
                         let msg = "current transaction is aborted, commands ignored until end of transaction block";

@@ -51,6 +51,9 @@ pub struct Statement {
     pub weir: Arc<str>,
     /// The Parse message that prepares it under weir's name.
     pub parse: Bytes,
+    /// Its text may change a session setting (`sql::Sql::SessionSet`): each
+    /// execution has the settings read back.
+    pub sets: bool,
 }
 
 impl Statement {
@@ -65,7 +68,8 @@ impl Statement {
         let weir: Arc<str> = Arc::from(format!("weir_{hex}"));
         let mut parse = BytesMut::new();
         extended::parse(&mut parse, &weir, query, param_types);
-        Statement { weir, parse: parse.freeze() }
+        let sets = sql::classify(query) == sql::Sql::SessionSet;
+        Statement { weir, parse: parse.freeze(), sets }
     }
 }
 
@@ -119,8 +123,6 @@ enum Expect {
         client: Vec<u8>,
         stmt: Arc<Statement>,
     },
-    /// A notice weir adds before the next reply.
-    Notice(Bytes),
     /// The client's CopyDone or CopyFail: no reply of its own; bounds the
     /// Syncs Postgres ignores during COPY IN.
     CopyEnd,
@@ -130,11 +132,7 @@ impl Expect {
     fn is_synthetic(&self) -> bool {
         matches!(
             self,
-            Expect::FakeParse { .. }
-                | Expect::FakeClose { .. }
-                | Expect::FakeDeallocate { .. }
-                | Expect::Notice(_)
-                | Expect::CopyEnd
+            Expect::FakeParse { .. } | Expect::FakeClose { .. } | Expect::FakeDeallocate { .. } | Expect::CopyEnd
         )
     }
 }
@@ -146,8 +144,11 @@ pub struct ClientStatements {
     enabled: bool,
     /// max_prepared_statements; 0 leaves named statements alone.
     max: u32,
-    /// Replies are tracked (the client used a named statement or needs a notice).
+    /// Replies are tracked (the client used a named statement).
     tracking: bool,
+    /// A statement sent during this lease may have changed a session-level
+    /// setting that Postgres does not report (see `sql::Sql::SessionSet`).
+    settings_touched: bool,
     /// Why the client keeps its server connection, once it must.
     pinned: Option<&'static str>,
     /// A B-tree, not a hash map: half the size inline, and every client
@@ -172,6 +173,7 @@ impl ClientStatements {
             enabled,
             max: if enabled { max } else { 0 },
             tracking: false,
+            settings_touched: false,
             pinned: None,
             statements: BTreeMap::new(),
             expect: VecDeque::new(),
@@ -186,6 +188,12 @@ impl ClientStatements {
     /// Why this client keeps its server connection, if it must.
     pub fn pinned(&self) -> Option<&'static str> {
         self.pinned
+    }
+
+    /// Whether a statement of this lease may have changed an unreported
+    /// session setting (the session then reads them back); clears it.
+    pub fn take_settings_touched(&mut self) -> bool {
+        std::mem::take(&mut self.settings_touched)
     }
 
     /// A server connection was just lent to this client.

@@ -13,8 +13,7 @@ use super::sql::{classify, Sql, INSPECT_LIMIT};
 use super::{ClientStatements, Expect, Rewrite, Statement};
 use crate::protocol::{
     extended::{self, TARGET_STATEMENT},
-    messages::{self, Severity},
-    peek_header, sqlstate,
+    peek_header,
     tags::{frontend as fe, status},
     ProtocolError, HEADER_LEN,
 };
@@ -122,7 +121,7 @@ impl ClientStatements {
     }
 
     /// A client not (yet) tracked: only look at query text; start tracking
-    /// when it names a statement or needs a notice, once the server is settled.
+    /// when it names a statement, once the server is settled.
     fn untracked(
         &mut self,
         m: &Msg<'_>,
@@ -136,17 +135,21 @@ impl ClientStatements {
                 if !name.is_empty() && self.max > 0 {
                     return Ok(self.start_tracking(m, conv));
                 }
-                &m.body()[name.len() + 1..]
+                let text = &m.body()[name.len() + 1..];
+                self.named_set(name, text);
+                text
             }
             fe::QUERY | fe::PARSE => return Ok(Step::Wait),
             _ => return Ok(next_or_stream(m)),
         };
         match classify(text) {
             Sql::Pins(why) => self.pin(why),
-            Sql::DropsAll => server.mark_all_uncertain(),
+            Sql::DropsAll => {
+                self.settings_touched = true;
+                server.mark_all_uncertain();
+            }
             Sql::Ddl => self.saw_ddl(server),
-            Sql::SessionSet(_) if self.pinned.is_none() => return Ok(self.start_tracking(m, conv)),
-            Sql::SessionSet(_) => {}
+            Sql::SessionSet => self.settings_touched = true,
             Sql::Other | Sql::Deallocate(_) => {}
         }
         Ok(next_or_stream(m))
@@ -208,6 +211,7 @@ impl ClientStatements {
             if !m.head_ready() {
                 return Ok(Step::Wait);
             }
+            self.named_set(name, &m.body()[name.len() + 1..]);
             self.look_at(&m.body()[name.len() + 1..], server);
             self.expect.push_back(Expect::Parse { pass: true, weir: None, client: None });
             return Ok(next_or_stream(m));
@@ -291,6 +295,7 @@ impl ClientStatements {
         let Some(stmt) = self.statements.get(head.statement).cloned() else {
             return Ok(self.pass(m, Expect::Bind { managed: false }));
         };
+        self.settings_touched |= stmt.sets;
         self.ensure(&stmt, src, m.at, server, rw);
         let mut new_head = BytesMut::new();
         extended::bind_head(&mut new_head, m.total, &head, &stmt.weir);
@@ -357,15 +362,12 @@ impl ClientStatements {
         match classify(text) {
             Sql::Pins(why) => self.pin(why),
             Sql::DropsAll => {
+                self.settings_touched = true;
                 self.statements.clear();
                 server.mark_all_uncertain();
             }
             Sql::Ddl => self.saw_ddl(server),
-            Sql::SessionSet(param) if self.pinned.is_none() => {
-                let mut notice = BytesMut::new();
-                messages::error_response(&mut notice, Severity::Warning, sqlstate::WARNING, &set_warning(&param));
-                self.expect.push_back(Expect::Notice(notice.freeze()));
-            }
+            Sql::SessionSet => self.settings_touched = true,
             _ => {}
         }
     }
@@ -375,6 +377,14 @@ impl ClientStatements {
     fn saw_ddl(&mut self, server: &mut ServerStatements) {
         self.ddl = true;
         self.invalidate(server);
+    }
+
+    /// A named statement weir does not track (max_prepared_statements = 0)
+    /// that may change a setting: its executions cannot be seen, so pin.
+    fn named_set(&mut self, name: &[u8], text: &[u8]) {
+        if !name.is_empty() && classify(text) == Sql::SessionSet {
+            self.pin("SET in a named statement weir does not track");
+        }
     }
 
     fn pass(&mut self, m: &Msg<'_>, e: Expect) -> Step {
@@ -444,12 +454,4 @@ fn next_or_stream(m: &Msg<'_>) -> Step {
     } else {
         Step::Stream
     }
-}
-
-fn set_warning(param: &str) -> String {
-    format!(
-        "SET {param} outside a transaction block stays on this server connection only: with transaction pooling \
-         later transactions may run on another connection, and another client may inherit it. Use SET LOCAL \
-         inside the transaction, or pass the setting in the connection's options"
-    )
 }

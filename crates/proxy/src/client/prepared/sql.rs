@@ -1,8 +1,10 @@
 //! A cheap look at the head of a query's text (at most `INSPECT_LIMIT`
 //! bytes, words only, never a full parse) to find what transaction pooling
 //! must know about: DEALLOCATE / DISCARD ALL (prepared statements), DDL
-//! that may leave shared statements stale, and the session features that
-//! cannot survive a change of server connection.
+//! that may leave shared statements stale, the statements that may change
+//! session-level settings (weir then reads the outcome back from the
+//! server), and the session features that cannot survive a change of server
+//! connection.
 
 /// Only this much of a query's text is looked at.
 pub const INSPECT_LIMIT: usize = 1024;
@@ -20,13 +22,16 @@ pub enum Sql {
     Ddl,
     /// A session feature that needs the same server connection from now on.
     Pins(&'static str),
-    /// `SET` at session level of a parameter weir does not carry across
-    /// server connections (the name, lowercase).
-    SessionSet(String),
+    /// May change an unreported setting at session level (`SET`, `RESET`,
+    /// `RESET ALL`, `set_config`, `SET SESSION CHARACTERISTICS`, `DO`):
+    /// weir reads the server's session settings back when the transaction
+    /// is over, so Postgres's own rules (rollback, `SET LOCAL`, savepoints)
+    /// decide what the client keeps.
+    SessionSet,
 }
 
-/// Parameters the server reports with ParameterStatus: weir re-applies
-/// them on every server a client borrows, so a session SET of these is safe.
+/// Parameters the server reports with ParameterStatus: the report itself
+/// tells weir the outcome, so a SET of these needs no read-back.
 const REPORTED: &[&str] = &[
     "application_name",
     "client_encoding",
@@ -70,30 +75,81 @@ pub fn classify(text: &[u8]) -> Sql {
         create(&mut w, text)
     } else if is(b"set") {
         set(&mut w)
+    } else if is(b"reset") {
+        reset(&mut w)
+    } else if is(b"do") {
+        Sql::SessionSet
     } else {
         Sql::Other
     };
-    if kind == Sql::Other && takes_session_advisory_lock(text) {
-        return Sql::Pins("session advisory lock");
+    if kind == Sql::Other {
+        return scan_rest(text);
     }
     kind
 }
 
+/// What the rest of a query's text holds: a session advisory lock, a
+/// `set_config` call, or a later statement that is a SET or RESET. One pass
+/// over the bytes that can start these (`_`, `;`), usually one or two.
+fn scan_rest(text: &[u8]) -> Sql {
+    let mut found = Sql::Other;
+    for at in memchr::memchr2_iter(b'_', b';', text) {
+        let kind = if text[at] == b';' {
+            let mut w = Words { s: &text[at + 1..] };
+            let next = w.bare();
+            if next.eq_ignore_ascii_case(b"set") {
+                set(&mut w)
+            } else if next.eq_ignore_ascii_case(b"reset") {
+                reset(&mut w)
+            } else {
+                Sql::Other
+            }
+        } else if takes_session_advisory_lock(text, at) {
+            Sql::Pins("session advisory lock")
+        } else {
+            calls_set_config(text, at)
+        };
+        match kind {
+            Sql::Pins(_) => return kind,
+            Sql::Other => {}
+            _ => found = kind,
+        }
+    }
+    found
+}
+
+/// `set_config(` around the underscore at `underscore`: a literal name
+/// without a dot is followed by read-back; a custom (dotted) name or one
+/// weir cannot read pins (Postgres lists no custom settings to read back).
+fn calls_set_config(text: &[u8], underscore: usize) -> Sql {
+    const CALL: &[u8] = b"set_config";
+    let Some(i) = underscore.checked_sub(3) else { return Sql::Other };
+    if i + CALL.len() > text.len() || !text[i..i + CALL.len()].eq_ignore_ascii_case(CALL) {
+        return Sql::Other;
+    }
+    let mut w = Words { s: &text[i + CALL.len()..] };
+    w.skip_space();
+    let Some(rest) = w.s.strip_prefix(b"(") else { return Sql::Other };
+    let mut w = Words { s: rest };
+    w.skip_space();
+    let Some(lit) = w.s.strip_prefix(b"'") else { return Sql::Pins("set_config of a name weir cannot read") };
+    match memchr::memchr(b'\'', lit) {
+        Some(end) if !lit[..end].contains(&b'.') => Sql::SessionSet,
+        _ => Sql::Pins("set_config of a custom parameter"),
+    }
+}
+
 /// `pg_advisory_lock…` or `pg_try_advisory_lock…` (not the `_xact_` forms,
-/// which end with the transaction). Visits only the text's underscores (one
-/// or two in a typical query), each the `_` inside a candidate
-/// `advisory_lock`.
-fn takes_session_advisory_lock(text: &[u8]) -> bool {
+/// which end with the transaction) around the underscore at `underscore`,
+/// the `_` inside a candidate `advisory_lock`.
+fn takes_session_advisory_lock(text: &[u8], underscore: usize) -> bool {
     const LOCK: &[u8] = b"advisory_lock";
     const UNDERSCORE_AT: usize = 8;
-    memchr::memchr_iter(b'_', text).any(|underscore| {
-        let Some(i) = underscore.checked_sub(UNDERSCORE_AT) else { return false };
-        i >= 3
-            && i + LOCK.len() <= text.len()
-            && text[i..i + LOCK.len()].eq_ignore_ascii_case(LOCK)
-            && (text[i - 3..i].eq_ignore_ascii_case(b"pg_")
-                || (i >= 7 && text[i - 7..i].eq_ignore_ascii_case(b"pg_try_")))
-    })
+    let Some(i) = underscore.checked_sub(UNDERSCORE_AT) else { return false };
+    i >= 3
+        && i + LOCK.len() <= text.len()
+        && text[i..i + LOCK.len()].eq_ignore_ascii_case(LOCK)
+        && (text[i - 3..i].eq_ignore_ascii_case(b"pg_") || (i >= 7 && text[i - 7..i].eq_ignore_ascii_case(b"pg_try_")))
 }
 
 fn deallocate(w: &mut Words<'_>) -> Sql {
@@ -125,26 +181,57 @@ fn create(w: &mut Words<'_>, text: &[u8]) -> Sql {
     }
 }
 
+/// The rest of a `SET`: transaction-level forms change nothing after the
+/// transaction; role and session authorization are never carried (they
+/// pin: Postgres does not list them among its settings); a custom (dotted)
+/// name pins too; a reported name needs no read-back.
 fn set(w: &mut Words<'_>) -> Sql {
-    let mut word = w.word();
+    let mut save = Words { s: w.s };
+    let mut word = save.word();
     match word.as_slice() {
         b"local" | b"transaction" | b"constraints" => return Sql::Other,
+        b"role" => return Sql::Pins("SET ROLE"),
         b"session" => {
-            word = w.word();
-            if word == b"characteristics" || word == b"authorization" {
-                return Sql::SessionSet(format!("session {}", String::from_utf8_lossy(&word)));
+            *w = save;
+            let mut after = Words { s: w.s };
+            word = after.word();
+            match word.as_slice() {
+                b"authorization" => return Sql::Pins("SET SESSION AUTHORIZATION"),
+                b"role" => return Sql::Pins("SET ROLE"),
+                b"characteristics" => return Sql::SessionSet,
+                _ => {}
             }
         }
+        b"time" | b"names" => return Sql::Other,
         _ => {}
     }
-    if word == b"time" {
-        word = b"timezone".to_vec();
+    setting_name(w)
+}
+
+/// The rest of a `RESET`: `ALL` and unreported names are read back.
+fn reset(w: &mut Words<'_>) -> Sql {
+    let mut save = Words { s: w.s };
+    match save.word().as_slice() {
+        b"all" => Sql::SessionSet,
+        b"role" | b"session" => Sql::Other,
+        _ => match setting_name(w) {
+            Sql::Pins(_) => Sql::Other,
+            other => other,
+        },
     }
-    let name = String::from_utf8_lossy(&word).into_owned();
-    if name.is_empty() || REPORTED.contains(&name.as_str()) {
+}
+
+/// A setting's name: reported ones are followed by their ParameterStatus,
+/// custom (dotted) ones pin, any other is read back.
+fn setting_name(w: &mut Words<'_>) -> Sql {
+    let Some((name, _)) = w.ident() else { return Sql::Other };
+    if w.s.first() == Some(&b'.') || name.contains(&b'.') {
+        return Sql::Pins("SET of a custom parameter");
+    }
+    if REPORTED.iter().any(|r| r.as_bytes() == name.as_slice()) {
         Sql::Other
     } else {
-        Sql::SessionSet(name)
+        Sql::SessionSet
     }
 }
 
@@ -275,13 +362,45 @@ mod tests {
 
     #[test]
     fn session_set_of_unreported_parameters_is_flagged() {
-        assert_eq!(classify(b"SET search_path = a"), Sql::SessionSet("search_path".into()));
-        assert_eq!(classify(b"set session work_mem to '1MB'"), Sql::SessionSet("work_mem".into()));
+        assert_eq!(classify(b"SET search_path = a"), Sql::SessionSet);
+        assert_eq!(classify(b"set session work_mem to '1MB'"), Sql::SessionSet);
+        assert_eq!(classify(b"set \"statement_timeout\" to 5"), Sql::SessionSet);
+        assert_eq!(classify(b"set session characteristics as transaction read only"), Sql::SessionSet);
         assert_eq!(classify(b"set local work_mem to '1MB'"), Sql::Other);
         assert_eq!(classify(b"set transaction isolation level serializable"), Sql::Other);
         assert_eq!(classify(b"SET TIME ZONE 'UTC'"), Sql::Other);
         assert_eq!(classify(b"set application_name = 'x'"), Sql::Other);
         assert_eq!(classify(b"set DateStyle = ISO"), Sql::Other);
+        assert_eq!(classify(b"RESET ALL"), Sql::SessionSet);
+        assert_eq!(classify(b"reset statement_timeout"), Sql::SessionSet);
+        assert_eq!(classify(b"reset application_name"), Sql::Other);
+        assert_eq!(classify(b"reset myapp.x"), Sql::Other);
+        assert_eq!(classify(b"do $$ begin perform 1; end $$"), Sql::SessionSet);
+        assert_eq!(classify(b"begin; set lock_timeout = 1; commit"), Sql::SessionSet);
+        assert_eq!(classify(b"begin; set local lock_timeout = 1; commit"), Sql::Other);
+    }
+
+    #[test]
+    fn set_config_is_read_back_or_pins() {
+        assert_eq!(classify(b"select set_config('statement_timeout', '1s', false)"), Sql::SessionSet);
+        assert_eq!(classify(b"SELECT pg_catalog.SET_CONFIG ( 'work_mem','1MB',false)"), Sql::SessionSet);
+        assert_eq!(
+            classify(b"select set_config('app.user', '1', false)"),
+            Sql::Pins("set_config of a custom parameter")
+        );
+        assert_eq!(classify(b"select set_config($1, $2, false)"), Sql::Pins("set_config of a name weir cannot read"));
+        assert_eq!(classify(b"select my_set_configs()"), Sql::Other);
+        assert_eq!(classify(b"select reset_config"), Sql::Other);
+    }
+
+    #[test]
+    fn what_weir_cannot_follow_pins() {
+        assert_eq!(classify(b"SET ROLE other"), Sql::Pins("SET ROLE"));
+        assert_eq!(classify(b"set session authorization bob"), Sql::Pins("SET SESSION AUTHORIZATION"));
+        assert_eq!(classify(b"set session role bob"), Sql::Pins("SET ROLE"));
+        assert_eq!(classify(b"set myapp.tenant = '7'"), Sql::Pins("SET of a custom parameter"));
+        assert_eq!(classify(b"set \"myapp.tenant\" = '7'"), Sql::Pins("SET of a custom parameter"));
+        assert_eq!(classify(b"select 1; set myapp.tenant = '7'"), Sql::Pins("SET of a custom parameter"));
     }
 
     #[test]
