@@ -316,7 +316,12 @@ mod tests {
         let key = crate::pool::PoolKey { database: "app".into(), user: "u".into() };
         let opts = crate::pool::PoolOptions::from_config(&cfg, &key, crate::auth::Credentials::None).unwrap();
         let spec = Arc::new(opts.spec);
-        let cancel = CancelTarget { addr: "127.0.0.1:1".parse().unwrap(), pid: 1, secret: 2, gate: Default::default() };
+        let cancel = CancelTarget {
+            addr: crate::server::cancel::CancelAddr::Tcp("127.0.0.1:1".parse().unwrap()),
+            pid: 1,
+            secret: 2,
+            gate: Default::default(),
+        };
         let mut timer = AlarmTimer::default();
         let mut w = Watchdog::new(&spec, &cancel, &mut timer);
         let limits: Vec<u64> = (0..6)
