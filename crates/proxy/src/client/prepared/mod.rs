@@ -137,6 +137,13 @@ impl Expect {
     }
 }
 
+/// `ClientStatements::lease`: a statement sent during this lease may have
+/// changed a session-level setting Postgres does not report (see
+/// `sql::Sql::SessionSet`).
+const TOUCHED_SETTINGS: u8 = 1;
+/// `ClientStatements::lease`: the client ran DDL in this lease.
+const RAN_DDL: u8 = 2;
+
 /// One client's prepared-statement and pinning state.
 #[derive(Debug)]
 pub struct ClientStatements {
@@ -146,17 +153,16 @@ pub struct ClientStatements {
     max: u32,
     /// Replies are tracked (the client used a named statement).
     tracking: bool,
-    /// A statement sent during this lease may have changed a session-level
-    /// setting that Postgres does not report (see `sql::Sql::SessionSet`).
-    settings_touched: bool,
+    /// What this lease's statements did: `TOUCHED_SETTINGS`, `RAN_DDL` (one
+    /// byte for both keeps every client's task future within its budget,
+    /// see `app/footprint.rs`).
+    lease: u8,
     /// Why the client keeps its server connection, once it must.
     pinned: Option<&'static str>,
     /// A B-tree, not a hash map: half the size inline, and every client
     /// holds one (almost always empty).
     statements: BTreeMap<Vec<u8>, Arc<Statement>>,
     expect: VecDeque<Expect>,
-    /// The client ran DDL in this lease.
-    ddl: bool,
     /// Bytes of a client message being streamed through, not yet seen.
     pass_remaining: u32,
     /// Bytes of a server message being streamed through, not yet seen.
@@ -173,11 +179,10 @@ impl ClientStatements {
             enabled,
             max: if enabled { max } else { 0 },
             tracking: false,
-            settings_touched: false,
+            lease: 0,
             pinned: None,
             statements: BTreeMap::new(),
             expect: VecDeque::new(),
-            ddl: false,
             pass_remaining: 0,
             reply_partial: 0,
             status: status::IDLE,
@@ -193,7 +198,13 @@ impl ClientStatements {
     /// Whether a statement of this lease may have changed an unreported
     /// session setting (the session then reads them back); clears it.
     pub fn take_settings_touched(&mut self) -> bool {
-        std::mem::take(&mut self.settings_touched)
+        self.take_lease_flag(TOUCHED_SETTINGS)
+    }
+
+    fn take_lease_flag(&mut self, flag: u8) -> bool {
+        let was = self.lease & flag != 0;
+        self.lease &= !flag;
+        was
     }
 
     /// A server connection was just lent to this client.
@@ -218,7 +229,7 @@ impl ClientStatements {
         }
         // Prepared in a transaction that did not end cleanly in this lease.
         server.settle(false);
-        if std::mem::take(&mut self.ddl) {
+        if self.take_lease_flag(RAN_DDL) {
             // Again now that the DDL has run: a statement prepared by
             // someone else meanwhile may predate its commit.
             self.invalidate(server);

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use bytes::BytesMut;
 
 use super::sql::{classify, Sql, INSPECT_LIMIT};
-use super::{ClientStatements, Expect, Rewrite, Statement};
+use super::{ClientStatements, Expect, Rewrite, Statement, RAN_DDL, TOUCHED_SETTINGS};
 use crate::protocol::{
     extended::{self, TARGET_STATEMENT},
     peek_header,
@@ -145,11 +145,11 @@ impl ClientStatements {
         match classify(text) {
             Sql::Pins(why) => self.pin(why),
             Sql::DropsAll => {
-                self.settings_touched = true;
+                self.lease |= TOUCHED_SETTINGS;
                 server.mark_all_uncertain();
             }
             Sql::Ddl => self.saw_ddl(server),
-            Sql::SessionSet => self.settings_touched = true,
+            Sql::SessionSet => self.lease |= TOUCHED_SETTINGS,
             Sql::Other | Sql::Deallocate(_) => {}
         }
         Ok(next_or_stream(m))
@@ -295,7 +295,9 @@ impl ClientStatements {
         let Some(stmt) = self.statements.get(head.statement).cloned() else {
             return Ok(self.pass(m, Expect::Bind { managed: false }));
         };
-        self.settings_touched |= stmt.sets;
+        if stmt.sets {
+            self.lease |= TOUCHED_SETTINGS;
+        }
         self.ensure(&stmt, src, m.at, server, rw);
         let mut new_head = BytesMut::new();
         extended::bind_head(&mut new_head, m.total, &head, &stmt.weir);
@@ -362,12 +364,12 @@ impl ClientStatements {
         match classify(text) {
             Sql::Pins(why) => self.pin(why),
             Sql::DropsAll => {
-                self.settings_touched = true;
+                self.lease |= TOUCHED_SETTINGS;
                 self.statements.clear();
                 server.mark_all_uncertain();
             }
             Sql::Ddl => self.saw_ddl(server),
-            Sql::SessionSet => self.settings_touched = true,
+            Sql::SessionSet => self.lease |= TOUCHED_SETTINGS,
             _ => {}
         }
     }
@@ -375,7 +377,7 @@ impl ClientStatements {
     /// DDL may leave shared statements stale: a new generation now, and
     /// another when the lease ends (after the DDL has run).
     fn saw_ddl(&mut self, server: &mut ServerStatements) {
-        self.ddl = true;
+        self.lease |= RAN_DDL;
         self.invalidate(server);
     }
 
