@@ -1,7 +1,9 @@
 //! weir as a drop-in for PgBouncer: started from a migrated pgbouncer.ini
 //! that has a fallback database (`*`), a forced-user database line, a
-//! `[users]` entry, and an auth_user that is not in the auth_file (it logs
-//! in without a password, which the test Postgres trusts for `postgres`).
+//! `[users]` entry, an auth_user that is not in the auth_file (it logs in
+//! without a password, which the test Postgres trusts for `postgres`), and
+//! no `unix_socket_dir`, so PgBouncer's default socket folder `/tmp` is kept
+//! and psql connects over the socket there.
 
 use std::time::Duration;
 
@@ -58,6 +60,24 @@ async fn migrated_pgbouncer_ini_serves_fallback_forced_user_users_and_auth_query
         // The forced-user database runs as its user, whoever the client is.
         let user = one(&weir.url(MD5_USER, MD5_PASS, "forced"), "select current_user::text").await;
         assert_eq!(user, TRUST_USER);
+
+        // psql, the real binary, over the Unix socket in PgBouncer's default folder.
+        let out = tokio::process::Command::new(pg.bin_dir().join("psql"))
+            .args(["-h", "/tmp", "-p", &weir.port.to_string(), "-U", SCRAM_USER, "-d", APP_DB])
+            .args(["-XAtq", "-v", "ON_ERROR_STOP=1", "-c", "select current_user"])
+            .env("PGPASSWORD", SCRAM_PASS)
+            .env_remove("PGHOST")
+            .env_remove("PGPORT")
+            .output()
+            .await
+            .expect("run psql");
+        assert!(
+            out.status.success(),
+            "psql over /tmp/.s.PGSQL.{}: {}",
+            weir.port,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), SCRAM_USER);
 
         // A user only Postgres knows logs in through auth_query.
         let user = one(&weir.url("only_pg", "only_pg_pass", APP_DB), "select current_user::text").await;
