@@ -3,14 +3,25 @@
 //! database, by closing that pool's longest-idle connection (reason
 //! `evicted`; PgBouncer's evict_connection does the same). Without it, a
 //! pool that got there first would keep every slot while idle, and the
-//! other users' logins and queries would wait out their budgets.
+//! other users' logins and queries would wait out their budgets. The
+//! evicted backend is ended (Terminate, then its socket's close) before its
+//! place is given away, so the database never has a backend more than
+//! max_db_connections, not even while one exits.
 
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
+use bytes::BytesMut;
 use weir_metrics::CloseReason;
 
 use super::state::State;
 use super::Pool;
+use crate::protocol::messages;
+use crate::server::exchange::write;
+use crate::server::ServerConn;
+
+/// The longest weir waits for an evicted backend to close its socket.
+const GOODBYE_LIMIT: Duration = Duration::from_secs(1);
 
 impl Pool {
     /// Called (lock held) when max_db_connections refused a connect that
@@ -23,7 +34,13 @@ impl Pool {
         st.evicting = true;
         let pool = self.clone();
         tokio::spawn(async move {
-            let freed = pool.evict_from_siblings();
+            let freed = match pool.evict_from_siblings() {
+                Some(conn) => {
+                    goodbye(conn).await;
+                    true
+                }
+                None => false,
+            };
             let mut st = pool.state.lock();
             st.evicting = false;
             if freed {
@@ -32,23 +49,23 @@ impl Pool {
         });
     }
 
-    /// Closes one idle connection of another pool of this database.
-    fn evict_from_siblings(self: &Arc<Self>) -> bool {
+    /// Takes one idle connection of another pool of this database.
+    fn evict_from_siblings(self: &Arc<Self>) -> Option<Box<ServerConn>> {
         let siblings: Vec<Arc<Pool>> = {
             let mut pools = self.db_servers.pools.lock();
             pools.retain(|p| p.strong_count() > 0);
             pools.iter().filter_map(Weak::upgrade).filter(|p| !Arc::ptr_eq(p, self)).collect()
         };
-        siblings.iter().any(|p| p.evict_idle())
+        siblings.iter().find_map(|p| p.evict_idle())
     }
 
-    /// Closes this pool's longest-idle connection, unless the pool is at
+    /// Takes this pool's longest-idle connection, unless the pool is at
     /// min_pool_size or has none idle.
-    fn evict_idle(&self) -> bool {
+    fn evict_idle(&self) -> Option<Box<ServerConn>> {
         let conn = {
             let mut st = self.state.lock();
             if st.idle.is_empty() || st.total() <= st.opts.settings.min_pool_size {
-                return false;
+                return None;
             }
             // The idle stack lends from the top: the bottom waited longest.
             st.idle.remove(0)
@@ -58,7 +75,24 @@ impl Pool {
             user = %self.key.user,
             "closing an idle server connection to make room under max_db_connections"
         );
-        conn.close(CloseReason::Evicted);
-        true
+        Some(conn)
     }
+}
+
+/// Ends an evicted connection: Terminate, then wait (at most
+/// `GOODBYE_LIMIT`) for Postgres to close the socket, which it does once the
+/// backend has left pg_stat_activity; only then does the connection's place
+/// in the database's count free up (on close).
+async fn goodbye(mut conn: Box<ServerConn>) {
+    let mut out = BytesMut::new();
+    messages::terminate(&mut out);
+    let wait = async {
+        if write(&mut conn, &out).await.is_ok() {
+            while crate::wire::fill(&mut conn.stream, &mut conn.rbuf).await.is_ok() {
+                conn.rbuf.clear();
+            }
+        }
+    };
+    let _ = tokio::time::timeout(GOODBYE_LIMIT, wait).await;
+    conn.close(CloseReason::Evicted);
 }
