@@ -28,6 +28,15 @@ pub fn free_port() -> u16 {
     try_free_port().expect("binding 127.0.0.1:0 to find a free port")
 }
 
+/// `N` distinct free ports: each listener stays bound until all are picked,
+/// so two calls cannot return the same port (as two `free_port` calls can).
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let listeners: Vec<_> = (0..N)
+        .map(|_| std::net::TcpListener::bind(("127.0.0.1", 0)).expect("binding 127.0.0.1:0 to find a free port"))
+        .collect();
+    std::array::from_fn(|i| listeners[i].local_addr().expect("a bound listener's address").port())
+}
+
 pub(crate) fn try_free_port() -> std::io::Result<u16> {
     let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
     Ok(listener.local_addr()?.port())

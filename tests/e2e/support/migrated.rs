@@ -76,7 +76,7 @@ impl MigratedWeir {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("userlist.txt"), userlist()).unwrap();
         std::fs::write(dir.join("hba.conf"), "host all all 127.0.0.1/32 md5\n").unwrap();
-        let (port, metrics_port) = (weir_testkit::free_port(), weir_testkit::free_port());
+        let [port, metrics_port] = weir_testkit::free_ports();
         let (toml_text, _warnings) = migrate(ini);
         let config = dir.join("weir.toml");
         std::fs::write(&config, edit(localize(&toml_text, pg, port, metrics_port))).unwrap();

@@ -60,7 +60,7 @@ impl WeirProcess {
         let dir = pg.data_dir().parent().unwrap().join(format!("weir-proc-{}", rand::random::<u32>()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("userlist.txt"), userlist()).unwrap();
-        let (port, metrics_port) = (weir_testkit::free_port(), weir_testkit::free_port());
+        let [port, metrics_port] = weir_testkit::free_ports();
         let config_path = dir.join("weir.toml");
         let mut p =
             WeirProcess { child: spawn_placeholder(), dir, config_path, port, metrics_port, pg_port: pg.port() };
