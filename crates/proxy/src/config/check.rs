@@ -52,7 +52,9 @@ fn ini_database_lines(text: &str) -> (String, Vec<String>) {
     let mut problems = Vec::new();
     let mut out = String::with_capacity(text.len());
     for (i, line) in text.lines().enumerate() {
-        match line.split_once('=') {
+        // A comment may quote an ini line (`user=/password=`); it is not one.
+        let comment = line.trim_start().starts_with('#');
+        match line.split_once('=').filter(|_| !comment) {
             Some((name, value)) if is_ini_value(value) && !name.trim().is_empty() => {
                 problems.push(ini_line_hint(i + 1, name.trim(), value.trim()));
                 out.push('#');
@@ -355,6 +357,8 @@ mod tests {
             quoted[0].starts_with("databases.app: ") && quoted[0].contains("pgbouncer.ini database line"),
             "{quoted:?}"
         );
+        let commented = format!("{BASE}# A forced user (PgBouncer's user=/password=) is a database key\n");
+        assert_eq!(problems(&commented), Vec::<String>::new(), "a comment quoting an ini line is not one");
     }
 
     #[test]
