@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Runs the workspace's tests as `cargo test --workspace` would, in less wall time.
 
-Every test binary is built first (`cargo test --no-run`). Binaries whose tests
-hold timing windows that are the feature under test (those that call
-`serial()` or `exclusive()` from the e2e support, directly or in a `mod` file
-they include) then run one at a time with nothing else beside them. The rest
-mostly wait on Postgres, psql and child processes, so they run JOBS at a time
-first. Each binary's output is printed whole when it ends, then a summary.
+Every test binary is built first (`cargo test --no-run`). The end-to-end
+binary (tests/e2e/main.rs) is split into its top-level modules, each run in a
+process of its own (`--exact` with the module's test names), so a unit of work
+is a unit test binary or an e2e module. Units whose tests hold timing windows
+that are the feature under test (those that call `serial()` or `exclusive()`
+from the e2e support, directly or in a `mod` file they include) run one at a
+time with nothing else beside them. The rest mostly wait on Postgres, psql and
+child processes, so they run JOBS at a time first. Each unit's output is
+printed whole when it ends, then a summary.
 
 Exit status: 0 when every binary passed, 1 otherwise. The last line is
 `tests: N passed, M failed`.
@@ -42,8 +45,23 @@ def build(cargo_args):
             continue
         target = msg["target"]
         cwd = os.path.dirname(msg["manifest_path"])
-        found.append((target["name"], msg["executable"], target["src_path"], cwd))
+        found.append((target["name"], msg["executable"], target["src_path"], cwd, []))
     return found
+
+
+def split_modules(binary):
+    """An e2e binary (its source is a main.rs of `mod` lines) as one unit per module."""
+    name, exe, src, cwd, _ = binary
+    if os.path.basename(src) != "main.rs" or name != "e2e":
+        return [binary]
+    out = subprocess.run([exe, "--list", "--format", "terse"], cwd=cwd, stdout=subprocess.PIPE, text=True, check=True)
+    groups = {}
+    for line in out.stdout.splitlines():
+        if line.endswith(": test"):
+            test = line[: -len(": test")]
+            groups.setdefault(test.split("::", 1)[0], []).append(test)
+    folder = os.path.dirname(src)
+    return [(mod, exe, os.path.join(folder, mod + ".rs"), cwd, ["--exact"] + tests) for mod, tests in groups.items()]
 
 
 def sources(src_path):
@@ -71,12 +89,12 @@ def is_solo(src_path):
 
 
 def run_one(binary, timeout):
-    name, exe, src, cwd = binary
+    name, exe, src, cwd, args = binary
     env = dict(os.environ, CARGO_MANIFEST_DIR=cwd)
     started = time.monotonic()
     try:
         proc = subprocess.run(
-            [exe], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout, check=False
+            [exe] + args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout, check=False
         )
         out, code = proc.stdout.decode("utf-8", "replace"), proc.returncode
     except subprocess.TimeoutExpired as e:
@@ -108,16 +126,16 @@ def main():
     ap.add_argument("--timeout", type=int, default=900)
     args, cargo_args = ap.parse_known_args()
 
-    binaries = build(cargo_args)
+    binaries = [unit for b in build(cargo_args) for unit in split_modules(b)]
     solo = [b for b in binaries if is_solo(b[2])]
     shared = [b for b in binaries if not is_solo(b[2])]
     totals = {"passed": 0, "failed": 0, "bad": []}
     started = time.monotonic()
-    print(f"== {len(shared)} test binaries, {args.jobs} at a time", flush=True)
+    print(f"== {len(shared)} test binaries and e2e modules, {args.jobs} at a time", flush=True)
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         for fut in concurrent.futures.as_completed([pool.submit(run_one, b, args.timeout) for b in shared]):
             report(fut.result(), totals)
-    print(f"== {len(solo)} timing-window test binaries, one at a time: {', '.join(b[0] for b in solo)}", flush=True)
+    print(f"== {len(solo)} timing-window e2e modules, one at a time: {', '.join(b[0] for b in solo)}", flush=True)
     for b in solo:
         report(run_one(b, args.timeout), totals)
 

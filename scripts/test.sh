@@ -7,6 +7,16 @@ cd "$(dirname "$0")/.."
 
 bash scripts/install-deps.sh
 
+# A CI machine's disk may be small: one CI run ran out of space linking the
+# test binaries. In CI there are no incremental caches (a clean clone gains
+# nothing from them; they were ~640 MB), and the test build (target/debug) is
+# removed once the tests have run, before the release and fuzz builds.
+in_ci=0
+if [ "${CI:-}" = true ]; then
+    in_ci=1
+    export CARGO_INCREMENTAL=0
+fi
+
 echo "== cargo fmt --check, cargo clippy -D warnings"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
@@ -18,6 +28,10 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 python3 scripts/run-tests.py 2>&1 | tee "$log"
 passed=$(grep -oE "^tests: [0-9]+ passed" "$log" | awk '{print $2}' || true)
+if [ "$in_ci" = 1 ]; then
+    echo "disk: target/ held $(du -sh target | cut -f1) after the tests; removing target/debug"
+    rm -rf target/debug
+fi
 
 echo "== deploy checks"
 bash deploy/check.sh

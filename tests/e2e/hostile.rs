@@ -6,10 +6,12 @@
 //!
 //! Client-side inputs are here; the auth exchange is in `hostile_auth` and a
 //! malicious server in `hostile_server`. The flood and the 1 GiB query
-//! measure weir's memory, so they are a test binary of their own
-//! (`hostile_flood`).
+//! measure weir's memory, so they are a module of their own
+//! (`hostile_flood`), which scripts/run-tests.py runs in a process alone.
 
+#[path = "hostile_auth.rs"]
 mod hostile_auth;
+#[path = "hostile_server.rs"]
 mod hostile_server;
 
 use std::time::{Duration, Instant};

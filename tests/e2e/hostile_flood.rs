@@ -4,8 +4,10 @@
 //! beyond max_client_conn (each refused with 53300, memory bounded).
 //!
 //! weir runs in this test process, so its memory is this process's VmRSS.
-//! This binary holds only these two tests and runs them one at a time
-//! (`exclusive`), so no other test's allocations move that figure.
+//! scripts/run-tests.py runs this module in a process of its own with
+//! nothing beside it, and its two tests one at a time (`exclusive`), so no
+//! other test's allocations move that figure (a plain `cargo test` runs
+//! every module in one process, where they can).
 //! The flood comes from a child `python3`, so its sockets do not count
 //! against this process's open-file limit; weir holds one socket per flood
 //! connection while it refuses it, so the soft RLIMIT_NOFILE is raised (up

@@ -10,10 +10,15 @@
 //! The answers are timed in 100 ms windows, so every test here holds
 //! `weir_e2e::serial` and they run one at a time, not two per process.
 
+#[path = "queue_cancel.rs"]
 mod queue_cancel;
+#[path = "queue_driver.rs"]
 mod queue_driver;
+#[path = "queue_storm.rs"]
 mod queue_storm;
+#[path = "queue_vanish.rs"]
 mod queue_vanish;
+#[path = "queue_wait.rs"]
 mod queue_wait;
 
 use std::time::Duration;

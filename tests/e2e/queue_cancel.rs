@@ -7,7 +7,7 @@ use tokio_postgres::NoTls;
 use weir_e2e::{sqlstate, Harness, Opts, SCRAM_USER};
 use weir_metrics::{CancelOutcome, DropReason};
 
-use crate::{create_ledger, hold_server, ledger_ids, trust_opts, until_waiting};
+use super::{create_ledger, hold_server, ledger_ids, trust_opts, until_waiting};
 use weir_e2e::raw;
 
 /// Queued cancel (tokio-postgres): B's queued INSERT is cancelled; B gets
@@ -60,7 +60,7 @@ async fn queued_cancel_over_raw_sockets_keeps_each_connection() {
     let (a, _) = hold_server(&h).await;
     let mut raws = Vec::new();
     for id in 0..5 {
-        let mut r = crate::raw_login(&h, SCRAM_USER, &[]).await.unwrap();
+        let mut r = super::raw_login(&h, SCRAM_USER, &[]).await.unwrap();
         r.send_query(&format!("insert into ledger(id) values ({id})")).await.unwrap();
         raws.push(r);
     }
@@ -92,13 +92,13 @@ async fn the_oldest_waiter_still_there_gets_the_server() {
     let h = Harness::start(trust_opts(1)).await;
     let direct = create_ledger(&h).await;
     let (a, _) = hold_server(&h).await;
-    let mut w1 = crate::raw_login(&h, SCRAM_USER, &[]).await.unwrap();
+    let mut w1 = super::raw_login(&h, SCRAM_USER, &[]).await.unwrap();
     w1.send_query("insert into ledger(id) values (71)").await.unwrap();
     until_waiting(&h, 1).await;
-    let mut w2 = crate::raw_login(&h, SCRAM_USER, &[]).await.unwrap();
+    let mut w2 = super::raw_login(&h, SCRAM_USER, &[]).await.unwrap();
     w2.send_query("insert into ledger(id) values (72)").await.unwrap();
     until_waiting(&h, 2).await;
-    let mut w3 = crate::raw_login(&h, SCRAM_USER, &[]).await.unwrap();
+    let mut w3 = super::raw_login(&h, SCRAM_USER, &[]).await.unwrap();
     w3.send_query("insert into ledger(id) values (73)").await.unwrap();
     until_waiting(&h, 3).await;
     w1.reset();

@@ -8,7 +8,7 @@ use std::time::Duration;
 use weir_e2e::{Harness, Opts, SCRAM_PASS, SCRAM_USER};
 use weir_metrics::DropReason;
 
-use crate::{create_ledger, ledger_ids};
+use super::{create_ledger, ledger_ids};
 
 /// Fails loudly (never skips) when python3 or asyncpg is missing.
 async fn require_asyncpg() {

@@ -10,7 +10,7 @@ use tokio_postgres::Client;
 use weir_e2e::{Harness, SCRAM_USER};
 use weir_metrics::DropReason;
 
-use crate::{backends_until, create_ledger, ledger_ids, logins_of, trust_opts, until_waiting};
+use super::{backends_until, create_ledger, ledger_ids, logins_of, trust_opts, until_waiting};
 use weir_e2e::raw::Raw;
 
 const POOL: u32 = 20;
@@ -44,7 +44,7 @@ async fn open_pool(h: &Harness) -> Vec<Client> {
 async fn queue_clients(h: &Harness) -> Vec<Raw> {
     let mut raws = Vec::with_capacity(QUEUED);
     for chunk in (0..QUEUED).collect::<Vec<_>>().chunks(50) {
-        let logins = join_all(chunk.iter().map(|_| crate::raw_login(h, SCRAM_USER, &[]))).await;
+        let logins = join_all(chunk.iter().map(|_| super::raw_login(h, SCRAM_USER, &[]))).await;
         for (i, r) in chunk.iter().zip(logins) {
             let mut r = r.expect("queued client logs in");
             r.send_query(&format!("insert into ledger(id) values ({})", 1000 + i)).await.unwrap();

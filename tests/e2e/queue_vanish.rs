@@ -8,7 +8,7 @@ use weir::protocol::tags::auth;
 use weir_e2e::{Harness, Opts, APP_DB, MD5_PASS, MD5_USER, SCRAM_USER};
 use weir_metrics::{CloseReason, DropReason};
 
-use crate::{backends_until, create_ledger, ledger_ids, logins_of, trust_opts};
+use super::{backends_until, create_ledger, ledger_ids, logins_of, trust_opts};
 use weir_e2e::raw::{self, Raw};
 
 /// How the client goes.
@@ -42,7 +42,7 @@ async fn vanish(in_tx: bool, doing: Doing, leave: Leave) {
 async fn vanish_in(pool_mode: &'static str, in_tx: bool, doing: Doing, leave: Leave) {
     let h = Harness::start(Opts { pool_mode, ..trust_opts(1) }).await;
     let direct = create_ledger(&h).await;
-    let mut raw = crate::raw_login(&h, SCRAM_USER, &[]).await.unwrap();
+    let mut raw = super::raw_login(&h, SCRAM_USER, &[]).await.unwrap();
     let pid: i32 = raw.query("select pg_backend_pid()").await.unwrap().scalar().unwrap().parse().unwrap();
     if pool_mode == "session" {
         assert_eq!(raw.query("set statement_timeout = '4321s'").await.unwrap().error, None);
@@ -248,7 +248,7 @@ async fn recovery_that_cannot_finish_closes_the_server_with_its_reason() {
     let general = "server_reset_timeout = \"500ms\"".to_string();
     let h = Harness::start(Opts { relay: true, general, ..trust_opts(1) }).await;
     let direct = create_ledger(&h).await;
-    let mut raw = crate::raw_login(&h, SCRAM_USER, &[]).await.unwrap();
+    let mut raw = super::raw_login(&h, SCRAM_USER, &[]).await.unwrap();
     let pid = raw.query("select pg_backend_pid()").await.unwrap().scalar().unwrap().to_owned();
     assert_eq!(raw.query("begin").await.unwrap().status, b'T');
     raw.send_query("insert into ledger(id) select 5 from pg_sleep(30)").await.unwrap();

@@ -7,7 +7,7 @@ use tokio_postgres::{Client, NoTls};
 use weir_e2e::{sqlstate, Harness, Opts, SCRAM_PASS, SCRAM_USER};
 use weir_metrics::DropReason;
 
-use crate::{create_ledger, hold_server, ledger_ids};
+use super::{create_ledger, hold_server, ledger_ids};
 
 const NO_SERVER: &str = "no server connection became free within the wait budget";
 
@@ -87,7 +87,7 @@ async fn a_declared_deadline_sets_the_budget_and_stays_in_weir() {
     assert!(message.contains("400ms"), "{message}");
     assert!(took >= Duration::from_millis(400) && took < Duration::from_millis(500), "answered after {took:?}");
 
-    let mut raw = crate::raw_login(&h, SCRAM_USER, &[("weir.client_deadline", "250ms")]).await.unwrap();
+    let mut raw = super::raw_login(&h, SCRAM_USER, &[("weir.client_deadline", "250ms")]).await.unwrap();
     let t = Instant::now();
     let reply = raw.query("select 1").await.unwrap();
     assert_eq!(reply.code(), Some("53300"), "{reply:?}");

@@ -1,0 +1,35 @@
+//! weir's end-to-end tests, one module per concern, built as one binary.
+//!
+//! Each module starts its own throwaway PostgreSQL and weir through the
+//! support kit (`weir_e2e`). `scripts/run-tests.py` runs each module in a
+//! process of its own, as when they were separate binaries; modules whose
+//! tests hold timing windows (`serial()`/`exclusive()`) run with nothing
+//! beside them. Run one module by hand with `cargo test -p weir-e2e --test
+//! e2e -- queue::`.
+
+mod admin;
+mod admission;
+mod auth_query;
+mod console_parity;
+mod core;
+mod core_edges;
+mod core_protocol;
+mod drivers;
+mod dropin;
+mod encoding;
+mod hba;
+mod hostile;
+mod hostile_flood;
+mod listen;
+mod liveness;
+mod liveness_watchdog;
+mod ops;
+mod pgbouncer_corpus;
+mod prepared;
+mod prepared_ddl;
+mod queue;
+mod session_backend;
+mod settings;
+mod signals;
+mod smoke;
+mod tls;
