@@ -143,3 +143,32 @@ async fn a_login_waits_for_its_server_within_query_wait_timeout() {
     assert_eq!(db.code().code(), "53300", "{err:?}");
     assert!(db.message().contains("query_wait_timeout"), "{err:?}");
 }
+
+/// Rounds of `a_finished_cancel_never_hits_the_next_query`.
+const LATE_CANCEL_ROUNDS: usize = 40;
+
+/// libpq's PQcancel (and pgx, pgjdbc) take the close of the cancel socket to
+/// mean that Postgres has signalled the backend, and only then go on. weir
+/// holds the client's cancel socket open until its forward has been answered,
+/// so a cancel aimed at a query that ends on its own never lands on the
+/// client's next one: each round cancels a short query just as it finishes,
+/// waits for the close, then runs a sleep that must not be cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_cancel_never_hits_the_next_query() {
+    let h = session_harness().await;
+    let mut raw = Raw::login(h.addr(), TRUST_USER, "", &[]).await.unwrap();
+    let mut forwarded_cancelled = 0;
+    for round in 0..LATE_CANCEL_ROUNDS {
+        raw.send_query("select pg_sleep(0.001)").await.unwrap();
+        queue_raw::cancel(h.addr(), raw.key()).await.unwrap();
+        let first = tokio::time::timeout(LIMIT, raw.reply()).await.unwrap().unwrap();
+        match first.code() {
+            None => {}
+            Some("57014") => forwarded_cancelled += 1,
+            other => panic!("round {round}: the short query failed with {other:?}"),
+        }
+        let next = tokio::time::timeout(LIMIT, raw.query("select pg_sleep(0.02)")).await.unwrap().unwrap();
+        assert_eq!(next.code(), None, "round {round}: the cancel for the query before hit this one: {next:?}");
+    }
+    eprintln!("{forwarded_cancelled} of {LATE_CANCEL_ROUNDS} short queries were cancelled in time");
+}

@@ -192,43 +192,50 @@ impl CancelKeys {
         }
     }
 
-    /// Handles a CancelRequest. Never blocks on Postgres.
-    pub fn cancel(&self, pid: i32, secret: i32) -> CancelOutcome {
+    /// Handles a CancelRequest. Never blocks on Postgres: a cancel for a
+    /// running query is forwarded by a task of its own, whose handle comes
+    /// back so that the caller can hold the client's cancel connection open
+    /// until Postgres has signalled the backend, as Postgres itself does
+    /// (libpq, pgx and pgjdbc take the close as "delivered"; answering sooner
+    /// let a late cancel hit the client's next query).
+    pub fn cancel(&self, pid: i32, secret: i32) -> (CancelOutcome, Option<tokio::task::JoinHandle<()>>) {
         let slot = {
             let slots = self.slots.lock();
             match slots.get(&pid) {
                 Some((s, slot)) if *s == secret => slot.clone(),
                 _ => {
                     self.metrics.record_cancel(CancelOutcome::Unknown);
-                    return CancelOutcome::Unknown;
+                    return (CancelOutcome::Unknown, None);
                 }
             }
         };
-        let outcome = {
+        let (outcome, forwarding) = {
             let mut at = slot.at.lock();
             match &mut *at {
                 Where::Waiting { cancelled } => {
                     *cancelled = true;
                     slot.switch.wake();
-                    CancelOutcome::AnsweredLocally
+                    (CancelOutcome::AnsweredLocally, None)
                 }
                 Where::Active(target) => {
-                    // Shut the server's gate now, under the slot lock: the
-                    // session marks itself idle (and returns the server) only
-                    // after taking this lock, so the server cannot reach the
-                    // next client before this cancel has been answered.
+                    // Shut the server's gate now, under the slot lock
+                    // (forward_cancel takes its ticket when called, not when
+                    // polled): the session marks itself idle (and returns the
+                    // server) only after taking this lock, so the server
+                    // cannot reach the next client before this cancel has
+                    // been answered.
                     let forward = forward_cancel(target.clone(), FORWARD_TIMEOUT);
-                    tokio::spawn(async move {
+                    let task = tokio::spawn(async move {
                         if let Err(e) = forward.await {
                             tracing::warn!(error = %e, "forwarding a cancel request failed");
                         }
                     });
-                    CancelOutcome::Forwarded
+                    (CancelOutcome::Forwarded, Some(task))
                 }
-                Where::Idle => CancelOutcome::AnsweredLocally,
+                Where::Idle => (CancelOutcome::AnsweredLocally, None),
             }
         };
         self.metrics.record_cancel(outcome);
-        outcome
+        (outcome, forwarding)
     }
 }

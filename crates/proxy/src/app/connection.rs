@@ -101,7 +101,11 @@ async fn log_in<'a>(
     let first = within(timer.as_mut(), login::read_startup(socket, &mut buf, tls.as_deref(), cfg)).await?;
     let (minor, req) = match first {
         First::Cancel { pid, secret } => {
-            shared.cancels.cancel(pid, secret);
+            // Held open until the cancel has reached Postgres (at most the
+            // forward's own 5 s limit), then closed, as Postgres answers.
+            if let (_, Some(forwarding)) = shared.cancels.cancel(pid, secret) {
+                let _ = forwarding.await;
+            }
             return Ok(None);
         }
         First::Startup { minor, req } => (minor, req),
