@@ -223,3 +223,36 @@ async fn a_declared_deadline_too_short_for_the_pool_never_reaches_postgres() {
     let err = short.simple_query("select 1").await.expect_err("still refused: the deadline is still too short");
     assert_eq!(sqlstate(&err).as_deref(), Some("53300"), "and the connection is still there: {err}");
 }
+
+/// Transactions of 50 ms on a held pool of 1; a client declaring a 200 ms
+/// deadline queues an INSERT. Its wait budget is 160 ms (80 % of the
+/// deadline), but it can start no later than its deadline less what the
+/// pool's transactions take (about 50 ms plus deviations and margin), so it
+/// is refused (reason `deadline`) then: before its budget and its own
+/// deadline end, while the server is still held, not when the server frees
+/// up. It never runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_query_is_refused_when_it_can_no_longer_start_in_time() {
+    let h = Harness::start(opts(1, "query_wait_timeout = \"5s\"", "")).await;
+    let direct = create_ledger(&h).await;
+    warm_estimate(&h, 1, 40, 0.05).await;
+    let holders = hold_servers(&h, 1).await;
+
+    let mut waiter = raw_login(&h, &[("weir.client_deadline", "200ms")]).await;
+    let sent = std::time::Instant::now();
+    waiter.send_query("insert into ledger(id) values (1)").await.unwrap();
+    let reply = waiter.reply().await.unwrap();
+    let waited = sent.elapsed();
+    let (code, message) = reply.error.expect("refused");
+    assert_eq!(code, "53300", "{message}");
+    assert!(message.contains("query not started") && message.contains("client deadline"), "{message}");
+    assert!(waited < Duration::from_millis(200), "answered before the client's own deadline: {waited:?}");
+    assert_eq!(h.pool().snapshot().active, 1, "refused while the server was still held");
+    assert_eq!(dropped(&h, DropReason::Deadline), 1);
+    assert_eq!(dropped(&h, DropReason::WaitTimeout), 0);
+
+    commit_all(&holders).await;
+    assert_eq!(ledger_ids(&direct).await, Vec::<i64>::new(), "the refused INSERT never ran");
+    let reply = waiter.query("select 1").await.unwrap();
+    assert_eq!(reply.error, None, "the client keeps its connection");
+}

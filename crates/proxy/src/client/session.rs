@@ -237,7 +237,7 @@ impl<'a> Session<'a> {
     /// the pool's client_deadline), less `waited`, leaves less time than this
     /// pool's transactions take. Two atomic loads when no deadline is known.
     fn too_late(&self, waited: Duration) -> Option<PoolError> {
-        let deadline = self.budget.declared().or_else(|| self.pool.estimate.client_deadline())?;
+        let deadline = self.client_deadline()?;
         let needed = self.pool.estimate.start_threshold(deadline)?;
         let left = deadline.saturating_sub(waited);
         (left < needed).then_some(PoolError::TooLate { left, needed })
@@ -349,7 +349,13 @@ impl<'a> Session<'a> {
     /// Queues for a server while watching the client and the cancel registry.
     async fn wait_for_server(&mut self) -> Wait {
         let arrived = Instant::now();
-        let deadline = arrived + self.budget.under(self.pool.query_wait_timeout());
+        let budget = arrived + self.budget.under(self.pool.query_wait_timeout());
+        // Deadline-aware start, decided early: a query that must start by
+        // `start_by` to finish within its client's deadline waits only until
+        // then (and admission sheds it at once when the queue ahead cannot
+        // reach it by then), instead of learning it when a server frees up.
+        let start_by = self.start_by(arrived).filter(|(by, _)| *by < budget);
+        let deadline = start_by.map_or(budget, |(by, _)| by);
         let mut timer = match self.wait_timer.take() {
             Some(t) => t,
             None => Box::pin(tokio::time::sleep_until(deadline.into())),
@@ -365,8 +371,28 @@ impl<'a> Session<'a> {
                 }
                 None => Wait::Got(lease),
             },
+            // Waited until the last moment the query could start.
+            Wait::Failed(PoolError::WaitTimeout { .. }) if start_by.is_some() => {
+                let needed = start_by.map_or(Duration::ZERO, |(_, needed)| needed);
+                let left = self.client_deadline().map_or(Duration::ZERO, |d| d.saturating_sub(arrived.elapsed()));
+                Wait::Failed(PoolError::TooLate { left, needed })
+            }
             other => other,
         }
+    }
+
+    /// The client's deadline: declared, or the pool's client_deadline.
+    fn client_deadline(&self) -> Option<Duration> {
+        self.budget.declared().or_else(|| self.pool.estimate.client_deadline())
+    }
+
+    /// The last instant a query that arrived at `arrived` may start under
+    /// deadline-aware start, and the time it needs left; None when no
+    /// deadline is known or the rule is off or young.
+    fn start_by(&self, arrived: Instant) -> Option<(Instant, Duration)> {
+        let deadline = self.client_deadline()?;
+        let needed = self.pool.estimate.start_threshold(deadline)?;
+        Some((arrived + deadline.saturating_sub(needed), needed))
     }
 
     /// The wait in the pool's queue, on the session's wait timer.
