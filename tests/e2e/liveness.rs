@@ -163,6 +163,51 @@ async fn idle_connections_make_room_for_another_user_under_max_db_connections() 
     .await;
 }
 
+/// Rounds of `a_released_connection_goes_to_the_held_back_user_at_once`.
+const HANDOFF_ROUNDS: usize = 4;
+
+/// A pool held back by max_db_connections is woken when another user's pool
+/// releases a connection, and evicts it then, not at its next upkeep
+/// (every 500 ms). Each round, one user holds the database's two slots in
+/// open transactions while the other user's query waits; one holder
+/// commits, and the waiting query is served within 300 ms of it (an upkeep
+/// retry would take up to 500 ms). The users swap roles each round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_connection_goes_to_the_held_back_user_at_once() {
+    exclusive(60, async {
+        let h = Harness::start(opts(2, "max_db_connections = 2\nquery_wait_timeout = \"10s\"")).await;
+        // Everyone logs in first: a pool's first login takes a server.
+        let mut sides = Vec::new();
+        for (user, pass) in [(SCRAM_USER, SCRAM_PASS), (MD5_USER, MD5_PASS)] {
+            let url = h.url(user, pass);
+            let waiter = Arc::new(connect_within(&url, Duration::from_secs(5)).await.expect("login"));
+            sides.push((user, clients(&url, 2).await, waiter));
+        }
+        let mut handoffs = Vec::new();
+        for round in 0..HANDOFF_ROUNDS {
+            let (holder, waiter) = (&sides[round % 2], &sides[(round + 1) % 2]);
+            for c in &holder.1 {
+                c.batch_execute("begin; select 1").await.expect("the holder takes a slot");
+            }
+            let w = waiter.2.clone();
+            let query = tokio::spawn(async move { one(&w, "select 'served'").await });
+            let pool = h.pool_for(waiter.0);
+            let queued = eventually(Duration::from_secs(5), || pool.snapshot().waiting == 1).await;
+            assert!(queued, "round {round}: the waiter never queued: {:?}", pool.snapshot());
+            let released = Instant::now();
+            holder.1[0].batch_execute("commit").await.unwrap();
+            assert_eq!(query.await.unwrap().unwrap(), "served");
+            handoffs.push(released.elapsed());
+            holder.1[1].batch_execute("commit").await.unwrap();
+        }
+        eprintln!("hand-offs after release: {handoffs:?}");
+        for (round, took) in handoffs.iter().enumerate() {
+            assert!(*took < Duration::from_millis(300), "round {round}: served {took:?} after the release");
+        }
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mass_termination_of_idle_servers_is_invisible() {
     exclusive(60, async {

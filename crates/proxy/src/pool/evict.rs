@@ -7,7 +7,12 @@
 //! evicted backend is ended (Terminate, then its socket's close) before its
 //! place is given away, so the database never has a backend more than
 //! max_db_connections, not even while one exits.
+//!
+//! A held-back pool does not wait for its next upkeep (500 ms): when a
+//! connection of the database closes, or one goes idle in another pool,
+//! the held-back pools are woken at once to connect or to evict it.
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -28,6 +33,7 @@ impl Pool {
     /// demand calls for. The eviction runs in its own task, so no two pool
     /// locks are ever held together; then this pool tries again.
     pub(super) fn make_room(self: &Arc<Self>, st: &mut State) {
+        self.db_servers.blocked.store(true, Ordering::Release);
         if st.evicting {
             return;
         }
@@ -49,14 +55,35 @@ impl Pool {
         });
     }
 
+    /// A place in the database's count freed up, or a connection went idle
+    /// that a held-back pool could evict: the database's other pools run
+    /// their connects now. One load while no pool is held back; else a task,
+    /// since callers may hold this pool's lock and no two pool locks are
+    /// ever held together.
+    pub(super) fn wake_blocked_siblings(self: &Arc<Self>) {
+        let blocked = &self.db_servers.blocked;
+        if !blocked.load(Ordering::Acquire) || !blocked.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let pool = self.clone();
+        tokio::spawn(async move {
+            for p in pool.siblings() {
+                let mut st = p.state.lock();
+                p.want_connects(&mut st);
+            }
+        });
+    }
+
+    /// The other live pools of this database.
+    fn siblings(self: &Arc<Self>) -> Vec<Arc<Pool>> {
+        let mut pools = self.db_servers.pools.lock();
+        pools.retain(|p| p.strong_count() > 0);
+        pools.iter().filter_map(Weak::upgrade).filter(|p| !Arc::ptr_eq(p, self)).collect()
+    }
+
     /// Takes one idle connection of another pool of this database.
     fn evict_from_siblings(self: &Arc<Self>) -> Option<Box<ServerConn>> {
-        let siblings: Vec<Arc<Pool>> = {
-            let mut pools = self.db_servers.pools.lock();
-            pools.retain(|p| p.strong_count() > 0);
-            pools.iter().filter_map(Weak::upgrade).filter(|p| !Arc::ptr_eq(p, self)).collect()
-        };
-        siblings.iter().find_map(|p| p.evict_idle())
+        self.siblings().iter().find_map(|p| p.evict_idle())
     }
 
     /// Takes this pool's longest-idle connection, unless the pool is at

@@ -407,6 +407,7 @@ impl Pool {
         if st.reconnect_before.is_some_and(|t| conn.created < t) {
             conn.close(CloseReason::Admin);
             self.want_connects(st);
+            self.wake_blocked_siblings();
             return;
         }
         if !st.paused {
@@ -423,9 +424,11 @@ impl Pool {
         }
         if st.over_capacity() {
             conn.close(CloseReason::PoolShrink);
-            return;
+        } else {
+            st.idle.push(conn);
         }
-        st.idle.push(conn);
+        // Closed, or idle where a pool held back by max_db_connections may evict it.
+        self.wake_blocked_siblings();
     }
 
     /// Closes a connection the pool held, and refills if there is demand.
@@ -433,6 +436,8 @@ impl Pool {
         conn.close(reason);
         let mut st = self.state.lock();
         self.want_connects(&mut st);
+        drop(st);
+        self.wake_blocked_siblings();
     }
 
     /// Counters for the admin console and tests.
@@ -487,6 +492,7 @@ impl Pool {
         for conn in idle {
             conn.close(reason);
         }
+        self.wake_blocked_siblings();
     }
 }
 

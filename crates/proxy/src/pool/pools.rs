@@ -30,6 +30,9 @@ pub struct PoolKey {
 pub(crate) struct DbCount {
     pub count: Arc<AtomicU32>,
     pub pools: Mutex<Vec<Weak<Pool>>>,
+    /// Set when a pool's connect was held back by `max_db_connections`;
+    /// cleared by whoever then wakes the database's pools (`evict.rs`).
+    pub blocked: std::sync::atomic::AtomicBool,
 }
 
 /// The set of pools.
