@@ -5,10 +5,11 @@
 //! no `unix_socket_dir`, so PgBouncer's default socket folder `/tmp` is kept
 //! and psql connects over the socket there.
 
+use std::path::Path;
 use std::time::Duration;
 
 use weir_e2e::migrated::MigratedWeir;
-use weir_e2e::process::{psql_at, rows};
+use weir_e2e::process::{psql_at, psql_over_socket, rows};
 use weir_e2e::*;
 
 const INI: &str = "\
@@ -62,22 +63,9 @@ async fn migrated_pgbouncer_ini_serves_fallback_forced_user_users_and_auth_query
         assert_eq!(user, TRUST_USER);
 
         // psql, the real binary, over the Unix socket in PgBouncer's default folder.
-        let out = tokio::process::Command::new(pg.bin_dir().join("psql"))
-            .args(["-h", "/tmp", "-p", &weir.port.to_string(), "-U", SCRAM_USER, "-d", APP_DB])
-            .args(["-XAtq", "-v", "ON_ERROR_STOP=1", "-c", "select current_user"])
-            .env("PGPASSWORD", SCRAM_PASS)
-            .env_remove("PGHOST")
-            .env_remove("PGPORT")
-            .output()
-            .await
-            .expect("run psql");
-        assert!(
-            out.status.success(),
-            "psql over /tmp/.s.PGSQL.{}: {}",
-            weir.port,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), SCRAM_USER);
+        let psql = pg.bin_dir().join("psql");
+        let out = psql_over_socket(&psql, Path::new("/tmp"), weir.port, SCRAM_USER, SCRAM_PASS, "select current_user");
+        assert_eq!(out.await.unwrap(), SCRAM_USER);
 
         // A user only Postgres knows logs in through auth_query.
         let user = one(&weir.url("only_pg", "only_pg_pass", APP_DB), "select current_user::text").await;

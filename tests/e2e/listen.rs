@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use tokio_postgres::{NoTls, SimpleQueryMessage};
 use weir::{Config, Weir};
+use weir_e2e::process::psql_over_socket;
 use weir_e2e::{bounded, connect, sqlstate, PgOptions, PgServer, APP_DB, SCRAM_PASS, SCRAM_USER};
 
 /// A throwaway Postgres and a folder for weir's files (config, userlist,
@@ -105,17 +106,8 @@ async fn clients_connect_over_weirs_unix_socket() {
         assert_eq!(column(&rows, "current_user"), [SCRAM_USER]);
 
         let psql = s.pg.bin_dir().join("psql");
-        let out = tokio::process::Command::new(&psql)
-            .args(["-h", &s.dir.display().to_string(), "-p", &port.to_string(), "-U", SCRAM_USER, "-d", APP_DB])
-            .args(["-XAtq", "-v", "ON_ERROR_STOP=1", "-c", "select 'psql over ' || 'unix'"])
-            .env("PGPASSWORD", SCRAM_PASS)
-            .env_remove("PGHOST")
-            .env_remove("PGPORT")
-            .output()
-            .await
-            .expect("run psql");
-        assert!(out.status.success(), "psql: {}", String::from_utf8_lossy(&out.stderr));
-        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "psql over unix");
+        let out = psql_over_socket(&psql, &s.dir, port, SCRAM_USER, SCRAM_PASS, "select 'psql over ' || 'unix'");
+        assert_eq!(out.await.unwrap(), "psql over unix");
 
         let console = admin(weir.local_addr()).await;
         let rows = console.simple_query("SHOW CLIENTS").await.unwrap();

@@ -6,12 +6,12 @@
 
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use weir_testkit::{PgServer, MD5_PASS, MD5_USER, SCRAM_PASS, SCRAM_USER, TRUST_PASS, TRUST_USER};
 
-use crate::process::weir_bin;
+use crate::process::{weir_bin, WeirChild};
 
 /// The auth_file every migrated config gets (plaintext passwords).
 pub fn userlist() -> String {
@@ -62,7 +62,7 @@ pub fn localize(toml_text: &str, pg: &PgServer, port: u16, metrics_port: u16) ->
 
 /// A weir process on a migrated, localized config in its own temp dir.
 pub struct MigratedWeir {
-    child: Child,
+    weir: WeirChild,
     pub dir: PathBuf,
     pub port: u16,
     pub metrics_port: u16,
@@ -88,16 +88,7 @@ impl MigratedWeir {
             String::from_utf8_lossy(&check.stderr),
             std::fs::read_to_string(&config).unwrap_or_default()
         );
-        let log = std::fs::File::create(dir.join("weir.log")).unwrap();
-        let child = Command::new(weir_bin())
-            .arg("--config")
-            .arg(&config)
-            .env("WEIR_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn weir");
-        let w = MigratedWeir { child, dir, port, metrics_port };
+        let w = MigratedWeir { weir: WeirChild::spawn(dir.clone(), &config), dir, port, metrics_port };
         let up = crate::eventually(Duration::from_secs(30), || TcpStream::connect(("127.0.0.1", port)).is_ok()).await;
         assert!(up, "weir did not start on the config from {}; its log:\n{}", ini.display(), w.logs());
         w
@@ -110,24 +101,11 @@ impl MigratedWeir {
 
     /// weir's stderr so far.
     pub fn logs(&self) -> String {
-        std::fs::read_to_string(self.dir.join("weir.log")).unwrap_or_default()
+        self.weir.logs()
     }
 
     /// The /metrics text.
     pub fn metrics(&self) -> String {
-        let (status, body, _) = crate::process::http_get(self.metrics_port, "/metrics");
-        assert_eq!(status, 200, "{body}");
-        body
-    }
-}
-
-impl Drop for MigratedWeir {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!("--- weir log ---\n{}", self.logs());
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        crate::process::metrics_text(self.metrics_port)
     }
 }

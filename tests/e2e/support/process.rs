@@ -45,7 +45,7 @@ pub fn weir_bin() -> PathBuf {
 
 /// A running weir process with its own config and userlist in a temp dir.
 pub struct WeirProcess {
-    child: Child,
+    weir: WeirChild,
     pub dir: PathBuf,
     pub config_path: PathBuf,
     pub port: u16,
@@ -62,18 +62,9 @@ impl WeirProcess {
         std::fs::write(dir.join("userlist.txt"), userlist()).unwrap();
         let [port, metrics_port] = weir_testkit::free_ports();
         let config_path = dir.join("weir.toml");
-        let mut p =
-            WeirProcess { child: spawn_placeholder(), dir, config_path, port, metrics_port, pg_port: pg.port() };
-        p.write_config(general, database);
-        let log = std::fs::File::create(p.dir.join("weir.log")).unwrap();
-        p.child = Command::new(weir_bin())
-            .arg("--config")
-            .arg(&p.config_path)
-            .env("WEIR_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn weir");
+        write_config(&config_path, [port, metrics_port, pg.port()], general, database);
+        let weir = WeirChild::spawn(dir.clone(), &config_path);
+        let p = WeirProcess { weir, dir, config_path, port, metrics_port, pg_port: pg.port() };
         let ready =
             crate::eventually(Duration::from_secs(30), || TcpStream::connect(("127.0.0.1", p.port)).is_ok()).await;
         assert!(ready, "weir did not start listening; its log:\n{}", p.logs());
@@ -82,31 +73,11 @@ impl WeirProcess {
 
     /// Rewrites the config file (a later SIGHUP or RELOAD applies it).
     pub fn write_config(&self, general: &str, database: &str) {
-        let text = format!(
-            r#"[weir]
-listen_addr = "127.0.0.1:{port}"
-auth_type = "md5"
-auth_file = "userlist.txt"
-server_login_retry = "200ms"
-admin_users = ["{ADMIN_USER}"]
-stats_users = ["{STATS_USER}"]
-{general}
-[metrics]
-listen_addr = "127.0.0.1:{metrics_port}"
-[databases.app]
-host = "127.0.0.1"
-port = {pg_port}
-{database}
-"#,
-            port = self.port,
-            metrics_port = self.metrics_port,
-            pg_port = self.pg_port,
-        );
-        std::fs::write(&self.config_path, text).unwrap();
+        write_config(&self.config_path, [self.port, self.metrics_port, self.pg_port], general, database);
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.weir.child.id()
     }
 
     /// Sends a signal by name ("HUP", "TERM", "INT").
@@ -119,7 +90,7 @@ port = {pg_port}
     pub async fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
         let end = Instant::now() + limit;
         loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
+            if let Some(status) = self.weir.child.try_wait().unwrap() {
                 return Some(status);
             }
             if Instant::now() >= end {
@@ -131,7 +102,7 @@ port = {pg_port}
 
     /// weir's stderr so far.
     pub fn logs(&self) -> String {
-        std::fs::read_to_string(self.dir.join("weir.log")).unwrap_or_default()
+        self.weir.logs()
     }
 
     /// A connection string to weir for database `db`.
@@ -162,13 +133,64 @@ port = {pg_port}
 
     /// The /metrics text.
     pub fn metrics(&self) -> String {
-        let (status, body, _) = self.http_get("/metrics");
-        assert_eq!(status, 200, "{body}");
-        body
+        metrics_text(self.metrics_port)
     }
 }
 
-impl Drop for WeirProcess {
+/// Writes the config `WeirProcess` runs on: `ports` are weir's, its
+/// metrics' and Postgres's.
+fn write_config(path: &Path, ports: [u16; 3], general: &str, database: &str) {
+    let [port, metrics_port, pg_port] = ports;
+    let text = format!(
+        r#"[weir]
+listen_addr = "127.0.0.1:{port}"
+auth_type = "md5"
+auth_file = "userlist.txt"
+server_login_retry = "200ms"
+admin_users = ["{ADMIN_USER}"]
+stats_users = ["{STATS_USER}"]
+{general}
+[metrics]
+listen_addr = "127.0.0.1:{metrics_port}"
+[databases.app]
+host = "127.0.0.1"
+port = {pg_port}
+{database}
+"#
+    );
+    std::fs::write(path, text).unwrap();
+}
+
+/// A running weir binary and its temp dir. On drop it is killed, its log is
+/// printed when the test panicked, and the dir is removed.
+pub struct WeirChild {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl WeirChild {
+    /// Starts `weir --config config` at log level info, its stderr in
+    /// `dir/weir.log`.
+    pub fn spawn(dir: PathBuf, config: &Path) -> WeirChild {
+        let log = std::fs::File::create(dir.join("weir.log")).unwrap();
+        let child = Command::new(weir_bin())
+            .arg("--config")
+            .arg(config)
+            .env("WEIR_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn weir");
+        WeirChild { child, dir }
+    }
+
+    /// weir's stderr so far.
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(self.dir.join("weir.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for WeirChild {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -179,11 +201,11 @@ impl Drop for WeirProcess {
     }
 }
 
-/// A child that has already exited, so a half-built `WeirProcess` can drop.
-fn spawn_placeholder() -> Child {
-    let mut c = Command::new("true").spawn().expect("spawn true");
-    let _ = c.wait();
-    c
+/// The /metrics text of a weir whose metrics listen on `port`.
+pub fn metrics_text(port: u16) -> String {
+    let (status, body, _) = http_get(port, "/metrics");
+    assert_eq!(status, 200, "{body}");
+    body
 }
 
 fn userlist() -> String {
@@ -197,6 +219,35 @@ fn userlist() -> String {
     .iter()
     .map(|(u, p)| format!("\"{u}\" \"{p}\"\n"))
     .collect()
+}
+
+/// `psql -XAtq -v ON_ERROR_STOP=1 -c sql` (the binary `psql`) over the Unix
+/// socket `dir/.s.PGSQL.port`, to database `app`: its trimmed output, or
+/// its stderr.
+pub async fn psql_over_socket(
+    psql: &Path,
+    dir: &Path,
+    port: u16,
+    user: &str,
+    password: &str,
+    sql: &str,
+) -> Result<String, String> {
+    let out = tokio::process::Command::new(psql)
+        .args(["-h", &dir.display().to_string(), "-p", &port.to_string(), "-U", user, "-d", crate::APP_DB])
+        .args(["-XAtq", "-v", "ON_ERROR_STOP=1", "-c", sql])
+        .env("PGPASSWORD", password)
+        .env_remove("PGHOST")
+        .env_remove("PGPORT")
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), out)
+        .await
+        .map_err(|_| "psql over the socket: no answer in 60 s".to_owned())?
+        .map_err(|e| format!("run psql: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("psql over {}/.s.PGSQL.{port}: {}", dir.display(), String::from_utf8_lossy(&out.stderr)));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
 /// `psql -X -A -F'|' -v ON_ERROR_STOP=1 -c sql` against 127.0.0.1:`port`, bounded by 60 s.
