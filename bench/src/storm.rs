@@ -19,7 +19,9 @@
 //! query, less room for scheduling delays on a busy two-core machine.
 //! PgBouncer's cannot go below 1 s, so there it sits above the deadline.
 //!
-//! `weir-bench storm [--base-rate N] [--wait-timeout-ms N] [--no-pgbouncer]`;
+//! `weir-bench storm [--base-rate N] [--burst-factor F] [--burst-secs N]
+//! [--wait-timeout-ms N] [--no-pgbouncer]`; `--burst-factor 1 --burst-secs
+//! 11` is a steady 15 s run at the base rate (half the pool's capacity);
 //! `WEIR_STORM_KEEP=1` keeps the work folder (PgBouncer's ini and log).
 
 use std::path::{Path, PathBuf};
@@ -75,8 +77,13 @@ impl Shape {
                 "--wait-timeout-ms" => {
                     s.wait_timeout = Duration::from_millis(it.next().context("--wait-timeout-ms N")?.parse()?)
                 }
+                "--burst-factor" => s.burst_factor = it.next().context("--burst-factor F")?.parse()?,
+                "--burst-secs" => s.burst = Duration::from_secs(it.next().context("--burst-secs N")?.parse()?),
                 "--no-pgbouncer" => pgbouncer = false,
-                other => bail!("unknown option {other} (storm [--base-rate N] [--wait-timeout-ms N] [--no-pgbouncer])"),
+                other => bail!(
+                    "unknown option {other} (storm [--base-rate N] [--burst-factor F] [--burst-secs N] \
+                     [--wait-timeout-ms N] [--no-pgbouncer])"
+                ),
             }
         }
         Ok((s, pgbouncer))
@@ -88,8 +95,12 @@ impl Shape {
 
     /// Queries per second across all clients, `at` into the run.
     fn rate_at(&self, at: Duration) -> f64 {
-        let burst = at >= self.before && at < self.before + self.burst;
-        self.base_rate * if burst { self.burst_factor } else { 1.0 }
+        self.base_rate * if self.in_burst(at) { self.burst_factor } else { 1.0 }
+    }
+
+    /// True when `at` into the run falls in the burst.
+    fn in_burst(&self, at: Duration) -> bool {
+        at >= self.before && at < self.before + self.burst
     }
 }
 
@@ -114,6 +125,8 @@ struct Sent {
     outcome: Outcome,
     /// How long the client waited for its answer (or its deadline).
     latency: Duration,
+    /// When it was sent, into the run (for the burst / outside split).
+    at: Duration,
 }
 
 /// What one target's run produced.
@@ -362,6 +375,7 @@ async fn one_query(ctx: &ClientCtx, client: Client) -> (Sent, Option<Client>) {
     let deadline_us = wall_us() + ctx.shape.deadline.as_micros() as i64;
     let sql = format!("insert into ledger(id) select {id} from pg_sleep({})", ctx.shape.query.as_secs_f64());
     let asked = Instant::now();
+    let at = asked.saturating_duration_since(ctx.start);
     let outcome = match tokio::time::timeout(ctx.shape.deadline, client.simple_query(&sql)).await {
         Ok(Ok(_)) => Outcome::Ok,
         Ok(Err(e)) => classify(ctx, &e),
@@ -371,12 +385,12 @@ async fn one_query(ctx: &ClientCtx, client: Client) -> (Sent, Option<Client>) {
             let _ = tokio::time::timeout(Duration::from_secs(1), token.cancel_query(NoTls)).await;
             drop(client);
             let latency = asked.elapsed();
-            return (Sent { id, deadline_us, outcome: Outcome::DeadlineExpired, latency }, None);
+            return (Sent { id, deadline_us, outcome: Outcome::DeadlineExpired, latency, at }, None);
         }
     };
     let latency = asked.elapsed();
     let keep = (!client.is_closed()).then_some(client);
-    (Sent { id, deadline_us, outcome, latency }, keep)
+    (Sent { id, deadline_us, outcome, latency, at }, keep)
 }
 
 fn classify(ctx: &ClientCtx, e: &tokio_postgres::Error) -> Outcome {

@@ -20,8 +20,19 @@ fn share(r: &Report, o: Outcome) -> String {
     format!("{:.2}", 100.0 * n as f64 / r.sent.len().max(1) as f64)
 }
 
+/// The share of ok queries among those sent in the burst (`burst`) or
+/// outside it, in percent.
+fn success(shape: &Shape, r: &Report, burst: bool) -> String {
+    let sent: Vec<_> = r.sent.iter().filter(|s| shape.in_burst(s.at) == burst).collect();
+    if sent.is_empty() {
+        return "-".into();
+    }
+    let ok = sent.iter().filter(|s| s.outcome == Outcome::Ok).count();
+    format!("{:.1}", 100.0 * ok as f64 / sent.len() as f64)
+}
+
 /// One pooler's column: (row label, value).
-fn cells(r: &Report) -> Vec<(&'static str, String)> {
+fn cells(shape: &Shape, r: &Report) -> Vec<(&'static str, String)> {
     let count = |o: Outcome| r.sent.iter().filter(|s| s.outcome == o).count().to_string();
     vec![
         ("queries sent", r.sent.len().to_string()),
@@ -29,6 +40,8 @@ fn cells(r: &Report) -> Vec<(&'static str, String)> {
         ("  pooler refusal (53300, wait timeout)", count(Outcome::WaitTimeout)),
         ("  client deadline expired (cancel+close)", count(Outcome::DeadlineExpired)),
         ("  other errors", count(Outcome::Other)),
+        ("ok, sent in the burst (%)", success(shape, r, true)),
+        ("ok, sent outside the burst (%)", success(shape, r, false)),
         ("ok latency p50/p99/max (ms)", percentiles(r, Outcome::Ok)),
         ("refusal (53300) answer p50/p99/max (ms)", percentiles(r, Outcome::WaitTimeout)),
         ("client deadline misses (% of queries)", share(r, Outcome::DeadlineExpired)),
@@ -58,7 +71,7 @@ pub(super) fn print_table(shape: &Shape, reports: &[Report], note: Option<&str>)
         shape.after.as_secs(),
         shape.wait_timeout.as_millis(),
     );
-    let columns: Vec<_> = reports.iter().map(cells).collect();
+    let columns: Vec<_> = reports.iter().map(|r| cells(shape, r)).collect();
     print!("{:<42}", "");
     for r in reports {
         print!("{:>12}", r.name);
