@@ -8,6 +8,9 @@
 # The committed seeds (crates/proxy/fuzz/corpus/TARGET) are read only; what
 # libFuzzer finds goes to a temporary folder, so the repo's corpus stays small.
 # A crash leaves its input in crates/proxy/fuzz/artifacts/TARGET/.
+# No sanitizer (`-s none`): weir forbids unsafe code, so AddressSanitizer
+# guards only its dependencies; without it the build took 223 s instead of
+# 286 s and a target ran 5.66 M inputs in 8 s instead of 0.78 M (frame).
 set -euo pipefail
 
 seconds="${FUZZ_SECONDS:-10}"
@@ -25,7 +28,7 @@ if [ -z "$targets" ]; then
     exit 1
 fi
 started=$(date +%s)
-cargo fuzz build
+cargo fuzz build -s none
 echo "fuzz build: $(($(date +%s) - started)) s"
 
 work=$(mktemp -d)
@@ -33,7 +36,7 @@ trap 'rm -rf "$work"' EXIT
 for t in $targets; do
     mkdir -p "$work/$t"
     log="$work/$t.log"
-    if ! cargo fuzz run "$t" "$work/$t" "fuzz/corpus/$t" -- \
+    if ! cargo fuzz run -s none "$t" "$work/$t" "fuzz/corpus/$t" -- \
         -max_total_time="$seconds" -print_final_stats=1 >"$log" 2>&1; then
         tail -n 60 "$log"
         echo "fuzz target $t FAILED (input in crates/proxy/fuzz/artifacts/$t/)"
