@@ -95,12 +95,18 @@ impl Shape {
 
     /// Queries per second across all clients, `at` into the run.
     fn rate_at(&self, at: Duration) -> f64 {
-        self.base_rate * if self.in_burst(at) { self.burst_factor } else { 1.0 }
+        self.base_rate * if self.phase(at) == 1 { self.burst_factor } else { 1.0 }
     }
 
-    /// True when `at` into the run falls in the burst.
-    fn in_burst(&self, at: Duration) -> bool {
-        at >= self.before && at < self.before + self.burst
+    /// Where `at` into the run falls: 0 before the burst, 1 in it, 2 after.
+    fn phase(&self, at: Duration) -> u8 {
+        if at < self.before {
+            0
+        } else if at < self.before + self.burst {
+            1
+        } else {
+            2
+        }
     }
 }
 
@@ -125,7 +131,7 @@ struct Sent {
     outcome: Outcome,
     /// How long the client waited for its answer (or its deadline).
     latency: Duration,
-    /// When it was sent, into the run (for the burst / outside split).
+    /// When it was sent, into the run (for the before / burst / after split).
     at: Duration,
 }
 

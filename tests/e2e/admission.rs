@@ -144,7 +144,7 @@ async fn a_queue_past_its_bound_is_refused_at_once() {
 
 /// Pool of 4, transactions of 400 ms, a budget of 2 s: each waiter ahead
 /// adds about 100 ms, so with every server held a queue of about 20 fills
-/// the budget, and shedding (at 1.25 x) starts at about 26. Raw clients
+/// the budget, and shedding starts at about 20. Raw clients
 /// queue until one is shed: it is answered 53300 while every server is
 /// still held, its INSERT never runs, and the front of the queue is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -175,7 +175,7 @@ async fn a_waiter_that_cannot_be_served_in_time_is_shed_at_once() {
     };
     assert!(message.contains("query shed") && message.contains("predicted wait"), "{message}");
     assert_eq!(h.pool().snapshot().active, 4, "shed while every server was still held");
-    assert!(queued.len() >= 20, "a queue the pool could serve in time was not shed: {}", queued.len());
+    assert!(queued.len() >= 15, "a queue the pool could serve in time was not shed: {}", queued.len());
 
     commit_all(&holders).await;
     let mut served = Vec::new();

@@ -20,10 +20,10 @@ fn share(r: &Report, o: Outcome) -> String {
     format!("{:.2}", 100.0 * n as f64 / r.sent.len().max(1) as f64)
 }
 
-/// The share of ok queries among those sent in the burst (`burst`) or
-/// outside it, in percent.
-fn success(shape: &Shape, r: &Report, burst: bool) -> String {
-    let sent: Vec<_> = r.sent.iter().filter(|s| shape.in_burst(s.at) == burst).collect();
+/// The share of ok queries among those sent in `phase` (0: before the
+/// burst, 1: in it, 2: after it), in percent.
+fn success(shape: &Shape, r: &Report, phase: u8) -> String {
+    let sent: Vec<_> = r.sent.iter().filter(|s| shape.phase(s.at) == phase).collect();
     if sent.is_empty() {
         return "-".into();
     }
@@ -40,8 +40,9 @@ fn cells(shape: &Shape, r: &Report) -> Vec<(&'static str, String)> {
         ("  pooler refusal (53300, wait timeout)", count(Outcome::WaitTimeout)),
         ("  client deadline expired (cancel+close)", count(Outcome::DeadlineExpired)),
         ("  other errors", count(Outcome::Other)),
-        ("ok, sent in the burst (%)", success(shape, r, true)),
-        ("ok, sent outside the burst (%)", success(shape, r, false)),
+        ("ok, sent before the burst (%)", success(shape, r, 0)),
+        ("ok, sent in the burst (%)", success(shape, r, 1)),
+        ("ok, sent after the burst (%)", success(shape, r, 2)),
         ("ok latency p50/p99/max (ms)", percentiles(r, Outcome::Ok)),
         ("refusal (53300) answer p50/p99/max (ms)", percentiles(r, Outcome::WaitTimeout)),
         ("client deadline misses (% of queries)", share(r, Outcome::DeadlineExpired)),
