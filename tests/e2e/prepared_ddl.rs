@@ -257,3 +257,33 @@ async fn a_driver_prepares_across_an_alter_table() {
     })
     .await;
 }
+
+/// A client holds a statement (its result column an int) when the column
+/// becomes text. Straight to Postgres, its next execution gets 0A000
+/// ("cached plan must not change result type"); through weir, where the
+/// ALTER starts a new statement generation, it gets the same, never rows of
+/// a type it was not told (asyncpg's test_prepare_statement_invalid read
+/// such rows as "insufficient data in buffer"). Pool of one, so the held
+/// statement's server is the one it runs on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_statement_whose_result_type_changed_gets_0a000() {
+    bounded(120, async {
+        let h = harness("transaction").await;
+        let text = "select label from held";
+        let mut seen = Vec::new();
+        for through_weir in [false, true] {
+            h.psql(&format!(
+                "drop table if exists held; create table held (id int, label int); insert into held values (1, 2); \
+                 alter table held owner to {SCRAM_USER}"
+            ));
+            let mut c = if through_weir { via_weir(&h).await } else { direct(&h).await };
+            assert_eq!(run(&mut c, &[parse("q", text), bind("q", &[]), execute(), sync()]).await, "12DCZI");
+            let alter = c.query("alter table held alter column label type text").await.unwrap();
+            assert_eq!(alter.error, None);
+            seen.push(run(&mut c, &[bind("q", &[]), execute(), sync()]).await);
+        }
+        assert_eq!(seen[0], "E[0A000]ZI", "straight to Postgres");
+        assert_eq!(seen[1], seen[0], "through weir, as straight to Postgres");
+    })
+    .await;
+}

@@ -2,8 +2,7 @@
 //! server connection: an LRU of at most `max_prepared_statements` names, plus
 //! the names whose existence is uncertain (a client ran DEALLOCATE ALL or
 //! DISCARD ALL, or left mid-batch), which are closed before being prepared
-//! again. A new pool-wide generation (`sync_epoch`: DDL, or an error meaning
-//! a statement is stale) makes every name uncertain. Statements used during
+//! again. Statements used during
 //! the current lease are never evicted, so a portal bound from one stays
 //! valid until the transaction ends.
 
@@ -31,8 +30,6 @@ pub struct ServerStatements {
     rolled_back: bool,
     tick: u64,
     lease: u64,
-    /// The pool's statement generation these entries belong to.
-    epoch: u64,
     /// The number of statements, for SHOW SERVERS.
     shown: SharedCount,
 }
@@ -41,15 +38,6 @@ impl ServerStatements {
     /// Starts a new lease: statements used from now on are protected from eviction.
     pub fn begin_lease(&mut self) {
         self.lease += 1;
-    }
-
-    /// Catches up with the pool's statement generation: after a change,
-    /// every statement here may be stale and is prepared afresh on next use.
-    pub fn sync_epoch(&mut self, epoch: u64) {
-        if self.epoch != epoch {
-            self.epoch = epoch;
-            self.mark_all_uncertain();
-        }
     }
 
     /// `name` is being prepared, maybe inside a transaction.
@@ -247,18 +235,5 @@ mod tests {
             assert!(!s.has_provisional());
             assert_eq!((s.contains("a"), s.is_uncertain("a")), (kept, !kept));
         }
-    }
-
-    #[test]
-    fn a_new_generation_makes_every_statement_uncertain() {
-        let mut s = ServerStatements::default();
-        s.insert(n("a"), 5);
-        s.sync_epoch(0);
-        assert!(s.contains("a"), "same generation: kept");
-        s.sync_epoch(1);
-        assert!(!s.contains("a") && s.is_uncertain("a"));
-        s.insert(n("a"), 5);
-        s.sync_epoch(1);
-        assert!(s.contains("a"));
     }
 }

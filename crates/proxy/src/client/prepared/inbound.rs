@@ -197,7 +197,7 @@ impl ClientStatements {
                 fate = Fate::Replace(renamed(msg, old.as_bytes(), client));
             }
             Some(Expect::Bind { managed: true } | Expect::Describe { managed: true }) if is_stale(code) => {
-                self.invalidate(server);
+                self.invalidate();
             }
             _ => {}
         }

@@ -15,8 +15,13 @@
 //!   objects that are gone, so it is made uncertain on that server (closed
 //!   and prepared again before anyone uses it); DDL a client runs, and a
 //!   server error that means a statement is stale (XX000, 0A000, 26000 on
-//!   one of weir's statements), start a new pool-wide generation in which
-//!   every server prepares its statements afresh;
+//!   one of weir's statements), start a new pool-wide generation. The
+//!   generation is part of weir's statement name, so a Parse from then on
+//!   gets a statement of its own, prepared afresh, while a statement a
+//!   client already holds keeps its server-side plan, which Postgres
+//!   revalidates as it would a backend's own: a changed result type is
+//!   its 0A000, not rows of a shape the client was not told (preparing it
+//!   afresh did that);
 //! * the client's statement namespace as a backend has it: a Parse of a
 //!   name the client holds gets Postgres's own 42P05 (weir sends it to the
 //!   server under the held statement's name and renames the error), a Parse
@@ -57,12 +62,14 @@ pub struct Statement {
 }
 
 impl Statement {
-    /// weir's statement for a query text and raw parameter-type section.
-    pub fn new(query: &[u8], param_types: &[u8]) -> Statement {
+    /// weir's statement for a query text and raw parameter-type section,
+    /// parsed in the pool's statement generation `epoch`.
+    pub fn new(query: &[u8], param_types: &[u8], epoch: u64) -> Statement {
         let mut h = Sha256::new();
         h.update(query);
         h.update([0u8]);
         h.update(param_types);
+        h.update(epoch.to_le_bytes());
         let digest = h.finalize();
         let hex: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
         let weir: Arc<str> = Arc::from(format!("weir_{hex}"));
@@ -210,7 +217,6 @@ impl ClientStatements {
     /// A server connection was just lent to this client.
     pub fn begin(&mut self, server: &mut ServerStatements, conv: &Conversation) {
         server.begin_lease();
-        server.sync_epoch(self.metrics.statements_epoch());
         self.expect.clear();
         self.reply_partial = 0;
         self.status = conv.status;
@@ -232,7 +238,7 @@ impl ClientStatements {
         if self.take_lease_flag(RAN_DDL) {
             // Again now that the DDL has run: a statement prepared by
             // someone else meanwhile may predate its commit.
-            self.invalidate(server);
+            self.invalidate();
         }
         self.reply_partial = 0;
         self.pass_remaining = 0;
@@ -240,10 +246,10 @@ impl ClientStatements {
     }
 
     /// Every shared statement of the pool may be stale: a new generation,
-    /// caught up with at once on this server, at the next lease on others.
-    fn invalidate(&mut self, server: &mut ServerStatements) {
-        tracing::debug!("shared prepared statements may be stale: preparing them afresh");
-        server.sync_epoch(self.metrics.invalidate_statements());
+    /// whose Parses get statements of their own.
+    fn invalidate(&mut self) {
+        tracing::debug!("shared prepared statements may be stale: new Parses prepare afresh");
+        self.metrics.invalidate_statements();
     }
 
     fn pin(&mut self, why: &'static str) {

@@ -148,7 +148,7 @@ impl ClientStatements {
                 self.lease |= TOUCHED_SETTINGS;
                 server.mark_all_uncertain();
             }
-            Sql::Ddl => self.saw_ddl(server),
+            Sql::Ddl => self.saw_ddl(),
             Sql::SessionSet => self.lease |= TOUCHED_SETTINGS,
             Sql::Other | Sql::Deallocate(_) => {}
         }
@@ -230,7 +230,7 @@ impl ClientStatements {
         };
         self.look_at(p.query, server);
         self.metrics.record_client_parse();
-        let stmt = Arc::new(Statement::new(p.query, p.param_types));
+        let stmt = Arc::new(Statement::new(p.query, p.param_types, self.metrics.statements_epoch()));
         // One look-up, and the same two copies of the name as ever.
         let name = match self.statements.entry(p.name.to_vec()) {
             Entry::Occupied(held) => {
@@ -368,7 +368,7 @@ impl ClientStatements {
                 self.statements.clear();
                 server.mark_all_uncertain();
             }
-            Sql::Ddl => self.saw_ddl(server),
+            Sql::Ddl => self.saw_ddl(),
             Sql::SessionSet => self.lease |= TOUCHED_SETTINGS,
             _ => {}
         }
@@ -376,9 +376,9 @@ impl ClientStatements {
 
     /// DDL may leave shared statements stale: a new generation now, and
     /// another when the lease ends (after the DDL has run).
-    fn saw_ddl(&mut self, server: &mut ServerStatements) {
+    fn saw_ddl(&mut self) {
         self.lease |= RAN_DDL;
-        self.invalidate(server);
+        self.invalidate();
     }
 
     /// A named statement weir does not track (max_prepared_statements = 0)
