@@ -30,8 +30,25 @@ SOLO_MARKERS = ("exclusive(", "serial()")
 RESULT = re.compile(r"test result: \w+\. (\d+) passed; (\d+) failed")
 
 
+def build_weir_bin():
+    """Builds the weir binary the end-to-end tests start as a process, and
+    returns its path. Built here, once, before any test runs: otherwise the
+    first test of each e2e process to need it ran `cargo build` itself, and
+    in a clean clone that build (about 100 s) was charged to whichever
+    module asked first, while the others waited on cargo's lock."""
+    cmd = ["cargo", "build", "-p", "weir", "--bin", "weir", "--locked", "--message-format=json-render-diagnostics"]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
+    if proc.returncode != 0:
+        sys.exit(proc.returncode)
+    for line in proc.stdout.splitlines():
+        msg = json.loads(line)
+        if msg.get("reason") == "compiler-artifact" and msg.get("executable") and msg["target"]["name"] == "weir":
+            return msg["executable"]
+    sys.exit("cargo build -p weir --bin weir named no executable")
+
+
 def build(cargo_args):
-    """Builds every test binary; returns [(name, executable, src_path, cwd)]."""
+    """Builds every test binary; returns [(name, executable, src_path, cwd, args)]."""
     cmd = ["cargo", "test", "--workspace", "--locked", "--no-run", "--message-format=json-render-diagnostics"]
     proc = subprocess.run(cmd + cargo_args, stdout=subprocess.PIPE, text=True, check=False)
     if proc.returncode != 0:
@@ -126,6 +143,8 @@ def main():
     ap.add_argument("--timeout", type=int, default=900)
     args, cargo_args = ap.parse_known_args()
 
+    if "WEIR_BIN" not in os.environ:
+        os.environ["WEIR_BIN"] = build_weir_bin()
     binaries = [unit for b in build(cargo_args) for unit in split_modules(b)]
     solo = [b for b in binaries if is_solo(b[2])]
     shared = [b for b in binaries if not is_solo(b[2])]
