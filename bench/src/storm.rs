@@ -20,7 +20,7 @@
 //! PgBouncer's cannot go below 1 s, so there it sits above the deadline.
 //!
 //! `weir-bench storm [--base-rate N] [--burst-factor F] [--burst-secs N]
-//! [--wait-timeout-ms N] [--no-pgbouncer]`; `--burst-factor 1 --burst-secs
+//! [--after-secs N] [--wait-timeout-ms N] [--no-pgbouncer]`; `--burst-factor 1 --burst-secs
 //! 11` is a steady 15 s run at the base rate (half the pool's capacity);
 //! `WEIR_STORM_KEEP=1` keeps the work folder (PgBouncer's ini and log).
 
@@ -79,10 +79,11 @@ impl Shape {
                 }
                 "--burst-factor" => s.burst_factor = it.next().context("--burst-factor F")?.parse()?,
                 "--burst-secs" => s.burst = Duration::from_secs(it.next().context("--burst-secs N")?.parse()?),
+                "--after-secs" => s.after = Duration::from_secs(it.next().context("--after-secs N")?.parse()?),
                 "--no-pgbouncer" => pgbouncer = false,
                 other => bail!(
                     "unknown option {other} (storm [--base-rate N] [--burst-factor F] [--burst-secs N] \
-                     [--wait-timeout-ms N] [--no-pgbouncer])"
+                     [--after-secs N] [--wait-timeout-ms N] [--no-pgbouncer])"
                 ),
             }
         }
