@@ -392,10 +392,10 @@ impl PoolMetrics {
         self.statements_epoch.load(R)
     }
 
-    /// Every shared prepared statement of the pool may be stale; returns the
-    /// new generation.
-    pub fn invalidate_statements(&self) -> u64 {
-        self.statements_epoch.fetch_add(1, R) + 1
+    /// Every shared prepared statement of the pool may be stale: Parses from
+    /// now on belong to a new generation.
+    pub fn invalidate_statements(&self) {
+        self.statements_epoch.fetch_add(1, R);
     }
 
     /// A client's session settings could not be read back from a server
