@@ -46,8 +46,9 @@ impl CancelSlot {
         *self.at.lock() = Where::Idle;
     }
 
-    pub fn set_waiting(&self) {
-        let us = epoch().elapsed().as_micros().max(1);
+    /// The client's request began waiting for a server at `now`.
+    pub fn set_waiting(&self, now: std::time::Instant) {
+        let us = now.saturating_duration_since(epoch()).as_micros().max(1);
         self.requested_us.store(u64::try_from(us).unwrap_or(u64::MAX), std::sync::atomic::Ordering::Relaxed);
         *self.at.lock() = Where::Waiting { cancelled: false };
     }

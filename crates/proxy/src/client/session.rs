@@ -194,13 +194,16 @@ impl<'a> Session<'a> {
         if let Some(e) = self.too_late(Duration::ZERO) {
             return self.refused(e).await;
         }
-        self.reg.slot.set_waiting();
+        // One clock reading for the request's start: its place in SHOW
+        // CLIENTS and, when it must queue, its wait.
+        let arrived = Instant::now();
+        self.reg.slot.set_waiting(arrived);
         // The common case, with nothing awaited: a server is idle and ready.
         // The queue's wait is boxed apart (it is larger than the rest of a
         // request), so a request that finds a server at once never builds it.
         let outcome = match self.held.take().map(|l| *l).or_else(|| self.pool.try_checkout()) {
             Some(lease) => Wait::Got(lease),
-            None => Box::pin(self.wait_for_server()).await,
+            None => Box::pin(self.wait_for_server(arrived)).await,
         };
         let lease = match self.settle(outcome) {
             Wait::Got(lease) => lease,
@@ -347,8 +350,7 @@ impl<'a> Session<'a> {
     }
 
     /// Queues for a server while watching the client and the cancel registry.
-    async fn wait_for_server(&mut self) -> Wait {
-        let arrived = Instant::now();
+    async fn wait_for_server(&mut self, arrived: Instant) -> Wait {
         let budget = arrived + self.budget.under(self.pool.query_wait_timeout());
         // Deadline-aware start, decided early: a query that must start by
         // `start_by` to finish within its client's deadline waits only until
@@ -360,7 +362,7 @@ impl<'a> Session<'a> {
             Some(t) => t,
             None => Box::pin(tokio::time::sleep_until(deadline.into())),
         };
-        let outcome = self.queue(deadline, &mut timer).await;
+        let outcome = self.queue(arrived, deadline, &mut timer).await;
         self.wait_timer = Some(timer);
         match outcome {
             // The wait ate into the deadline: the server goes on unused.
@@ -396,18 +398,25 @@ impl<'a> Session<'a> {
     }
 
     /// The wait in the pool's queue, on the session's wait timer.
-    async fn queue(&mut self, deadline: Instant, timer: &mut Pin<Box<Sleep>>) -> Wait {
+    async fn queue(&mut self, arrived: Instant, deadline: Instant, timer: &mut Pin<Box<Sleep>>) -> Wait {
         let slot = self.reg.slot.clone();
         let pool = self.pool.clone();
-        let acquire = pool.acquire_with(deadline, timer);
+        let acquire = pool.acquire_with(arrived, deadline, timer);
         tokio::pin!(acquire);
-        // Biased: when the client leaves or cancels in the same instant a
-        // server frees up, the departure wins and the server goes on to the
-        // next waiter.
+        // Biased: a cancel that came in the same instant a server freed up
+        // wins, and the server goes on to the next waiter. A departure in
+        // that instant wins too, through `settle`'s last look at the socket
+        // (which reads what this branch would have read, without a poll of
+        // its own): so a server handed over is taken without polling the
+        // client socket, and the socket is polled only while the wait goes on.
         loop {
             tokio::select! {
                 biased;
                 _ = slot.cancelled_in_queue() => break Wait::Cancelled,
+                r = &mut acquire => break match r {
+                    Ok(lease) => Wait::Got(lease),
+                    Err(e) => Wait::Failed(e),
+                },
                 r = wire::fill(self.client, &mut self.client_in), if self.client_in.len() < WAIT_READ_LIMIT => {
                     if let Ok(n) = r {
                         pool.metrics.record_received(n);
@@ -416,10 +425,6 @@ impl<'a> Session<'a> {
                         break Wait::Gone;
                     }
                 }
-                r = &mut acquire => break match r {
-                    Ok(lease) => Wait::Got(lease),
-                    Err(e) => Wait::Failed(e),
-                },
             }
         }
     }
@@ -493,7 +498,8 @@ impl<'a> Session<'a> {
     }
 
     /// The active phase on one borrowed server. Returns false when the
-    /// session is over.
+    /// session is over. (It reads the clock itself: a parameter would be one
+    /// more slot in every request's future.)
     async fn serve(&mut self, mut lease: Lease) -> Result<bool, ClientError> {
         let started = Instant::now();
         let session_mode = self.mode == PoolMode::Session;

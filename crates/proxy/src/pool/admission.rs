@@ -134,9 +134,12 @@ impl Estimator {
     /// The predicted wait of a waiter with `ahead` waiters before it, on a
     /// pool that serves at most `servers` at once: the servers must be
     /// handed over `ahead` times first, one every mean/servers on average.
+    /// Integer nanoseconds (no float conversion): it runs at every enqueue
+    /// and hand-over of a full pool.
     pub fn predicted_wait(&self, ahead: usize, servers: u32) -> Option<Duration> {
         let mean = self.mean()?;
-        Some(mean.mul_f64(ahead as f64 / servers.max(1) as f64))
+        let nanos = mean.as_nanos().saturating_mul(ahead as u128) / u128::from(servers.max(1));
+        Some(Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX)))
     }
 
     /// Some(predicted wait) when a waiter with `ahead` before it and

@@ -109,7 +109,7 @@ impl Pool {
                 if st.server_params.is_none() {
                     st.server_params = Some(Arc::new(conn.params.clone()));
                 }
-                self.hand_over(&mut st, Box::new(conn));
+                self.hand_over(&mut st, Box::new(conn), Instant::now());
             }
             Err(e) => {
                 drop(slot);

@@ -189,20 +189,22 @@ impl Pool {
     /// server handed over in that instant goes back to the pool.
     pub async fn acquire(self: &Arc<Self>, deadline: Instant) -> Result<Lease, PoolError> {
         let mut timer = Box::pin(tokio::time::sleep_until(deadline.into()));
-        self.acquire_with(deadline, &mut timer).await
+        self.acquire_with(Instant::now(), deadline, &mut timer).await
     }
 
     /// `acquire` on the caller's timer, set here to `deadline`: a client
     /// that waits often keeps one, and moving it later is one atomic
     /// operation where a new timer is an insert into and a removal from
-    /// tokio's timer wheel per wait.
+    /// tokio's timer wheel per wait. `started` is when the wait began (the
+    /// caller's clock reading, so the wait costs one reading of its own, when
+    /// a server comes).
     pub async fn acquire_with(
         self: &Arc<Self>,
+        started: Instant,
         deadline: Instant,
         timer: &mut Pin<Box<Sleep>>,
     ) -> Result<Lease, PoolError> {
         timer.as_mut().reset(deadline.into());
-        let started = Instant::now();
         let timed_out = || {
             let last_error = self.state.lock().last_error.clone();
             // Rounded to whole milliseconds: the budget as configured.
@@ -210,8 +212,11 @@ impl Pool {
                 Duration::from_millis(((deadline.saturating_duration_since(started).as_micros() + 500) / 1000) as u64);
             PoolError::WaitTimeout { budget, waited: started.elapsed(), last_error }
         };
+        // The clock for the checkout: the caller's reading at first, a new
+        // one after a server failed its check.
+        let mut now = started;
         loop {
-            let conn = match self.checkout_or_enqueue(deadline)? {
+            let conn = match self.checkout_or_enqueue(now, deadline)? {
                 Ok(conn) => conn,
                 Err(mut waiting) => match within(timer.as_mut(), &mut waiting.rx).await {
                     Some(Ok(handed)) => {
@@ -230,19 +235,31 @@ impl Pool {
             };
             // Held as a Lease from here: if this future is dropped mid-check,
             // the connection goes back to the pool through recovery.
-            match within(timer.as_mut(), self.vet(Lease::new(self.clone(), conn))).await {
+            let lease = Lease::new(self.clone(), conn);
+            now = Instant::now();
+            let vetted = if self.state.lock().check_due(lease.conn().last_used, now) {
+                // Boxed: rare, and kept out of every wait's future.
+                let checked = within(timer.as_mut(), Box::pin(self.check(lease))).await;
+                checked.map(|lease| lease.map(|lease| (lease, Instant::now())))
+            } else {
+                Some(Some((lease, now)))
+            };
+            match vetted {
                 // Handed over just as the budget ran out (or this task ran
                 // late): the client may be giving up right now, so its query
                 // must not start. The server goes on to the next waiter.
-                Some(Some(lease)) if Instant::now() >= deadline => {
+                Some(Some((lease, now))) if now >= deadline => {
                     drop(lease);
                     return Err(timed_out());
                 }
-                Some(Some(lease)) => {
-                    self.metrics.record_client_wait(started.elapsed());
+                Some(Some((lease, now))) => {
+                    self.metrics.record_client_wait(now.saturating_duration_since(started));
                     return Ok(lease);
                 }
-                Some(None) => continue,
+                Some(None) => {
+                    now = Instant::now();
+                    continue;
+                }
                 None => return Err(timed_out()),
             }
         }
@@ -276,11 +293,15 @@ impl Pool {
     /// Takes a healthy idle server, or joins the queue (and starts
     /// connects), or is refused at once by admission control.
     #[allow(clippy::type_complexity)]
-    fn checkout_or_enqueue(self: &Arc<Self>, deadline: Instant) -> Result<Result<Box<ServerConn>, Waiting>, PoolError> {
+    fn checkout_or_enqueue(
+        self: &Arc<Self>,
+        now: Instant,
+        deadline: Instant,
+    ) -> Result<Result<Box<ServerConn>, Waiting>, PoolError> {
         let mut st = self.state.lock();
         if !st.paused {
             while let Some(mut conn) = st.idle.pop() {
-                if let Some(reason) = State::unusable(&mut conn, Instant::now()) {
+                if let Some(reason) = State::unusable(&mut conn, now) {
                     drop(st);
                     self.discard(conn, reason);
                     st = self.state.lock();
@@ -290,13 +311,13 @@ impl Pool {
                 return Ok(Ok(conn));
             }
         }
-        self.admit(&st, deadline)?;
+        self.admit(&st, now, deadline)?;
         let total_limit = st.opts.admission.max_waiting_total;
         let Some(counted) = self.queued_total.join(total_limit) else {
             return Err(PoolError::QueueFull { waiting: total_limit, key: "max_waiting_clients_total" });
         };
         let (tx, rx) = oneshot::channel();
-        let id = st.push_waiter(tx, deadline, counted);
+        let id = st.push_waiter(tx, now, deadline, counted);
         self.want_connects(&mut st);
         Ok(Err(Waiting { pool: self.clone(), id, rx, settled: false }))
     }
@@ -304,7 +325,7 @@ impl Pool {
     /// Refuses a new waiter at once when the pool's queue is at its bound,
     /// or when the pool is full and the waiters ahead hold more work than it
     /// can serve before `deadline`.
-    fn admit(&self, st: &State, deadline: Instant) -> Result<(), PoolError> {
+    fn admit(&self, st: &State, now: Instant, deadline: Instant) -> Result<(), PoolError> {
         let ahead = st.waiters.len();
         let max = st.opts.settings.max_waiting_clients;
         if max != 0 && ahead >= max as usize {
@@ -313,7 +334,7 @@ impl Pool {
         if !st.saturated() {
             return Ok(());
         }
-        let left = deadline.saturating_duration_since(Instant::now());
+        let left = deadline.saturating_duration_since(now);
         match self.estimate.shed(ahead, st.capacity(), left) {
             Some(predicted) => Err(PoolError::Shed { predicted, left }),
             None => Ok(()),
@@ -324,11 +345,10 @@ impl Pool {
     /// is told at once when its predicted wait has grown past what is left
     /// of its budget, and so on forward until one can still be served.
     /// O(1) per waiter shed; nothing when the queue is empty.
-    fn shed_tail(&self, st: &mut State) {
+    fn shed_tail(&self, st: &mut State, now: Instant) {
         if st.waiters.is_empty() || !st.saturated() {
             return;
         }
-        let now = Instant::now();
         let servers = st.capacity();
         while let Some(last) = st.waiters.back() {
             let left = last.deadline.saturating_duration_since(now);
@@ -342,13 +362,10 @@ impl Pool {
         }
     }
 
-    /// A server about to be lent (from idle or handed to a waiter) may have
-    /// sat idle past server_check_delay: run server_check_query on it first,
+    /// A server about to be lent (from idle or handed to a waiter) that sat
+    /// idle past server_check_delay: run server_check_query on it first,
     /// within server_check_timeout. A failed check closes it.
-    async fn vet(self: &Arc<Self>, mut lease: Lease) -> Option<Lease> {
-        if !self.state.lock().check_due(lease.conn().last_used, Instant::now()) {
-            return Some(lease);
-        }
+    async fn check(self: &Arc<Self>, mut lease: Lease) -> Option<Lease> {
         let (query, timeout) = {
             let st = self.state.lock();
             (st.opts.check_query.clone(), st.opts.check_timeout)
@@ -380,10 +397,11 @@ impl Pool {
             recovery::spawn(self.clone(), conn, opts, needs_reset);
             return;
         }
-        conn.last_used = Instant::now();
+        let now = Instant::now();
+        conn.last_used = now;
         let mut st = self.state.lock();
         st.active -= 1;
-        self.hand_over(&mut st, conn);
+        self.hand_over(&mut st, conn, now);
     }
 
     /// Called by recovery when it is done with a connection.
@@ -392,8 +410,9 @@ impl Pool {
         st.recovering -= 1;
         match result {
             Ok(mut conn) => {
-                conn.last_used = Instant::now();
-                self.hand_over(&mut st, conn);
+                let now = Instant::now();
+                conn.last_used = now;
+                self.hand_over(&mut st, conn, now);
             }
             Err((conn, reason)) => {
                 drop(st);
@@ -402,8 +421,9 @@ impl Pool {
         }
     }
 
-    /// Gives `conn` to the oldest waiter that can still use it, else parks it idle.
-    fn hand_over(self: &Arc<Self>, st: &mut State, mut conn: Box<ServerConn>) {
+    /// Gives `conn` to the oldest waiter that can still use it at `now`,
+    /// else parks it idle.
+    fn hand_over(self: &Arc<Self>, st: &mut State, mut conn: Box<ServerConn>, now: Instant) {
         if st.reconnect_before.is_some_and(|t| conn.created < t) {
             conn.close(CloseReason::Admin);
             self.want_connects(st);
@@ -411,11 +431,11 @@ impl Pool {
             return;
         }
         if !st.paused {
-            while let Some(w) = st.next_waiter() {
+            while let Some(w) = st.next_waiter(now) {
                 match w.tx.send(Ok(conn)) {
                     Ok(()) => {
                         st.active += 1;
-                        self.shed_tail(st);
+                        self.shed_tail(st, now);
                         return;
                     }
                     Err(back) => conn = back.expect("sent a server"),
@@ -461,7 +481,7 @@ impl Pool {
         // Each turn either serves a waiter or parks the server and ends.
         while st.live_waiters_up_to(1) > 0 {
             let Some(conn) = st.idle.pop() else { break };
-            self.hand_over(&mut st, conn);
+            self.hand_over(&mut st, conn, Instant::now());
         }
         self.want_connects(&mut st);
     }
@@ -528,7 +548,7 @@ impl Drop for Waiting {
         st.remove_waiter(self.id);
         if let Some(conn) = handed {
             st.active -= 1;
-            self.pool.hand_over(&mut st, conn);
+            self.pool.hand_over(&mut st, conn, Instant::now());
         }
     }
 }
