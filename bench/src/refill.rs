@@ -32,6 +32,9 @@ struct Args {
     pgbouncer: bool,
 }
 
+/// The refill bench's flags (`--help`).
+const USAGE: &str = "refill [--pool N] [--delays 0,50,100] [--window-ms N] [--no-pgbouncer]";
+
 impl Args {
     fn parse(args: &[String]) -> anyhow::Result<Args> {
         let mut a = Args { pool: 50, delays: vec![0, 50, 100], window: Duration::from_secs(3), pgbouncer: true };
@@ -45,9 +48,11 @@ impl Args {
                 }
                 "--window-ms" => a.window = Duration::from_millis(it.next().context("--window-ms N")?.parse()?),
                 "--no-pgbouncer" => a.pgbouncer = false,
-                other => bail!(
-                    "unknown option {other} (refill [--pool N] [--delays 0,50,100] [--window-ms N] [--no-pgbouncer])"
-                ),
+                "-h" | "--help" => {
+                    println!("usage: {USAGE}");
+                    std::process::exit(0);
+                }
+                other => bail!("unknown option {other} ({USAGE})"),
             }
         }
         Ok(a)

@@ -55,6 +55,10 @@ struct Shape {
     wait_timeout: Duration,
 }
 
+/// The storm's flags (`--help`).
+const USAGE: &str = "storm [--base-rate N] [--burst-factor F] [--burst-secs N] [--after-secs N] \
+                     [--wait-timeout-ms N] [--no-pgbouncer]";
+
 impl Shape {
     fn parse(args: &[String]) -> anyhow::Result<(Shape, bool)> {
         let mut s = Shape {
@@ -81,10 +85,11 @@ impl Shape {
                 "--burst-secs" => s.burst = Duration::from_secs(it.next().context("--burst-secs N")?.parse()?),
                 "--after-secs" => s.after = Duration::from_secs(it.next().context("--after-secs N")?.parse()?),
                 "--no-pgbouncer" => pgbouncer = false,
-                other => bail!(
-                    "unknown option {other} (storm [--base-rate N] [--burst-factor F] [--burst-secs N] \
-                     [--after-secs N] [--wait-timeout-ms N] [--no-pgbouncer])"
-                ),
+                "-h" | "--help" => {
+                    println!("usage: {USAGE}");
+                    std::process::exit(0);
+                }
+                other => bail!("unknown option {other} ({USAGE})"),
             }
         }
         Ok((s, pgbouncer))
