@@ -1,8 +1,10 @@
 //! Client authentication: the auth_file (`userlist`), the md5 and
-//! SCRAM-SHA-256 verifiers (`md5`, `scram`), and the async exchange over a
-//! client socket (`authenticate`). AuthenticationOk is the caller's to send.
+//! SCRAM-SHA-256 verifiers (`md5`, `scram`, and `derived` for the ones
+//! derived from plaintext passwords), and the async exchange over a client
+//! socket (`authenticate`). AuthenticationOk is the caller's to send.
 
 mod credentials;
+mod derived;
 pub mod hba;
 pub mod md5;
 pub mod query;
@@ -178,7 +180,7 @@ async fn md5_exchange<S: AsyncRead + AsyncWrite + Unpin>(
 fn scram_secret_for(user: &str, secret: Option<&Secret>) -> ScramSecret {
     match secret {
         Some(Secret::Scram(s)) => s.clone(),
-        Some(Secret::Plain(p)) if !p.is_empty() => ScramSecret::from_password(p),
+        Some(Secret::Plain(p)) if !p.is_empty() => derived::verifier(user, p),
         Some(Secret::Plain(_)) => {
             tracing::debug!(user, "empty password in auth_file; SCRAM will fail");
             ScramSecret::mock_for(user)
