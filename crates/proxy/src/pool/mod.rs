@@ -212,8 +212,8 @@ impl Pool {
                 Duration::from_millis(((deadline.saturating_duration_since(started).as_micros() + 500) / 1000) as u64);
             PoolError::WaitTimeout { budget, waited: started.elapsed(), last_error }
         };
-        // The clock for the checkout: the caller's reading at first, a new
-        // one after a server failed its check.
+        // The clock for the checkout: the caller's reading at first, then
+        // the one taken when a server came (or after its check).
         let mut now = started;
         loop {
             let conn = match self.checkout_or_enqueue(now, deadline)? {
@@ -240,26 +240,24 @@ impl Pool {
             let vetted = if self.state.lock().check_due(lease.conn().last_used, now) {
                 // Boxed: rare, and kept out of every wait's future.
                 let checked = within(timer.as_mut(), Box::pin(self.check(lease))).await;
-                checked.map(|lease| lease.map(|lease| (lease, Instant::now())))
+                now = Instant::now();
+                checked
             } else {
-                Some(Some((lease, now)))
+                Some(Some(lease))
             };
             match vetted {
                 // Handed over just as the budget ran out (or this task ran
                 // late): the client may be giving up right now, so its query
                 // must not start. The server goes on to the next waiter.
-                Some(Some((lease, now))) if now >= deadline => {
+                Some(Some(lease)) if now >= deadline => {
                     drop(lease);
                     return Err(timed_out());
                 }
-                Some(Some((lease, now))) => {
+                Some(Some(lease)) => {
                     self.metrics.record_client_wait(now.saturating_duration_since(started));
                     return Ok(lease);
                 }
-                Some(None) => {
-                    now = Instant::now();
-                    continue;
-                }
+                Some(None) => continue,
                 None => return Err(timed_out()),
             }
         }
