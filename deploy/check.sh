@@ -274,8 +274,8 @@ replay_docker_build() {
     rm -rf "$CONTEXT"
     replay_script "$CONTEXT" >"$TMP/replay.sh" || return 1
     # Cargo's registry cache and $CHECK_TARGET_DIR are shared; nothing is fetched.
-    # The image's own profile (thin LTO, full optimisation) costs about ten
-    # minutes on a 2-core machine. What this check proves -- the context
+    # The image's own profile (fat LTO, one codegen unit, full optimisation) costs ten
+    # minutes or more on a 2-core machine. What this check proves -- the context
     # loads and builds, the binary is stripped and has no demo -- does not
     # depend on the optimisation level, so by default the replay lowers it;
     # WEIR_CHECK_FULL_BUILD=1 builds exactly as the image does.
