@@ -547,17 +547,17 @@ impl<'a> Session<'a> {
         let ended = ended?;
         match ended {
             Ended::Released => {
-                {
-                    let held = started.elapsed();
-                    self.pool.metrics.record_transaction(held);
-                    self.pool.estimate.record(held);
-                }
                 if touched {
+                    self.record_held(started, Instant::now());
                     // Boxed: rare, and kept out of every request's future.
                     let read_back = Box::pin(self.read_back_settings(lease));
                     return read_back.await;
                 }
-                drop(lease);
+                // One clock reading for the transaction's time and the
+                // server's return (its last use, the next waiter's wait).
+                let now = Instant::now();
+                self.record_held(started, now);
+                lease.release_at(now);
                 Ok(true)
             }
             Ended::ClientGone => {
@@ -572,6 +572,13 @@ impl<'a> Session<'a> {
                 self.server_lost(told).await
             }
         }
+    }
+
+    /// How long a transaction held its server, from `started` to `now`.
+    fn record_held(&self, started: Instant, now: Instant) {
+        let held = now.saturating_duration_since(started);
+        self.pool.metrics.record_transaction(held);
+        self.pool.estimate.record(held);
     }
 
     /// After a transaction that may have changed unreported session

@@ -44,6 +44,14 @@ impl Lease {
         self.needs_reset = true;
     }
 
+    /// Gives the connection back now, at `now` (the caller's clock reading,
+    /// so the return costs none of its own).
+    pub fn release_at(mut self, now: std::time::Instant) {
+        if let Some(conn) = self.conn.take() {
+            self.pool.give_back(conn, self.needs_reset, Some(now));
+        }
+    }
+
     /// The server is broken (it died or spoke nonsense): close it, counted with
     /// `reason`, and let the pool replace it.
     pub fn close(mut self, reason: CloseReason) {
@@ -57,7 +65,7 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
-            self.pool.give_back(conn, self.needs_reset);
+            self.pool.give_back(conn, self.needs_reset, None);
         }
     }
 }

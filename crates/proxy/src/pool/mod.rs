@@ -272,8 +272,9 @@ impl Pool {
         if st.paused {
             return None;
         }
-        let now = Instant::now();
+        // Nothing idle (every request at a full pool): no clock reading.
         let last_used = st.idle.last()?.last_used;
+        let now = Instant::now();
         if st.check_due(last_used, now) {
             return None;
         }
@@ -378,8 +379,9 @@ impl Pool {
     }
 
     /// Returns a borrowed server: clean ones go straight to the next waiter or
-    /// idle; anything else is recovered first.
-    pub(crate) fn give_back(self: &Arc<Self>, mut conn: Box<ServerConn>, needs_reset: bool) {
+    /// idle; anything else is recovered first. `now`: the caller's clock
+    /// reading, if it has one.
+    pub(crate) fn give_back(self: &Arc<Self>, mut conn: Box<ServerConn>, needs_reset: bool, now: Option<Instant>) {
         if let Some(reason) = conn.broken {
             self.state.lock().active -= 1;
             self.discard(conn, reason);
@@ -395,7 +397,7 @@ impl Pool {
             recovery::spawn(self.clone(), conn, opts, needs_reset);
             return;
         }
-        let now = Instant::now();
+        let now = now.unwrap_or_else(Instant::now);
         conn.last_used = now;
         let mut st = self.state.lock();
         st.active -= 1;
