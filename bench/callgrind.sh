@@ -9,9 +9,12 @@
 # Starts a throwaway Postgres 15 (as the postgres user when root) and weir
 # (pool 20, transaction mode, md5) under valgrind with instrumentation off;
 # switches it on once the pgbench clients are logged in (WARMUP, default 25 s),
-# counts SECONDS, and divides by the transactions Postgres committed meanwhile. Prints one line
-# and leaves the callgrind file (for callgrind_annotate) in $OUT (default
-# /tmp/weir-callgrind). Needs valgrind, pgbench, psql.
+# counts SECONDS, and divides by the transactions Postgres committed meanwhile
+# and by the pairs of send() calls counted (one to the server, one to the
+# client per transaction: the closer figure, as the commits may stray past the
+# window). Prints one line and leaves the callgrind file (for
+# callgrind_annotate) in $OUT (default /tmp/weir-callgrind). Needs valgrind,
+# pgbench, psql.
 set -euo pipefail
 bin=$(realpath "${1:-target/release/weir}")
 clients=${2:-1000}
@@ -87,4 +90,10 @@ kill "$pb" 2>/dev/null || true
 wait "$pb" 2>/dev/null || true
 ir=$(callgrind_annotate "$out/callgrind.out.1" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
 tx=$((b - a))
-echo "weir $(basename "$bin"): -S -M $mode -c $clients, ${secs}s: $tx transactions, $ir instructions, $((ir / tx)) per transaction"
+# Each transaction makes two send() calls (to the server, to the client):
+# counted inside the window, where the commits above may stray past it.
+sends=$(callgrind_annotate --tree=calling "$out/callgrind.out.1" 2>/dev/null \
+    | grep -E '>   .*send\.c:send \(' | grep -oE '\([0-9,]+x\)' | tr -d '(),x' | awk '{s += $1} END {if (NR) print s}' || true)
+by_sends=
+[ -n "$sends" ] && [ "$sends" -gt 1 ] && by_sends=", $((ir * 2 / sends)) per send() pair"
+echo "weir $(basename "$bin"): -S -M $mode -c $clients, ${secs}s: $tx transactions, $ir instructions, $((ir / tx)) per transaction${by_sends}"
