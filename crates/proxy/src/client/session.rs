@@ -404,8 +404,9 @@ impl<'a> Session<'a> {
 
     /// The wait in the pool's queue, on the session's wait timer.
     async fn queue(&mut self, arrived: Instant, deadline: Instant, timer: &mut Pin<Box<Sleep>>) -> Wait {
-        let slot = self.reg.slot.clone();
-        let pool = self.pool.clone();
+        // Borrowed, not cloned: a clone and its drop touch the cancel slot's
+        // count, a cold line by the time the server comes.
+        let (slot, pool) = (&self.reg.slot, &self.pool);
         let acquire = pool.acquire_with(arrived, deadline, timer);
         tokio::pin!(acquire);
         // Biased: a cancel that came in the same instant a server freed up
