@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use bytes::{Buf, BytesMut};
 use futures_util::FutureExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::time::Sleep;
 use weir_metrics::{CloseReason, DropReason};
 
 use super::error::ClientError;
@@ -56,9 +55,6 @@ pub struct Session<'a> {
     skipping: bool,
     /// Named prepared statements and pinning (transaction mode).
     prepared: ClientStatements,
-    /// The timer of queue waits, kept from one wait to the next (see
-    /// `Pool::acquire_with`); made at the first wait.
-    wait_timer: Option<Pin<Box<Sleep>>>,
     /// The client's listing for SHOW CLIENTS and KILL (set once logged in).
     pub(crate) listed: Option<crate::state::client_list::ClientGuard>,
     /// Session mode: the server taken at login, for the first request.
@@ -162,7 +158,6 @@ impl<'a> Session<'a> {
             shutdown,
             skipping: false,
             prepared,
-            wait_timer: None,
             listed: None,
             held: None,
         }
@@ -363,12 +358,7 @@ impl<'a> Session<'a> {
         // reach it by then), instead of learning it when a server frees up.
         let start_by = self.start_by(arrived).filter(|(by, _)| *by < budget);
         let deadline = start_by.map_or(budget, |(by, _)| by);
-        let mut timer = match self.wait_timer.take() {
-            Some(t) => t,
-            None => Box::pin(tokio::time::sleep_until(deadline.into())),
-        };
-        let outcome = self.queue(arrived, deadline, &mut timer).await;
-        self.wait_timer = Some(timer);
+        let outcome = self.queue(arrived, deadline).await;
         match outcome {
             // The wait ate into the deadline: the server goes on unused.
             Wait::Got(lease) => match self.too_late(Some(arrived)) {
@@ -402,12 +392,13 @@ impl<'a> Session<'a> {
         Some((arrived + deadline.saturating_sub(needed), needed))
     }
 
-    /// The wait in the pool's queue, on the session's wait timer.
-    async fn queue(&mut self, arrived: Instant, deadline: Instant, timer: &mut Pin<Box<Sleep>>) -> Wait {
+    /// The wait in the pool's queue, until `deadline` (which the pool's
+    /// expiry keeps: the wait has no timer of its own).
+    async fn queue(&mut self, arrived: Instant, deadline: Instant) -> Wait {
         // Borrowed, not cloned: a clone and its drop touch the cancel slot's
         // count, a cold line by the time the server comes.
         let (slot, pool) = (&self.reg.slot, &self.pool);
-        let acquire = pool.acquire_with(arrived, deadline, timer);
+        let acquire = pool.acquire_with(arrived, deadline);
         tokio::pin!(acquire);
         // Biased: a cancel that came in the same instant a server freed up
         // wins, and the server goes on to the next waiter. A departure in

@@ -2,11 +2,13 @@
 //! waiters, parallel bounded connects, recovery of connections a client left
 //! dirty, and upkeep. Server connections belong to the pool, never to a client:
 //! a client borrows one through a `Lease`. Admission control (the queue's
-//! bound, shedding, deadline-aware start) is in `admission`.
+//! bound, shedding, deadline-aware start) is in `admission`; the end of
+//! waits whose budget ran out, one timer per pool, in `expiry`.
 
 mod admission;
 mod connector;
 mod evict;
+mod expiry;
 mod inspect;
 mod lease;
 mod pools;
@@ -155,6 +157,7 @@ impl Pool {
         });
         pool.db_servers.pools.lock().push(Arc::downgrade(&pool));
         upkeep::spawn(&pool);
+        expiry::spawn(&pool);
         pool
     }
 
@@ -188,23 +191,14 @@ impl Pool {
     /// Cancel-safe: dropping the future removes the waiter at once, and a
     /// server handed over in that instant goes back to the pool.
     pub async fn acquire(self: &Arc<Self>, deadline: Instant) -> Result<Lease, PoolError> {
-        let mut timer = Box::pin(tokio::time::sleep_until(deadline.into()));
-        self.acquire_with(Instant::now(), deadline, &mut timer).await
+        self.acquire_with(Instant::now(), deadline).await
     }
 
-    /// `acquire` on the caller's timer, set here to `deadline`: a client
-    /// that waits often keeps one, and moving it later is one atomic
-    /// operation where a new timer is an insert into and a removal from
-    /// tokio's timer wheel per wait. `started` is when the wait began (the
-    /// caller's clock reading, so the wait costs one reading of its own, when
-    /// a server comes).
-    pub async fn acquire_with(
-        self: &Arc<Self>,
-        started: Instant,
-        deadline: Instant,
-        timer: &mut Pin<Box<Sleep>>,
-    ) -> Result<Lease, PoolError> {
-        timer.as_mut().reset(deadline.into());
+    /// `acquire` for a wait that began at `started` (the caller's clock
+    /// reading, so the wait costs one reading of its own, when a server
+    /// comes). The wait has no timer of its own: the pool's expiry
+    /// (`expiry.rs`) ends it when `deadline` passes.
+    pub async fn acquire_with(self: &Arc<Self>, started: Instant, deadline: Instant) -> Result<Lease, PoolError> {
         let timed_out = || {
             let last_error = self.state.lock().last_error.clone();
             // Rounded to whole milliseconds: the budget as configured.
@@ -218,20 +212,19 @@ impl Pool {
         loop {
             let conn = match self.checkout_or_enqueue(now, deadline)? {
                 Ok(conn) => conn,
-                Err(mut waiting) => match within(timer.as_mut(), &mut waiting.rx).await {
-                    Some(Ok(handed)) => {
-                        waiting.settled = true;
-                        match handed {
-                            Ok(conn) => conn,
-                            Err(predicted) => {
-                                let left = deadline.saturating_duration_since(Instant::now());
-                                return Err(PoolError::Shed { predicted, left });
-                            }
+                Err(mut waiting) => {
+                    let handed = (&mut waiting.rx).await;
+                    waiting.settled = handed.is_ok();
+                    match handed {
+                        Ok(Handed::Server(conn)) => conn,
+                        Ok(Handed::Shed(predicted)) => {
+                            let left = deadline.saturating_duration_since(Instant::now());
+                            return Err(PoolError::Shed { predicted, left });
                         }
+                        Ok(Handed::Expired) => return Err(timed_out()),
+                        Err(_) => return Err(PoolError::Closed),
                     }
-                    Some(Err(_)) => return Err(PoolError::Closed),
-                    None => return Err(timed_out()),
-                },
+                }
             };
             // Held as a Lease from here: if this future is dropped mid-check,
             // the connection goes back to the pool through recovery.
@@ -239,7 +232,7 @@ impl Pool {
             now = Instant::now();
             let vetted = if self.state.lock().check_due(lease.conn().last_used, now) {
                 // Boxed: rare, and kept out of every wait's future.
-                let checked = within(timer.as_mut(), Box::pin(self.check(lease))).await;
+                let checked = Box::pin(self.check_within(lease, deadline)).await;
                 now = Instant::now();
                 checked
             } else {
@@ -356,9 +349,15 @@ impl Pool {
             }
             let Some(predicted) = self.estimate.shed(st.waiters.len() - 1, servers, left) else { return };
             if let Some(w) = st.waiters.pop_back() {
-                let _ = w.tx.send(Err(predicted));
+                let _ = w.tx.send(Handed::Shed(predicted));
             }
         }
+    }
+
+    /// `check`, given up (None) if `deadline` passes first.
+    async fn check_within(self: &Arc<Self>, lease: Lease, deadline: Instant) -> Option<Option<Lease>> {
+        let timer = std::pin::pin!(tokio::time::sleep_until(deadline.into()));
+        within(timer, self.check(lease)).await
     }
 
     /// A server about to be lent (from idle or handed to a waiter) that sat
@@ -432,13 +431,13 @@ impl Pool {
         }
         if !st.paused {
             while let Some(w) = st.next_waiter(now) {
-                match w.tx.send(Ok(conn)) {
+                match w.tx.send(Handed::Server(conn)) {
                     Ok(()) => {
                         st.active += 1;
                         self.shed_tail(st, now);
                         return;
                     }
-                    Err(back) => conn = back.expect("sent a server"),
+                    Err(back) => conn = back.into_server().expect("sent a server"),
                 }
             }
         }
@@ -525,8 +524,25 @@ pub(crate) async fn within<F: std::future::Future>(timer: Pin<&mut Sleep>, fut: 
     }
 }
 
-/// What a waiter is sent: a server, or its predicted wait when it is shed.
-pub(crate) type Handed = Result<Box<ServerConn>, Duration>;
+/// What a waiter is sent.
+#[derive(Debug)]
+pub(crate) enum Handed {
+    /// A server for it.
+    Server(Box<ServerConn>),
+    /// Shed: its predicted wait, grown past what is left of its budget.
+    Shed(Duration),
+    /// Its budget ran out in the queue (the pool's expiry took it out).
+    Expired,
+}
+
+impl Handed {
+    fn into_server(self) -> Option<Box<ServerConn>> {
+        match self {
+            Handed::Server(conn) => Some(conn),
+            Handed::Shed(_) | Handed::Expired => None,
+        }
+    }
+}
 
 /// A place in the queue. Dropping it leaves the queue at once.
 #[derive(Debug)]
@@ -543,7 +559,7 @@ impl Drop for Waiting {
             return;
         }
         self.rx.close();
-        let handed = self.rx.try_recv().ok().and_then(Result::ok);
+        let handed = self.rx.try_recv().ok().and_then(Handed::into_server);
         let mut st = self.pool.state.lock();
         st.remove_waiter(self.id);
         if let Some(conn) = handed {

@@ -32,6 +32,12 @@ pub(super) struct State {
     pub idle: Vec<Box<ServerConn>>,
     pub waiters: VecDeque<WaiterEntry>,
     next_waiter: u64,
+    /// When the pool's expiry (`expiry.rs`) is set to look for waiters past
+    /// their deadline: never later than the earliest deadline queued (it may
+    /// be earlier: a waiter served in time leaves it stale). None: no waiter.
+    pub expiry_at: Option<Instant>,
+    /// Wakes the expiry when a waiter's deadline comes before `expiry_at`.
+    pub expiry: std::sync::Arc<tokio::sync::Notify>,
     /// Lent to clients.
     pub active: u32,
     /// Connects in flight.
@@ -86,6 +92,8 @@ impl State {
             idle: Vec::new(),
             waiters: VecDeque::new(),
             next_waiter: 0,
+            expiry_at: None,
+            expiry: Default::default(),
             active: 0,
             connecting: 0,
             recovering: 0,
@@ -112,6 +120,13 @@ impl State {
         self.next_waiter += 1;
         let id = self.next_waiter;
         self.waiters.push_back(WaiterEntry { id, tx, since, deadline, _counted: counted });
+        // Deadlines mostly grow with the queue: the expiry is woken only when
+        // the queue was empty, or a waiter has a shorter budget than those
+        // ahead of it.
+        if self.expiry_at.is_none_or(|at| deadline < at) {
+            self.expiry_at = Some(deadline);
+            self.expiry.notify_one();
+        }
         id
     }
 
