@@ -213,7 +213,7 @@ impl Pool {
             let conn = match self.checkout_or_enqueue(now, deadline)? {
                 Ok(conn) => conn,
                 Err(mut waiting) => {
-                    let handed = (&mut waiting.rx).await;
+                    let Some(handed) = waiting.handed_by(deadline).await else { return Err(timed_out()) };
                     waiting.settled = handed.is_ok();
                     match handed {
                         Ok(Handed::Server(conn)) => conn,
@@ -552,6 +552,29 @@ struct Waiting {
     rx: oneshot::Receiver<Handed>,
     settled: bool,
 }
+
+impl Waiting {
+    /// What the pool sends, or None when this future is polled at or past
+    /// `deadline` with nothing come (the wait then ends at once rather than
+    /// when the pool's expiry runs: a timeout that shares the deadline, such
+    /// as the login's, sees this wait's error first, as with a timer of its
+    /// own). The clock is read only at polls after the first that find
+    /// nothing: the first follows the enqueue, and a hand-over needs none.
+    /// Cancel-safe, like the channel.
+    fn handed_by(&mut self, deadline: Instant) -> impl std::future::Future<Output = Option<HandedResult>> + '_ {
+        let mut first = true;
+        std::future::poll_fn(move |cx| match std::future::Future::poll(Pin::new(&mut self.rx), cx) {
+            std::task::Poll::Ready(r) => std::task::Poll::Ready(Some(r)),
+            std::task::Poll::Pending if !std::mem::take(&mut first) && Instant::now() >= deadline => {
+                std::task::Poll::Ready(None)
+            }
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        })
+    }
+}
+
+/// The channel's output: what was sent, or the pool gone.
+type HandedResult = Result<Handed, oneshot::error::RecvError>;
 
 impl Drop for Waiting {
     fn drop(&mut self) {
