@@ -69,9 +69,14 @@ pub(super) struct Bound {
 
 /// Binds every address of the config; any failure is a start error (for
 /// `*`, an IPv6 address the machine cannot have is skipped with a warning).
+/// The TCP sockets listen last, once the Unix socket does: whoever sees
+/// the TCP port answer (a supervisor's readiness probe, a test) can use the
+/// Unix socket too. (The Unix socket's name needs the TCP port, so the TCP
+/// sockets are bound first.)
 pub(super) fn bind(cfg: &Config) -> Result<Bound, StartError> {
     let listen = &cfg.weir.listen_addr;
     let mut bound = Bound { listeners: Vec::new(), tcp: Vec::new(), unix: None };
+    let mut tcp = Vec::new();
     let mut port = listen.port();
     for &want in listen.addrs() {
         let mut addr = want;
@@ -84,17 +89,24 @@ pub(super) fn bind(cfg: &Config) -> Result<Bound, StartError> {
             }
             Err(e) => return Err(StartError::Listen(addr.to_string(), e)),
         };
-        let local = listener.local_addr().map_err(|e| StartError::Listen(addr.to_string(), e))?;
+        let local = listener.local_addr().and_then(|a| a.as_socket().ok_or_else(|| io::ErrorKind::InvalidData.into()));
+        let local = local.map_err(|e| StartError::Listen(addr.to_string(), e))?;
         port = local.port();
         bound.tcp.push(local);
-        bound.listeners.push(Listener::Tcp(listener));
+        tcp.push((local, listener));
     }
+    let mut unix = None;
     if let Some(path) = cfg.unix_socket_path(port) {
         let fail = |e: io::Error| StartError::Listen(path.display().to_string(), e);
         let (listener, file) = bind_unix(&path, port, cfg).map_err(fail)?;
-        bound.listeners.push(Listener::Unix(listener, file));
+        unix = Some(Listener::Unix(listener, file));
         bound.unix = Some(path);
     }
+    for (local, socket) in tcp {
+        let listener = listen_tcp(socket).map_err(|e| StartError::Listen(local.to_string(), e))?;
+        bound.listeners.push(Listener::Tcp(listener));
+    }
+    bound.listeners.extend(unix);
     Ok(bound)
 }
 
@@ -104,9 +116,10 @@ fn absent_family(e: &io::Error) -> bool {
     !matches!(e.kind(), io::ErrorKind::AddrInUse | io::ErrorKind::PermissionDenied)
 }
 
-/// A TCP listener with SO_REUSEADDR (as tokio's `bind`), IPv6-only on IPv6
-/// addresses so that `[::]` and `0.0.0.0` can share a port.
-fn bind_tcp(addr: SocketAddr) -> io::Result<TcpListener> {
+/// A TCP socket bound with SO_REUSEADDR (as tokio's `bind`), IPv6-only on
+/// IPv6 addresses so that `[::]` and `0.0.0.0` can share a port; it listens
+/// once `listen_tcp` says so.
+fn bind_tcp(addr: SocketAddr) -> io::Result<Socket> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
     socket.set_reuse_address(true)?;
     if addr.is_ipv6() {
@@ -114,6 +127,10 @@ fn bind_tcp(addr: SocketAddr) -> io::Result<TcpListener> {
     }
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
+    Ok(socket)
+}
+
+fn listen_tcp(socket: Socket) -> io::Result<TcpListener> {
     socket.listen(BACKLOG)?;
     TcpListener::from_std(socket.into())
 }
