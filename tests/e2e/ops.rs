@@ -371,6 +371,33 @@ async fn json_logs_with_connection_logging() {
     );
 }
 
+/// An event of the session phase (here the pin of a LISTEN) prints inside
+/// its client's span, as events of the login do, in both log formats: the
+/// session names its span without entering it at each poll (`span.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_events_print_in_the_client_span() {
+    let _alone = weir_e2e::serial().await;
+    let pg = pg().await;
+    for (format, want) in [
+        ("text", ["client{peer=127.0.0.1:", "user=\"scram_user\"", "db=\"app\""]),
+        ("json", ["\"name\":\"client\"", "\"user\":\"scram_user\"", "\"db\":\"app\""]),
+    ] {
+        let w = WeirProcess::start(&pg, &format!("log_format = \"{format}\"\nlog_disconnections = true"), "").await;
+        let c = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
+        c.batch_execute("listen weir_span_check").await.unwrap();
+        drop(c);
+        // (The readiness probe's connection, which never logged in, also
+        // leaves a "client disconnected", without user and db.)
+        let ours = |l: &str| l.contains("client disconnected") && l.contains("scram_user");
+        assert!(eventually(Duration::from_secs(5), || w.logs().lines().any(ours)).await, "{}", w.logs());
+        let logs = w.logs();
+        let pinned = logs.lines().find(|l| l.contains("client pinned")).expect("the pin is logged");
+        assert!(want.iter().all(|w| pinned.contains(w)), "{format}: {pinned}");
+        let gone = logs.lines().find(|l| ours(l)).unwrap();
+        assert!(want.iter().all(|w| gone.contains(w)), "{format}: {gone}");
+    }
+}
+
 #[test]
 fn migrate_config_output_passes_check_config() {
     let dir = std::env::temp_dir().join(format!("weir-migrate-{}", rand::random::<u32>()));

@@ -11,7 +11,8 @@
 //! - `server`: weir's connections to Postgres;
 //! - `auth`: client authentication, the auth_file, hba, the credentials weir
 //!   presents to servers;
-//! - `tls`; then `wire`, `config`; then `protocol`, `params`, `signal`, which use
+//! - `tls`; then `wire`, `config`; then `protocol`, `params`, `signal`,
+//!   `ratelog`, `span` (how session events find the client span), which use
 //!   nothing of weir. Everything may use the `weir-metrics` crate.
 #![forbid(unsafe_code)]
 
@@ -32,6 +33,7 @@ pub mod protocol;
 pub(crate) mod ratelog;
 pub mod server;
 pub(crate) mod signal;
+pub(crate) mod span;
 pub(crate) mod state;
 pub mod tls;
 pub mod wire;

@@ -19,9 +19,13 @@ use crate::state::Shared;
 
 /// Serves one accepted client connection to the end, then takes it off
 /// `Shared::clients` (the accept loop counted it in). A plain function
-/// returning the instrumented future (not an `async fn` around it), so the
-/// client's task does not also keep the arguments' slots and a second copy
-/// of `peer` for its whole life.
+/// returning the future (not an `async fn` around it), so the client's task
+/// does not also keep the arguments' slots and a second copy of `peer` for
+/// its whole life.
+///
+/// The span is entered at each poll of the login and of the last steps;
+/// the session's polls only name it (see `span.rs`): they are most of a
+/// client's polls, and entering a span costs each one.
 pub fn serve(socket: ClientStream, peer: ConnAddr, shared: Arc<Shared>) -> impl std::future::Future<Output = ()> {
     let span = tracing::info_span!("client", %peer, user = tracing::field::Empty, db = tracing::field::Empty);
     let mut socket = socket;
@@ -30,16 +34,16 @@ pub fn serve(socket: ClientStream, peer: ConnAddr, shared: Arc<Shared>) -> impl 
         // The refusal is boxed, like every step an idle client is not in:
         // the task's future is as large as its largest state (and an error
         // held here across an await would be part of every state).
-        let refusal = run(&mut socket, &peer, &shared).await.err().map(|e| Box::pin(refuse(&mut socket, e)));
+        let ended = run(&mut socket, &peer, &shared, &span).await;
+        let refusal = ended.err().map(|e| Box::pin(refuse(&mut socket, e).instrument(span.clone())));
         if let Some(refusal) = refusal {
             refusal.await;
         }
         if let Some(started) = started {
-            tracing::info!(age = ?started.elapsed(), "client disconnected");
+            span.in_scope(|| tracing::info!(age = ?started.elapsed(), "client disconnected"));
         }
         shared.clients.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
-    .instrument(span)
 }
 
 /// Tells a client the error that ended it (unless it is one the client
@@ -55,26 +59,34 @@ async fn refuse(socket: &mut ClientStream, e: ClientError) {
 /// A client's life: the login (boxed: it runs once, so the task's own
 /// future stays as small as its longest-lived state, an idle logged-in
 /// client), then the session until the client leaves or weir ends it.
-async fn run(socket: &mut ClientStream, peer: &ConnAddr, shared: &Arc<Shared>) -> Result<(), ClientError> {
-    let Some(mut session) = Box::pin(log_in(socket, *peer, shared)).await? else { return Ok(()) };
+async fn run(
+    socket: &mut ClientStream,
+    peer: &ConnAddr,
+    shared: &Arc<Shared>,
+    span: &tracing::Span,
+) -> Result<(), ClientError> {
+    let login = Box::pin(log_in(socket, *peer, shared).instrument(span.clone())).await;
+    let Some(mut session) = login? else { return Ok(()) };
     // The session, raced against the client's switch (a KILL), by hand
     // rather than by `select!` or a function of its own: this is part of
-    // every idle client's task.
+    // every idle client's task. Each poll names the client's span for the
+    // events of the session (`span::client_event!`).
     let why = {
         let slot = session.reg.slot.clone();
         let mut run = std::pin::pin!(session.run());
-        std::future::poll_fn(|cx| {
+        std::future::poll_fn(move |cx| {
+            let _scope = crate::span::Scope::enter(crate::span::id_of(span));
             if let Poll::Ready(r) = run.as_mut().poll(cx) {
                 return Poll::Ready(r.map(|()| None));
             }
             slot.switch.poll_killed(cx).map(|why| Ok(Some(why)))
         })
-        .await?
+        .await
     };
-    let Some(why) = why else { return Ok(()) };
+    let Some(why) = why? else { return Ok(()) };
     // KILL or the end of a drain: the lease (if any) went back to the pool,
     // which recovers the server; the session ends and the client is told why.
-    Box::pin(farewell(session.into_client(), why)).await;
+    Box::pin(farewell(session.into_client(), why).instrument(span.clone())).await;
     Ok(())
 }
 

@@ -227,7 +227,7 @@ impl<'a> Session<'a> {
         }
         static DROPPED: crate::ratelog::RateLimited = crate::ratelog::RateLimited::new();
         if let Some(held) = DROPPED.allow() {
-            tracing::warn!(error = %e, "query dropped: no server in time ({held} more since the last line)");
+            crate::span::client_event!(warn, error = %e, "query dropped: no server in time ({held} more since the last line)");
         }
         let err = ClientError::NoServer(e);
         self.refuse_request(err.sqlstate(), &err.client_message()).await?;
@@ -595,7 +595,10 @@ impl<'a> Session<'a> {
                 self.settings = settings;
             }
             Ok(Ok(Readback::Unreadable)) => {
-                tracing::info!("session settings could not be read back; the server connection will be reset");
+                crate::span::client_event!(
+                    info,
+                    "session settings could not be read back; the server connection will be reset"
+                );
                 self.pool.metrics.record_settings_unfollowed();
                 lease.set_needs_reset();
             }
@@ -616,7 +619,7 @@ impl<'a> Session<'a> {
     /// `client::serve` for the error returned.
     async fn server_lost(&mut self, told: bool) -> Result<bool, ClientError> {
         if told {
-            tracing::info!("server connection closed after its FATAL reached the client");
+            crate::span::client_event!(info, "server connection closed after its FATAL reached the client");
             return Ok(false);
         }
         Err(ClientError::ServerLost)

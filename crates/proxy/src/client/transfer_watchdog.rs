@@ -223,7 +223,7 @@ impl<'a> Watchdog<'a> {
         if let (Some(since), Some(limit)) = (self.query_since, self.watch.query_timeout) {
             match self.cancelled_at {
                 None if now >= since + limit => {
-                    tracing::info!(pid = self.cancel.pid, "query_timeout: cancelling the query");
+                    crate::span::client_event!(info, pid = self.cancel.pid, "query_timeout: cancelling the query");
                     tokio::spawn(forward_cancel(self.cancel.clone(), self.watch.cancel_grace));
                     self.cancelled_at = Some(now);
                 }
@@ -235,7 +235,11 @@ impl<'a> Watchdog<'a> {
         }
         if let (Some(since), Some(limit)) = (self.silent_since, self.silence_limit()) {
             if self.probe.is_none() && now >= since + limit {
-                tracing::info!(pid = self.cancel.pid, "server silent while owing an answer: probing it");
+                crate::span::client_event!(
+                    info,
+                    pid = self.cancel.pid,
+                    "server silent while owing an answer: probing it"
+                );
                 let (spec, pid) = (self.spec.clone(), self.cancel.pid);
                 self.probe = Some(Box::pin(async move { probe::probe(&spec, pid).await }));
             }
@@ -251,13 +255,13 @@ impl<'a> Watchdog<'a> {
     fn judge(&mut self, verdict: Verdict) -> Option<WatchdogError> {
         match verdict {
             Verdict::Alive => {
-                tracing::debug!(pid = self.cancel.pid, "silent server is still working");
+                crate::span::client_event!(debug, pid = self.cancel.pid, "silent server is still working");
                 self.silent_since = Some(Instant::now());
                 self.alive_probes = (self.alive_probes + 1).min(MAX_SILENCE_BACKOFF);
                 None
             }
             Verdict::Dead(why) => {
-                tracing::warn!(pid = self.cancel.pid, %why, "server connection is dead");
+                crate::span::client_event!(warn, pid = self.cancel.pid, %why, "server connection is dead");
                 Some(WatchdogError::Unresponsive { silence: self.watch.silence.unwrap_or_default(), why })
             }
         }

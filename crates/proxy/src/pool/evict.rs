@@ -97,7 +97,7 @@ impl Pool {
             // The idle stack lends from the top: the bottom waited longest.
             st.idle.remove(0)
         };
-        tracing::info!(
+        crate::span::client_event!(info,
             database = %self.key.database,
             user = %self.key.user,
             "closing an idle server connection to make room under max_db_connections"

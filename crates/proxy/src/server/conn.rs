@@ -184,7 +184,8 @@ impl ServerConn {
 
     /// Closes the connection, counting the close once with `reason`.
     pub fn close(self, reason: CloseReason) {
-        tracing::debug!(
+        crate::span::client_event!(
+            debug,
             server = self.id,
             pid = self.cancel.pid,
             reason = reason.as_label(),

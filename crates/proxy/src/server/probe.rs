@@ -112,7 +112,7 @@ pub async fn probe(spec: &ConnectSpec, pid: i32) -> Verdict {
             format!("a fresh connection to the server did not answer within {:?}", spec.connect_timeout),
         ),
         Ok(Err(ProbeError::Connect(ConnectError::Login(LoginError::Server { message, .. })))) => {
-            tracing::debug!(pid, %message, "liveness probe refused by the server; assuming alive");
+            crate::span::client_event!(debug, pid, %message, "liveness probe refused by the server; assuming alive");
             Verdict::Alive
         }
         Ok(Err(ProbeError::Connect(e))) => path_dead(spec, format!("a fresh connection to the server failed: {e}")),

@@ -248,13 +248,17 @@ impl ClientStatements {
     /// Every shared statement of the pool may be stale: a new generation,
     /// whose Parses get statements of their own.
     fn invalidate(&mut self) {
-        tracing::debug!("shared prepared statements may be stale: new Parses prepare afresh");
+        crate::span::client_event!(debug, "shared prepared statements may be stale: new Parses prepare afresh");
         self.metrics.invalidate_statements();
     }
 
     fn pin(&mut self, why: &'static str) {
         if self.pinned.is_none() {
-            tracing::info!(reason = why, "client pinned to its server connection for the rest of its session");
+            crate::span::client_event!(
+                info,
+                reason = why,
+                "client pinned to its server connection for the rest of its session"
+            );
             self.metrics.record_pinned();
             self.pinned = Some(why);
         }

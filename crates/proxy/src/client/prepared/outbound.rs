@@ -162,7 +162,7 @@ impl ClientStatements {
         if m.at > 0 || !settled {
             return Step::Wait;
         }
-        tracing::debug!("tracking prepared statements for this client");
+        crate::span::client_event!(debug, "tracking prepared statements for this client");
         self.tracking = true;
         self.expect.clear();
         self.reply_partial = 0;
