@@ -29,13 +29,19 @@ enum Where {
     Active(CancelTarget),
 }
 
+/// Where a client's query is, and when its latest request began waiting
+/// for a server (for SHOW CLIENTS' request_time and wait): one lock for
+/// both, as each request sets both.
+#[derive(Debug)]
+struct At {
+    query: Where,
+    requested: Option<std::time::Instant>,
+}
+
 /// One client's entry.
 #[derive(Debug)]
 pub struct CancelSlot {
-    at: Mutex<Where>,
-    /// When the client's latest request began waiting for a server, in µs
-    /// after [`epoch`] (0: none yet), for SHOW CLIENTS' request_time and wait.
-    requested_us: std::sync::atomic::AtomicU64,
+    at: Mutex<At>,
     /// KILL and the drain for the client's task, whose waker it also holds
     /// for a cancel of the queued query.
     pub switch: crate::signal::Switch,
@@ -43,25 +49,24 @@ pub struct CancelSlot {
 
 impl CancelSlot {
     pub fn set_idle(&self) {
-        *self.at.lock() = Where::Idle;
+        self.at.lock().query = Where::Idle;
     }
 
     /// The client's request began waiting for a server at `now`.
     pub fn set_waiting(&self, now: std::time::Instant) {
-        let us = now.saturating_duration_since(epoch()).as_micros().max(1);
-        self.requested_us.store(u64::try_from(us).unwrap_or(u64::MAX), std::sync::atomic::Ordering::Relaxed);
-        *self.at.lock() = Where::Waiting { cancelled: false };
+        let mut at = self.at.lock();
+        at.requested = Some(now);
+        at.query = Where::Waiting { cancelled: false };
     }
 
     /// When the latest request began waiting for a server, if there was one.
     pub fn requested_at(&self) -> Option<std::time::Instant> {
-        let us = self.requested_us.load(std::sync::atomic::Ordering::Relaxed);
-        (us > 0).then(|| epoch() + Duration::from_micros(us))
+        self.at.lock().requested
     }
 
     /// True if a cancel came while waiting; the wait should end with 57014.
     pub fn wait_cancelled(&self) -> bool {
-        matches!(*self.at.lock(), Where::Waiting { cancelled: true })
+        matches!(self.at.lock().query, Where::Waiting { cancelled: true })
     }
 
     /// Resolves once a cancel has come while waiting. Cancel-safe.
@@ -73,16 +78,16 @@ impl CancelSlot {
     /// arrived first: the query must then not run.
     pub fn set_active(&self, target: CancelTarget) -> bool {
         let mut at = self.at.lock();
-        if matches!(*at, Where::Waiting { cancelled: true }) {
+        if matches!(at.query, Where::Waiting { cancelled: true }) {
             return false;
         }
-        *at = Where::Active(target);
+        at.query = Where::Active(target);
         true
     }
 
     /// Where the client stands, for SHOW CLIENTS and the client gauges.
     pub fn client_state(&self) -> weir_metrics::ClientState {
-        match *self.at.lock() {
+        match self.at.lock().query {
             Where::Idle => weir_metrics::ClientState::Idle,
             Where::Waiting { .. } => weir_metrics::ClientState::Waiting,
             Where::Active(_) => weir_metrics::ClientState::Active,
@@ -91,7 +96,7 @@ impl CancelSlot {
 
     /// Cancels in flight to the server the client is using (0 if none).
     pub fn cancels_in_flight(&self) -> usize {
-        match &*self.at.lock() {
+        match &self.at.lock().query {
             Where::Active(target) => target.gate.in_flight(),
             _ => 0,
         }
@@ -99,17 +104,11 @@ impl CancelSlot {
 
     /// The backend pid of the server the client is using, if any.
     pub fn server_pid(&self) -> Option<i32> {
-        match &*self.at.lock() {
+        match &self.at.lock().query {
             Where::Active(target) => Some(target.pid),
             _ => None,
         }
     }
-}
-
-/// The instant request times are counted from.
-fn epoch() -> std::time::Instant {
-    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    *EPOCH.get_or_init(std::time::Instant::now)
 }
 
 /// Hashes a key's pid with one multiplication. The pids in the map are
@@ -177,8 +176,7 @@ impl CancelKeys {
     /// secret is always weir's.
     pub fn register_as(self: &Arc<Self>, mut pid: Option<i32>) -> Registration {
         let slot = Arc::new(CancelSlot {
-            at: Mutex::new(Where::Idle),
-            requested_us: Default::default(),
+            at: Mutex::new(At { query: Where::Idle, requested: None }),
             switch: Default::default(),
         });
         let mut rng = rand::thread_rng();
@@ -212,7 +210,7 @@ impl CancelKeys {
         };
         let (outcome, forwarding) = {
             let mut at = slot.at.lock();
-            match &mut *at {
+            match &mut at.query {
                 Where::Waiting { cancelled } => {
                     *cancelled = true;
                     slot.switch.wake();

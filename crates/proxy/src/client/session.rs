@@ -199,7 +199,12 @@ impl<'a> Session<'a> {
         // adds no bytes there (920 either way, see app/footprint.rs), where
         // a box of its own was one more allocation, a 624-byte copy and one
         // more cold line per queued request.
-        let outcome = match self.held.take().map(|l| *l).or_else(|| self.pool.try_checkout()) {
+        let held = self.held.take().map(|l| {
+            let mut lease = *l;
+            lease.restamp(Instant::now());
+            lease
+        });
+        let outcome = match held.or_else(|| self.pool.try_checkout()) {
             Some(lease) => Wait::Got(lease),
             None => self.wait_for_server(arrived).await,
         };
@@ -495,18 +500,24 @@ impl<'a> Session<'a> {
     }
 
     /// The active phase on one borrowed server. Returns false when the
-    /// session is over. (It reads the clock itself: a parameter would be one
-    /// more slot in every request's future.)
+    /// session is over. The transaction's clock starts when the pool handed
+    /// the server over (its reading, not one of our own).
     async fn serve(&mut self, mut lease: Lease) -> Result<bool, ClientError> {
-        let started = Instant::now();
         let session_mode = self.mode == PoolMode::Session;
         if session_mode {
             lease.set_needs_reset();
         }
-        if let Err(reason) = lease.conn_mut().sync_params(&self.params, &self.settings).await {
-            self.reg.slot.set_idle();
-            lease.close(reason);
-            return self.server_lost(false).await;
+        match lease.conn_mut().sync_params(&self.params, &self.settings).await {
+            // Settings went to the server first: the query starts now, and
+            // so do its clocks (and, on this rare path, the transaction's
+            // hold time, which then leaves out the settings' round trip).
+            Ok(true) => lease.restamp(Instant::now()),
+            Ok(false) => {}
+            Err(reason) => {
+                self.reg.slot.set_idle();
+                lease.close(reason);
+                return self.server_lost(false).await;
+            }
         }
         if !self.reg.slot.set_active(lease.conn().cancel.clone()) {
             // Cancelled while the server was being readied: it never saw the query.
@@ -545,7 +556,7 @@ impl<'a> Session<'a> {
         match ended {
             Ended::Released => {
                 if touched {
-                    self.record_held(started, Instant::now());
+                    self.record_held(lease.taken_at(), Instant::now());
                     // Boxed: rare, and kept out of every request's future.
                     let read_back = Box::pin(self.read_back_settings(lease));
                     return read_back.await;
@@ -553,7 +564,7 @@ impl<'a> Session<'a> {
                 // One clock reading for the transaction's time and the
                 // server's return (its last use, the next waiter's wait).
                 let now = Instant::now();
-                self.record_held(started, now);
+                self.record_held(lease.taken_at(), now);
                 lease.release_at(now);
                 Ok(true)
             }

@@ -88,6 +88,7 @@ async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
     release: bool,
 ) -> Result<Ended, ClientError> {
     let metrics = server.metrics().clone();
+    let taken_at = server.taken_at;
     // The parts are used in place, not bound to locals of their own: each
     // local held across an await is another slot in a request's future.
     let s = server.parts();
@@ -98,8 +99,11 @@ async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
     let mut settled = false;
     let mut terminating = false;
     let mut told = false;
-    // When the first byte of the queries now running went to the server (query time).
-    let mut query_started: Option<std::time::Instant> = None;
+    // When the first byte of the queries now running went to the server
+    // (query time). The first query's is the hand-over's reading (the
+    // server's `taken_at`): the write follows it by microseconds, and it
+    // saves a clock reading.
+    let mut query_started = Some(taken_at);
     loop {
         if to_server.is_empty() && !side.unread.is_empty() && !terminating {
             let ready = side.prepared.outbound(side.unread, s.conv, s.statements, side.max_message)?;
@@ -138,7 +142,7 @@ async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
             }
             settled = false;
         }
-        wd.update(s.conv, s.unread.len() < HIGH_WATER, to_server.is_empty() && !terminating);
+        wd.update(s.conv, s.unread.len() < HIGH_WATER, to_server.is_empty() && !terminating, query_started);
         tokio::select! {
             biased;
             r = sw.write(&to_server), if !to_server.is_empty() => match r {

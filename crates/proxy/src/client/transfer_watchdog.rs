@@ -123,7 +123,9 @@ impl<'a> Watchdog<'a> {
     /// Starts or stops the clocks from where the conversation stands.
     /// `reading`: weir is reading from the server (not held back by a slow
     /// client). `client_quiet`: no client bytes are on their way to the server.
-    pub fn update(&mut self, conv: &Conversation, reading: bool, client_quiet: bool) {
+    /// `query_started`: when the running query started, if the caller knows
+    /// (a clock that starts now starts from it, and reads none of its own).
+    pub fn update(&mut self, conv: &Conversation, reading: bool, client_quiet: bool, query_started: Option<Instant>) {
         let owing = conv.pending_rfq > 0 && !conv.copy_in;
         if !owing {
             self.query_since = None;
@@ -137,7 +139,11 @@ impl<'a> Watchdog<'a> {
         } else if (self.silent_since.is_none() || self.heard) && self.watch.silence.is_some() {
             // Restarted here rather than in `heard`: the read that ends a
             // transaction then costs no clock reading.
-            self.silent_since = Some(Instant::now());
+            let since = match (self.silent_since, query_started) {
+                (None, Some(t)) => t,
+                _ => Instant::now(),
+            };
+            self.silent_since = Some(since);
             self.probe = None;
             self.alive_probes = 0;
         }

@@ -228,8 +228,8 @@ impl Pool {
             };
             // Held as a Lease from here: if this future is dropped mid-check,
             // the connection goes back to the pool through recovery.
-            let lease = Lease::new(self.clone(), conn);
             now = Instant::now();
+            let lease = Lease::new(self.clone(), conn, now);
             let vetted = if self.state.lock().check_due(lease.conn().last_used, now) {
                 // Boxed: rare, and kept out of every wait's future.
                 let checked = Box::pin(self.check_within(lease, deadline)).await;
@@ -246,7 +246,8 @@ impl Pool {
                     drop(lease);
                     return Err(timed_out());
                 }
-                Some(Some(lease)) => {
+                Some(Some(mut lease)) => {
+                    lease.restamp(now);
                     self.metrics.record_client_wait(now.saturating_duration_since(started));
                     return Ok(lease);
                 }
@@ -279,7 +280,7 @@ impl Pool {
         st.active += 1;
         drop(st);
         self.metrics.record_client_wait(Duration::ZERO);
-        Some(Lease::new(self.clone(), conn))
+        Some(Lease::new(self.clone(), conn, now))
     }
 
     /// Takes a healthy idle server, or joins the queue (and starts

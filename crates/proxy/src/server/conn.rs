@@ -103,6 +103,9 @@ pub struct ServerConn {
     pub(crate) cancel: CancelTarget,
     pub(crate) created: Instant,
     pub(crate) last_used: Instant,
+    /// When a client's checkout last took this connection from the pool
+    /// (that client's transaction time starts there; see `pool::Lease`).
+    pub(crate) taken_at: Instant,
     /// When this connection retires (server_lifetime with jitter).
     pub(crate) retire_at: Instant,
     /// Holds this connection's place in its database's connection count.
@@ -280,6 +283,7 @@ async fn connect_plain(spec: Arc<ConnectSpec>, metrics: &Arc<PoolMetrics>) -> Re
         cancel,
         created: now,
         last_used: now,
+        taken_at: now,
         retire_at: now + Duration::from_secs(3600),
         slot: None,
         user_slot: None,

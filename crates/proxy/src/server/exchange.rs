@@ -17,20 +17,21 @@ impl ServerConn {
     /// Makes this server's session parameters match a client's reported
     /// `params` and unreported `settings`. Skipped outright when the four
     /// maps are as they were when this server last matched (the same client
-    /// back on the same server).
-    pub async fn sync_params(&mut self, params: &ParamMap, settings: &ParamMap) -> Result<(), CloseReason> {
+    /// back on the same server). True when it sent SQL to the server.
+    pub async fn sync_params(&mut self, params: &ParamMap, settings: &ParamMap) -> Result<bool, CloseReason> {
         if self.matched == Some(self.stamps(params, settings)) {
-            return Ok(());
+            return Ok(false);
         }
-        if let Some(sql) = ParamMap::sync_sql(params, settings, &self.params, &self.settings) {
-            run(self, &sql).await?;
+        let sql = ParamMap::sync_sql(params, settings, &self.params, &self.settings);
+        if let Some(sql) = &sql {
+            run(self, sql).await?;
             self.settings = settings.clone();
             for (k, v) in params.iter() {
                 self.params.set(k, v);
             }
         }
         self.matched = Some(self.stamps(params, settings));
-        Ok(())
+        Ok(sql.is_some())
     }
 
     /// The stamps of a client's maps and this server's.
