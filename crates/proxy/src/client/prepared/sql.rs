@@ -328,6 +328,37 @@ impl<'a> Words<'a> {
 mod tests {
     use super::*;
 
+    /// The text ends at its first NUL: whatever follows (a Parse's
+    /// parameter types, or garbage) never changes the verdict, wherever
+    /// the NUL falls, including inside words, comments and literals.
+    #[test]
+    fn a_nul_ends_the_text_wherever_it_falls() {
+        let queries: &[&[u8]] = &[
+            b"SELECT abalance FROM pgbench_accounts WHERE aid = 12345;",
+            b"select pg_advisory_lock(1)",
+            b"select pg_try_advisory_lock(1); select 1",
+            b"select pg_advisory_xact_lock(1)",
+            b"select set_config('work_mem', '1MB', false)",
+            b"select set_config('a.b', '1', false)",
+            b"select 1; set work_mem = 1",
+            b"select 1; /* c */ reset all",
+            b"/* c */ set search_path = x",
+            b"-- c\nlisten x",
+            b"deallocate s1",
+            b"create temp table t (a int)",
+            b"declare c cursor with hold for select 1",
+        ];
+        let tails: &[&[u8]] = &[b"", b"; set work_mem = 2", b"'; select pg_advisory_lock(1) */ set x = 1", b"\n(x"];
+        for q in queries {
+            for cut in 0..=q.len() {
+                for tail in tails {
+                    let text = [&q[..cut], b"\0", tail].concat();
+                    assert_eq!(classify(&text), classify(&q[..cut]), "{:?}", String::from_utf8_lossy(&text));
+                }
+            }
+        }
+    }
+
     #[test]
     fn deallocate_forms() {
         assert_eq!(classify(b"DEALLOCATE s1"), Sql::Deallocate(b"s1".to_vec()));
