@@ -156,12 +156,18 @@ async fn tokio_postgres_client(url: String, id: i32) -> Result<(), String> {
     let copied = sink.finish().await.map_err(e)?;
     check(copied == 10, format!("copy wrote {copied} rows"))?;
     if id % 5 == 0 {
+        // Prepared before the cancel's clock starts: `execute` on a text
+        // prepares first (a request of its own), and a cancel that lands
+        // between that request and the next finds nothing running, here as
+        // with Postgres. Behind three other sleepers on a pool of three, the
+        // prepare alone can take the 300 ms.
+        let sleep = c.prepare("select pg_sleep(5)").await.map_err(e)?;
         let token = c.cancel_token();
         let cancel = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(300)).await;
             token.cancel_query(NoTls).await
         });
-        let err = c.execute("select pg_sleep(5)", &[]).await.unwrap_err();
+        let err = c.execute(&sleep, &[]).await.unwrap_err();
         check(sqlstate(&err).as_deref() == Some("57014"), format!("cancelled sleep gave {err:?}"))?;
         cancel.await.unwrap().map_err(e)?;
         let got: i32 = c.query_one(&twice, &[&21]).await.map_err(e)?.get(0);
