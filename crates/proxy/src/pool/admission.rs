@@ -113,22 +113,29 @@ impl Estimator {
 
     /// The time a query must have left of its client's `deadline` to
     /// start: what a transaction of this pool takes at most, nearly always
-    /// (mean plus four deviations, plus `deadline_start_margin`). When even
-    /// a whole deadline is below that, the pool's transactions vary too much
-    /// for it to say anything (a few long ones among many short), and the
-    /// typical one decides: mean plus the margin. So a query that has not
-    /// waited is refused only when the pool's typical transaction is longer
-    /// than its whole deadline. None while the rule is off or the estimate
-    /// is young.
+    /// (mean plus four deviations, plus `deadline_start_margin`), but never
+    /// more than halfway from the typical transaction (mean plus the margin)
+    /// to the whole deadline. Past that halfway point the deviation says the
+    /// pool's transactions vary too much for the high estimate to tell (a
+    /// few long ones among many short, or one cold start whose deviation is
+    /// still decaying), and the halfway point decides. So the threshold
+    /// rises with the deviation and never jumps: an earlier form fell back to
+    /// mean plus margin only once the high estimate passed the deadline, and
+    /// was harshest just below it, refusing any query that had waited a
+    /// millisecond while a decaying deviation swept the high estimate through
+    /// that band. A query that has not waited is refused only when the
+    /// typical transaction is longer than its whole deadline. None while the
+    /// rule is off or the estimate is young.
     pub fn start_threshold(&self, deadline: Duration) -> Option<Duration> {
         if !self.deadline_start.load(R) {
             return None;
         }
         let mean = micros(self.mean()?);
         let margin = self.deadline_margin_us.load(R);
-        let high = mean + DEVIATIONS * self.dev_us.load(R) + margin;
-        let needed = if high <= micros(deadline) { high } else { mean + margin };
-        Some(Duration::from_micros(needed))
+        let typical = mean.saturating_add(margin);
+        let high = typical.saturating_add(DEVIATIONS.saturating_mul(self.dev_us.load(R)));
+        let halfway = typical.midpoint(micros(deadline));
+        Some(Duration::from_micros(high.min(halfway.max(typical))))
     }
 
     /// The predicted wait of a waiter with `ahead` waiters before it, on a
@@ -250,11 +257,36 @@ mod tests {
         }
         let high = e.start_threshold(second).unwrap();
         assert!(high > Duration::from_millis(20), "variance raises it: {high:?}");
-        // A deadline below that high estimate: the typical transaction (the
-        // mean, about 10 ms, plus the margin) decides, so a query that has not
-        // waited still starts.
-        let typical = e.start_threshold(Duration::from_millis(15)).unwrap();
-        assert!(typical < Duration::from_millis(15), "{typical:?}");
+        // A deadline below that high estimate: halfway from the typical
+        // transaction (the mean, about 10 ms, plus the margin) to the
+        // deadline decides, so a query that has not waited still starts.
+        let short = e.start_threshold(Duration::from_millis(15)).unwrap();
+        assert!(short > Duration::from_millis(11) && short < Duration::from_millis(14), "{short:?}");
+        // A deadline below the typical transaction: nothing starts.
+        let shorter = e.start_threshold(Duration::from_millis(5)).unwrap();
+        assert!(shorter > Duration::from_millis(5), "{shorter:?}");
+    }
+
+    /// One cold 300 ms transaction, then 20 ms ones: as the deviation
+    /// decays the high estimate sweeps down through the deadline. A query
+    /// that has waited 10 ms of a 100 ms deadline must start all along (the
+    /// earlier form needed up to 99 ms there, and refused it).
+    #[test]
+    fn a_decaying_deviation_never_makes_the_threshold_jump_toward_the_deadline() {
+        let e = Estimator::new(&on());
+        e.record(Duration::from_millis(300));
+        let deadline = Duration::from_millis(100);
+        let mut seen = Duration::ZERO;
+        for _ in 0..400 {
+            e.record(Duration::from_millis(20));
+            if let Some(needed) = e.start_threshold(deadline) {
+                assert!(needed <= Duration::from_millis(65), "halfway at most: {needed:?}");
+                seen = seen.max(needed);
+            }
+        }
+        assert!(seen > Duration::from_millis(40), "the deviation did raise it: {seen:?}");
+        let settled = e.start_threshold(deadline).unwrap();
+        assert!(settled < Duration::from_millis(30), "and it settles: {settled:?}");
     }
 
     #[test]
