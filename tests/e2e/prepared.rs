@@ -70,7 +70,11 @@ async fn statements_follow_their_client_to_another_server() {
             let m = &h.pool().metrics;
             assert_eq!(m.client_parses(), 1);
             assert_eq!(m.server_parses(), 2, "prepared again, transparently, on the second server");
-            // SHOW SERVERS lists each server's cache (PgBouncer's column).
+            // SHOW SERVERS lists each server's cache (PgBouncer's column),
+            // published when a lease ends: just after its client has the
+            // answer, so wait for both servers to be back.
+            let back = eventually(Duration::from_secs(5), || h.pool().snapshot().active == 0).await;
+            assert!(back, "both servers return to the pool: {:?}", h.pool().snapshot());
             let admin = connect(&format!("postgres://admin:admin_pass@{}/weir", h.addr())).await.unwrap();
             let mut counts = vec![];
             for m in admin.simple_query("SHOW SERVERS").await.unwrap() {
