@@ -270,7 +270,7 @@ mod tests {
     /// One cold 300 ms transaction, then 20 ms ones: as the deviation
     /// decays the high estimate sweeps down through the deadline. A query
     /// that has waited 10 ms of a 100 ms deadline must start all along (the
-    /// earlier form needed up to 99 ms there, and refused it).
+    /// earlier form needed up to 97.5 ms there, and refused it).
     #[test]
     fn a_decaying_deviation_never_makes_the_threshold_jump_toward_the_deadline() {
         let e = Estimator::new(&on());
