@@ -12,6 +12,7 @@
 
 use bytes::{Buf, Bytes, BytesMut};
 use futures_util::future::Either;
+use futures_util::FutureExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::error::ClientError;
@@ -108,8 +109,27 @@ async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
         if to_server.is_empty() && !side.unread.is_empty() && !terminating {
             let ready = side.prepared.outbound(side.unread, s.conv, s.statements, side.max_message)?;
             let out = s.conv.scan_client(&side.unread[..ready], side.max_message)?;
-            to_server = side.unread.split_to(out.forward).freeze();
             terminating = out.terminate;
+            // Written at once when the server's socket takes it (as the
+            // biased write below would, a round later): the bytes go from
+            // the read buffer itself, with no split of it, whose shared
+            // count is one more cold line by the time a queued request runs.
+            let mut sent = 0;
+            if out.forward > 0 {
+                match sw.write(&side.unread[..out.forward]).now_or_never() {
+                    Some(Ok(n)) => {
+                        sent = n;
+                        side.unread.advance(n);
+                        metrics.record_server_sent(n);
+                        query_started.get_or_insert_with(std::time::Instant::now);
+                    }
+                    Some(Err(_)) => return Ok(Ended::ServerGone { told }),
+                    None => {}
+                }
+            }
+            if sent < out.forward {
+                to_server = side.unread.split_to(out.forward - sent).freeze();
+            }
         }
         // Once the server owes nothing and goes back, bytes it sent after
         // the settling ReadyForQuery were not asked for: they stay with the
