@@ -20,7 +20,6 @@ use super::prepared::ClientStatements;
 use super::stream::ClientStream;
 use super::transfer_watchdog::Watchdog;
 use crate::params::ParamMap;
-use crate::server::statements::ServerStatements;
 use crate::server::{Conversation, ServerConn};
 
 /// Read no more from a side while this much of its output is unsent.
@@ -136,8 +135,26 @@ async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
         // connection (which the pool then closes), never reach this client.
         let releasing = settled && release && side.prepared.pinned().is_none() && s.conv.is_clean();
         if to_client.is_empty() && !s.unread.is_empty() && !releasing {
-            let got = from_server(s.unread, s.conv, s.params, side.params, s.broken, s.statements, side.prepared)?;
-            to_client = got.out;
+            let got = from_server(s.unread, s.conv, s.params, side.params, s.broken)?;
+            // Passed on at once, from the server's buffer itself, when weir
+            // rewrites none of it (no statements tracked) and the client's
+            // socket takes it: as the biased write below would, a round later.
+            let tracking = side.prepared.is_tracking();
+            let mut sent = 0;
+            if got.forward > 0 && !tracking {
+                match cw.write(&s.unread[..got.forward]).now_or_never() {
+                    Some(Ok(n)) => {
+                        sent = n;
+                        s.unread.advance(n);
+                        metrics.record_sent(n);
+                    }
+                    Some(Err(_)) => return Ok(client_gone(&mut sw, &to_server).await),
+                    None => {}
+                }
+            }
+            if tracking || sent < got.forward {
+                to_client = side.prepared.inbound(s.unread.split_to(got.forward - sent).freeze(), s.statements);
+            }
             settled |= got.settled;
             told |= got.fatal;
             if got.answered > 0 {
@@ -206,10 +223,10 @@ async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
     }
 }
 
-/// What the server's buffered bytes gave the client.
+/// What the server's buffered bytes hold for the client.
 struct FromServer {
-    /// The bytes to pass on.
-    out: Bytes,
+    /// The leading bytes to pass on (whole messages, or the head of a long one).
+    forward: usize,
     /// They end what the server owed (its last ReadyForQuery).
     settled: bool,
     /// They carry a FATAL.
@@ -218,18 +235,16 @@ struct FromServer {
     answered: usize,
 }
 
-/// Takes the whole messages buffered from the server: parameters it reports
-/// go to both the server's and the client's maps, prepared-statement
-/// replies are reconciled, and a server that breaks the protocol is marked
-/// broken (it is not recovered).
+/// Scans the messages buffered from the server: parameters it reports go
+/// to both the server's and the client's maps, and a server that breaks
+/// the protocol is marked broken (it is not recovered). The caller passes
+/// the bytes on (through the prepared-statement reconciliation).
 fn from_server(
-    server_in: &mut BytesMut,
+    server_in: &BytesMut,
     conv: &mut Conversation,
     server_params: &mut ParamMap,
     client_params: &mut ParamMap,
     broken: &mut Option<weir_metrics::CloseReason>,
-    statements: &mut ServerStatements,
-    prepared: &mut ClientStatements,
 ) -> Result<FromServer, ClientError> {
     let owed = conv.pending_rfq;
     let scan = conv.scan_server(server_in, |k, v| {
@@ -240,9 +255,8 @@ fn from_server(
         *broken = Some(weir_metrics::CloseReason::ProtocolError);
         ClientError::BadServerMessage(e)
     })?;
-    let out = prepared.inbound(server_in.split_to(scanned.forward).freeze(), statements);
     let answered = owed.saturating_sub(conv.pending_rfq) as usize;
-    Ok(FromServer { out, settled: scanned.settled, fatal: scanned.fatal, answered })
+    Ok(FromServer { forward: scanned.forward, settled: scanned.settled, fatal: scanned.fatal, answered })
 }
 
 /// The client left. Client bytes already counted as sent are sent, so the

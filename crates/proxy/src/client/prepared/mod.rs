@@ -214,6 +214,12 @@ impl ClientStatements {
         was
     }
 
+    /// Whether weir tracks this client's statements (and may rewrite what
+    /// the server sends it); when not, server bytes pass through untouched.
+    pub fn is_tracking(&self) -> bool {
+        self.tracking
+    }
+
     /// A server connection was just lent to this client.
     pub fn begin(&mut self, server: &mut ServerStatements, conv: &Conversation) {
         server.begin_lease();
