@@ -30,6 +30,9 @@ enum Doing {
     /// Parse, Bind, Execute of a `pg_sleep(30)` INSERT with no Sync yet:
     /// running, in an open extended-protocol batch.
     ExecuteWithoutSync,
+    /// A result of about 1 GB is on its way and the client reads none of it:
+    /// its socket and weir's buffers fill, and the backend waits to send more.
+    StreamingUnread,
 }
 
 /// One client leaves while `doing`; the backend must end idle (cancelled,
@@ -81,6 +84,13 @@ async fn start(raw: &mut Raw, direct: &tokio_postgres::Client, pid: i32, doing: 
                     .await;
             assert!(running, "the query never started: {seen:?}");
         }
+        Doing::StreamingUnread => {
+            raw.send_query("select repeat('x', 1000) from generate_series(1, 1000000)").await.unwrap();
+            let (running, seen) =
+                backends_until(direct, Duration::from_secs(10), |b| b.iter().any(|r| r.0 == pid && r.1 == "active"))
+                    .await;
+            assert!(running, "the query never started: {seen:?}");
+        }
         Doing::HalfShortMessage => {
             let msg = query_bytes("insert into ledger(id) values (3)");
             raw.send(&msg[..msg.len() / 2]).await.unwrap();
@@ -104,7 +114,7 @@ async fn server_kept(h: &Harness, direct: &tokio_postgres::Client, pid: i32, doi
     let m = &h.pool().metrics;
     assert_eq!(m.closed_total(), 0, "a server was closed");
     assert_eq!(m.opened(), 1);
-    if matches!(doing, Doing::Sleeping | Doing::ExecuteWithoutSync) {
+    if matches!(doing, Doing::Sleeping | Doing::ExecuteWithoutSync | Doing::StreamingUnread) {
         assert_eq!(m.dropped_queries(DropReason::ClientGone), 1);
     }
 }
@@ -156,6 +166,15 @@ async fn terminate_mid_query_inside_a_transaction() {
 async fn reset_after_execute_without_sync_in_a_transaction() {
     let _alone = weir_e2e::serial().await;
     vanish(true, Doing::ExecuteWithoutSync, Leave::Reset).await;
+}
+
+/// A client that stops reading a large result and then resets: weir's
+/// writes to it fail mid-stream, and the rest of the reply is cancelled and
+/// drained, with the bytes weir had already scanned counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_while_a_large_result_streams_unread() {
+    let _alone = weir_e2e::serial().await;
+    vanish(false, Doing::StreamingUnread, Leave::Reset).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

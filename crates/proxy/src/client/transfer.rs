@@ -122,7 +122,11 @@ async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
                         metrics.record_server_sent(n);
                         query_started.get_or_insert_with(std::time::Instant::now);
                     }
-                    Some(Err(_)) => return Ok(Ended::ServerGone { told }),
+                    Some(Err(_)) => {
+                        // Taken as sent, as they were from a split before.
+                        side.unread.advance(out.forward);
+                        return Ok(Ended::ServerGone { told });
+                    }
                     None => {}
                 }
             }
@@ -148,7 +152,12 @@ async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
                         s.unread.advance(n);
                         metrics.record_sent(n);
                     }
-                    Some(Err(_)) => return Ok(client_gone(&mut sw, &to_server).await),
+                    Some(Err(_)) => {
+                        // Scanned, so they leave the buffer: recovery drains
+                        // what the server still owes after them.
+                        s.unread.advance(got.forward);
+                        return Ok(client_gone(&mut sw, &to_server).await);
+                    }
                     None => {}
                 }
             }
