@@ -20,6 +20,7 @@ use super::prepared::ClientStatements;
 use super::stream::ClientStream;
 use super::transfer_watchdog::Watchdog;
 use crate::params::ParamMap;
+use crate::server::statements::ServerStatements;
 use crate::server::{Conversation, ServerConn};
 
 /// Read no more from a side while this much of its output is unsent.
@@ -83,7 +84,7 @@ pub fn run<'a>(
 async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
     mut cr: CR,
     mut cw: CW,
-    side: ClientSide<'_>,
+    mut side: ClientSide<'_>,
     server: &mut ServerConn,
     release: bool,
 ) -> Result<Ended, ClientError> {
@@ -106,32 +107,14 @@ async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
     let mut query_started = Some(taken_at);
     loop {
         if to_server.is_empty() && !side.unread.is_empty() && !terminating {
-            let ready = side.prepared.outbound(side.unread, s.conv, s.statements, side.max_message)?;
-            let out = s.conv.scan_client(&side.unread[..ready], side.max_message)?;
-            terminating = out.terminate;
-            // Written at once when the server's socket takes it (as the
-            // biased write below would, a round later): the bytes go from
-            // the read buffer itself, with no split of it, whose shared
-            // count is one more cold line by the time a queued request runs.
-            let mut sent = 0;
-            if out.forward > 0 {
-                match sw.write(&side.unread[..out.forward]).now_or_never() {
-                    Some(Ok(n)) => {
-                        sent = n;
-                        side.unread.advance(n);
-                        metrics.record_server_sent(n);
-                        query_started.get_or_insert_with(std::time::Instant::now);
-                    }
-                    Some(Err(_)) => {
-                        // Taken as sent, as they were from a split before.
-                        side.unread.advance(out.forward);
-                        return Ok(Ended::ServerGone { told });
-                    }
-                    None => {}
-                }
-            }
-            if sent < out.forward {
-                to_server = side.unread.split_to(out.forward - sent).freeze();
+            let Some(batch) = to_server_batch(&mut side, s.conv, s.statements, &mut sw)? else {
+                return Ok(Ended::ServerGone { told });
+            };
+            terminating = batch.terminate;
+            to_server = batch.out;
+            if batch.sent > 0 {
+                metrics.record_server_sent(batch.sent);
+                query_started.get_or_insert_with(std::time::Instant::now);
             }
         }
         // Once the server owes nothing and goes back, bytes it sent after
@@ -139,31 +122,13 @@ async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
         // connection (which the pool then closes), never reach this client.
         let releasing = settled && release && side.prepared.pinned().is_none() && s.conv.is_clean();
         if to_client.is_empty() && !s.unread.is_empty() && !releasing {
-            let got = from_server(s.unread, s.conv, s.params, side.params, s.broken)?;
-            // Passed on at once, from the server's buffer itself, when weir
-            // rewrites none of it (no statements tracked) and the client's
-            // socket takes it: as the biased write below would, a round later.
-            let tracking = side.prepared.is_tracking();
-            let mut sent = 0;
-            if got.forward > 0 && !tracking {
-                match cw.write(&s.unread[..got.forward]).now_or_never() {
-                    Some(Ok(n)) => {
-                        sent = n;
-                        s.unread.advance(n);
-                        metrics.record_sent(n);
-                    }
-                    Some(Err(_)) => {
-                        // Scanned, so they leave the buffer: recovery drains
-                        // what the server still owes after them.
-                        s.unread.advance(got.forward);
-                        return Ok(client_gone(&mut sw, &to_server).await);
-                    }
-                    None => {}
-                }
+            let Some(got) = from_server(s.unread, s.conv, s.params, s.broken, s.statements, &mut side, &mut cw)? else {
+                return Ok(client_gone(&mut sw, &to_server).await);
+            };
+            if got.sent > 0 {
+                metrics.record_sent(got.sent);
             }
-            if tracking || sent < got.forward {
-                to_client = side.prepared.inbound(s.unread.split_to(got.forward - sent).freeze(), s.statements);
-            }
+            to_client = got.out;
             settled |= got.settled;
             told |= got.fatal;
             if got.answered > 0 {
@@ -232,10 +197,63 @@ async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
     }
 }
 
-/// What the server's buffered bytes hold for the client.
+/// Writes as much of `buf`'s first `len` bytes as `w` takes at once,
+/// straight from `buf` (no split into a `Bytes`, whose shared count is one
+/// more cold line by the time a queued request runs, and no `select!` round
+/// before the biased write there), and advances past what it took. What it
+/// did not take the caller splits off for that write. On an error all `len`
+/// bytes leave `buf`, as if they had been split off: the side that failed
+/// never sees them, and recovery's drain scans only what follows them.
+fn write_at_once<W: AsyncWrite + Unpin>(w: &mut W, buf: &mut BytesMut, len: usize) -> std::io::Result<usize> {
+    if len == 0 {
+        return Ok(0);
+    }
+    match w.write(&buf[..len]).now_or_never() {
+        Some(Ok(n)) => {
+            buf.advance(n);
+            Ok(n)
+        }
+        Some(Err(e)) => {
+            buf.advance(len);
+            Err(e)
+        }
+        None => Ok(0),
+    }
+}
+
+/// What the client's buffered bytes gave the server.
+struct ToServer {
+    /// How many bytes went to the server at once.
+    sent: usize,
+    /// The rest to send.
+    out: Bytes,
+    /// They end with a Terminate.
+    terminate: bool,
+}
+
+/// Takes the client's next batch for the server: rewritten for this
+/// server's statements and scanned, then written straight from the buffer
+/// as far as the server's socket takes it at once. None: that write failed
+/// (the server is gone).
+fn to_server_batch<SW: AsyncWrite + Unpin>(
+    side: &mut ClientSide<'_>,
+    conv: &mut Conversation,
+    statements: &mut ServerStatements,
+    sw: &mut SW,
+) -> Result<Option<ToServer>, ClientError> {
+    let ready = side.prepared.outbound(side.unread, conv, statements, side.max_message)?;
+    let scanned = conv.scan_client(&side.unread[..ready], side.max_message)?;
+    let Ok(sent) = write_at_once(sw, side.unread, scanned.forward) else { return Ok(None) };
+    let out = if sent < scanned.forward { side.unread.split_to(scanned.forward - sent).freeze() } else { Bytes::new() };
+    Ok(Some(ToServer { sent, out, terminate: scanned.terminate }))
+}
+
+/// What the server's buffered bytes gave the client.
 struct FromServer {
-    /// The leading bytes to pass on (whole messages, or the head of a long one).
-    forward: usize,
+    /// How many bytes went to the client at once.
+    sent: usize,
+    /// The rest to pass on.
+    out: Bytes,
     /// They end what the server owed (its last ReadyForQuery).
     settled: bool,
     /// They carry a FATAL.
@@ -244,28 +262,47 @@ struct FromServer {
     answered: usize,
 }
 
-/// Scans the messages buffered from the server: parameters it reports go
-/// to both the server's and the client's maps, and a server that breaks
-/// the protocol is marked broken (it is not recovered). The caller passes
-/// the bytes on (through the prepared-statement reconciliation).
-fn from_server(
-    server_in: &BytesMut,
+/// Takes the whole messages buffered from the server: parameters it reports
+/// go to both the server's and the client's maps, prepared-statement
+/// replies are reconciled, and a server that breaks the protocol is marked
+/// broken (it is not recovered). When no statement is tracked (nothing to
+/// rewrite), what the client's socket takes at once goes straight from the
+/// buffer. None: that write failed (the client is gone).
+fn from_server<CW: AsyncWrite + Unpin>(
+    server_in: &mut BytesMut,
     conv: &mut Conversation,
     server_params: &mut ParamMap,
-    client_params: &mut ParamMap,
     broken: &mut Option<weir_metrics::CloseReason>,
-) -> Result<FromServer, ClientError> {
+    statements: &mut ServerStatements,
+    side: &mut ClientSide<'_>,
+    cw: &mut CW,
+) -> Result<Option<FromServer>, ClientError> {
     let owed = conv.pending_rfq;
     let scan = conv.scan_server(server_in, |k, v| {
         server_params.set(k, v);
-        client_params.set(k, v);
+        side.params.set(k, v);
     });
     let scanned = scan.map_err(|e| {
         *broken = Some(weir_metrics::CloseReason::ProtocolError);
         ClientError::BadServerMessage(e)
     })?;
     let answered = owed.saturating_sub(conv.pending_rfq) as usize;
-    Ok(FromServer { forward: scanned.forward, settled: scanned.settled, fatal: scanned.fatal, answered })
+    // A tracked client's replies may be rewritten: they go through `inbound` whole.
+    let tracking = side.prepared.is_tracking();
+    let sent = if tracking {
+        0
+    } else {
+        match write_at_once(cw, server_in, scanned.forward) {
+            Ok(n) => n,
+            Err(_) => return Ok(None),
+        }
+    };
+    let out = if tracking || sent < scanned.forward {
+        side.prepared.inbound(server_in.split_to(scanned.forward - sent).freeze(), statements)
+    } else {
+        Bytes::new()
+    };
+    Ok(Some(FromServer { sent, out, settled: scanned.settled, fatal: scanned.fatal, answered }))
 }
 
 /// The client left. Client bytes already counted as sent are sent, so the
