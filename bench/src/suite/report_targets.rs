@@ -1,5 +1,8 @@
-//! Issue 7's targets, each checked as a ratio from this run and stated with
-//! its figures: (target, figures, met).
+//! The targets of issues 7 and 16, each checked as a ratio from this run
+//! and stated with its figures: (target, figures, met). Issue 16 asks for
+//! CPU per transaction and p99 latency both at or below PgBouncer's at
+//! `-c 1000`, simple and extended, in the same run: one row per mode and
+//! one for the four together.
 
 use super::report::Results;
 use super::targets::Kind;
@@ -38,6 +41,7 @@ pub fn check(r: &Results) -> Vec<Check> {
             }
         }
     }
+    out.extend(c1000_targets(r));
     if let Some(row) = find(r, "S-c1-simple") {
         if let (Some(d), Some(w), Some(b)) =
             (ok(row.cell(Kind::Direct)), ok(row.cell(Kind::Weir)), ok(row.cell(Kind::PgBouncer)))
@@ -66,6 +70,34 @@ pub fn check(r: &Results) -> Vec<Check> {
                 w.bytes_per_client() <= b.bytes_per_client(),
             ));
         }
+    }
+    out
+}
+
+/// Issue 16: at `-c 1000`, weir's CPU per transaction and its p99 at or
+/// below PgBouncer's, per mode, and for both modes in this one run.
+fn c1000_targets(r: &Results) -> Vec<Check> {
+    let mut out = vec![];
+    let mut all = Some(true);
+    for id in ["S-c1000-simple", "S-c1000-extended"] {
+        let Some((w, b, row)) = pair(r, id) else {
+            all = None;
+            continue;
+        };
+        let (Some(wc), Some(bc)) = (w.cpu_us_per_txn, b.cpu_us_per_txn) else {
+            all = None;
+            continue;
+        };
+        let met = w.failure.is_none() && wc <= bc && w.p99_ms <= b.p99_ms;
+        all = all.map(|a| a && met);
+        out.push((
+            format!("`{}` proxy CPU/txn and p99 ≤ PgBouncer's", row.workload.title),
+            format!("{wc:.1} vs {bc:.1} µs ({:.2}×); p99 {:.1} vs {:.1} ms", wc / bc, w.p99_ms, b.p99_ms),
+            met,
+        ));
+    }
+    if let Some(met) = all {
+        out.push(("`-c 1000` simple and extended, both of the above in this run".into(), String::new(), met));
     }
     out
 }
