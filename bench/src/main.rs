@@ -1,8 +1,8 @@
 //! `weir-bench`: benchmarks that print tables. Never pass/fail timing tests.
 //!
-//! - `suite`  — pgbench workloads against direct Postgres, weir and PgBouncer (issue 7)
-//! - `storm`  — the incident's load shape: short deadlines, queued cancels (issue 3)
-//! - `refill` — the pool refill curve after a mass termination (issue 4)
+//! - `suite`  — pgbench workloads against direct Postgres, weir and PgBouncer
+//! - `storm`  — the incident's load shape: short deadlines, queued cancels
+//! - `refill` — the pool refill curve after a mass termination
 #![forbid(unsafe_code)]
 
 mod pgbouncer;

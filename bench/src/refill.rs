@@ -1,4 +1,4 @@
-//! The `refill` benchmark (issue 4): how fast a pool of 50 refills after
+//! The `refill` benchmark: how fast a pool of 50 refills after
 //! every server connection is killed at once, at 0, 50 and 100 ms of
 //! handshake delay (a testkit Relay's connect delay between the pooler and
 //! Postgres). 50 clients keep the pool busy (`select pg_sleep(0.05)` in a

@@ -1,5 +1,5 @@
-//! The `storm` benchmark: the incident's load shape (see issue 3 and the
-//! seed article). A pool of 10, 200 clients with 100 ms deadlines, queries of
+//! The `storm` benchmark: the incident's load shape (the README's "Why
+//! weir exists"). A pool of 10, 200 clients with 100 ms deadlines, queries of
 //! about 20 ms server time, and a burst that triples the rate for 10 s. A
 //! client whose deadline expires does what pgx does: CancelRequest on a new
 //! socket, then Terminate and close, then reconnect.

@@ -1,4 +1,4 @@
-//! The `suite` benchmark (issue 7): pgbench workloads against direct
+//! The `suite` benchmark: pgbench workloads against direct
 //! Postgres, weir (the release binary, in a subprocess) and PgBouncer (when
 //! Debian's `pgbouncer` is installed), interleaved round by round, medians
 //! reported; a large-result stream; 10,000 idle clients. Writes

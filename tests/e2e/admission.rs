@@ -1,4 +1,4 @@
-//! Admission control against a real Postgres (issue 16): a load the pool can
+//! Admission control against a real Postgres: a load the pool can
 //! serve is never refused; a queue past `max_waiting_clients` is refused at
 //! once; a waiter whose predicted wait exceeds its budget is shed at once; a
 //! declared deadline shorter than the pool's transactions is refused before

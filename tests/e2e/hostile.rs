@@ -1,4 +1,4 @@
-//! Issue 8, hostile input: each input is sent at a live weir in front of a
+//! Hostile input: each input is sent at a live weir in front of a
 //! real Postgres, and must get a clear FATAL (checked by SQLSTATE) and a
 //! closed socket, or a silent close when the client itself left first; then
 //! a client that connected before the attack still queries, a new one logs

@@ -1,4 +1,4 @@
-//! Issue 3, "a client's timeout must never cost a server connection", proved
+//! "A client's timeout must never cost a server connection", proved
 //! against a real Postgres with tokio-postgres, raw sockets and asyncpg:
 //! queued queries whose client cancels or leaves are dropped, never run; a
 //! client leaving mid-query costs no server connection; the wait budget

@@ -247,7 +247,7 @@ fn targets_table(s: &mut String, r: &Results) {
         s.push_str("_Targets vs PgBouncer not checked: PgBouncer was not part of this run._\n\n");
         return;
     }
-    s.push_str("## Targets of issues 7 and 16 (ratios from this run)\n\n| target | figure | met |\n|---|---|---|\n");
+    s.push_str("## Targets against PgBouncer (ratios from this run)\n\n| target | figure | met |\n|---|---|---|\n");
     for (name, fig, met) in super::report_targets::check(r) {
         let _ = writeln!(s, "| {name} | {fig} | {} |", if met { "yes" } else { "**no**" });
     }

@@ -1,8 +1,8 @@
-//! The targets of issues 7 and 16, each checked as a ratio from this run
-//! and stated with its figures: (target, figures, met). Issue 16 asks for
-//! CPU per transaction and p99 latency both at or below PgBouncer's at
-//! `-c 1000`, simple and extended, in the same run: one row per mode and
-//! one for the four together.
+//! The targets against PgBouncer, each checked as a ratio from this run
+//! and stated with its figures: (target, figures, met). The queued-load
+//! target asks for CPU per transaction and p99 latency both at or below
+//! PgBouncer's at `-c 1000`, simple and extended, in the same run: one row
+//! per mode and one for the four together.
 
 use super::report::Results;
 use super::targets::Kind;
@@ -74,7 +74,7 @@ pub fn check(r: &Results) -> Vec<Check> {
     out
 }
 
-/// Issue 16: at `-c 1000`, weir's CPU per transaction and its p99 at or
+/// The queued-load target: at `-c 1000`, weir's CPU per transaction and its p99 at or
 /// below PgBouncer's, per mode, and for both modes in this one run.
 fn c1000_targets(r: &Results) -> Vec<Check> {
     let mut out = vec![];

@@ -7,7 +7,7 @@
 //! - `admin`: the console;
 //! - `client`: the pooled session (and the login steps the console shares);
 //! - `state`: what every client shares, and its lifecycle (pause, reload, drain);
-//! - `pool`, `cancel`: server pools and leases; the cancel keys clients hold;
+//! - `pool`, `cancel_keys`: server pools and leases; the cancel keys clients hold;
 //! - `server`: weir's connections to Postgres;
 //! - `auth`: client authentication, the auth_file, hba, the credentials weir
 //!   presents to servers;

@@ -2,8 +2,8 @@
 //! user. Deriving one is 4,096 PBKDF2-SHA-256 rounds on the event loop, and
 //! it happens before the client has proved anything: without the cache
 //! every SCRAM login of such a user, or a bare startup packet naming one,
-//! cost that again (22 % of weir's CPU while 1,000 clients logged in, in
-//! session 7's profile), and a burst of logins stalled every other client.
+//! cost that again (a large share of weir's CPU while 1,000 clients log
+//! in), and a burst of logins stalled every other client.
 //!
 //! An entry holds the password it came from, so a reload that changes the
 //! password derives afresh. One salt per user for the life of the process is

@@ -627,7 +627,7 @@ impl<'a> Session<'a> {
 
     /// The server is gone. The client gets one FATAL and no more: the
     /// server's own, already passed on (`told`), or weir's, sent by
-    /// `client::serve` for the error returned.
+    /// `app::connection::serve` for the error returned.
     async fn server_lost(&mut self, told: bool) -> Result<bool, ClientError> {
         if told {
             crate::span::client_event!(info, "server connection closed after its FATAL reached the client");

@@ -6,7 +6,7 @@
 //! Every branch of the `select!` is cancel-safe: `read_buf` and `write` on a
 //! socket half either complete or leave the buffers as they were.
 //!
-//! Beside the bytes runs the watchdog (`watchdog.rs`): query_timeout, the
+//! Beside the bytes runs the watchdog (`transfer_watchdog.rs`): query_timeout, the
 //! silent-server probe and idle_transaction_timeout. When it fires, the
 //! server is marked broken (or left to recovery) and the client gets its error.
 

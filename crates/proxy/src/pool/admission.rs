@@ -119,9 +119,9 @@ impl Estimator {
     /// pool's transactions vary too much for the high estimate to tell (a
     /// few long ones among many short, or one cold start whose deviation is
     /// still decaying), and the halfway point decides. So the threshold
-    /// rises with the deviation and never jumps: an earlier form fell back to
-    /// mean plus margin only once the high estimate passed the deadline, and
-    /// was harshest just below it, refusing any query that had waited a
+    /// rises with the deviation and never jumps: falling back to mean plus
+    /// margin only once the high estimate passed the deadline would be
+    /// harshest just below it, refusing any query that had waited a
     /// millisecond while a decaying deviation swept the high estimate through
     /// that band. A query that has not waited is refused only when the
     /// typical transaction is longer than its whole deadline. None while the
@@ -269,8 +269,8 @@ mod tests {
 
     /// One cold 300 ms transaction, then 20 ms ones: as the deviation
     /// decays the high estimate sweeps down through the deadline. A query
-    /// that has waited 10 ms of a 100 ms deadline must start all along (the
-    /// earlier form needed up to 97.5 ms there, and refused it).
+    /// that has waited 10 ms of a 100 ms deadline must start all along (a
+    /// fall-back only past the deadline would ask up to 97.5 ms there).
     #[test]
     fn a_decaying_deviation_never_makes_the_threshold_jump_toward_the_deadline() {
         let e = Estimator::new(&on());
