@@ -225,6 +225,34 @@ async fn listen_addr_list_listens_on_every_address() {
     .await;
 }
 
+/// A second weir with the first one's metrics port does not start, and its
+/// error names the key to change; the first keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_taken_metrics_port_names_the_key_to_change() {
+    bounded(120, async {
+        let s = Setup::new().await;
+        let [metrics_port] = weir_testkit::free_ports();
+        let with_metrics =
+            format!("listen_addr = \"127.0.0.1:0\"\n[metrics]\nlisten_addr = \"127.0.0.1:{metrics_port}\"\n");
+        let first = s.weir(&with_metrics, "").await;
+        let text = format!(
+            "[weir]\nauth_type = \"md5\"\nauth_file = \"userlist.txt\"\n{with_metrics}\n\
+             [databases.app]\nhost = \"127.0.0.1\"\nport = {}\n",
+            s.pg.port()
+        );
+        let cfg = Config::from_toml(&text, &s.dir).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let e = Weir::start(cfg).await.expect_err("the metrics port is taken: the second weir must not start");
+        let msg = e.to_string();
+        assert!(msg.contains(&format!("127.0.0.1:{metrics_port}")), "{msg}");
+        assert!(msg.contains("set [metrics] listen_addr"), "the error names the key: {msg}");
+        let url = format!("postgres://{SCRAM_USER}:{SCRAM_PASS}@{}/{APP_DB}", first.local_addr());
+        let rows = connect(&url).await.unwrap().simple_query("select 'still here' as a").await.unwrap();
+        assert_eq!(column(&rows, "a"), ["still here"]);
+        first.shutdown().await;
+    })
+    .await;
+}
+
 /// The weir binary removes its socket file when it ends, SIGQUIT (the
 /// immediate stop) included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,7 +6,8 @@
 //! handled key by key. `listen_addr` + `listen_port` become weir's
 //! `listen_addr` (`*` is `*:port`, a list keeps every address); an unset
 //! `unix_socket_dir` is written as PgBouncer's default `/tmp`, since weir's
-//! own default is no Unix socket.
+//! own default is no Unix socket. The metrics port follows the listen port
+//! (`metrics_port`), so weirs migrated side by side on one host differ.
 
 use std::fmt::Write as _;
 
@@ -138,6 +139,8 @@ struct Mapper {
     listen_port: Option<String>,
     /// The ini set unix_socket_dir (perhaps empty: no socket).
     unix_socket_dir_set: bool,
+    /// `[metrics]`'s port, derived from the listen port in `finish`.
+    metrics_port: u16,
     databases: Vec<(String, Vec<(String, String)>)>,
     users: Vec<(String, Vec<(String, String)>)>,
     warnings: Vec<String>,
@@ -316,6 +319,7 @@ impl Mapper {
     }
 
     fn finish(mut self) -> Migration {
+        self.metrics_port = metrics_port(self.listen_port.as_deref().and_then(|p| p.trim().parse().ok()));
         if self.listen_host.is_some() || self.listen_port.is_some() {
             let hosts = self.listen_host.take().unwrap_or_else(|| "127.0.0.1".into());
             let port = self.listen_port.take().unwrap_or_else(|| "6432".into());
@@ -349,7 +353,13 @@ impl Mapper {
         for (k, v) in &self.general {
             let _ = writeln!(out, "{k} = {v}");
         }
-        out.push_str("\n[metrics]\n# Prometheus /metrics, /healthz, /readyz (PgBouncer has no equivalent).\nlisten_addr = \"127.0.0.1:9930\"\n");
+        let _ = write!(
+            out,
+            "\n[metrics]\n# Prometheus /metrics, /healthz, /readyz (PgBouncer has no equivalent). The port follows\n\
+             # the listen port (6432 -> 9930, 6433 -> 9931), so weirs on one host do not collide.\n\
+             listen_addr = \"127.0.0.1:{}\"\n",
+            self.metrics_port
+        );
         for (section, entries) in [("databases", &self.databases), ("users", &self.users)] {
             for (name, kvs) in entries {
                 let _ = writeln!(out, "\n[{section}.{}]", toml_key(name));
@@ -368,6 +378,16 @@ fn pool_mode_value(v: &str) -> Result<String, String> {
         "session" | "transaction" => Ok(quoted(v)),
         _ => Err("weir supports session and transaction pooling".into()),
     }
+}
+
+/// The metrics port for a listen port: 9930 for PgBouncer's 6432, and one
+/// more for each port above it (6433 -> 9931), so two weirs migrated for one
+/// host do not both take 9930. Below 6432 it falls alike (5432 -> 8930); a
+/// listen port whose offset leaves the port range counts down instead.
+pub(crate) fn metrics_port(listen_port: Option<u16>) -> u16 {
+    const OFFSET: u16 = 9930 - 6432;
+    let port = listen_port.unwrap_or(6432);
+    port.checked_add(OFFSET).unwrap_or(port - OFFSET)
 }
 
 fn unsupported(key: &str) -> String {

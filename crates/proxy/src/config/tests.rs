@@ -71,3 +71,18 @@ fn startup_parameter_lists_hold_setting_names() {
         assert!(err.contains(key), "{line}: {err}");
     }
 }
+
+#[test]
+fn migrated_metrics_port_follows_the_listen_port() {
+    let metrics_of = |ini: &str| {
+        let m = migrate::from_pgbouncer_ini(ini);
+        let cfg = Config::from_toml(&m.toml, std::path::Path::new(".")).unwrap_or_else(|e| panic!("{e}\n{}", m.toml));
+        cfg.metrics.listen_addr.expect("[metrics] listen_addr").port()
+    };
+    let ini = |port: &str| format!("[pgbouncer]\nauth_type = trust\n{port}[databases]\napp = host=db\n");
+    assert_eq!(metrics_of(&ini("")), 9930, "PgBouncer's default port 6432");
+    assert_eq!(metrics_of(&ini("listen_port = 6432\n")), 9930);
+    assert_eq!(metrics_of(&ini("listen_port = 6433\n")), 9931, "a second weir on the host");
+    assert_eq!(metrics_of(&ini("listen_port = 5432\n")), 8930);
+    assert_eq!(migrate::metrics_port(Some(65000)), 65000 - 3498, "counts down past the port range");
+}

@@ -74,10 +74,21 @@ pub enum StartError {
     AuthFile(String, String),
     #[error("cannot load auth_hba_file {0}: {1}")]
     HbaFile(String, String),
-    #[error("cannot start the metrics endpoint: {0}")]
+    #[error("cannot start the metrics endpoint: {0}{hint}", hint = metrics_hint(.0))]
     Metrics(#[from] weir_metrics::MetricsError),
     #[error("TLS: {0}")]
     Tls(#[from] crate::tls::TlsError),
+}
+
+/// What to change when the metrics port cannot be bound: the key, since a
+/// second weir on a host with the same (migrated) config meets this first.
+fn metrics_hint(e: &weir_metrics::MetricsError) -> &'static str {
+    match e {
+        weir_metrics::MetricsError::Bind { .. } => {
+            " (another process holds it: set [metrics] listen_addr to a free address, or remove it for no endpoint)"
+        }
+        _ => "",
+    }
 }
 
 /// Why a reload was not applied (the old config stays).
