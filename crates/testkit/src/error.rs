@@ -4,9 +4,14 @@
 
 use std::time::Duration;
 
-/// Everything that can go wrong while managing a throwaway PostgreSQL.
+/// Everything that can go wrong while managing a throwaway PostgreSQL (or a
+/// PgBouncer beside it).
 #[derive(Debug, thiserror::Error)]
 pub enum TestkitError {
+    /// A PgBouncer started for comparison did not start or listen.
+    #[error("pgbouncer {0}")]
+    PgBouncer(String),
+
     /// No usable PostgreSQL installation was found.
     #[error("no PostgreSQL binaries found: {0}")]
     NoPostgres(String),

@@ -6,9 +6,12 @@
 //!   roles and an `app` database), cleaned up on drop.
 //! * [`Relay`] — a fault-injecting TCP relay (latency, connect delay, freeze,
 //!   RST, refusal) to put between weir and Postgres.
+//! * [`pgbouncer::PgBouncer`] — Debian's PgBouncer, for side-by-side
+//!   comparisons in benchmarks and tests.
 #![forbid(unsafe_code)]
 
 mod error;
+pub mod pgbouncer;
 pub mod postgres;
 pub mod relay;
 

@@ -1,24 +1,20 @@
-//! Debian's PgBouncer, started for a comparison test: an ini written here,
-//! daemonised (as `postgres` when we are root, since PgBouncer refuses to run
-//! as root), stopped by its own pid when dropped. The admin user logs in with
-//! trust; no pool is used. Also reads a console's column names and type OIDs
+//! Debian's PgBouncer, started for a comparison test through the test kit's
+//! launcher (`weir_testkit::pgbouncer`): the admin user logs in with trust;
+//! no pool is used. Also reads a console's column names and type OIDs
 //! through psycopg (tokio-postgres' simple queries carry no types).
 
-use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 /// A running PgBouncer with `admin_user` in its admin_users.
 pub struct PgBouncer {
-    dir: PathBuf,
     pub port: u16,
+    _running: weir_testkit::pgbouncer::PgBouncer,
 }
 
 impl PgBouncer {
     /// Starts PgBouncer with database `app` on 127.0.0.1:`pg_port`; Err when
     /// it is not installed or does not start.
     pub fn start(pg_port: u16, admin_user: &str) -> Result<PgBouncer, String> {
-        let port = weir_testkit::free_port();
         let dir = std::env::temp_dir().join(format!("weir-pgbouncer-{}", rand::random::<u32>()));
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
         let open = |p: &std::path::Path, mode| {
@@ -29,56 +25,12 @@ impl PgBouncer {
         let users = dir.join("users.txt");
         std::fs::write(&users, format!("\"{admin_user}\" \"\"\n")).map_err(|e| e.to_string())?;
         open(&users, 0o644)?;
-        let ini = dir.join("pgbouncer.ini");
-        let d = dir.display();
-        std::fs::write(
-            &ini,
-            format!(
-                "[databases]\napp = host=127.0.0.1 port={pg_port} dbname=app\n[pgbouncer]\nlisten_addr = 127.0.0.1\n\
-                 listen_port = {port}\nunix_socket_dir =\nlogfile = {d}/pgbouncer.log\npidfile = {d}/pgbouncer.pid\n\
-                 auth_type = trust\nauth_file = {d}/users.txt\nadmin_users = {admin_user}\n"
-            ),
-        )
-        .map_err(|e| e.to_string())?;
-        let mut cmd = if is_root() {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--", "pgbouncer", "-d"]);
-            c
-        } else {
-            let mut c = Command::new("pgbouncer");
-            c.arg("-d");
-            c
-        };
-        let status = cmd.arg(&ini).status().map_err(|e| format!("starting pgbouncer: {e}"))?;
-        let bouncer = PgBouncer { dir, port };
-        if !status.success() {
-            return Err(format!("pgbouncer did not start ({status}): {}", bouncer.log()));
-        }
-        let ready = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if Instant::now() > ready {
-                return Err(format!("pgbouncer is not listening on {port}: {}", bouncer.log()));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ok(bouncer)
+        let databases = format!("app = host=127.0.0.1 port={pg_port} dbname=app");
+        let settings = format!("auth_type = trust\nauth_file = {}\nadmin_users = {admin_user}", users.display());
+        let running =
+            weir_testkit::pgbouncer::PgBouncer::start(&dir, &databases, &settings).map_err(|e| e.to_string())?;
+        Ok(PgBouncer { port: running.port, _running: running })
     }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("pgbouncer.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for PgBouncer {
-    fn drop(&mut self) {
-        if let Ok(pid) = std::fs::read_to_string(self.dir.join("pgbouncer.pid")) {
-            let _ = Command::new("kill").args(["-TERM", pid.trim()]).status();
-        }
-    }
-}
-
-fn is_root() -> bool {
-    Command::new("id").arg("-u").output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
 }
 
 /// What a console answered to one `SHOW`.
