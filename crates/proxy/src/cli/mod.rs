@@ -139,7 +139,8 @@ fn help(topic: Option<&str>) -> String {
             .into(),
         Some("migrate-config") => "usage: weir migrate-config pgbouncer.ini > weir.toml\n\n\
             Prints the weir.toml equivalent to a pgbouncer.ini on stdout (with [metrics] on\n\
-            127.0.0.1:9930), and one warning line on stderr for each setting weir does not have.\n\
+            127.0.0.1, its port following the listen port: 6432 -> 9930, 6433 -> 9931), and one\n\
+            warning line on stderr for each setting weir does not have.\n\
             An unset unix_socket_dir is written as PgBouncer's default \"/tmp\" (weir's own default\n\
             is no Unix socket)."
             .into(),
