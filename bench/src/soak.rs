@@ -17,6 +17,8 @@ mod faults;
 mod load;
 mod sample;
 mod target;
+#[cfg(test)]
+mod tests;
 mod verdict;
 mod wire;
 
