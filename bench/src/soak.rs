@@ -283,16 +283,17 @@ async fn sleep_until(stats: &Stats, t: f64) {
 }
 
 /// Opens the pool (poolers create it at a client's first login) and waits
-/// (up to 15 s) until it holds its minimum of servers.
+/// (up to 15 s, with that client connected) until it holds its minimum of servers.
 async fn wait_for_minimum(addr: &str) -> anyhow::Result<()> {
     let mut first = wire::Conn::connect(addr, TRUST_USER, APP_DB, Duration::from_secs(10))
         .await
         .map_err(|e| anyhow::anyhow!("first login through the pooler: {}", e.label()))?;
     first.simple("select 1", Duration::from_secs(10)).await.map_err(|e| anyhow::anyhow!("{}", e.label()))?;
-    first.terminate().await;
+    // Held until then: PgBouncer fills min_pool_size only while a client is connected.
     let admin = target::admin(addr).await?;
     for _ in 0..150 {
         if target::pool_counts(&admin).await?.0 >= u64::from(MIN_POOL_SIZE) {
+            first.terminate().await;
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -18,6 +18,10 @@ use super::wire::{self, Conn, Fail, Reply};
 
 /// The longest any single exchange may take before it counts as a hang.
 pub const OP_LIMIT: Duration = Duration::from_secs(30);
+/// How long a client waits before reconnecting after its connection broke
+/// (so a pooler that accepts logins it cannot serve is not hammered, and
+/// error counts are of clients, not of loop iterations).
+const BROKEN_PAUSE: u64 = 50;
 /// SQLSTATE query_canceled: the expected answer to a cancel.
 const QUERY_CANCELED: &str = "57014";
 
@@ -226,6 +230,7 @@ pub async fn long_lived(ctx: Arc<Ctx>, protocol: Protocol) {
             Err(e) => {
                 ctx.fail(who, &e);
                 conn = None;
+                pause(BROKEN_PAUSE).await;
             }
         }
         pause(3).await;
@@ -252,6 +257,7 @@ pub async fn ledger(ctx: Arc<Ctx>, w: i64) {
         }
         if broken {
             conn = None;
+            pause(BROKEN_PAUSE).await;
         }
     }
 }
@@ -369,6 +375,7 @@ pub async fn canceller(ctx: Arc<Ctx>) {
             Err(e) => {
                 ctx.fail("cancel", &e);
                 conn = None;
+                pause(BROKEN_PAUSE).await;
             }
         }
         pause(100).await;
@@ -400,6 +407,7 @@ pub async fn pipeline(ctx: Arc<Ctx>) {
             Err(e) => {
                 ctx.fail("pipeline", &e);
                 conn = None;
+                pause(BROKEN_PAUSE).await;
             }
         }
         pause(5).await;
