@@ -21,11 +21,13 @@ def main(out):
     rows = list(csv.DictReader(open(os.path.join(out, "soak.csv"))))
     faults = list(csv.DictReader(open(os.path.join(out, "faults.csv"))))
     t = [num(r["t_s"]) for r in rows]
-    col = lambda k: [num(r[k]) for r in rows]  # noqa: E731
+    for r in rows:
+        r["rss_mib"] = num(r["rss_kib"]) / 1024.0
+    col = lambda k: [num(r[k]) if not isinstance(r[k], float) else r[k] for r in rows]  # noqa: E731
     fig, axes = plt.subplots(5, 1, figsize=(14, 15), sharex=True)
     panels = [
         (axes[0], [("tps", "transactions / s", "#1f77b4")], [("p99_ms", "p99 ms", "#ff7f0e")]),
-        (axes[1], [("rss_kib", "RSS KiB", "#2ca02c")], [("fds", "open fds", "#9467bd")]),
+        (axes[1], [("rss_mib", "RSS MiB", "#2ca02c")], [("fds", "open fds", "#9467bd")]),
         (axes[2], [("servers", "pool servers", "#1f77b4")], [("waiters", "waiting clients", "#d62728")]),
         (axes[3], [("server_opens", "server opens / s", "#2ca02c"), ("server_closes", "server closes / s", "#d62728")], []),
         (axes[4], [("errors", "client errors / s", "#d62728")], []),

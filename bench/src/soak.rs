@@ -363,7 +363,7 @@ async fn check_ledger(pg: &PgServer, records: &[(i64, load::Outcome)]) -> anyhow
 fn summary(opts: &Opts, o: &Outcome) -> (String, bool) {
     let mut s = String::new();
     let l = &o.ledger;
-    let _ = writeln!(s, "\n== soak summary: {} , {:.0} s of load", opts.kind.label(), o.load_end);
+    let _ = writeln!(s, "\n== soak summary: {}, {:.0} s of load", opts.kind.label(), o.load_end);
     let _ = writeln!(
         s,
         "load: {} transactions/statement rounds completed; {} clients vanished; {} cancels sent, {} answered 57014",

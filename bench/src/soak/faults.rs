@@ -257,3 +257,23 @@ pub async fn direct(pg: &PgServer) -> anyhow::Result<tokio_postgres::Client> {
     tokio::spawn(conn);
     Ok(client)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_schedule_scales_to_the_run() {
+        let long = plan(Duration::from_secs(1800));
+        assert_eq!((long.baseline.as_secs(), long.tail.as_secs(), long.faults.len()), (60, 180, 21));
+        let short = plan(Duration::from_secs(180));
+        assert_eq!((short.baseline.as_secs(), short.tail.as_secs(), short.faults.len()), (30, 18, 7));
+        for p in [&long, &short] {
+            let starts: Vec<Duration> = p.faults.iter().map(|f| f.0).collect();
+            assert!(starts.windows(2).all(|w| w[0] < w[1]), "in order");
+            assert_eq!(starts[0], p.baseline, "the first fault comes after the baseline");
+            let faults: Vec<Fault> = p.faults.iter().take(7).map(|f| f.1).collect();
+            assert_eq!(faults, ALL, "every fault in each round");
+        }
+    }
+}
