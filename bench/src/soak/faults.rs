@@ -94,9 +94,12 @@ pub struct Record {
     pub detail: String,
 }
 
-/// The plan for a run of `total`: the baseline time (RSS "after the first
-/// minute"), the faults' planned start times, and the quiet tail.
+/// The plan for a run of `total`: a warm-up connect burst, the baseline time
+/// (RSS "after the first minute"), the faults' planned start times, and the
+/// quiet tail.
 pub struct Plan {
+    /// When the warm-up connect burst runs (before the baseline).
+    pub warmup: Duration,
     pub baseline: Duration,
     pub faults: Vec<(Duration, Fault)>,
     pub tail: Duration,
@@ -112,7 +115,7 @@ pub fn plan(total: Duration) -> Plan {
     let span = total.saturating_sub(baseline + tail);
     let slot = span / faults.len() as u32;
     let faults = faults.into_iter().enumerate().map(|(i, f)| (baseline + slot * i as u32, f)).collect();
-    Plan { baseline, faults, tail }
+    Plan { warmup: baseline / 6, baseline, faults, tail }
 }
 
 /// Gap kept after a fault's recovery before the next starts, whatever the plan says.
@@ -266,6 +269,7 @@ mod tests {
     fn the_schedule_scales_to_the_run() {
         let long = plan(Duration::from_secs(1800));
         assert_eq!((long.baseline.as_secs(), long.tail.as_secs(), long.faults.len()), (60, 180, 21));
+        assert_eq!(long.warmup.as_secs(), 10);
         let short = plan(Duration::from_secs(180));
         assert_eq!((short.baseline.as_secs(), short.tail.as_secs(), short.faults.len()), (30, 18, 7));
         for p in [&long, &short] {

@@ -32,6 +32,7 @@ fn wire_client_speaks_to_postgres() {
         assert_eq!((r.rows, r.ready, r.status), (2, 1, b'I'));
         let r = c.simple("begin; select 1/0", LIMIT).await.expect("an error is a reply");
         assert_eq!((r.errors.as_slice(), r.status), (&["22012".to_string()][..], b'E'));
+        assert_eq!(r.messages, ["division by zero"]);
         let r = c.simple("commit", LIMIT).await.expect("commit");
         assert_eq!(r.tags, ["ROLLBACK"], "COMMIT of a failed transaction answers ROLLBACK");
 

@@ -134,15 +134,21 @@ pub fn recovery_check(faults: &[Record]) -> Check {
     }
 }
 
-/// The fault table.
-pub fn fault_table(faults: &[Record], errors: &[ErrorEvent]) -> String {
+/// The fault table, with the pooler's RSS just before each fault.
+pub fn fault_table(faults: &[Record], errors: &[ErrorEvent], samples: &[Sample]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:>8} {:>8} {:<16} {:>10} {:>7} {:>7}  detail",
-        "start s", "end s", "fault", "recovered", "limit", "errors"
+        "{:>8} {:>8} {:<16} {:>10} {:>7} {:>8} {:>7}  detail",
+        "start s", "end s", "fault", "recovered", "limit", "RSS MiB", "errors"
     );
     for r in faults {
+        let rss = samples
+            .iter()
+            .rev()
+            .find(|x| x.t <= r.start)
+            .and_then(|x| x.rss_kib)
+            .map_or("?".to_string(), |k| format!("{:.1}", k as f64 / 1024.0));
         let mut codes = BTreeMap::<&str, u64>::new();
         for e in errors.iter().filter(|e| explained(e.t, std::slice::from_ref(r)).is_some()) {
             *codes.entry(e.code.as_str()).or_default() += 1;
@@ -152,12 +158,13 @@ pub fn fault_table(faults: &[Record], errors: &[ErrorEvent]) -> String {
         let rec = r.recovered_after.map(|x| format!("{x:.2} s")).unwrap_or_else(|| "never".into());
         let _ = writeln!(
             s,
-            "{:>8.1} {:>8.1} {:<16} {:>10} {:>5} s {:>7}  {}{}",
+            "{:>8.1} {:>8.1} {:<16} {:>10} {:>5} s {:>8} {:>7}  {}{}",
             r.start,
             r.end,
             r.fault.name(),
             rec,
             r.fault.recovery_limit().as_secs(),
+            rss,
             window_errors,
             r.detail,
             if codes.is_empty() { String::new() } else { format!(" [{}]", codes.join(", ")) }
