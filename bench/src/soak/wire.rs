@@ -278,6 +278,14 @@ mod tests {
     fn reads_sqlstate_and_severity() {
         let body = b"SFATAL\0VFATAL\0C57P01\0Mterminating connection\0\0";
         assert_eq!(error_fields(body), ("57P01".to_string(), true, "terminating connection".to_string()));
+        let mut weir = BytesMut::new();
+        weir::protocol::messages::error_response(
+            &mut weir,
+            weir::protocol::messages::Severity::Error,
+            weir::protocol::sqlstate::TOO_MANY_CONNECTIONS,
+            "the queue is full",
+        );
+        assert_eq!(error_fields(&weir[5..]), ("53300".to_string(), false, "the queue is full".to_string()));
         let body = b"SERROR\0VERROR\0C42P01\0\0";
         assert_eq!(error_fields(body), ("42P01".to_string(), false, String::new()));
     }
