@@ -56,6 +56,12 @@ if ! python3 -c "import psycopg, asyncpg" >/dev/null 2>&1; then
     pip_args=(-q install "psycopg[binary]>=3.2" "asyncpg>=0.29")
     python3 -m pip "${pip_args[@]}" || python3 -m pip "${pip_args[@]}" --break-system-packages
 fi
+# weir-bench soak draws its chart (bench/soak_plot.py) with matplotlib.
+if ! python3 -c "import matplotlib" >/dev/null 2>&1; then
+    echo "installing matplotlib"
+    pip_args=(-q install "matplotlib>=3.6")
+    python3 -m pip "${pip_args[@]}" || python3 -m pip "${pip_args[@]}" --break-system-packages
+fi
 if ! command -v npm >/dev/null; then
     apt_install nodejs npm
 fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs (only what is missing), then runs every
 # test: unit tests, end-to-end tests against a throwaway PostgreSQL, the
-# driver matrix, the deployment checks and a bounded fuzz run. Works on a fresh machine with Rust, Python and Postgres 15.
+# driver matrix, a 3-minute soak, the deployment checks and a bounded fuzz run. Works on a fresh machine with Rust, Python and Postgres 15.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,6 +28,15 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 python3 scripts/run-tests.py 2>&1 | tee "$log"
 passed=$(grep -oE "^tests: [0-9]+ passed" "$log" | awk '{print $2}' || true)
+
+echo "== soak (${SOAK_MINUTES:-3} minutes of churn and faults, checked from Postgres's data)"
+# The dev builds the tests just made (run-tests.py builds target/debug/weir):
+# what the soak checks (no lost or duplicated commit, recovery, no leak, no
+# panic) does not depend on the optimisation level, and the release build
+# with fat LTO would cost CI ten minutes. Fails when a check fails.
+cargo build -p weir-bench --bin weir-bench --locked
+soak_out="target/soak"
+target/debug/weir-bench soak --minutes "${SOAK_MINUTES:-3}" --weir-bin target/debug/weir --out "$soak_out"
 if [ "$in_ci" = 1 ]; then
     echo "disk: target/ held $(du -sh target | cut -f1) after the tests; removing target/debug"
     rm -rf target/debug

@@ -3,10 +3,12 @@
 //! - `suite`  — pgbench workloads against direct Postgres, weir and PgBouncer
 //! - `storm`  — the incident's load shape: short deadlines, queued cancels
 //! - `refill` — the pool refill curve after a mass termination
+//! - `soak`   — a long run of churn and faults, checked from Postgres's data
 #![forbid(unsafe_code)]
 
 mod pgbouncer;
 mod refill;
+mod soak;
 mod storm;
 mod suite;
 
@@ -17,8 +19,9 @@ fn main() -> anyhow::Result<()> {
         Some("suite") => suite::run(rest),
         Some("storm") => storm::run(rest),
         Some("refill") => refill::run(rest),
+        Some("soak") => soak::run(rest),
         _ => {
-            eprintln!("usage: weir-bench suite|storm|refill [options]");
+            eprintln!("usage: weir-bench suite|storm|refill|soak [options]");
             std::process::exit(2);
         }
     }

@@ -10,11 +10,11 @@
 //! `pgbench` (running and parsing pgbench), `workloads` (the list and the
 //! interleaved runner), `stream`, `idle`, `report`.
 
-mod env;
+pub(crate) mod env;
 mod idle;
 mod opts;
 mod pgbench;
-mod procstat;
+pub(crate) mod procstat;
 mod report;
 mod report_targets;
 mod stream;
