@@ -17,6 +17,7 @@ mod core_protocol;
 mod drivers;
 mod dropin;
 mod encoding;
+mod fleet;
 mod hba;
 mod hostile;
 mod hostile_flood;

@@ -101,6 +101,24 @@ label_enum! {
 }
 
 label_enum! {
+    /// Which limit Postgres named when it refused a connection with 53300
+    /// (too many connections): backpressure, not a failure.
+    ConnectRefusal {
+        /// The role's CONNECTION LIMIT (`too many connections for role`).
+        RoleLimit => "role_limit",
+        /// The database's CONNECTION LIMIT (`too many connections for database`).
+        DatabaseLimit => "database_limit",
+        /// `max_connections` (`sorry, too many clients already`).
+        MaxConnections => "max_connections",
+        /// Only reserved slots left (superuser_reserved_connections,
+        /// reserved_connections).
+        ReservedSlots => "reserved_slots",
+        /// A 53300 whose message names none of the above.
+        Other => "other",
+    }
+}
+
+label_enum! {
     /// Why a client query was dropped before it completed.
     DropReason {
         /// The client disconnected while the query was queued or running.
@@ -165,6 +183,7 @@ mod tests {
     fn labels_are_dense_unique_snake_case() {
         check(CloseReason::ALL, CloseReason::index, CloseReason::as_label);
         check(ConnectFailure::ALL, ConnectFailure::index, ConnectFailure::as_label);
+        check(ConnectRefusal::ALL, ConnectRefusal::index, ConnectRefusal::as_label);
         check(DropReason::ALL, DropReason::index, DropReason::as_label);
         check(CancelOutcome::ALL, CancelOutcome::index, CancelOutcome::as_label);
         check(ClientResult::ALL, ClientResult::index, ClientResult::as_label);

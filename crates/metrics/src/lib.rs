@@ -34,7 +34,7 @@ pub mod stats;
 mod text;
 
 pub use addr::ConnAddr;
-pub use close::{CancelOutcome, ClientResult, CloseReason, ConnectFailure, DropReason};
+pub use close::{CancelOutcome, ClientResult, CloseReason, ConnectFailure, ConnectRefusal, DropReason};
 pub use exporter::{install, render, Exporter, MetricsError, ReadyFn};
 pub use global::{record_reload, set_build_info, set_max_client_conn, GlobalMetrics, ReloadResult};
 pub use guard::ServerConnGuard;

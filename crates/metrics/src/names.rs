@@ -31,6 +31,9 @@ pub const SERVER_CONNECTIONS_OPENED_PER_SECOND: &str = "weir_server_connections_
 pub const SERVER_CONNECTIONS_CLOSED_PER_SECOND: &str = "weir_server_connections_closed_per_second";
 /// Counter (database,user,reason): failed server connection attempts.
 pub const SERVER_CONNECT_FAILURES_TOTAL: &str = "weir_server_connect_failures_total";
+/// Counter (database,user,reason): server connects Postgres refused with
+/// 53300 (too many connections), by the limit it named.
+pub const SERVER_CONNECT_REFUSED_TOTAL: &str = "weir_server_connect_refused_total";
 /// Histogram (database,user): time to open and log in a server connection.
 pub const SERVER_CONNECT_DURATION_SECONDS: &str = "weir_server_connect_duration_seconds";
 /// Gauge (database,user,state): server connections by state.
@@ -115,6 +118,11 @@ pub const ALL: &[(&str, Kind, &str)] = &[
         Kind::Counter,
         "Failed server connection attempts, by reason (not counted as opens or closes).",
     ),
+    (
+        SERVER_CONNECT_REFUSED_TOTAL,
+        Kind::Counter,
+        "Server connects Postgres refused as too many connections (53300), by the limit it named; weir backs off.",
+    ),
     (SERVER_CONNECT_DURATION_SECONDS, Kind::Histogram, "Time to connect and authenticate a server connection."),
     (POOL_SERVERS, Kind::Gauge, "Server connections by state."),
     (POOL_CLIENTS, Kind::Gauge, "Client connections by state."),
@@ -167,6 +175,7 @@ pub const PER_POOL: &[&str] = &[
     SERVER_CONNECTIONS_OPENED_PER_SECOND,
     SERVER_CONNECTIONS_CLOSED_PER_SECOND,
     SERVER_CONNECT_FAILURES_TOTAL,
+    SERVER_CONNECT_REFUSED_TOTAL,
     SERVER_CONNECT_DURATION_SECONDS,
     POOL_SERVERS,
     POOL_CLIENTS,
@@ -237,7 +246,7 @@ mod tests {
             assert!(!help.is_empty());
             assert!(seen.insert(*name), "duplicate {name}");
         }
-        assert_eq!(ALL.len(), 31);
+        assert_eq!(ALL.len(), 32);
         assert_eq!(histogram_names().count(), 3);
         assert!(PER_POOL.iter().all(|n| lookup(n).is_some()));
     }

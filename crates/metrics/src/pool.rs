@@ -18,7 +18,7 @@ use std::sync::{Arc, Weak};
 use parking_lot::Mutex;
 use std::time::{Duration, SystemTime};
 
-use crate::close::{CloseReason, ConnectFailure, DropReason};
+use crate::close::{CloseReason, ConnectFailure, ConnectRefusal, DropReason};
 use crate::hist::{Histogram, Snapshot};
 use crate::rate::{RateWindow, Window};
 use crate::state::{ClientState, ServerState};
@@ -51,6 +51,7 @@ pub struct PoolMetrics {
     opened: AtomicU64,
     closed: [AtomicU64; CloseReason::COUNT],
     connect_failures: [AtomicU64; ConnectFailure::COUNT],
+    connect_refusals: [AtomicU64; ConnectRefusal::COUNT],
     dropped: [AtomicU64; DropReason::COUNT],
     transactions: AtomicU64,
     xact_time_us: AtomicU64,
@@ -108,6 +109,7 @@ pub(crate) struct Sample {
     pub opened: u64,
     pub closed: [u64; CloseReason::COUNT],
     pub connect_failures: [u64; ConnectFailure::COUNT],
+    pub connect_refusals: [u64; ConnectRefusal::COUNT],
     pub dropped: [u64; DropReason::COUNT],
     pub transactions: u64,
     pub queries: u64,
@@ -141,6 +143,7 @@ impl Sample {
         self.opened += o.opened;
         add_all(&mut self.closed, &o.closed);
         add_all(&mut self.connect_failures, &o.connect_failures);
+        add_all(&mut self.connect_refusals, &o.connect_refusals);
         add_all(&mut self.dropped, &o.dropped);
         self.transactions += o.transactions;
         self.queries += o.queries;
@@ -241,6 +244,7 @@ impl PoolMetrics {
             opened: AtomicU64::new(0),
             closed: zeroed(),
             connect_failures: zeroed(),
+            connect_refusals: zeroed(),
             dropped: zeroed(),
             transactions: AtomicU64::new(0),
             xact_time_us: AtomicU64::new(0),
@@ -304,6 +308,11 @@ impl PoolMetrics {
     /// A server connection attempt failed (not an open, never a close).
     pub fn record_connect_failure(&self, reason: ConnectFailure) {
         self.connect_failures[reason.index()].fetch_add(1, R);
+    }
+
+    /// Postgres refused a server connect with 53300 (too many connections).
+    pub fn record_connect_refused(&self, reason: ConnectRefusal) {
+        self.connect_refusals[reason.index()].fetch_add(1, R);
     }
 
     /// A client query was dropped before completing.
@@ -469,6 +478,16 @@ impl PoolMetrics {
     /// Server connect failures, all reasons.
     pub fn connect_failures_total(&self) -> u64 {
         sum(&self.connect_failures)
+    }
+
+    /// Server connects refused with 53300, naming `reason`.
+    pub fn connect_refusals(&self, reason: ConnectRefusal) -> u64 {
+        self.connect_refusals[reason.index()].load(R)
+    }
+
+    /// Server connects refused with 53300, all reasons.
+    pub fn connect_refusals_total(&self) -> u64 {
+        sum(&self.connect_refusals)
     }
 
     /// Queries dropped with `reason`.
@@ -647,6 +666,7 @@ impl PoolMetrics {
             opened: self.opened(),
             closed: load(&self.closed),
             connect_failures: load(&self.connect_failures),
+            connect_refusals: load(&self.connect_refusals),
             dropped: load(&self.dropped),
             transactions: self.transactions(),
             queries: self.queries(),

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::fmt::{Display, Write};
 use std::sync::Arc;
 
-use crate::close::{CloseReason, ConnectFailure, DropReason};
+use crate::close::{CloseReason, ConnectFailure, ConnectRefusal, DropReason};
 use crate::exporter::BUCKETS;
 use crate::hist::Snapshot;
 use crate::names::{self, *};
@@ -45,6 +45,8 @@ impl Out<'_> {
         self.labelled(SERVER_CONNECTIONS_CLOSED_TOTAL, LABEL_REASON, CloseReason::ALL, |s, r| s.closed[r.index()]);
         let failures = SERVER_CONNECT_FAILURES_TOTAL;
         self.labelled(failures, LABEL_REASON, ConnectFailure::ALL, |s, r| s.connect_failures[r.index()]);
+        let refused = SERVER_CONNECT_REFUSED_TOTAL;
+        self.labelled(refused, LABEL_REASON, ConnectRefusal::ALL, |s, r| s.connect_refusals[r.index()]);
         self.labelled(QUERIES_DROPPED_TOTAL, LABEL_REASON, DropReason::ALL, |s, r| s.dropped[r.index()]);
         self.family(TRANSACTIONS_TOTAL, |s, emit| emit(None, s.transactions.to_string()));
         self.family(QUERIES_TOTAL, |s, emit| emit(None, s.queries.to_string()));

@@ -103,6 +103,7 @@ fn pools(shared: &Arc<Shared>) -> ResultSet {
         ("connect_failures", Int),
         ("dropped", Int),
         ("predicted_wait_us", Int),
+        ("connect_refused", Int),
     ]);
     let cfg = shared.config.load();
     let counts = shared.client_list.idle_and_active();
@@ -148,6 +149,7 @@ fn pools(shared: &Arc<Shared>) -> ResultSet {
             int(m.connect_failures_total()),
             int(m.dropped_queries_total()),
             int(s.predicted_wait.as_micros().min(i64::MAX as u128) as i64),
+            int(m.connect_refusals_total()),
         ]);
     }
     rs

@@ -10,6 +10,11 @@
 //! that moment, and at the end of a back-off. A database at
 //! `max_db_connections` is retried by the pool's upkeep every 500 ms.
 //!
+//! A refusal with 53300 (a role's or database's CONNECTION LIMIT,
+//! max_connections, reserved slots) is backpressure, not a failure: the pool
+//! backs off with jitter, probes one connect at a time until one succeeds,
+//! and its clients keep waiting within their budget for the servers it has.
+//!
 //! While Postgres cannot be reached, queued clients keep waiting for their
 //! `query_wait_timeout` (a connect may still succeed), but a client logging in
 //! to a pool that has never connected gets the connect error at once.
@@ -54,7 +59,9 @@ impl Pool {
                 self.wake_at(st, at);
             }
         }
-        let slots = st.opts.connect_concurrency.saturating_sub(st.connecting);
+        // Refused for too many connections: one probe at a time, not a burst.
+        let concurrency = if st.refusals > 0 { 1 } else { st.opts.connect_concurrency };
+        let slots = concurrency.saturating_sub(st.connecting);
         for _ in 0..want.min(room).min(slots) {
             let Some(slot) = CountSlot::take(&self.db_servers.count, st.opts.settings.max_db_connections) else {
                 self.make_room(st);
@@ -100,6 +107,7 @@ impl Pool {
         match result {
             Ok(mut conn) => {
                 st.failures = 0;
+                st.refusals = 0;
                 st.retry_at = None;
                 st.last_error = None;
                 st.last_error_code = None;
@@ -110,6 +118,10 @@ impl Pool {
                     st.server_params = Some(Arc::new(conn.params.clone()));
                 }
                 self.hand_over(&mut st, Box::new(conn), Instant::now());
+            }
+            Err(e) if e.refusal().is_some() => {
+                drop(slot);
+                self.refused(&mut st, &e);
             }
             Err(e) => {
                 drop(slot);
@@ -123,6 +135,24 @@ impl Pool {
             }
         }
         self.want_connects(&mut st);
+    }
+
+    /// Postgres refused a connect with 53300: count it by the limit it named
+    /// and back off (with jitter, so a fleet of weirs does not retry in step).
+    /// Waiters are not failed, nor is a login waiting for a first server:
+    /// they wait within their budget for a server freed here or a later
+    /// connect, and a wait that times out names this error.
+    fn refused(&self, st: &mut State, e: &ConnectError) {
+        let reason = e.refusal().unwrap_or(weir_metrics::ConnectRefusal::Other);
+        self.metrics.record_connect_refused(reason);
+        if st.refusals == 0 {
+            tracing::warn!(database = %self.key.database, user = %self.key.user, error = %e,
+                "server connect refused: too many connections; backing off");
+        }
+        st.refusals += 1;
+        st.retry_at = Some(Instant::now() + refusal_backoff(st.refusals));
+        st.last_error = Some(e.to_string());
+        st.last_error_code = Some(e.sqlstate());
     }
 
     /// Server parameters for a client's login. A pool that has never
@@ -145,7 +175,7 @@ impl Pool {
             if let Some(p) = st.server_params.clone() {
                 return Ok(p);
             }
-            if st.retry_at.is_some_and(|at| at > Instant::now()) {
+            if st.refusals == 0 && st.retry_at.is_some_and(|at| at > Instant::now()) {
                 return Err(down(&st));
             }
         }
@@ -191,6 +221,14 @@ fn backoff(failures: u32, max: Duration) -> Duration {
     base.mul_f64(rand::thread_rng().gen_range(0.5..=1.0))
 }
 
+/// The back-off after `refusals` 53300s in a row: from 100 ms doubling to
+/// 500 ms, each drawn from its upper half, so an instance refused for as long
+/// as its fleet stays at its limit tries at most 4 times a second.
+fn refusal_backoff(refusals: u32) -> Duration {
+    let base = Duration::from_millis(100).saturating_mul(1 << refusals.min(4)).min(Duration::from_millis(500));
+    base.mul_f64(rand::thread_rng().gen_range(0.5..=1.0))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -201,6 +239,15 @@ mod tests {
         assert!(backoff(1, max) <= Duration::from_millis(100));
         assert!(backoff(20, max) <= max);
         assert!(backoff(20, max) >= Duration::from_secs(1));
+    }
+
+    #[test]
+    fn refusal_backoff_tries_at_most_four_times_a_second() {
+        for n in 4..20 {
+            let d = refusal_backoff(n);
+            assert!(d >= Duration::from_millis(250) && d <= Duration::from_millis(500), "{d:?}");
+        }
+        assert!(refusal_backoff(1) <= Duration::from_millis(200));
     }
 
     #[test]

@@ -46,6 +46,10 @@ pub(super) struct State {
     pub recovering: u32,
     pub paused: bool,
     pub failures: u32,
+    /// Connects refused in a row with 53300 (too many connections): while
+    /// non-zero the pool backs off and probes one connect at a time, and
+    /// its waiters keep waiting (`connector::refused`).
+    pub refusals: u32,
     pub retry_at: Option<Instant>,
     /// When the connector's wake-up timer is set to fire (retry or reserve).
     pub wake_at: Option<Instant>,
@@ -99,6 +103,7 @@ impl State {
             recovering: 0,
             paused: false,
             failures: 0,
+            refusals: 0,
             retry_at: None,
             wake_at: None,
             evicting: false,

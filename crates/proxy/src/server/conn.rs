@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use tokio::net::{TcpStream, UnixStream};
-use weir_metrics::{CloseReason, ConnAddr, ConnectFailure, PoolMetrics, ServerConnGuard};
+use weir_metrics::{CloseReason, ConnAddr, ConnectFailure, ConnectRefusal, PoolMetrics, ServerConnGuard};
 
 use super::cancel::{CancelAddr, CancelGate, CancelTarget};
 use super::conversation::Conversation;
@@ -76,12 +76,34 @@ impl ConnectError {
         }
     }
 
+    /// Which limit Postgres named, if it refused the login with 53300 (too
+    /// many connections): backpressure the pool backs off from, not a failure.
+    pub fn refusal(&self) -> Option<ConnectRefusal> {
+        let ConnectError::Login(LoginError::Server { code, message }) = self else { return None };
+        (code.as_str() == sqlstate::TOO_MANY_CONNECTIONS.code()).then(|| refusal_reason(message))
+    }
+
     /// The SQLSTATE a waiting client sees when this is why it got no server.
     pub fn sqlstate(&self) -> SqlState {
         match self {
             ConnectError::Login(e) => e.sqlstate(),
             _ => sqlstate::SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
         }
+    }
+}
+
+/// The limit a 53300 message names (Postgres's texts, 15 to 18).
+fn refusal_reason(message: &str) -> ConnectRefusal {
+    if message.contains("too many connections for role") {
+        ConnectRefusal::RoleLimit
+    } else if message.contains("too many connections for database") {
+        ConnectRefusal::DatabaseLimit
+    } else if message.contains("too many clients already") {
+        ConnectRefusal::MaxConnections
+    } else if message.contains("connection slots are reserved") {
+        ConnectRefusal::ReservedSlots
+    } else {
+        ConnectRefusal::Other
     }
 }
 
@@ -364,4 +386,26 @@ pub(super) async fn negotiate_tls(
     let connector = tls.connector.as_ref().map_err(|e| fail(e.clone()))?;
     let stream = connector.connect(name, tcp).await.map_err(|e| fail(e.to_string()))?;
     Ok(ServerStream::Tls(Box::new(stream)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(message: &str) -> Option<ConnectRefusal> {
+        let e = LoginError::Server { code: sqlstate::TOO_MANY_CONNECTIONS.code().into(), message: message.into() };
+        ConnectError::Login(e).refusal()
+    }
+
+    #[test]
+    fn refusals_are_classified_by_the_limit_postgres_names() {
+        assert_eq!(refused("too many connections for role \"app\""), Some(ConnectRefusal::RoleLimit));
+        assert_eq!(refused("too many connections for database \"db\""), Some(ConnectRefusal::DatabaseLimit));
+        assert_eq!(refused("sorry, too many clients already"), Some(ConnectRefusal::MaxConnections));
+        let reserved = "remaining connection slots are reserved for roles with the SUPERUSER attribute";
+        assert_eq!(refused(reserved), Some(ConnectRefusal::ReservedSlots));
+        assert_eq!(refused("something new"), Some(ConnectRefusal::Other));
+        let other = LoginError::Server { code: "28P01".into(), message: "too many clients already".into() };
+        assert_eq!(ConnectError::Login(other).refusal(), None, "only 53300 is a refusal");
+    }
 }
