@@ -35,14 +35,28 @@ pub fn serve(socket: ClientStream, peer: ConnAddr, shared: Arc<Shared>) -> impl 
         // the task's future is as large as its largest state (and an error
         // held here across an await would be part of every state).
         let ended = run(&mut socket, &peer, &shared, &span).await;
+        let reason = closing_reason(&ended);
         let refusal = ended.err().map(|e| Box::pin(refuse(&mut socket, e).instrument(span.clone())));
         if let Some(refusal) = refusal {
             refusal.await;
         }
         if let Some(started) = started {
-            span.in_scope(|| tracing::info!(age = ?started.elapsed(), "client disconnected"));
+            let age = started.elapsed().as_secs();
+            span.in_scope(|| tracing::info!("closing because: {reason} (age={age}s)"));
         }
         shared.clients.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// Why a client's connection closes, in PgBouncer's words where it has
+/// the same reason: the client's Terminate or end of input, the message of
+/// the error that refused or ended it, or weir's reason for ending it.
+fn closing_reason(ended: &Result<Option<&'static str>, ClientError>) -> std::borrow::Cow<'static, str> {
+    match ended {
+        Ok(None) => "client close request".into(),
+        Ok(Some(why)) => (*why).into(),
+        Err(e) if e.is_silent() => "client unexpected eof".into(),
+        Err(e) => e.client_message().into(),
     }
 }
 
@@ -58,15 +72,16 @@ async fn refuse(socket: &mut ClientStream, e: ClientError) {
 
 /// A client's life: the login (boxed: it runs once, so the task's own
 /// future stays as small as its longest-lived state, an idle logged-in
-/// client), then the session until the client leaves or weir ends it.
+/// client), then the session until the client leaves (None) or weir ends
+/// it (why).
 async fn run(
     socket: &mut ClientStream,
     peer: &ConnAddr,
     shared: &Arc<Shared>,
     span: &tracing::Span,
-) -> Result<(), ClientError> {
+) -> Result<Option<&'static str>, ClientError> {
     let login = Box::pin(log_in(socket, *peer, shared).instrument(span.clone())).await;
-    let Some(mut session) = login? else { return Ok(()) };
+    let Some(mut session) = login? else { return Ok(None) };
     // The session, raced against the client's switch (a KILL), by hand
     // rather than by `select!` or a function of its own: this is part of
     // every idle client's task. Each poll names the client's span for the
@@ -83,11 +98,11 @@ async fn run(
         })
         .await
     };
-    let Some(why) = why? else { return Ok(()) };
+    let Some(why) = why? else { return Ok(None) };
     // KILL or the end of a drain: the lease (if any) went back to the pool,
     // which recovers the server; the session ends and the client is told why.
     Box::pin(farewell(session.into_client(), why).instrument(span.clone())).await;
-    Ok(())
+    Ok(Some(why))
 }
 
 /// Tells a client that weir ended it, and why; then closes.

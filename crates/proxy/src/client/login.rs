@@ -349,6 +349,15 @@ pub(crate) async fn within<T>(
     crate::pool::within(timer, f).await.unwrap_or(Err(ClientError::LoginTimeout))
 }
 
+/// Whom `trust` admits: the auth_file's users when there is an auth_file
+/// (PgBouncer's rule), anyone when there is none.
+pub(crate) fn trust_names(cfg: &Config) -> crate::auth::TrustNames {
+    match cfg.weir.auth_file {
+        Some(_) => crate::auth::TrustNames::Listed,
+        None => crate::auth::TrustNames::Any,
+    }
+}
+
 /// How this client authenticates: auth_type, or with auth_type = "hba" the
 /// first matching line of auth_hba_file (a `reject` line or no line: refused).
 pub(crate) fn auth_method(

@@ -203,19 +203,13 @@ impl Mapper {
 
     fn auth_type(&mut self, value: &str) -> Result<(), String> {
         match value {
-            "trust" | "md5" | "scram-sha-256" | "hba" => {
+            "trust" | "any" | "plain" | "md5" | "scram-sha-256" | "hba" => {
                 self.set("auth_type", quoted(value));
                 Ok(())
             }
-            "any" => {
-                self.set("auth_type", quoted("trust"));
-                Err("weir has no \"any\"; trust is used: the databases' forced users decide who logs in to Postgres \
-                     (the client's user name still names its pool)"
-                    .into())
-            }
-            other => {
-                Err(format!("weir supports trust, md5, scram-sha-256 and hba, not {other}; weir's default md5 is kept"))
-            }
+            other => Err(format!(
+                "weir supports trust, any, plain, md5, scram-sha-256 and hba, not {other}; weir's default md5 is kept"
+            )),
         }
     }
 
@@ -335,8 +329,10 @@ impl Mapper {
             self.general.push(("pool_mode".into(), quoted("session")));
         }
         let auth_type = self.general.iter().find(|(k, _)| k == "auth_type").map(|(_, v)| v.as_str());
-        if auth_type != Some("\"trust\"") && !self.general.iter().any(|(k, _)| k == "auth_file") {
-            self.warnings.push("auth_file is not set: weir needs one unless auth_type = \"trust\"; add it".into());
+        let passwordless = matches!(auth_type, Some("\"trust\"" | "\"any\""));
+        if !passwordless && !self.general.iter().any(|(k, _)| k == "auth_file") {
+            self.warnings
+                .push("auth_file is not set: weir needs one unless auth_type = \"trust\" or \"any\"; add it".into());
         }
         Migration { toml: self.render(), warnings: self.warnings }
     }

@@ -26,7 +26,14 @@ pub use validate::ConfigError;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum AuthType {
+    /// No password; with an auth_file, only the users it names (PgBouncer's
+    /// rule: "\"trust\" authentication failed" for others).
     Trust,
+    /// No password and any user name: every client logs in as its
+    /// database's forced user (PgBouncer's `any`).
+    Any,
+    /// The password in cleartext (PgBouncer's `plain`).
+    Plain,
     Md5,
     #[serde(rename = "scram-sha-256")]
     ScramSha256,

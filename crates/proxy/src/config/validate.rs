@@ -67,8 +67,8 @@ impl Config {
         if g.max_message_size < 1024 {
             found.push(invalid("weir.max_message_size", "must be at least 1024 bytes"));
         }
-        if g.auth_type != super::AuthType::Trust && g.auth_file.is_none() {
-            found.push(invalid("weir.auth_file", "is required unless auth_type = \"trust\""));
+        if !matches!(g.auth_type, super::AuthType::Trust | super::AuthType::Any) && g.auth_file.is_none() {
+            found.push(invalid("weir.auth_file", "is required unless auth_type = \"trust\" or \"any\""));
         }
         match (g.auth_type == super::AuthType::Hba, g.auth_hba_file.is_some()) {
             (true, false) => found.push(invalid("weir.auth_hba_file", "is required when auth_type = \"hba\"")),

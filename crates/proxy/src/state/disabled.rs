@@ -33,7 +33,7 @@ impl AdminState {
 
 /// The error a client of a disabled database gets, as PgBouncer words it.
 pub fn disabled_message(database: &str) -> String {
-    format!("database does not allow connections: {database}")
+    format!("database \"{database}\" is disabled")
 }
 
 #[cfg(test)]
