@@ -25,6 +25,7 @@ mod liveness;
 mod liveness_watchdog;
 mod ops;
 mod pgbouncer_corpus;
+mod pgbouncer_login;
 mod prepared;
 mod prepared_ddl;
 mod queue;

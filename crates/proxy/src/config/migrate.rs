@@ -328,6 +328,13 @@ impl Mapper {
             // PgBouncer's default; weir's own default is transaction.
             self.general.push(("pool_mode".into(), quoted("session")));
         }
+        for key in ["log_connections", "log_disconnections"] {
+            if !self.general.iter().any(|(k, _)| k == key) {
+                // PgBouncer's default (its login and `closing because` lines); weir's own is off.
+                self.general
+                    .push((key.into(), "true  # PgBouncer's default, kept; weir's own default is false".into()));
+            }
+        }
         let auth_type = self.general.iter().find(|(k, _)| k == "auth_type").map(|(_, v)| v.as_str());
         let passwordless = matches!(auth_type, Some("\"trust\"" | "\"any\""));
         if !passwordless && !self.general.iter().any(|(k, _)| k == "auth_file") {
