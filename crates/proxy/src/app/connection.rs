@@ -35,17 +35,29 @@ pub fn serve(socket: ClientStream, peer: ConnAddr, shared: Arc<Shared>) -> impl 
         // the task's future is as large as its largest state (and an error
         // held here across an await would be part of every state).
         let ended = run(&mut socket, &peer, &shared, &span).await;
-        let reason = closing_reason(&ended);
+        // By value, not borrowed: a borrowed local would be kept in the
+        // task's future across the refusal's await.
+        let ended = log_closing(ended, started, &span);
         let refusal = ended.err().map(|e| Box::pin(refuse(&mut socket, e).instrument(span.clone())));
         if let Some(refusal) = refusal {
             refusal.await;
         }
-        if let Some(started) = started {
-            let age = started.elapsed().as_secs();
-            span.in_scope(|| tracing::info!("closing because: {reason} (age={age}s)"));
-        }
         shared.clients.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
+}
+
+/// PgBouncer's `closing because: <reason> (age=<s>s)`, with log_disconnections.
+fn log_closing(
+    ended: Result<Option<&'static str>, ClientError>,
+    started: Option<Instant>,
+    span: &tracing::Span,
+) -> Result<Option<&'static str>, ClientError> {
+    if let Some(started) = started {
+        let reason = closing_reason(&ended);
+        let age = started.elapsed().as_secs();
+        span.in_scope(|| tracing::info!("closing because: {reason} (age={age}s)"));
+    }
+    ended
 }
 
 /// Why a client's connection closes, in PgBouncer's words where it has
@@ -101,14 +113,16 @@ async fn run(
     let Some(why) = why? else { return Ok(None) };
     // KILL or the end of a drain: the lease (if any) went back to the pool,
     // which recovers the server; the session ends and the client is told why.
-    Box::pin(farewell(session.into_client(), why).instrument(span.clone())).await;
-    Ok(Some(why))
+    // (`why` comes back out of the box: held here across the await, it
+    // would be part of every client's task.)
+    Ok(Some(Box::pin(farewell(session.into_client(), why).instrument(span.clone())).await))
 }
 
-/// Tells a client that weir ended it, and why; then closes.
-async fn farewell(socket: &mut ClientStream, why: &'static str) {
+/// Tells a client that weir ended it, and why; then closes. Returns why.
+async fn farewell(socket: &mut ClientStream, why: &'static str) -> &'static str {
     tracing::info!(reason = why, "client disconnected by weir");
     fatal_and_close(socket, crate::protocol::sqlstate::ADMIN_SHUTDOWN, why).await;
+    why
 }
 
 /// Startup, authentication and greeting. None: nothing more to do (a

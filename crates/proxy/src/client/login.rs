@@ -120,7 +120,7 @@ async fn starts_with_client_hello(stream: &ClientStream) -> Result<bool, ClientE
 /// plaintext login does not carry it in `read_startup`'s future.
 async fn handshake(stream: &mut ClientStream, tls: &ClientTls) -> Result<(), ClientError> {
     Box::pin(stream.upgrade(&tls.acceptor)).await.map_err(|e| {
-        tracing::info!(error = %e, "client TLS handshake failed");
+        tracing::info!(error = crate::tls::explain(&e, "client"), "client TLS handshake failed");
         ClientError::Io(e)
     })
 }

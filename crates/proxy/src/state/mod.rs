@@ -213,7 +213,10 @@ impl Shared {
     pub fn reload_from_disk(&self) -> Result<Vec<String>, ReloadError> {
         let path = self.config_path.lock().clone().ok_or(ReloadError::NoConfigFile)?;
         let cfg = Config::load(&path)?;
-        self.reload(cfg)
+        let applied = self.reload(cfg)?;
+        // The file's values replace every SET, those still waiting too.
+        self.admin.set_pending(toml::Table::new());
+        Ok(applied)
     }
 
     /// Applies a validated config and its auth_file without dropping clients.
@@ -261,6 +264,7 @@ impl Shared {
         self.hba.store(hba);
         self.client_tls.store(client_tls);
         self.pools.reconfigure(&cfg);
+        crate::verbosity::set(cfg.weir.verbose);
         self.config.store(cfg);
         Ok(notes)
     }
