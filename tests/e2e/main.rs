@@ -11,6 +11,7 @@ mod admin;
 mod admission;
 mod auth_query;
 mod console_parity;
+mod console_set_sequence;
 mod core;
 mod core_edges;
 mod core_protocol;

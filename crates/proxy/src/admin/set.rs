@@ -44,9 +44,14 @@ fn pgbouncer_entries(key: &str, value: &str) -> Result<toml::Table, AdminError> 
     let doc: toml::Table =
         toml::from_str(&m.toml).map_err(|e| AdminError::new(sqlstate::INTERNAL_ERROR, format!("SET {key}: {e}")))?;
     let mut weir = doc.get("weir").and_then(|w| w.as_table()).cloned().unwrap_or_default();
-    // migrate-config always writes a listen address; SET never changes it.
-    if key != "listen_addr" && key != "listen_port" {
-        weir.remove("listen_addr");
+    // migrate-config writes what a whole ini implies (a listen address,
+    // PgBouncer's defaults for pool_mode, unix_socket_dir and the login
+    // log lines); SET changes only the key it names.
+    let implied = migrate::from_pgbouncer_ini("[pgbouncer]\n").toml;
+    let implied: toml::Table = toml::from_str(&implied).unwrap_or_default();
+    if let Some(implied) = implied.get("weir").and_then(|w| w.as_table()) {
+        let named = |k: &str| k == key || (key == "listen_port" && k == "listen_addr");
+        weir.retain(|k, _| named(k) || !implied.contains_key(k));
     }
     Ok(weir)
 }
@@ -158,6 +163,12 @@ mod tests {
         assert!(!t.contains_key("listen_addr"));
         let t = entries("stats_period", "2s").unwrap();
         assert_eq!(t.get("stats_period").and_then(|v| v.as_str()), Some("2s"), "weir's spelling: {t:?}");
+        for (key, value) in [("min_pool_size", "10"), ("server_idle_timeout", "50"), ("verbose", "1")] {
+            let t = entries(key, value).unwrap();
+            assert_eq!(t.keys().collect::<Vec<_>>(), [key], "only the key SET names: {t:?}");
+        }
+        let t = entries("pool_mode", "session").unwrap();
+        assert_eq!(t.get("pool_mode").and_then(|v| v.as_str()), Some("session"));
         let e = entries("frobnicate", "1").unwrap_err();
         assert!(e.message.contains("frobnicate"), "{e}");
     }

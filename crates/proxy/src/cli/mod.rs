@@ -190,7 +190,12 @@ pub(crate) fn init_logging(format: LogFormat) {
         _ => (None, Some(EnvFilter::new(&spec))),
     };
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt().with_writer(std::io::stderr).with_ansi(ansi);
+    // The layers above filter; the builder's own cap (info by default) would
+    // hide what WEIR_LOG or SET verbose allow below it.
+    let builder = tracing_subscriber::fmt()
+        .with_max_level(tracing::level_filters::LevelFilter::TRACE)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
     let _ = match format {
         LogFormat::Json => builder.json().finish().with(targets).with(env).try_init(),
         LogFormat::Text => builder.finish().with(targets).with(env).try_init(),
