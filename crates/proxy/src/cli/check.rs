@@ -76,7 +76,25 @@ fn file_problems(cfg: &Config, warnings: &mut Vec<String>) -> Vec<String> {
     if let Some(users) = &users {
         warnings.extend(weir::auth::stored_login_problems(cfg, users));
     }
+    warnings.extend(any_without_forced_user(cfg));
     problems
+}
+
+/// With auth_type = "any", the databases without a forced user: their
+/// logins fail with "bouncer config error", as in PgBouncer.
+fn any_without_forced_user(cfg: &Config) -> Vec<String> {
+    if cfg.weir.auth_type != weir::config::AuthType::Any {
+        return Vec::new();
+    }
+    let unforced = cfg.databases.iter().filter(|(_, db)| db.user.is_none());
+    unforced
+        .map(|(name, _)| {
+            format!(
+                "databases.{name}: auth_type = \"any\" needs a forced user (user = ...): its logins fail with \
+                 \"bouncer config error\" (as in PgBouncer)"
+            )
+        })
+        .collect()
 }
 
 /// unix_socket_dir exists and is writable (a probe file is created and
