@@ -129,6 +129,16 @@ async fn tls_key_and_certificate_set_in_either_order() {
         let (ok, _, err) = console(port, &format!("SET client_tls_cert_file = '{}'", certs.path("v1.crt"))).await;
         assert!(!ok && err.contains("v1 certificate: reissue as v3"), "{err}");
         assert_eq!(shown(port, "client_tls_cert_file").await, certs.path("b.crt"), "the running one stays");
+
+        // check-config says the same of a file naming it.
+        let toml = certs.0.join("v1.toml");
+        let text =
+            "[weir]\nauth_type = \"trust\"\nclient_tls_sslmode = \"require\"\nclient_tls_cert_file = \"v1.crt\"\n\
+                    client_tls_key_file = \"v1.key\"\n[databases.app]\n";
+        std::fs::write(&toml, text).unwrap();
+        let out = Command::new(weir_e2e::process::weir_bin()).arg("check-config").arg(&toml).output().unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && said.contains("v1 certificate: reissue as v3"), "{said}");
     })
     .await;
 }

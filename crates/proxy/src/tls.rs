@@ -311,6 +311,29 @@ mod tests {
     }
 
     #[test]
+    fn v1_is_told_from_v3_by_the_version_field() {
+        // SEQUENCE { SEQUENCE { [0] { INTEGER 2 } ... } }: v3.
+        let v3 = [0x30, 0x08, 0x30, 0x06, 0xa0, 0x03, 0x02, 0x01, 0x02, 0x05];
+        // SEQUENCE { SEQUENCE { INTEGER serial ... } }: v1.
+        let v1 = [0x30, 0x05, 0x30, 0x03, 0x02, 0x01, 0x07];
+        assert!(!is_x509_v1(&v3) && is_x509_v1(&v1));
+        // Long-form lengths, and what is not DER at all (left to rustls).
+        let long = [0x30, 0x81, 0x05, 0x30, 0x81, 0x02, 0x02, 0x00];
+        assert!(is_x509_v1(&long));
+        assert!(!is_x509_v1(b"") && !is_x509_v1(b"junk") && !is_x509_v1(&[0x30, 0x84, 0xff]));
+    }
+
+    #[test]
+    fn handshake_errors_say_what_to_reissue() {
+        let e = |t: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, t.to_owned());
+        let v1 = explain(&e("invalid peer certificate: Other(OtherError(UnsupportedCertVersion))"), "server");
+        assert!(v1.ends_with("the server's certificate is a v1 certificate: reissue as v3"), "{v1}");
+        let cn = explain(&e("certificate not valid for name \"db\"; certificate is not valid for any names"), "server");
+        assert!(cn.contains("subjectAltName"), "{cn}");
+        assert_eq!(explain(&e("other"), "client"), "other");
+    }
+
+    #[test]
     fn disable_needs_no_files_and_builds_no_acceptor() {
         let cfg = config("").unwrap();
         assert!(load_client_tls(&cfg).unwrap().is_none());
