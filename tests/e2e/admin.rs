@@ -265,7 +265,7 @@ async fn disable_refuses_new_clients_and_enable_accepts_them_again() {
     assert_eq!(dbs.iter().find(|r| r["name"] == "app").unwrap()["disabled"], "1");
     let e = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap_err();
     assert_eq!(sqlstate(&e).as_deref(), Some("55000"), "{e}");
-    assert_eq!(e.as_db_error().unwrap().message(), "database does not allow connections: app");
+    assert_eq!(e.as_db_error().unwrap().message(), "database \"app\" is disabled");
     logged_in.simple_query("select 1").await.expect("clients already in stay");
 
     w.admin("ENABLE app").await.unwrap();

@@ -82,9 +82,9 @@ async fn hba_lines_choose_the_method_and_refuse_the_rest() {
         h.weir().reload(cfg.clone()).expect("reload with a good file");
         assert_eq!(login(&h, MD5_USER, MD5_PASS, APP_DB).await.0, "28000");
         // ...and a file with an error is refused whole, the running rules kept.
-        write_hba(&hba_path, "host all all all password\n");
+        write_hba(&hba_path, "host all all all ldap\n");
         let err = h.weir().reload(cfg).expect_err("a bad hba file is refused");
-        assert!(err.to_string().contains("line 1") && err.to_string().contains("password"), "{err}");
+        assert!(err.to_string().contains("line 1") && err.to_string().contains("ldap"), "{err}");
         assert_eq!(login(&h, TRUST_USER, "x", APP_DB).await.0, "ok", "the old rules stay");
         let _ = std::fs::remove_dir_all(&dir);
     })

@@ -362,7 +362,8 @@ async fn json_logs_with_connection_logging() {
     let c = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
     c.simple_query("select 1").await.unwrap();
     drop(c);
-    assert!(eventually(Duration::from_secs(5), || w.logs().contains("client disconnected")).await, "{}", w.logs());
+    let closed = "closing because: client close request (age=";
+    assert!(eventually(Duration::from_secs(5), || w.logs().contains(closed)).await, "{}", w.logs());
     let logs = w.logs();
     let login = logs.lines().find(|l| l.contains("client logged in")).expect("login logged");
     assert!(
@@ -387,8 +388,8 @@ async fn session_events_print_in_the_client_span() {
         c.batch_execute("listen weir_span_check").await.unwrap();
         drop(c);
         // (The readiness probe's connection, which never logged in, also
-        // leaves a "client disconnected", without user and db.)
-        let ours = |l: &str| l.contains("client disconnected") && l.contains("scram_user");
+        // leaves a "closing because", without user and db.)
+        let ours = |l: &str| l.contains("closing because: client close request") && l.contains("scram_user");
         assert!(eventually(Duration::from_secs(5), || w.logs().lines().any(ours)).await, "{}", w.logs());
         let logs = w.logs();
         let pinned = logs.lines().find(|l| l.contains("client pinned")).expect("the pin is logged");

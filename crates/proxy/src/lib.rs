@@ -12,7 +12,8 @@
 //! - `auth`: client authentication, the auth_file, hba, the credentials weir
 //!   presents to servers;
 //! - `tls`; then `wire`, `config`; then `protocol`, `params`, `signal`,
-//!   `ratelog`, `span` (how session events find the client span), which use
+//!   `ratelog`, `span` (how session events find the client span), `verbosity`
+//!   (the log level SET verbose raises), which use
 //!   nothing of weir. Everything may use the `weir-metrics` crate.
 #![forbid(unsafe_code)]
 
@@ -36,6 +37,7 @@ pub(crate) mod signal;
 pub(crate) mod span;
 pub(crate) mod state;
 pub mod tls;
+pub mod verbosity;
 pub mod wire;
 
 pub use app::Weir;

@@ -60,6 +60,65 @@ pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError>
     Ok(certs)
 }
 
+/// The certificate chain weir presents, from a PEM file. Its first
+/// certificate must be X.509 v3: rustls cannot use a v1 certificate (it
+/// reads the key from it through webpki, which accepts v3 only), where
+/// OpenSSL, and so PgBouncer, would.
+pub fn load_own_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = load_certs(path)?;
+    if certs.first().is_some_and(|c| is_x509_v1(c)) {
+        let why = "v1 certificate: reissue as v3 (weir's TLS library, rustls, accepts X.509 v3 certificates only; \
+                   `openssl x509 -req` makes v3 when `-extfile` names extensions such as subjectAltName)";
+        return Err(TlsError::File(path.display().to_string(), why.into()));
+    }
+    Ok(certs)
+}
+
+/// Whether a DER certificate is X.509 v1: its TBSCertificate opens without
+/// the explicit `[0]` version field that v2 and v3 carry. Anything that is
+/// not DER of that shape is left for rustls to judge (false).
+pub fn is_x509_v1(der: &[u8]) -> bool {
+    const SEQUENCE: u8 = 0x30;
+    const VERSION_TAG: u8 = 0xa0;
+    /// The contents of the DER element at the start of `b` with tag `tag`.
+    fn contents(b: &[u8], tag: u8) -> Option<&[u8]> {
+        let (&t, rest) = b.split_first()?;
+        let (&len0, rest) = rest.split_first()?;
+        if t != tag {
+            return None;
+        }
+        let (len, rest) = match len0 {
+            n if n < 0x80 => (usize::from(n), rest),
+            n => {
+                let k = usize::from(n & 0x7f);
+                if k == 0 || k > 4 || rest.len() < k {
+                    return None;
+                }
+                (rest[..k].iter().fold(0usize, |acc, &b| acc << 8 | usize::from(b)), &rest[k..])
+            }
+        };
+        rest.get(..len)
+    }
+    let tbs = contents(der, SEQUENCE).and_then(|cert| contents(cert, SEQUENCE));
+    tbs.and_then(|t| t.first()).is_some_and(|&first| first != VERSION_TAG)
+}
+
+/// A failed handshake's error, with what to do about the two refusals
+/// OpenSSL-built peers meet most: the `peer`'s certificate is X.509 v1, or
+/// names the host only in its subject CN (rustls, as RFC 6125 asks, reads
+/// names from subjectAltName only).
+pub fn explain(e: &std::io::Error, peer: &str) -> String {
+    let text = e.to_string();
+    if text.contains("UnsupportedCertVersion") {
+        format!("{text}: the {peer}'s certificate is a v1 certificate: reissue as v3")
+    } else if text.contains("not valid for any names") || text.contains("NotValidForName") {
+        let why = "a name only in the subject CN is not read: reissue it with the name in subjectAltName";
+        format!("{text}: the {peer}'s certificate has no subjectAltName for it ({why})")
+    } else {
+        text
+    }
+}
+
 /// The first private key in a PEM file (PKCS#8, PKCS#1 or SEC1).
 pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     PrivateKeyDer::from_pem_file(path).map_err(|e| TlsError::File(path.display().to_string(), e.to_string()))
@@ -95,7 +154,7 @@ pub fn load_client_tls(cfg: &Config) -> Result<Option<Arc<ClientTls>>, TlsError>
         builder.with_no_client_auth()
     };
     let mut server = builder
-        .with_single_cert(load_certs(&cert)?, load_key(&key)?)
+        .with_single_cert(load_own_certs(&cert)?, load_key(&key)?)
         .map_err(|e| TlsError::Setup(format!("{}: {e}", cert.display())))?;
     server.alpn_protocols = vec![ALPN_POSTGRESQL.to_vec()];
     Ok(Some(Arc::new(ClientTls { mode: g.client_tls_sslmode, acceptor: TlsAcceptor::from(Arc::new(server)) })))
@@ -143,7 +202,7 @@ pub fn load_server_tls(cfg: &Config) -> Result<Option<Arc<ServerTls>>, TlsError>
         .with_custom_certificate_verifier(verifier);
     let mut client = match (cfg.resolve(&g.server_tls_cert_file), cfg.resolve(&g.server_tls_key_file)) {
         (Some(cert), Some(key)) => builder
-            .with_client_auth_cert(load_certs(&cert)?, load_key(&key)?)
+            .with_client_auth_cert(load_own_certs(&cert)?, load_key(&key)?)
             .map_err(|e| TlsError::Setup(format!("{}: {e}", cert.display())))?,
         _ => builder.with_no_client_auth(),
     };
@@ -249,6 +308,29 @@ mod tests {
 
     fn config(lines: &str) -> Result<Config, crate::config::ConfigError> {
         Config::from_toml(&format!("[weir]\nauth_type = \"trust\"\n{lines}"), Path::new("/nonexistent-weir-dir"))
+    }
+
+    #[test]
+    fn v1_is_told_from_v3_by_the_version_field() {
+        // SEQUENCE { SEQUENCE { [0] { INTEGER 2 } ... } }: v3.
+        let v3 = [0x30, 0x08, 0x30, 0x06, 0xa0, 0x03, 0x02, 0x01, 0x02, 0x05];
+        // SEQUENCE { SEQUENCE { INTEGER serial ... } }: v1.
+        let v1 = [0x30, 0x05, 0x30, 0x03, 0x02, 0x01, 0x07];
+        assert!(!is_x509_v1(&v3) && is_x509_v1(&v1));
+        // Long-form lengths, and what is not DER at all (left to rustls).
+        let long = [0x30, 0x81, 0x05, 0x30, 0x81, 0x02, 0x02, 0x00];
+        assert!(is_x509_v1(&long));
+        assert!(!is_x509_v1(b"") && !is_x509_v1(b"junk") && !is_x509_v1(&[0x30, 0x84, 0xff]));
+    }
+
+    #[test]
+    fn handshake_errors_say_what_to_reissue() {
+        let e = |t: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, t.to_owned());
+        let v1 = explain(&e("invalid peer certificate: Other(OtherError(UnsupportedCertVersion))"), "server");
+        assert!(v1.ends_with("the server's certificate is a v1 certificate: reissue as v3"), "{v1}");
+        let cn = explain(&e("certificate not valid for name \"db\"; certificate is not valid for any names"), "server");
+        assert!(cn.contains("subjectAltName"), "{cn}");
+        assert_eq!(explain(&e("other"), "client"), "other");
     }
 
     #[test]

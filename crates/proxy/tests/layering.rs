@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 /// Top-level modules by layer, lowest first. A module may use those of
 /// lower layers only (its own layer's neighbours neither).
 const LAYERS: &[&[&str]] = &[
-    &["protocol", "params", "signal", "ratelog", "span"],
+    &["protocol", "params", "signal", "ratelog", "span", "verbosity"],
     &["wire", "config"],
     &["tls"],
     &["auth"],

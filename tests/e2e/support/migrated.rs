@@ -25,6 +25,13 @@ pub fn userlist() -> String {
     users.iter().map(|(u, p)| format!("\"{u}\" \"{p}\"\n")).collect()
 }
 
+/// The text after `tag` of each comment line of an ini that has it (the
+/// corpus's instructions: `; corpus-userlist: "user" "secret"` adds an
+/// auth_file line, `; corpus-setup: SQL` runs SQL on the test Postgres).
+pub fn comments<'a>(ini_text: &'a str, tag: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+    ini_text.lines().filter_map(move |l| l.split_once(tag)).map(|(_, rest)| rest.trim())
+}
+
 /// `weir migrate-config ini`: (the TOML, the warnings it printed).
 pub fn migrate(ini: &Path) -> (String, String) {
     let out = Command::new(weir_bin()).arg("migrate-config").arg(ini).output().expect("run weir migrate-config");
@@ -74,7 +81,9 @@ impl MigratedWeir {
     pub async fn start(pg: &PgServer, ini: &Path, edit: impl FnOnce(String) -> String) -> MigratedWeir {
         let dir = pg.data_dir().parent().unwrap().join(format!("weir-ini-{}", rand::random::<u32>()));
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("userlist.txt"), userlist()).unwrap();
+        let ini_text = std::fs::read_to_string(ini).unwrap_or_default();
+        let extra: String = comments(&ini_text, "corpus-userlist:").map(|l| format!("{l}\n")).collect();
+        std::fs::write(dir.join("userlist.txt"), userlist() + &extra).unwrap();
         std::fs::write(dir.join("hba.conf"), "host all all 127.0.0.1/32 md5\n").unwrap();
         let [port, metrics_port] = weir_testkit::free_ports();
         let (toml_text, _warnings) = migrate(ini);

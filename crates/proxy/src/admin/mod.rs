@@ -22,7 +22,7 @@ use weir_metrics::ClientResult;
 
 use crate::cancel_keys::Registration;
 use crate::client::login::{self, Request};
-use crate::client::login::{auth_method, count_login, fatal_and_close};
+use crate::client::login::{auth_method, count_login, fatal_and_close, trust_names};
 use crate::client::{ClientError, ClientStream};
 use crate::config::Config;
 use crate::params::ParamMap;
@@ -115,6 +115,12 @@ async fn greet(
     login: &Login,
 ) -> Result<Option<(Role, Registration)>, ClientError> {
     let user = &login.req.user;
+    if is_own_user(socket, user) {
+        if cfg.weir.log_connections {
+            tracing::info!("pgbouncer access from unix socket");
+        }
+        return greet_as(socket, shared, login, Role::Admin).await.map(Some);
+    }
     let users = shared.users.load();
     let looked_up;
     // An admin or stats user not in the auth_file is looked up by auth_query
@@ -127,7 +133,7 @@ async fn greet(
         found => found,
     };
     let method = auth_method(shared, cfg, login.peer, socket.is_tls(), &login.req)?;
-    crate::auth::authenticate(socket, buf, method, user, secret).await?;
+    crate::auth::authenticate(socket, buf, method, user, secret, trust_names(cfg)).await?;
     let Some(role) = Role::of(cfg, user) else {
         shared.cancels.metrics.record_client_connection(ClientResult::Refused);
         let msg = format!("user \"{user}\" may not use the admin console: list it in admin_users or stats_users");
@@ -135,12 +141,43 @@ async fn greet(
         fatal_and_close(socket, sqlstate::INSUFFICIENT_PRIVILEGE, &msg).await;
         return Ok(None);
     };
+    greet_as(socket, shared, login, role).await.map(Some)
+}
+
+/// The console user PgBouncer admits without a password: `pgbouncer`, on
+/// the Unix socket, from a process of weir's own OS user (the socket's peer
+/// credentials say who).
+const OWN_USER: &str = "pgbouncer";
+
+/// Whether this client is weir's own OS user asking for the console as
+/// `pgbouncer` over the Unix socket (admin_users need not list it).
+fn is_own_user(socket: &ClientStream, user: &str) -> bool {
+    user == OWN_USER && socket.peer_uid().is_some_and(|uid| Some(uid) == process_uid())
+}
+
+/// weir's real OS user id (the `Uid:` line of /proc/self/status), read once.
+fn process_uid() -> Option<u32> {
+    static UID: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *UID.get_or_init(|| {
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
+        let line = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
+        line.split_whitespace().next()?.parse().ok()
+    })
+}
+
+/// Sends the console's greeting to a client admitted as `role`.
+async fn greet_as(
+    socket: &mut ClientStream,
+    shared: &Arc<Shared>,
+    login: &Login,
+    role: Role,
+) -> Result<(Role, Registration), ClientError> {
     let server = console_params();
     let params = login::client_params(&login.req, &server);
     let key = shared.cancels.register();
     let hello = login::greeting(&server, &params, (key.pid, key.secret), login.minor, &login.req.protocol_options);
     socket.write_all(&hello).await.map_err(ClientError::Io)?;
-    Ok(Some((role, key)))
+    Ok((role, key))
 }
 
 /// The parameters the console reports, as PgBouncer's console does.

@@ -35,14 +35,40 @@ pub fn serve(socket: ClientStream, peer: ConnAddr, shared: Arc<Shared>) -> impl 
         // the task's future is as large as its largest state (and an error
         // held here across an await would be part of every state).
         let ended = run(&mut socket, &peer, &shared, &span).await;
+        // By value, not borrowed: a borrowed local would be kept in the
+        // task's future across the refusal's await.
+        let ended = log_closing(ended, started, &span);
         let refusal = ended.err().map(|e| Box::pin(refuse(&mut socket, e).instrument(span.clone())));
         if let Some(refusal) = refusal {
             refusal.await;
         }
-        if let Some(started) = started {
-            span.in_scope(|| tracing::info!(age = ?started.elapsed(), "client disconnected"));
-        }
         shared.clients.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// PgBouncer's `closing because: <reason> (age=<s>s)`, with log_disconnections.
+fn log_closing(
+    ended: Result<Option<&'static str>, ClientError>,
+    started: Option<Instant>,
+    span: &tracing::Span,
+) -> Result<Option<&'static str>, ClientError> {
+    if let Some(started) = started {
+        let reason = closing_reason(&ended);
+        let age = started.elapsed().as_secs();
+        span.in_scope(|| tracing::info!("closing because: {reason} (age={age}s)"));
+    }
+    ended
+}
+
+/// Why a client's connection closes, in PgBouncer's words where it has
+/// the same reason: the client's Terminate or end of input, the message of
+/// the error that refused or ended it, or weir's reason for ending it.
+fn closing_reason(ended: &Result<Option<&'static str>, ClientError>) -> std::borrow::Cow<'static, str> {
+    match ended {
+        Ok(None) => "client close request".into(),
+        Ok(Some(why)) => (*why).into(),
+        Err(e) if e.is_silent() => "client unexpected eof".into(),
+        Err(e) => e.client_message().into(),
     }
 }
 
@@ -58,15 +84,16 @@ async fn refuse(socket: &mut ClientStream, e: ClientError) {
 
 /// A client's life: the login (boxed: it runs once, so the task's own
 /// future stays as small as its longest-lived state, an idle logged-in
-/// client), then the session until the client leaves or weir ends it.
+/// client), then the session until the client leaves (None) or weir ends
+/// it (why).
 async fn run(
     socket: &mut ClientStream,
     peer: &ConnAddr,
     shared: &Arc<Shared>,
     span: &tracing::Span,
-) -> Result<(), ClientError> {
+) -> Result<Option<&'static str>, ClientError> {
     let login = Box::pin(log_in(socket, *peer, shared).instrument(span.clone())).await;
-    let Some(mut session) = login? else { return Ok(()) };
+    let Some(mut session) = login? else { return Ok(None) };
     // The session, raced against the client's switch (a KILL), by hand
     // rather than by `select!` or a function of its own: this is part of
     // every idle client's task. Each poll names the client's span for the
@@ -83,17 +110,19 @@ async fn run(
         })
         .await
     };
-    let Some(why) = why? else { return Ok(()) };
+    let Some(why) = why? else { return Ok(None) };
     // KILL or the end of a drain: the lease (if any) went back to the pool,
     // which recovers the server; the session ends and the client is told why.
-    Box::pin(farewell(session.into_client(), why).instrument(span.clone())).await;
-    Ok(())
+    // (`why` comes back out of the box: held here across the await, it
+    // would be part of every client's task.)
+    Ok(Some(Box::pin(farewell(session.into_client(), why).instrument(span.clone())).await))
 }
 
-/// Tells a client that weir ended it, and why; then closes.
-async fn farewell(socket: &mut ClientStream, why: &'static str) {
+/// Tells a client that weir ended it, and why; then closes. Returns why.
+async fn farewell(socket: &mut ClientStream, why: &'static str) -> &'static str {
     tracing::info!(reason = why, "client disconnected by weir");
     fatal_and_close(socket, crate::protocol::sqlstate::ADMIN_SHUTDOWN, why).await;
+    why
 }
 
 /// Startup, authentication and greeting. None: nothing more to do (a

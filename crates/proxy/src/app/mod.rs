@@ -60,6 +60,7 @@ impl Weir {
         let client_tls = crate::tls::load_client_tls(&cfg)?;
         crate::tls::load_server_tls(&cfg)?;
         let bound = listen::bind(&cfg)?;
+        crate::verbosity::set(cfg.weir.verbose);
         let shared = Arc::new(Shared::new(cfg, users));
         shared.hba.store(hba);
         shared.client_tls.store(client_tls);

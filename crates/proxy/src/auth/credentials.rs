@@ -17,6 +17,11 @@ pub enum Credentials {
     Md5(String),
     /// SCRAM pass-through with a ClientKey a client proved (SCRAM only).
     ScramKeys(ScramKeys),
+    /// Only a SCRAM verifier, which proves a password but cannot produce a
+    /// proof: a server that asks for any password fails the login with
+    /// PgBouncer's "wrong password type"; a server that trusts the user
+    /// lets it in.
+    VerifierOnly,
 }
 
 impl std::fmt::Debug for Credentials {
@@ -26,6 +31,7 @@ impl std::fmt::Debug for Credentials {
             Credentials::Password(_) => "Credentials::Password(..)",
             Credentials::Md5(_) => "Credentials::Md5(..)",
             Credentials::ScramKeys(_) => "Credentials::ScramKeys(..)",
+            Credentials::VerifierOnly => "Credentials::VerifierOnly",
         })
     }
 }
@@ -34,13 +40,14 @@ impl Credentials {
     /// What weir logs in with as a user no client proved anything for (a
     /// forced user, the auth_user): its auth_file password or md5 hash; an
     /// empty password when it has no entry (as PgBouncer: works where
-    /// Postgres trusts the user). A SCRAM verifier cannot log in (refused
-    /// at config load, see `auth::scram_only_login_users`).
+    /// Postgres trusts the user). A SCRAM verifier cannot log in where
+    /// Postgres asks for a password (see `stored_login_problems`).
     pub fn of_stored(secret: Option<&super::Secret>) -> Credentials {
         match secret {
             Some(super::Secret::Plain(p)) => Credentials::Password(p.clone()),
             Some(super::Secret::Md5(m)) => Credentials::Md5(m.clone()),
-            Some(super::Secret::Scram(_)) | None => Credentials::None,
+            Some(super::Secret::Scram(_)) => Credentials::VerifierOnly,
+            None => Credentials::None,
         }
     }
 }
@@ -83,8 +90,10 @@ impl ScramKeys {
 
 /// The users weir logs in to Postgres as with a stored secret (the
 /// auth_users, forced users without a `password`) whose auth_file entry is a
-/// SCRAM verifier only: one problem each. A verifier proves a password but
-/// cannot produce the proof itself, so weir cannot log in with it.
+/// SCRAM verifier only: one warning each. A verifier proves a password but
+/// cannot produce the proof itself, so where Postgres asks for a password
+/// those logins fail ("wrong password type", as in PgBouncer, which also
+/// starts on such a file).
 pub fn stored_login_problems(cfg: &crate::config::Config, users: &super::UserList) -> Vec<String> {
     let mut found: Vec<(String, &str)> = Vec::new();
     if !cfg.weir.auth_user.is_empty() {
@@ -103,9 +112,11 @@ pub fn stored_login_problems(cfg: &crate::config::Config, users: &super::UserLis
         .filter(|(_, user)| matches!(users.get(user), Some(super::Secret::Scram(_))))
         .map(|(key, user)| {
             format!(
-                "{key}: \"{user}\" has only a SCRAM verifier in the auth_file, and weir cannot log in to Postgres \
-                 with a verifier (no client proves a key for this user): give it a plaintext or md5 password there, \
-                 or remove its entry to log in without a password where Postgres trusts it"
+                "{key}: \"{user}\" has only a SCRAM verifier in the auth_file, and no one can log in to Postgres \
+                 with a verifier (no client proves a key for this user): where Postgres asks for a password, these \
+                 logins fail with \"server login failed: wrong password type\" (as in PgBouncer); give it a \
+                 plaintext or md5 password there, or remove its entry to log in without a password where Postgres \
+                 trusts it"
             )
         })
         .collect()
@@ -116,7 +127,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_scram_only_login_user_is_refused_and_a_missing_one_is_not() {
+    fn a_scram_only_login_user_is_named_and_a_missing_one_is_not() {
         let text = "[weir]\nauth_type = \"md5\"\nauth_file = \"u.txt\"\nauth_user = \"lookup\"\n\
                     [databases.app]\nuser = \"owner\"\n[databases.other]\nauth_user = \"absent\"\n";
         let cfg = crate::config::Config::from_toml(text, std::path::Path::new(".")).unwrap();
@@ -130,6 +141,7 @@ mod tests {
         assert_eq!(problems.len(), 1, "{problems:?}");
         assert!(problems[0].starts_with("weir.auth_user: \"lookup\" has only a SCRAM verifier"), "{problems:?}");
         assert_eq!(Credentials::of_stored(users.get("absent")), Credentials::None, "no entry: no password");
+        assert_eq!(Credentials::of_stored(users.get("lookup")), Credentials::VerifierOnly);
         assert_eq!(
             Credentials::of_stored(users.get("owner")),
             Credentials::Md5("md545f2603610af569b6155c45067268c6b".into())

@@ -27,6 +27,8 @@ use crate::config::AuthType;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Method {
     Trust,
+    /// `password`: the cleartext exchange (auth_type `plain`).
+    Password,
     Md5,
     ScramSha256,
     Reject,
@@ -39,6 +41,7 @@ impl Method {
     pub fn auth_type(self) -> Option<AuthType> {
         match self {
             Method::Trust => Some(AuthType::Trust),
+            Method::Password => Some(AuthType::Plain),
             Method::Md5 => Some(AuthType::Md5),
             Method::ScramSha256 => Some(AuthType::ScramSha256),
             Method::Reject | Method::Peer => None,
@@ -375,9 +378,12 @@ fn method(t: &Token) -> Result<Method, String> {
         "trust" => Ok(Method::Trust),
         "reject" => Ok(Method::Reject),
         "md5" => Ok(Method::Md5),
+        "password" => Ok(Method::Password),
         "scram-sha-256" => Ok(Method::ScramSha256),
         "peer" => Ok(Method::Peer),
-        other => Err(format!("method \"{other}\" is not supported (trust, reject, md5, scram-sha-256, peer)")),
+        other => {
+            Err(format!("method \"{other}\" is not supported (trust, reject, password, md5, scram-sha-256, peer)"))
+        }
     }
 }
 
@@ -451,9 +457,16 @@ hostnossl all            all             192.168.0.0/16    scram-sha-256
     }
 
     #[test]
+    fn password_is_the_cleartext_exchange() {
+        let hba = Hba::parse("host all all 0.0.0.0/0 password").unwrap();
+        assert_eq!(hba.method(ip("1.2.3.4"), "d", "u"), Some(Method::Password));
+        assert_eq!(Method::Password.auth_type(), Some(AuthType::Plain));
+    }
+
+    #[test]
     fn unsupported_or_malformed_lines_are_errors() {
         for (line, needle) in [
-            ("host all all 127.0.0.1/32 password", "not supported"),
+            ("host all all 127.0.0.1/32 ldap", "not supported"),
             ("host all all 127.0.0.1/32 md5 clientcert=verify-full", "options"),
             ("host all all localhost md5", "host names"),
             ("host all all samenet md5", "host names"),

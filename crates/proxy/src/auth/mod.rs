@@ -29,9 +29,19 @@ const MAX_AUTH_MESSAGE_LEN: usize = 10_000;
 /// Why a client failed to authenticate.
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {
-    /// Wrong password, unknown user, or a secret that cannot serve the method.
-    #[error("password authentication failed for user \"{user}\"")]
+    /// Wrong password, unknown user, or a secret that cannot serve the
+    /// method, in a cleartext or md5 exchange (PgBouncer's words).
+    #[error("password authentication failed")]
     WrongPassword { user: String },
+    /// The same in a SCRAM exchange (PgBouncer's words).
+    #[error("SASL authentication failed")]
+    SaslFailed { user: String },
+    /// auth_type trust with an auth_file that does not name the user.
+    #[error("\"trust\" authentication failed")]
+    TrustFailed { user: String },
+    /// A PasswordMessage with an empty password (refused as Postgres does).
+    #[error("empty password returned by client")]
+    EmptyPassword,
     #[error("protocol violation during authentication: {0}")]
     Protocol(String),
     #[error("client selected an invalid SASL authentication mechanism")]
@@ -48,8 +58,12 @@ pub enum AuthError {
 impl AuthError {
     pub fn sqlstate(&self) -> SqlState {
         match self {
-            AuthError::WrongPassword { .. } => sqlstate::INVALID_PASSWORD,
-            AuthError::UnsupportedMechanism | AuthError::Refused(_) => sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
+            AuthError::WrongPassword { .. } | AuthError::SaslFailed { .. } | AuthError::EmptyPassword => {
+                sqlstate::INVALID_PASSWORD
+            }
+            AuthError::UnsupportedMechanism | AuthError::Refused(_) | AuthError::TrustFailed { .. } => {
+                sqlstate::INVALID_AUTHORIZATION_SPECIFICATION
+            }
             AuthError::Protocol(_) => sqlstate::PROTOCOL_VIOLATION,
             AuthError::Eof | AuthError::Io(_) => sqlstate::CONNECTION_FAILURE,
         }
@@ -101,6 +115,15 @@ pub fn server_credentials(secret: Option<&Secret>, authed: &Authenticated) -> Cr
     }
 }
 
+/// Who a `trust` login admits: with an auth_file, only the users it names
+/// (or auth_query finds); without one, every user name (weir's rule where
+/// PgBouncer would refuse them all).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrustNames {
+    Listed,
+    Any,
+}
+
 /// Runs the authentication exchange for `method` with a client whose startup
 /// packet has been read. `secret` is the user's auth_file entry (`None` for
 /// unknown users, who are still asked for a password and then fail like a
@@ -114,13 +137,16 @@ pub async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     method: AuthType,
     user: &str,
     secret: Option<&Secret>,
+    trust: TrustNames,
 ) -> Result<Authenticated, AuthError> {
     match (method, secret) {
-        (AuthType::Trust, _) => Ok(Authenticated::default()),
+        (AuthType::Trust, None) if trust == TrustNames::Listed => Err(AuthError::TrustFailed { user: user.into() }),
+        (AuthType::Trust | AuthType::Any, _) => Ok(Authenticated::default()),
         (AuthType::Md5, Some(Secret::Scram(_))) | (AuthType::ScramSha256, _) => {
             scram_exchange(stream, buf, user, secret).await
         }
         (AuthType::Md5, _) => md5_exchange(stream, buf, user, secret).await,
+        (AuthType::Plain, _) => cleartext_exchange(stream, buf, user, secret).await,
         // Resolved per client by `hba::method_for` before this is called.
         (AuthType::Hba, _) => Err(AuthError::Refused("auth_type \"hba\" was not resolved for this client".into())),
     }
@@ -176,6 +202,46 @@ async fn md5_exchange<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
+/// PgBouncer's `plain`: AuthenticationCleartextPassword, then the password
+/// checked against a plaintext, md5 or SCRAM entry. An unknown user is
+/// asked too, and fails like a wrong password.
+async fn cleartext_exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+    user: &str,
+    secret: Option<&Secret>,
+) -> Result<Authenticated, AuthError> {
+    send(stream, tags::auth::CLEARTEXT_PASSWORD, &[]).await?;
+    let body = read_password_message(stream, buf).await?;
+    let mut rest = &body[..];
+    let password = read_cstr(&mut rest).map_err(|e| AuthError::Protocol(format!("invalid password packet: {e}")))?;
+    if !rest.is_empty() {
+        return Err(AuthError::Protocol("invalid password packet: trailing bytes".into()));
+    }
+    if password.is_empty() {
+        return Err(AuthError::EmptyPassword);
+    }
+    let ok = match secret {
+        Some(Secret::Plain(p)) => !p.is_empty() && constant_eq(p.as_bytes(), password.as_bytes()),
+        Some(Secret::Md5(m)) => constant_eq(m.as_bytes(), md5::md5_hex_password(password, user).as_bytes()),
+        Some(Secret::Scram(s)) => {
+            let derived = ScramSecret::from_password_with(password, s.salt.clone(), s.iterations);
+            constant_eq(&derived.stored_key, &s.stored_key)
+        }
+        None => false,
+    };
+    if ok {
+        Ok(Authenticated::default())
+    } else {
+        Err(wrong_password(user))
+    }
+}
+
+/// Equality that takes the same time wherever the first difference is.
+fn constant_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 /// The verifier to run SCRAM against; a mock one when the user has none usable.
 fn scram_secret_for(user: &str, secret: Option<&Secret>) -> ScramSecret {
     match secret {
@@ -198,7 +264,7 @@ fn scram_secret_for(user: &str, secret: Option<&Secret>) -> ScramSecret {
 
 fn scram_failure(user: &str, e: ScramError) -> AuthError {
     match e {
-        ScramError::InvalidProof => wrong_password(user),
+        ScramError::InvalidProof => AuthError::SaslFailed { user: user.to_owned() },
         other => AuthError::Protocol(other.to_string()),
     }
 }

@@ -36,7 +36,7 @@ where
     let (c, mut s) = tokio::io::duplex(1 << 16);
     let server = async move {
         let mut buf = BytesMut::new();
-        authenticate(&mut s, &mut buf, method, user, secret.as_ref()).await
+        authenticate(&mut s, &mut buf, method, user, secret.as_ref(), TrustNames::Listed).await
     };
     tokio::join!(server, client(c))
 }
@@ -74,12 +74,19 @@ fn assert_wrong_password(r: Result<Authenticated, AuthError>, user: &str) {
     let e = r.unwrap_err();
     assert!(matches!(e, AuthError::WrongPassword { .. }), "{e:?}");
     assert_eq!(e.sqlstate(), sqlstate::INVALID_PASSWORD);
-    assert_eq!(e.client_message(), format!("password authentication failed for user \"{user}\""));
+    assert_eq!(e.client_message(), "password authentication failed", "PgBouncer's words, for {user}");
+}
+
+fn assert_sasl_failed(r: Result<Authenticated, AuthError>) {
+    let e = r.unwrap_err();
+    assert!(matches!(e, AuthError::SaslFailed { .. }), "{e:?}");
+    assert_eq!(e.sqlstate(), sqlstate::INVALID_PASSWORD);
+    assert_eq!(e.client_message(), "SASL authentication failed");
 }
 
 #[tokio::test]
-async fn trust_exchanges_nothing() {
-    let (r, n) = run(AuthType::Trust, "u", None, |mut c| async move {
+async fn trust_exchanges_nothing_and_admits_only_listed_names() {
+    let (r, n) = run(AuthType::Trust, "u", Some(Secret::Plain(String::new())), |mut c| async move {
         let mut rest = Vec::new();
         c.read_to_end(&mut rest).await.unwrap();
         rest.len()
@@ -87,6 +94,39 @@ async fn trust_exchanges_nothing() {
     .await;
     assert_eq!(r.unwrap(), Authenticated::default());
     assert_eq!(n, 0);
+    let (r, ()) = run(AuthType::Trust, "nosuchuser", None, |_| async {}).await;
+    let e = r.unwrap_err();
+    assert_eq!(e.client_message(), "\"trust\" authentication failed");
+    assert_eq!(e.sqlstate(), sqlstate::INVALID_AUTHORIZATION_SPECIFICATION);
+    let (c, mut s) = tokio::io::duplex(64);
+    drop(c);
+    let any_name = authenticate(&mut s, &mut BytesMut::new(), AuthType::Trust, "x", None, TrustNames::Any).await;
+    assert!(any_name.is_ok(), "no auth_file: any name");
+    let (r, ()) = run(AuthType::Any, "nosuchuser", None, |_| async {}).await;
+    assert!(r.is_ok(), "any: any name");
+}
+
+async fn cleartext_client(mut c: DuplexStream, password: &'static str) {
+    let mut buf = BytesMut::new();
+    let (code, _) = read_auth(&mut c, &mut buf).await;
+    assert_eq!(code, tags::auth::CLEARTEXT_PASSWORD);
+    send(&mut c, |b| frontend::password_message(password.as_bytes(), b).unwrap()).await;
+}
+
+#[tokio::test]
+async fn plain_checks_the_cleartext_password_against_every_secret_form() {
+    let scram = Secret::Scram(ScramSecret::from_password("pw"));
+    let md5 = Secret::Md5(md5::md5_hex_password("pw", "alice"));
+    for secret in [Secret::Plain("pw".into()), md5, scram] {
+        let (r, ()) = run(AuthType::Plain, "alice", Some(secret.clone()), |c| cleartext_client(c, "pw")).await;
+        assert!(r.is_ok(), "{secret:?}: {r:?}");
+        let (r, ()) = run(AuthType::Plain, "alice", Some(secret.clone()), |c| cleartext_client(c, "nope")).await;
+        assert_wrong_password(r, "alice");
+    }
+    let (r, ()) = run(AuthType::Plain, "ghost", None, |c| cleartext_client(c, "pw")).await;
+    assert_wrong_password(r, "ghost");
+    let (r, ()) = run(AuthType::Plain, "alice", Some(Secret::Plain("pw".into())), |c| cleartext_client(c, "")).await;
+    assert!(matches!(r, Err(AuthError::EmptyPassword)), "{r:?}");
 }
 
 #[tokio::test]
@@ -131,7 +171,7 @@ async fn scram_accepts_plain_and_verifier_secrets() {
 }
 
 #[tokio::test]
-async fn scram_failures_look_like_wrong_passwords() {
+async fn scram_failures_say_sasl_authentication_failed() {
     let cases = [
         ("alice", Some(Secret::Plain("pw".into()))),
         ("alice", Some(Secret::Md5(md5::md5_hex_password("pw", "alice")))),
@@ -140,7 +180,7 @@ async fn scram_failures_look_like_wrong_passwords() {
     ];
     for (user, secret) in cases {
         let (r, verified) = run(AuthType::ScramSha256, user, secret, |c| scram_client(c, "wrong")).await;
-        assert_wrong_password(r, user);
+        assert_sasl_failed(r);
         assert!(!verified);
     }
 }

@@ -2,9 +2,10 @@
 //! is checked by `weir::config::check` (keys, types, PgBouncer-aware hints,
 //! weir's rules); this module adds what needs the files the config names,
 //! all offline: the auth_file, the auth_hba_file and the TLS files exist and
-//! load, no auth_user or forced user has only a SCRAM verifier there, and
-//! unix_socket_dir is a folder weir can create its socket in (and
-//! unix_socket_group a known group).
+//! load, and unix_socket_dir is a folder weir can create its socket in (and
+//! unix_socket_group a known group). Warnings name what starts but fails
+//! at login, as in PgBouncer (an auth_user or forced user with only a SCRAM
+//! verifier there); they do not fail the check.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -13,18 +14,22 @@ use weir::auth::{hba::Hba, UserList};
 use weir::config::{check, Config};
 
 pub fn run(path: &Path) -> ExitCode {
+    let mut warnings = Vec::new();
     let problems = match std::fs::read_to_string(path) {
         Ok(text) => {
             let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
             let checked = check::check_text(&text, &base);
             let mut problems = checked.problems;
             if let Some(cfg) = &checked.config {
-                problems.extend(file_problems(cfg));
+                problems.extend(file_problems(cfg, &mut warnings));
             }
             problems
         }
         Err(e) => vec![format!("cannot read it: {e}")],
     };
+    for w in &warnings {
+        eprintln!("{}: warning: {w}", path.display());
+    }
     if problems.is_empty() {
         match Config::load(path) {
             Ok(cfg) => println!("{}: ok ({} database(s))", path.display(), cfg.databases.len()),
@@ -39,8 +44,9 @@ pub fn run(path: &Path) -> ExitCode {
     ExitCode::FAILURE
 }
 
-/// What loading the files the config names would report.
-fn file_problems(cfg: &Config) -> Vec<String> {
+/// What loading the files the config names would report; what would only
+/// fail at login goes to `warnings`.
+fn file_problems(cfg: &Config, warnings: &mut Vec<String>) -> Vec<String> {
     let mut problems = Vec::new();
     let users = match cfg.auth_file_path() {
         Some(p) => match UserList::load(&p) {
@@ -65,11 +71,30 @@ fn file_problems(cfg: &Config) -> Vec<String> {
     }
     problems.extend(socket_problems(cfg));
     // An auth_user or forced user missing from the auth_file logs in without
-    // a password (PgBouncer's rule); one with only a SCRAM verifier cannot.
+    // a password (PgBouncer's rule); one with only a SCRAM verifier cannot
+    // where Postgres asks for one.
     if let Some(users) = &users {
-        problems.extend(weir::auth::stored_login_problems(cfg, users));
+        warnings.extend(weir::auth::stored_login_problems(cfg, users));
     }
+    warnings.extend(any_without_forced_user(cfg));
     problems
+}
+
+/// With auth_type = "any", the databases without a forced user: their
+/// logins fail with "bouncer config error", as in PgBouncer.
+fn any_without_forced_user(cfg: &Config) -> Vec<String> {
+    if cfg.weir.auth_type != weir::config::AuthType::Any {
+        return Vec::new();
+    }
+    let unforced = cfg.databases.iter().filter(|(_, db)| db.user.is_none());
+    unforced
+        .map(|(name, _)| {
+            format!(
+                "databases.{name}: auth_type = \"any\" needs a forced user (user = ...): its logins fail with \
+                 \"bouncer config error\" (as in PgBouncer)"
+            )
+        })
+        .collect()
 }
 
 /// unix_socket_dir exists and is writable (a probe file is created and

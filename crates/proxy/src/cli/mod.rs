@@ -184,12 +184,19 @@ pub(crate) fn init_logging(format: LogFormat) {
     let spec = std::env::var("WEIR_LOG").ok().filter(|s| EnvFilter::try_new(s).is_ok());
     let spec = spec.unwrap_or_else(|| "info".into());
     // (An empty WEIR_LOG is EnvFilter's: errors only.)
+    // A Targets filter goes through `verbosity`, which SET verbose raises;
+    // an EnvFilter (spans or fields named) is WEIR_LOG's alone.
     let (targets, env) = match spec.parse::<Targets>() {
-        Ok(targets) if !spec.trim().is_empty() => (Some(targets), None),
+        Ok(targets) if !spec.trim().is_empty() => (Some(weir::verbosity::Verbosity { targets }), None),
         _ => (None, Some(EnvFilter::new(&spec))),
     };
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt().with_writer(std::io::stderr).with_ansi(ansi);
+    // The layers above filter; the builder's own cap (info by default) would
+    // hide what WEIR_LOG or SET verbose allow below it.
+    let builder = tracing_subscriber::fmt()
+        .with_max_level(tracing::level_filters::LevelFilter::TRACE)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
     let _ = match format {
         LogFormat::Json => builder.json().finish().with(targets).with(env).try_init(),
         LogFormat::Text => builder.finish().with(targets).with(env).try_init(),

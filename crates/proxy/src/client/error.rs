@@ -16,8 +16,13 @@ pub enum ClientError {
     Io(std::io::Error),
     #[error(transparent)]
     Auth(#[from] AuthError),
-    #[error("database \"{0}\" does not exist")]
+    /// PgBouncer's words.
+    #[error("no such database: {0}")]
     UnknownDatabase(String),
+    /// A config that cannot serve this login (PgBouncer's words; the log
+    /// says why).
+    #[error("bouncer config error")]
+    BouncerConfig,
     #[error("no PostgreSQL user name specified in startup packet")]
     NoUser,
     #[error("unsupported frontend protocol {0}.{1}: weir supports 3.0")]
@@ -67,6 +72,7 @@ impl ClientError {
             ClientError::Protocol(p) => p.sqlstate(),
             ClientError::Auth(a) => a.sqlstate(),
             ClientError::UnknownDatabase(_) => sqlstate::INVALID_CATALOG_NAME,
+            ClientError::BouncerConfig => sqlstate::PROTOCOL_VIOLATION,
             ClientError::NoUser | ClientError::TlsRequired => sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
             ClientError::UnsupportedProtocol(..) => sqlstate::FEATURE_NOT_SUPPORTED,
             ClientError::BadStartupParameter(_) => sqlstate::PROTOCOL_VIOLATION,

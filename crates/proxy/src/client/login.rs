@@ -120,7 +120,7 @@ async fn starts_with_client_hello(stream: &ClientStream) -> Result<bool, ClientE
 /// plaintext login does not carry it in `read_startup`'s future.
 async fn handshake(stream: &mut ClientStream, tls: &ClientTls) -> Result<(), ClientError> {
     Box::pin(stream.upgrade(&tls.acceptor)).await.map_err(|e| {
-        tracing::info!(error = %e, "client TLS handshake failed");
+        tracing::info!(error = crate::tls::explain(&e, "client"), "client TLS handshake failed");
         ClientError::Io(e)
     })
 }
@@ -347,6 +347,15 @@ pub(crate) async fn within<T>(
     f: impl std::future::Future<Output = Result<T, ClientError>>,
 ) -> Result<T, ClientError> {
     crate::pool::within(timer, f).await.unwrap_or(Err(ClientError::LoginTimeout))
+}
+
+/// Whom `trust` admits: the auth_file's users when there is an auth_file
+/// (PgBouncer's rule), anyone when there is none.
+pub(crate) fn trust_names(cfg: &Config) -> crate::auth::TrustNames {
+    match cfg.weir.auth_file {
+        Some(_) => crate::auth::TrustNames::Listed,
+        None => crate::auth::TrustNames::Any,
+    }
 }
 
 /// How this client authenticates: auth_type, or with auth_type = "hba" the

@@ -50,15 +50,24 @@ pub(crate) async fn log_in<'a>(
 ) -> Result<(Session<'a>, Hello), ClientError> {
     let users = shared.users.load();
     let looked_up;
+    // auth_query runs only for a database weir serves: a client of any
+    // other is asked for its password like an unknown user (PgBouncer's
+    // order), and told "no such database" only if it knows the password.
+    let known = cfg.database(&req.database).is_some();
     let secret = match users.get(&req.user) {
-        None if !cfg.auth_user(&req.database).is_empty() => {
+        None if known && !cfg.auth_user(&req.database).is_empty() => {
             looked_up = auth_query(shared, cfg, &req).await?;
             looked_up.as_ref()
         }
         found => found,
     };
     let method = auth_method(shared, cfg, peer, socket.is_tls(), &req)?;
-    let authed = crate::auth::authenticate(socket, buf, method, &req.user, secret).await?;
+    if method == crate::config::AuthType::Any && cfg.forced_user(&req.database).is_none() {
+        tracing::error!("auth_type=any requires forced user");
+        return Err(ClientError::BouncerConfig);
+    }
+    let trust = login::trust_names(cfg);
+    let authed = crate::auth::authenticate(socket, buf, method, &req.user, secret, trust).await?;
     let mut credentials = crate::auth::server_credentials(secret, &authed);
     // The names move into the key: nothing after this reads them from `req`.
     let mut key = PoolKey { database: std::mem::take(&mut req.database), user: std::mem::take(&mut req.user) };

@@ -41,6 +41,15 @@ impl ClientStream {
         matches!(self, ClientStream::Unix(_))
     }
 
+    /// The OS user id of a Unix-socket client's process (its socket's peer
+    /// credentials); None over TCP or when the OS does not say.
+    pub fn peer_uid(&self) -> Option<u32> {
+        match self {
+            ClientStream::Unix(s) => s.peer_cred().ok().map(|c| c.uid()),
+            _ => None,
+        }
+    }
+
     pub fn tcp(&self) -> Option<&TcpStream> {
         match self {
             ClientStream::Plain(s) => Some(s),

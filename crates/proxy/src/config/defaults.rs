@@ -86,6 +86,7 @@ impl Default for General {
             log_format: LogFormat::Text,
             log_connections: false,
             log_disconnections: false,
+            verbose: 0,
             log_stats: true,
             admin_users: Vec::new(),
             stats_users: Vec::new(),

@@ -206,19 +206,13 @@ impl Mapper {
 
     fn auth_type(&mut self, value: &str) -> Result<(), String> {
         match value {
-            "trust" | "md5" | "scram-sha-256" | "hba" => {
+            "trust" | "any" | "plain" | "md5" | "scram-sha-256" | "hba" => {
                 self.set("auth_type", quoted(value));
                 Ok(())
             }
-            "any" => {
-                self.set("auth_type", quoted("trust"));
-                Err("weir has no \"any\"; trust is used: the databases' forced users decide who logs in to Postgres \
-                     (the client's user name still names its pool)"
-                    .into())
-            }
-            other => {
-                Err(format!("weir supports trust, md5, scram-sha-256 and hba, not {other}; weir's default md5 is kept"))
-            }
+            other => Err(format!(
+                "weir supports trust, any, plain, md5, scram-sha-256 and hba, not {other}; weir's default md5 is kept"
+            )),
         }
     }
 
@@ -338,9 +332,26 @@ impl Mapper {
             // PgBouncer's default; weir's own default is transaction.
             self.general.push(("pool_mode".into(), quoted("session")));
         }
+        for key in ["log_connections", "log_disconnections"] {
+            if !self.general.iter().any(|(k, _)| k == key) {
+                // PgBouncer's default (its login and `closing because` lines); weir's own is off.
+                self.general
+                    .push((key.into(), "true  # PgBouncer's default, kept; weir's own default is false".into()));
+            }
+        }
         let auth_type = self.general.iter().find(|(k, _)| k == "auth_type").map(|(_, v)| v.as_str());
-        if auth_type != Some("\"trust\"") && !self.general.iter().any(|(k, _)| k == "auth_file") {
-            self.warnings.push("auth_file is not set: weir needs one unless auth_type = \"trust\"; add it".into());
+        let has_auth_file = self.general.iter().any(|(k, _)| k == "auth_file");
+        if auth_type == Some("\"trust\"") && !has_auth_file {
+            self.warnings.push(
+                "auth_type = trust without auth_file: weir admits every user name, where PgBouncer refuses every \
+                 login (\"trust\" authentication failed); set auth_file to list who may connect"
+                    .into(),
+            );
+        }
+        let passwordless = matches!(auth_type, Some("\"trust\"" | "\"any\""));
+        if !passwordless && !has_auth_file {
+            self.warnings
+                .push("auth_file is not set: weir needs one unless auth_type = \"trust\" or \"any\"; add it".into());
         }
         Migration { toml: self.render(), warnings: self.warnings }
     }
@@ -546,6 +557,28 @@ reporter = pool_mode=session pool_size=3 max_user_connections=7 query_timeout=5
     }
 
     #[test]
+    fn any_plain_and_pgbouncers_log_defaults_migrate() {
+        for auth in ["any", "plain"] {
+            let m = from_pgbouncer_ini(&format!(
+                "[pgbouncer]\nauth_type = {auth}\nauth_file = u.txt\n[databases]\napp = host=db user=u\n"
+            ));
+            let cfg = Config::from_toml(&m.toml, std::path::Path::new(".")).expect("valid");
+            assert_eq!(serde_json_like(cfg.weir.auth_type), auth);
+            assert!(cfg.weir.log_connections && cfg.weir.log_disconnections, "PgBouncer's defaults");
+            assert!(!m.warnings.iter().any(|w| w.contains("auth_type")), "{:?}", m.warnings);
+        }
+        let m =
+            from_pgbouncer_ini("[pgbouncer]\nauth_type = trust\nlog_disconnections = 0\n[databases]\napp = host=db\n");
+        assert!(m.warnings.iter().any(|w| w.contains("weir admits every user name")), "{:?}", m.warnings);
+        let cfg = Config::from_toml(&m.toml, std::path::Path::new(".")).expect("valid");
+        assert!(!cfg.weir.log_disconnections, "the ini's own value wins");
+    }
+
+    fn serde_json_like(t: AuthType) -> String {
+        toml::Value::try_from(t).unwrap().as_str().unwrap().to_owned()
+    }
+
+    #[test]
     fn pgbouncer_default_pool_mode_is_kept() {
         let m = from_pgbouncer_ini("[pgbouncer]\nauth_type = trust\n[databases]\napp = host=db\n");
         let cfg = Config::from_toml(&m.toml, std::path::Path::new(".")).expect("valid");
@@ -599,7 +632,8 @@ reporter = pool_mode=session pool_size=3 max_user_connections=7 query_timeout=5
 
     #[test]
     fn listening_keys_carry_over() {
-        let ini = "[pgbouncer]\nauth_type = trust\nlisten_addr = 127.0.0.1, ::1\nlisten_port = 7432\n\
+        let ini =
+            "[pgbouncer]\nauth_type = trust\nauth_file = u.txt\nlisten_addr = 127.0.0.1, ::1\nlisten_port = 7432\n\
                    unix_socket_dir = /var/run/pgbouncer\nunix_socket_mode = 0770\nunix_socket_group = postgres\n\
                    [databases]\napp = host=/var/run/postgresql port=5433\n";
         let m = from_pgbouncer_ini(ini);

@@ -26,7 +26,14 @@ pub use validate::ConfigError;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum AuthType {
+    /// No password; with an auth_file, only the users it names (PgBouncer's
+    /// rule: "\"trust\" authentication failed" for others).
     Trust,
+    /// No password and any user name: every client logs in as its
+    /// database's forced user (PgBouncer's `any`).
+    Any,
+    /// The password in cleartext (PgBouncer's `plain`).
+    Plain,
     Md5,
     #[serde(rename = "scram-sha-256")]
     ScramSha256,
@@ -252,6 +259,9 @@ pub struct General {
     pub log_format: LogFormat,
     pub log_connections: bool,
     pub log_disconnections: bool,
+    /// PgBouncer's verbose: 0 logs at WEIR_LOG's level, 1 adds debug, 2
+    /// trace (when WEIR_LOG is a list of levels and targets).
+    pub verbose: u8,
     /// One stats line per pool every stats_period (PgBouncer's log_stats).
     pub log_stats: bool,
     pub admin_users: Vec<String>,
@@ -419,13 +429,15 @@ impl Config {
         let (db, auto) = self.database(name)?;
         let u = user.and_then(|u| self.users.get(u)).cloned().unwrap_or_default();
         let g = &self.weir;
+        let pool_size = u.pool_size.or(db.pool_size).unwrap_or(g.default_pool_size);
         Some(PoolSettings {
             host: db.host.clone(),
             port: db.port,
             dbname: db.dbname.clone().unwrap_or_else(|| name.to_owned()),
             pool_mode: u.pool_mode.or(db.pool_mode).unwrap_or(g.pool_mode),
-            pool_size: u.pool_size.or(db.pool_size).unwrap_or(g.default_pool_size),
-            min_pool_size: db.min_pool_size.unwrap_or(g.min_pool_size),
+            pool_size,
+            // Capped by the pool's size, as PgBouncer does (not refused).
+            min_pool_size: db.min_pool_size.unwrap_or(g.min_pool_size).min(pool_size),
             reserve_pool_size: db.reserve_pool_size.unwrap_or(g.reserve_pool_size),
             max_db_connections: db.max_db_connections.unwrap_or(g.max_db_connections),
             query_wait_timeout: db.query_wait_timeout.unwrap_or(g.query_wait_timeout),

@@ -67,8 +67,8 @@ impl Config {
         if g.max_message_size < 1024 {
             found.push(invalid("weir.max_message_size", "must be at least 1024 bytes"));
         }
-        if g.auth_type != super::AuthType::Trust && g.auth_file.is_none() {
-            found.push(invalid("weir.auth_file", "is required unless auth_type = \"trust\""));
+        if !matches!(g.auth_type, super::AuthType::Trust | super::AuthType::Any) && g.auth_file.is_none() {
+            found.push(invalid("weir.auth_file", "is required unless auth_type = \"trust\" or \"any\""));
         }
         match (g.auth_type == super::AuthType::Hba, g.auth_hba_file.is_some()) {
             (true, false) => found.push(invalid("weir.auth_hba_file", "is required when auth_type = \"hba\"")),
@@ -162,9 +162,6 @@ impl Config {
         }
         if s.pool_size == 0 {
             found.push(invalid(key("pool_size"), "must be at least 1"));
-        }
-        if s.min_pool_size > s.pool_size {
-            found.push(invalid(key("min_pool_size"), format!("{} exceeds pool_size {}", s.min_pool_size, s.pool_size)));
         }
         if s.query_wait_timeout.is_zero() {
             found.push(invalid(key("query_wait_timeout"), "must be above zero"));

@@ -67,6 +67,11 @@ impl Pools {
         let db = count(&self.dbs, &key.database);
         let user = count(&self.users, &key.user);
         let mut pools = self.pools.lock();
+        // A database the fallback serves is registered with its first pool
+        // (PgBouncer's log line, in the client's span).
+        if opts.settings.auto && !pools.keys().any(|k| k.database == key.database) {
+            tracing::info!("registered new auto-database: {}", key.database);
+        }
         Some(
             pools
                 .entry(key.clone())

@@ -384,7 +384,7 @@ pub(super) async fn negotiate_tls(
     let name = rustls::pki_types::ServerName::try_from(host.to_owned())
         .map_err(|e| fail(format!("host \"{host}\" is not a valid TLS server name: {e}")))?;
     let connector = tls.connector.as_ref().map_err(|e| fail(e.clone()))?;
-    let stream = connector.connect(name, tcp).await.map_err(|e| fail(e.to_string()))?;
+    let stream = connector.connect(name, tcp).await.map_err(|e| fail(crate::tls::explain(&e, "server")))?;
     Ok(ServerStream::Tls(Box::new(stream)))
 }
 

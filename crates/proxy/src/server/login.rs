@@ -45,6 +45,10 @@ pub enum LoginError {
     Server { code: String, message: String },
     #[error("the server asked for a password but none is configured")]
     NoPassword,
+    /// The server asked for a password and weir holds only a SCRAM
+    /// verifier for the user (PgBouncer's words).
+    #[error("wrong password type")]
+    WrongPasswordType,
     /// The server asked for a method the stored credentials cannot serve
     /// (e.g. cleartext with only a SCRAM ClientKey).
     #[error(
@@ -94,6 +98,8 @@ impl LoginError {
                 sqlstate::INVALID_AUTHORIZATION_SPECIFICATION
             }
             LoginError::StaleVerifier => sqlstate::INVALID_PASSWORD,
+            // PgBouncer's code for its own login refusals.
+            LoginError::WrongPasswordType => sqlstate::PROTOCOL_VIOLATION,
             LoginError::Eof | LoginError::Io(_) => sqlstate::CONNECTION_FAILURE,
             LoginError::Protocol(_) => sqlstate::PROTOCOL_VIOLATION,
         }
@@ -115,7 +121,10 @@ impl LoginError {
                 code == sqlstate::INVALID_PASSWORD.code()
                     || code == sqlstate::INVALID_AUTHORIZATION_SPECIFICATION.code()
             }
-            LoginError::NoPassword | LoginError::WrongCredentials { .. } | LoginError::StaleVerifier => true,
+            LoginError::NoPassword
+            | LoginError::WrongCredentials { .. }
+            | LoginError::StaleVerifier
+            | LoginError::WrongPasswordType => true,
             _ => false,
         }
     }
@@ -254,6 +263,7 @@ fn password<'a>(p: &LoginParams<'a>, asked: &'static str) -> Result<&'a str, Log
     match p.credentials {
         Credentials::Password(pw) => Ok(pw),
         Credentials::None => Err(LoginError::NoPassword),
+        Credentials::VerifierOnly => Err(LoginError::WrongPasswordType),
         other => Err(wrong_credentials(asked, other)),
     }
 }
@@ -264,6 +274,7 @@ fn wrong_credentials(asked: &'static str, held: &Credentials) -> LoginError {
         Credentials::Password(_) => "password",
         Credentials::Md5(_) => "md5 hash",
         Credentials::ScramKeys(_) => "SCRAM key",
+        Credentials::VerifierOnly => "SCRAM verifier",
     };
     LoginError::WrongCredentials { asked, held }
 }
@@ -336,6 +347,7 @@ fn start_scram(mechanisms: &[u8], credentials: &Credentials, out: &mut BytesMut)
             (Sasl::Keys(c), first)
         }
         Credentials::None => return Err(LoginError::NoPassword),
+        Credentials::VerifierOnly => return Err(LoginError::WrongPasswordType),
         other => return Err(wrong_credentials("SCRAM-SHA-256", other)),
     };
     frontend::sasl_initial_response(SCRAM_SHA_256, &first, out).map_err(encode_error)?;

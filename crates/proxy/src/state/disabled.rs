@@ -1,5 +1,7 @@
-//! The databases the console's DISABLE closed to new clients: kept in
-//! shared state (set by `admin`, read by the pooled login in `client`).
+//! The console's own state in shared state: the databases DISABLE closed
+//! to new clients (set by `admin`, read by the pooled login in `client`),
+//! and the SETs waiting for a setting they must agree with (TLS files and
+//! modes), which a reload from the file forgets.
 
 use std::collections::BTreeSet;
 
@@ -9,6 +11,8 @@ use parking_lot::Mutex;
 #[derive(Debug, Default)]
 pub struct AdminState {
     disabled: Mutex<BTreeSet<String>>,
+    /// `[weir]` values SET but not yet in effect, as TOML.
+    pending: Mutex<toml::Table>,
 }
 
 impl AdminState {
@@ -29,11 +33,21 @@ impl AdminState {
     pub fn is_disabled(&self, database: &str) -> bool {
         self.lock().contains(database)
     }
+
+    /// The SET values not yet in effect.
+    pub fn pending(&self) -> toml::Table {
+        self.pending.lock().clone()
+    }
+
+    /// Replaces the SET values not yet in effect (empty: none).
+    pub fn set_pending(&self, values: toml::Table) {
+        *self.pending.lock() = values;
+    }
 }
 
 /// The error a client of a disabled database gets, as PgBouncer words it.
 pub fn disabled_message(database: &str) -> String {
-    format!("database does not allow connections: {database}")
+    format!("database \"{database}\" is disabled")
 }
 
 #[cfg(test)]

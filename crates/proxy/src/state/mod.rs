@@ -104,15 +104,16 @@ pub enum ReloadError {
     Tls(#[from] crate::tls::TlsError),
 }
 
-/// Loads the auth_file named by the config (empty when there is none), and
-/// refuses one that holds only a SCRAM verifier for a user weir logs in as.
+/// Loads the auth_file named by the config (empty when there is none). A
+/// user weir logs in as with only a SCRAM verifier there is logged, not
+/// refused: PgBouncer starts on such a file and fails only those logins.
 pub fn load_users(cfg: &Config) -> Result<UserList, StartError> {
     let Some(p) = cfg.auth_file_path() else { return Ok(UserList::default()) };
     let users = UserList::load(&p).map_err(|e| StartError::AuthFile(p.display().to_string(), e.to_string()))?;
-    match crate::auth::stored_login_problems(cfg, &users).into_iter().next() {
-        Some(problem) => Err(StartError::AuthFile(p.display().to_string(), problem)),
-        None => Ok(users),
+    for problem in crate::auth::stored_login_problems(cfg, &users) {
+        tracing::warn!("{problem}");
     }
+    Ok(users)
 }
 
 /// Loads the auth_hba_file named by the config (None when there is none).
@@ -223,7 +224,10 @@ impl Shared {
     pub fn reload_from_disk(&self) -> Result<Vec<String>, ReloadError> {
         let path = self.config_path.lock().clone().ok_or(ReloadError::NoConfigFile)?;
         let cfg = Config::load(&path)?;
-        self.reload(cfg)
+        let applied = self.reload(cfg)?;
+        // The file's values replace every SET, those still waiting too.
+        self.admin.set_pending(toml::Table::new());
+        Ok(applied)
     }
 
     /// Applies a validated config and its auth_file without dropping clients.
@@ -271,6 +275,7 @@ impl Shared {
         self.hba.store(hba);
         self.client_tls.store(client_tls);
         self.pools.reconfigure(&cfg);
+        crate::verbosity::set(cfg.weir.verbose);
         self.config.store(cfg);
         Ok(notes)
     }
