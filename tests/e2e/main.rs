@@ -25,6 +25,7 @@ mod liveness;
 mod liveness_watchdog;
 mod ops;
 mod pgbouncer_corpus;
+mod pool_parity;
 mod prepared;
 mod prepared_ddl;
 mod queue;

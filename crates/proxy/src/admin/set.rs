@@ -41,7 +41,19 @@ fn pgbouncer_entries(key: &str, value: &str) -> Result<toml::Table, AdminError> 
     if key != "listen_addr" && key != "listen_port" {
         weir.remove("listen_addr");
     }
+    // What migrate-config writes for a whole file that does not set them
+    // (PgBouncer's default pool_mode, its socket folder) is no part of this
+    // SET: `SET server_idle_timeout = 50` must not also switch pool_mode.
+    let whole_file = file_defaults();
+    weir.retain(|k, _| k == key || !whole_file.contains_key(k));
     Ok(weir)
+}
+
+/// The `[weir]` entries migrate-config writes for an ini that sets nothing.
+fn file_defaults() -> toml::Table {
+    let m = migrate::from_pgbouncer_ini("[pgbouncer]\n");
+    let doc = toml::from_str::<toml::Table>(&m.toml).unwrap_or_default();
+    doc.get("weir").and_then(|w| w.as_table()).cloned().unwrap_or_default()
 }
 
 /// SET key = value.
@@ -84,6 +96,10 @@ mod tests {
         assert!(!t.contains_key("listen_addr"));
         let t = entries("stats_period", "2s").unwrap();
         assert_eq!(t.get("stats_period").and_then(|v| v.as_str()), Some("2s"), "weir's spelling: {t:?}");
+        let t = entries("server_idle_timeout", "50").unwrap();
+        assert_eq!(t.keys().collect::<Vec<_>>(), ["server_idle_timeout"], "nothing but the key: {t:?}");
+        let t = entries("pool_mode", "session").unwrap();
+        assert_eq!(t.get("pool_mode").and_then(|v| v.as_str()), Some("session"), "{t:?}");
         let e = entries("frobnicate", "1").unwrap_err();
         assert!(e.message.contains("frobnicate"), "{e}");
     }
