@@ -8,8 +8,12 @@
 
 use std::time::{Duration, Instant};
 
-use weir_e2e::liveness::connect_within;
-use weir_e2e::{bounded, connect, Harness, Opts, APP_DB, SCRAM_PASS, SCRAM_USER};
+use tokio::task::JoinHandle;
+use weir_e2e::liveness::{connect_within, describe};
+use weir_e2e::{
+    bounded, connect, Harness, Opts, PgOptions, PgServer, APP_DB, MD5_PASS, MD5_USER, SCRAM_PASS, SCRAM_USER,
+    TRUST_PASS, TRUST_USER,
+};
 
 /// Servers lent by the pool of `db`/`user`, once it exists.
 fn active(h: &Harness, db: &str, user: &str) -> u32 {
@@ -52,6 +56,101 @@ async fn a_console_set_changes_only_its_key() {
         assert_eq!(settings.pool_mode, weir::config::PoolMode::Transaction, "pool_mode untouched by the SET");
         for b in busy {
             b.await.unwrap();
+        }
+    })
+    .await;
+}
+
+/// A Postgres and weir with databases `app`, `app2` and `app3`, all three
+/// Postgres's `app`.
+async fn three_databases(general: &str, pool_size: u32) -> Harness {
+    let pg = tokio::task::spawn_blocking(|| PgServer::start(PgOptions::default())).await.unwrap().expect("postgres");
+    let port = pg.port();
+    let more: String = ["app2", "app3"]
+        .iter()
+        .map(|db| format!("[databases.{db}]\nhost = \"127.0.0.1\"\nport = {port}\ndbname = \"{APP_DB}\"\n"))
+        .collect();
+    let opts = Opts { pool_size, general: general.into(), database: more, ..Opts::default() };
+    Harness::start_with(std::sync::Arc::new(pg), opts).await
+}
+
+/// `n` clients of `user` on `db`, each running pg_sleep(`secs`) at once;
+/// each result says what failed, if anything.
+fn sleepers(
+    h: &Harness,
+    db: &str,
+    user: &str,
+    password: &str,
+    n: usize,
+    secs: f64,
+) -> Vec<JoinHandle<Result<(), String>>> {
+    let url = format!("postgres://{user}:{password}@{}/{db}", h.addr());
+    (0..n)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                let c = connect_within(&url, Duration::from_secs(10)).await?;
+                c.simple_query(&format!("select pg_sleep({secs})")).await.map(|_| ()).map_err(|e| describe(&e))
+            })
+        })
+        .collect()
+}
+
+/// Backends of `users` on Postgres's `app`.
+fn backends(h: &Harness, users: &[&str]) -> usize {
+    let list: Vec<String> = users.iter().map(|u| format!("'{u}'")).collect();
+    let sql =
+        format!("select count(*) from pg_stat_activity where datname = '{APP_DB}' and usename in ({})", list.join(","));
+    h.psql(&sql).parse().expect("a count")
+}
+
+/// PgBouncer's test_max_user_connections: a user capped at 3 runs 3 queries
+/// on each of three databases at once. The first database's idle servers
+/// are evicted for the others, and all 9 finish (before, the other
+/// databases' clients waited for their whole budget).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_user_connections_takes_idle_servers_of_the_users_other_pools() {
+    bounded(60, async {
+        let h = three_databases("max_user_connections = 3\nquery_wait_timeout = \"8s\"", 5).await;
+        let mut all = Vec::new();
+        for db in [APP_DB, "app2", "app3"] {
+            all.extend(sleepers(&h, db, SCRAM_USER, SCRAM_PASS, 3, 0.5));
+        }
+        for (i, r) in futures_util::future::join_all(all).await.into_iter().enumerate() {
+            assert_eq!(r.unwrap(), Ok(()), "query {i}");
+        }
+        assert!(backends(&h, &[SCRAM_USER]) <= 3, "never above max_user_connections");
+        let evicted: u64 = [APP_DB, "app2", "app3"]
+            .iter()
+            .filter_map(|db| h.weir().shared().pools.get(db, SCRAM_USER))
+            .map(|p| p.metrics.closed(weir_metrics::CloseReason::Evicted))
+            .sum();
+        assert!(evicted >= 2, "the other databases got their servers by eviction: {evicted}");
+    })
+    .await;
+}
+
+/// PgBouncer's test_max_db_connections: three users, two clients each, on
+/// a database capped at 4. Servers move between the users' pools by
+/// eviction, and when all is done the database holds exactly 4 (weir used
+/// to evict one too many now and then, and end with 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_db_connections_evicts_no_more_than_it_needs() {
+    bounded(90, async {
+        let h = three_databases("max_db_connections = 4\nquery_wait_timeout = \"8s\"", 5).await;
+        let users = [(SCRAM_USER, SCRAM_PASS), (MD5_USER, MD5_PASS), (TRUST_USER, TRUST_PASS)];
+        for round in 0..3 {
+            let mut all = Vec::new();
+            for (user, password) in users {
+                all.extend(sleepers(&h, APP_DB, user, password, 2, 0.3));
+            }
+            for (i, r) in futures_util::future::join_all(all).await.into_iter().enumerate() {
+                assert_eq!(r.unwrap(), Ok(()), "round {round}, query {i}");
+            }
+            // Evicted backends leave before their place is reused.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let names: Vec<&str> = users.iter().map(|(u, _)| *u).collect();
+            assert_eq!(backends(&h, &names), 4, "round {round}: the database ends at its cap, not below");
         }
     })
     .await;

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 
+use super::evict::Cap;
 use super::state::State;
 use super::{Pool, PoolError};
 use crate::params::ParamMap;
@@ -32,16 +33,18 @@ impl Pool {
         // A full pool with no reserve and no back-off can open or schedule
         // nothing: skip the walk over every waiter (this runs on each enqueue).
         if total >= st.opts.settings.pool_size && st.opts.settings.reserve_pool_size == 0 && st.retry_at.is_none() {
+            self.release_room(st);
             return;
         }
-        let spare = st.idle.len() as u32 + st.connecting;
-        // More waiters than spare + the pool's limit change nothing below.
-        let waiting = st.live_waiters_up_to((spare + st.limit() + 1) as usize) as u32;
-        // A paused pool (PAUSE, KILL, drain) opens nothing, as PgBouncer's.
-        let for_waiters = if st.paused { 0 } else { waiting.saturating_sub(spare) };
-        let for_min = if st.paused { 0 } else { st.opts.settings.min_pool_size.saturating_sub(total) };
-        let want = for_waiters.max(for_min);
+        let mut want = st.unmet_demand();
+        // An eviction made room for this pool: the connect is made even if
+        // the demand went meanwhile (as PgBouncer's, whose launch follows its
+        // eviction at once), so the database (or user) stays at its cap.
+        if want == 0 && st.room.kept() && !st.paused && total < st.limit() {
+            want = 1;
+        }
         if want == 0 {
+            self.release_room(st);
             return;
         }
         if let Some(at) = st.retry_at.filter(|at| *at > Instant::now()) {
@@ -56,13 +59,22 @@ impl Pool {
         }
         let slots = st.opts.connect_concurrency.saturating_sub(st.connecting);
         for _ in 0..want.min(room).min(slots) {
-            let Some(slot) = CountSlot::take(&self.db_servers.count, st.opts.settings.max_db_connections) else {
-                self.make_room(st);
+            let max_db = st.opts.settings.max_db_connections;
+            let Some(slot) = st.room.take(Cap::Db).or_else(|| CountSlot::take(&self.db_servers.count, max_db)) else {
+                self.make_room(st, Cap::Db);
                 break;
             };
-            // Held back like max_db_connections: upkeep retries every 500 ms.
             let max_user = st.opts.settings.max_user_connections;
-            let Some(user_slot) = CountSlot::take(&self.user_servers.count, max_user) else { break };
+            let Some(user_slot) =
+                st.room.take(Cap::User).or_else(|| CountSlot::take(&self.user_servers.count, max_user))
+            else {
+                st.room.give(Cap::Db, slot);
+                self.make_room(st, Cap::User);
+                break;
+            };
+            if st.total() >= st.opts.settings.pool_size {
+                self.log_reserve(st);
+            }
             st.connecting += 1;
             let pool = self.clone();
             let spec = Arc::new(st.opts.spec.clone());
@@ -71,6 +83,25 @@ impl Pool {
                 pool.connected(result, (slot, user_slot));
             });
         }
+    }
+
+    /// A place an eviction kept for this pool that nothing here needs now
+    /// goes back to the count, and the pools held back by it are woken.
+    fn release_room(self: &Arc<Self>, st: &mut State) {
+        if st.room.release().is_some() {
+            self.wake_blocked_siblings();
+        }
+    }
+
+    /// PgBouncer's warning when a connect goes beyond pool_size.
+    fn log_reserve(&self, st: &State) {
+        crate::span::client_event!(warn,
+            database = %self.key.database,
+            user = %self.key.user,
+            servers = st.total(),
+            pool_size = st.opts.settings.pool_size,
+            "taking connection from reserve_pool"
+        );
     }
 
     /// Runs `want_connects` again at `at` (the end of a back-off, or when the

@@ -156,6 +156,7 @@ impl Pool {
             queued_total,
         });
         pool.db_servers.pools.lock().push(Arc::downgrade(&pool));
+        pool.user_servers.pools.lock().push(Arc::downgrade(&pool));
         upkeep::spawn(&pool);
         expiry::spawn(&pool);
         pool

@@ -52,6 +52,9 @@ pub(super) struct State {
     /// A task is closing another pool's idle connection to make room
     /// under max_db_connections (`evict.rs`).
     pub evicting: bool,
+    /// A place in the database's or user's count an eviction freed for
+    /// this pool's next connect.
+    pub room: super::evict::Room,
     pub last_error: Option<String>,
     /// The SQLSTATE a client sees for `last_error`.
     pub last_error_code: Option<crate::protocol::SqlState>,
@@ -102,6 +105,7 @@ impl State {
             retry_at: None,
             wake_at: None,
             evicting: false,
+            room: Default::default(),
             last_error: None,
             last_error_code: None,
             connect_failed: Default::default(),
@@ -165,6 +169,21 @@ impl State {
     pub fn live_waiters_up_to(&self, cap: usize) -> usize {
         let now = Instant::now();
         self.waiters.iter().filter(|w| !w.tx.is_closed() && w.deadline > now).take(cap).count()
+    }
+
+    /// Connects demand calls for: the live waiters not covered by idle or
+    /// connecting servers, or the shortfall below min_pool_size (capped by
+    /// pool_size, as PgBouncer caps it), whichever is larger. None while
+    /// paused (PAUSE, KILL, drain open nothing, as PgBouncer's).
+    pub fn unmet_demand(&self) -> u32 {
+        if self.paused {
+            return 0;
+        }
+        let spare = self.idle.len() as u32 + self.connecting;
+        // More waiters than spare + the pool's limit change nothing.
+        let waiting = self.live_waiters_up_to((spare + self.limit() + 1) as usize) as u32;
+        let min = self.opts.settings.min_pool_size.min(self.opts.settings.pool_size);
+        waiting.saturating_sub(spare).max(min.saturating_sub(self.total()))
     }
 
     /// All server connections the pool accounts for.
