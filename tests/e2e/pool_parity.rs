@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use tokio::task::JoinHandle;
 use weir_e2e::liveness::{connect_within, describe};
+use weir_e2e::process::WeirProcess;
 use weir_e2e::{
     bounded, connect, Harness, Opts, PgOptions, PgServer, APP_DB, MD5_PASS, MD5_USER, SCRAM_PASS, SCRAM_USER,
     TRUST_PASS, TRUST_USER,
@@ -152,6 +153,39 @@ async fn max_db_connections_evicts_no_more_than_it_needs() {
             let names: Vec<&str> = users.iter().map(|(u, _)| *u).collect();
             assert_eq!(backends(&h, &names), 4, "round {round}: the database ends at its cap, not below");
         }
+    })
+    .await;
+}
+
+async fn postgres() -> PgServer {
+    tokio::task::spawn_blocking(|| PgServer::start(PgOptions::default())).await.unwrap().expect("postgres")
+}
+
+/// PgBouncer's test_reserve_pool_size: a connect beyond pool_size, once a
+/// client has waited reserve_pool_timeout, logs PgBouncer's warning, once
+/// per server taken from the reserve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reserve_pool_logs_each_server_it_gives() {
+    bounded(60, async {
+        let pg = postgres().await;
+        let general = "pool_mode = \"transaction\"\ndefault_pool_size = 1\nreserve_pool_size = 1\nreserve_pool_timeout = \"300ms\"";
+        let w = WeirProcess::start(&pg, general, "").await;
+        let url = w.url(SCRAM_USER, SCRAM_PASS);
+        let all: Vec<_> = (0..3)
+            .map(|_| {
+                let url = url.clone();
+                tokio::spawn(async move {
+                    let c = connect(&url).await.map_err(|e| describe(&e))?;
+                    c.simple_query("select pg_sleep(1)").await.map(|_| ()).map_err(|e| describe(&e))
+                })
+            })
+            .collect();
+        for r in futures_util::future::join_all(all).await {
+            assert_eq!(r.unwrap(), Ok(()));
+        }
+        let logs = w.logs();
+        let taken = logs.lines().filter(|l| l.contains("taking connection from reserve_pool")).count();
+        assert_eq!(taken, 1, "one server from a reserve of 1:\n{logs}");
     })
     .await;
 }
