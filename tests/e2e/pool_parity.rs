@@ -189,3 +189,24 @@ async fn the_reserve_pool_logs_each_server_it_gives() {
     })
     .await;
 }
+
+/// The silence probe counts against the pool's limit: a pool of 2 whose two
+/// servers run long queries opens no third session for its probes (before,
+/// each probe logged in beyond the pool), and the probes (a path check
+/// then) still leave the working queries alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_silence_probe_opens_no_session_beyond_a_full_pool() {
+    bounded(60, async {
+        let general = "server_check_silence = \"400ms\"";
+        let h = Harness::start(Opts { pool_size: 2, general: general.into(), ..Opts::default() }).await;
+        let sessions = || h.pg.count_log_lines(&format!("connection authorized: user={SCRAM_USER}"));
+        let before = sessions();
+        let busy = sleepers(&h, APP_DB, SCRAM_USER, SCRAM_PASS, 2, 2.0);
+        for r in futures_util::future::join_all(busy).await {
+            assert_eq!(r.unwrap(), Ok(()), "a working query is never killed by the probe");
+        }
+        assert_eq!(sessions() - before, 2, "the pool's two servers, and no probe session");
+        assert_eq!(h.pool().metrics.closed_total(), 0);
+    })
+    .await;
+}

@@ -11,6 +11,7 @@ mod evict;
 mod expiry;
 mod inspect;
 mod lease;
+mod places;
 mod pools;
 mod recovery;
 mod state;
@@ -157,13 +158,15 @@ impl Pool {
         });
         pool.db_servers.pools.lock().push(Arc::downgrade(&pool));
         pool.user_servers.pools.lock().push(Arc::downgrade(&pool));
+        pool.state.lock().opts.spec.probe_room = pool.probe_room();
         upkeep::spawn(&pool);
         expiry::spawn(&pool);
         pool
     }
 
     /// Replaces the settings (config reload). Connections are kept.
-    pub fn reconfigure(self: &Arc<Self>, opts: PoolOptions) {
+    pub fn reconfigure(self: &Arc<Self>, mut opts: PoolOptions) {
+        opts.spec.probe_room = self.probe_room();
         self.metrics.set_limits(limits(&opts.settings));
         self.estimate.configure(&opts.admission);
         let mut st = self.state.lock();

@@ -172,6 +172,8 @@ impl PoolOptions {
             }),
             startup_params: settings.startup_params.clone(),
             connect_query: settings.connect_query.clone(),
+            // Set by the pool itself (`Pool::new`, `reconfigure`).
+            probe_room: Default::default(),
         };
         Some(PoolOptions {
             connect_concurrency: g

@@ -44,6 +44,8 @@ pub(super) struct State {
     pub connecting: u32,
     /// Being cleaned up after a client left them dirty.
     pub recovering: u32,
+    /// Liveness probe sessions holding a place of the pool (`places.rs`).
+    pub probing: u32,
     pub paused: bool,
     pub failures: u32,
     pub retry_at: Option<Instant>,
@@ -100,6 +102,7 @@ impl State {
             active: 0,
             connecting: 0,
             recovering: 0,
+            probing: 0,
             paused: false,
             failures: 0,
             retry_at: None,
@@ -188,7 +191,7 @@ impl State {
 
     /// All server connections the pool accounts for.
     pub fn total(&self) -> u32 {
-        self.idle.len() as u32 + self.active + self.connecting + self.recovering
+        self.idle.len() as u32 + self.active + self.connecting + self.recovering + self.probing
     }
 
     /// The size limit now: pool_size, plus the reserve once a waiter has

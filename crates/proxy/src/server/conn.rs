@@ -43,6 +43,8 @@ pub struct ConnectSpec {
     pub startup_params: Vec<(String, String)>,
     /// Run once after login (a database's connect_query); empty: none.
     pub connect_query: String,
+    /// Where the silence probe's connection counts (the pool's places).
+    pub probe_room: super::probe::ProbeRoom,
 }
 
 /// Why a connect failed.
