@@ -210,3 +210,77 @@ async fn the_silence_probe_opens_no_session_beyond_a_full_pool() {
     })
     .await;
 }
+
+/// A connect error is retried while the client waits: Postgres unreachable
+/// for a second (connections reset), a client logging in to a pool that
+/// never connected is served once it is back (before, it got "cannot
+/// connect to the server" at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_waits_out_a_second_of_connect_errors() {
+    bounded(60, async {
+        let h = Harness::start(Opts { relay: true, general: "query_wait_timeout = \"5s\"".into(), ..Opts::default() })
+            .await;
+        let relay = h.relay.as_ref().unwrap();
+        relay.refuse(true);
+        let url = h.url(SCRAM_USER, SCRAM_PASS);
+        let t0 = Instant::now();
+        let login = tokio::spawn(async move {
+            let c = connect_within(&url, Duration::from_secs(8)).await?;
+            c.simple_query("select 1").await.map(|_| ()).map_err(|e| describe(&e))
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!login.is_finished(), "the login waits while connects fail");
+        relay.refuse(false);
+        assert_eq!(login.await.unwrap(), Ok(()), "served once Postgres is reachable again");
+        let took = t0.elapsed();
+        assert!(took >= Duration::from_secs(1) && took < Duration::from_secs(4), "{took:?}");
+        assert!(h.pool().metrics.connect_failures_total() >= 1, "connects were tried and retried");
+    })
+    .await;
+}
+
+/// A login Postgres refuses fails the waiting clients at once with
+/// Postgres's own SQLSTATE and message (before, they waited out their
+/// budget): md5_user's password changes in Postgres, its pool's server goes,
+/// and the next query gets 28P01 at once. A database Postgres does not have
+/// is refused the same way, and a client in the server_login_retry window
+/// gets PgBouncer's cached error, also at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_postgres_refuses_fails_the_waiting_clients_at_once() {
+    bounded(60, async {
+        let pg = postgres().await;
+        let port = pg.port();
+        let nodb = format!("[databases.nodb]\nhost = \"127.0.0.1\"\nport = {port}\ndbname = \"no_such_db\"\n");
+        let opts = Opts { general: "query_wait_timeout = \"10s\"".into(), database: nodb, ..Opts::default() };
+        let h = Harness::start_with(std::sync::Arc::new(pg), opts).await;
+        let c = connect(&h.url(MD5_USER, MD5_PASS)).await.expect("md5_user logs in");
+        c.simple_query("select 1").await.expect("served");
+        h.psql(&format!("alter role {MD5_USER} password 'changed'"));
+        h.psql(&format!("select pg_terminate_backend(pid) from pg_stat_activity where usename = '{MD5_USER}'"));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let t0 = Instant::now();
+        let e = c.simple_query("select 1").await.expect_err("Postgres refuses the new server's login");
+        let took = t0.elapsed();
+        let db = e.as_db_error().expect("an ErrorResponse");
+        assert_eq!(db.code().code(), "28P01", "{e}");
+        assert_eq!(db.message(), format!("password authentication failed for user \"{MD5_USER}\""), "Postgres's text");
+        assert!(took < Duration::from_secs(2), "at once, not at query_wait_timeout: {took:?}");
+
+        let want = "database \"no_such_db\" does not exist";
+        for i in 0..4 {
+            let t0 = Instant::now();
+            let url = format!("postgres://{SCRAM_USER}:{SCRAM_PASS}@{}/nodb", h.addr());
+            let e = connect(&url).await.expect_err("no such database");
+            let took = t0.elapsed();
+            let db = e.as_db_error().expect("an ErrorResponse");
+            let cached = format!("server login has been failing, cached error: {want} (server_login_retry)");
+            match db.code().code() {
+                "3D000" => assert_eq!(db.message(), want, "{i}"),
+                "08P01" => assert_eq!(db.message(), cached, "{i}"),
+                other => panic!("{i}: {other}: {}", db.message()),
+            }
+            assert!(took < Duration::from_secs(2), "{i}: at once: {took:?}");
+        }
+    })
+    .await;
+}

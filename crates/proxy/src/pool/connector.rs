@@ -10,9 +10,13 @@
 //! that moment, and at the end of a back-off. A database at
 //! `max_db_connections` is retried by the pool's upkeep every 500 ms.
 //!
-//! While Postgres cannot be reached, queued clients keep waiting for their
-//! `query_wait_timeout` (a connect may still succeed), but a client logging in
-//! to a pool that has never connected gets the connect error at once.
+//! Server failures are PgBouncer's: while Postgres cannot be reached (a
+//! connect refused, timed out or reset), connects back off and retry and
+//! clients keep waiting within their `query_wait_timeout`, logins of a pool
+//! that never connected too, so a restart of a second costs a login only
+//! that second. A login Postgres refuses (a password, pg_hba.conf, no such
+//! role or database) fails the waiting clients at once with Postgres's own
+//! SQLSTATE and message, and the pool tries again after `server_login_retry`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,9 +25,8 @@ use rand::Rng;
 
 use super::evict::Cap;
 use super::state::State;
-use super::{Pool, PoolError};
+use super::{Handed, Pool, PoolError};
 use crate::params::ParamMap;
-use crate::protocol::sqlstate;
 use crate::server::{self, ConnectError, CountSlot, ServerConn};
 
 impl Pool {
@@ -133,7 +136,7 @@ impl Pool {
                 st.failures = 0;
                 st.retry_at = None;
                 st.last_error = None;
-                st.last_error_code = None;
+                st.rejected = None;
                 conn.slot = Some(slot);
                 conn.user_slot = Some(user_slot);
                 conn.retire_at = conn.created + jittered(st.opts.lifetime);
@@ -144,60 +147,54 @@ impl Pool {
             }
             Err(e) => {
                 drop(slot);
-                tracing::warn!(database = %self.key.database, user = %self.key.user, error = %e, "server connect failed");
                 self.metrics.record_connect_failure(e.failure_label());
                 st.failures += 1;
-                st.retry_at = Some(Instant::now() + backoff(st.failures, st.opts.login_retry_max));
                 st.last_error = Some(e.to_string());
-                st.last_error_code = Some(e.sqlstate());
-                st.connect_failed.notify_waiters();
+                match e.rejection() {
+                    Some((code, message)) => self.login_rejected(&mut st, code, message),
+                    None => {
+                        st.rejected = None;
+                        tracing::warn!(database = %self.key.database, user = %self.key.user, error = %e, "server connect failed");
+                        st.retry_at = Some(Instant::now() + backoff(st.failures, st.opts.login_retry_max));
+                    }
+                }
             }
         }
         self.want_connects(&mut st);
     }
 
+    /// Postgres refused the pool's login (PgBouncer's
+    /// kill_pool_logins_server_error): the clients waiting now get its
+    /// SQLSTATE and message at once, unless the pool still has a server that
+    /// logged in earlier; the next attempt waits server_login_retry, and
+    /// until then a client that finds no server is failed with the cached
+    /// error (`State::login_failing`).
+    fn login_rejected(&self, st: &mut State, code: crate::protocol::SqlState, message: String) {
+        tracing::warn!(database = %self.key.database, user = %self.key.user, sqlstate = code.code(), "server login failed: {message}");
+        st.retry_at = Some(Instant::now() + st.opts.login_retry_max);
+        if st.idle.is_empty() && st.active == 0 && st.recovering == 0 {
+            while let Some(w) = st.waiters.pop_front() {
+                let _ = w.tx.send(Handed::Rejected(code, message.clone()));
+            }
+        }
+        st.rejected = Some(message);
+    }
+
     /// Server parameters for a client's login. A pool that has never
-    /// connected opens a server to learn them; if that fails, or the last
-    /// attempt failed and the pool is still backing off, the client gets the
-    /// connect error at once instead of waiting out its budget (PgBouncer's
-    /// server_login_retry rule). After the back-off, the next login tries again.
+    /// connected opens a server to learn them, and the login waits for it
+    /// within its budget, as any waiter (connect errors are retried with
+    /// back-off meanwhile; a login Postgres refuses fails it at once).
     /// Shared, not copied: every login reads them.
     pub async fn server_params(self: &Arc<Self>, deadline: Instant) -> Result<Arc<ParamMap>, PoolError> {
         if let Some(p) = self.state.lock().server_params.clone() {
             return Ok(p);
         }
-        let failed = self.state.lock().connect_failed.clone();
-        let notified = failed.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        {
-            // Again, now that a failure from here on cannot be missed.
-            let st = self.state.lock();
-            if let Some(p) = st.server_params.clone() {
-                return Ok(p);
-            }
-            if st.retry_at.is_some_and(|at| at > Instant::now()) {
-                return Err(down(&st));
-            }
-        }
-        tokio::select! {
-            lease = self.acquire(deadline) => {
-                let lease = lease?;
-                let params = Arc::new(lease.conn().params.clone());
-                // Bound first: a lock guard in the tail expression would
-                // outlive `lease`, whose drop takes the same lock.
-                let shared = self.state.lock().server_params.get_or_insert(params).clone();
-                Ok(shared)
-            }
-            _ = notified => Err(down(&self.state.lock())),
-        }
-    }
-}
-
-fn down(st: &State) -> PoolError {
-    PoolError::ServerDown {
-        error: st.last_error.clone().unwrap_or_else(|| "server connect failed".into()),
-        code: st.last_error_code.unwrap_or(sqlstate::SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION),
+        let lease = self.acquire(deadline).await?;
+        let params = Arc::new(lease.conn().params.clone());
+        // Bound first: a lock guard in the tail expression would outlive
+        // `lease`, whose drop takes the same lock.
+        let shared = self.state.lock().server_params.get_or_insert(params).clone();
+        Ok(shared)
     }
 }
 

@@ -66,10 +66,15 @@ pub enum PoolError {
         last_error.as_ref().map(|e| format!(" (last connect error: {e})")).unwrap_or_default()
     )]
     WaitTimeout { budget: Duration, waited: Duration, last_error: Option<String> },
-    /// A brand-new pool could not connect: the login gets the connect error
-    /// at once instead of waiting out its budget.
-    #[error("cannot connect to the server: {error}")]
-    ServerDown { error: String, code: crate::protocol::SqlState },
+    /// Postgres refused the pool's login (a password, pg_hba.conf, no such
+    /// role or database): the clients waiting when it did get its SQLSTATE
+    /// and its own message at once, as PgBouncer's.
+    #[error("{message}")]
+    LoginRejected { code: crate::protocol::SqlState, message: String },
+    /// A client that finds no server while the pool waits out
+    /// server_login_retry after a refused login (PgBouncer's text; 08P01).
+    #[error("server login has been failing, cached error: {message} (server_login_retry)")]
+    LoginFailing { message: String },
     #[error("the pool is shutting down")]
     Closed,
     /// 53300 at once: the queue is at its bound.
@@ -105,7 +110,7 @@ impl PoolError {
             PoolError::QueueFull { .. } => Some(D::QueueFull),
             PoolError::Shed { .. } => Some(D::Shed),
             PoolError::TooLate { .. } => Some(D::Deadline),
-            PoolError::ServerDown { .. } | PoolError::Closed => None,
+            PoolError::LoginRejected { .. } | PoolError::LoginFailing { .. } | PoolError::Closed => None,
         }
     }
 }
@@ -226,6 +231,7 @@ impl Pool {
                             return Err(PoolError::Shed { predicted, left });
                         }
                         Ok(Handed::Expired) => return Err(timed_out()),
+                        Ok(Handed::Rejected(code, message)) => return Err(PoolError::LoginRejected { code, message }),
                         Err(_) => return Err(PoolError::Closed),
                     }
                 }
@@ -307,6 +313,9 @@ impl Pool {
                 st.active += 1;
                 return Ok(Ok(conn));
             }
+        }
+        if let Some(message) = st.login_failing(Instant::now()) {
+            return Err(PoolError::LoginFailing { message });
         }
         self.admit(&st, now, deadline)?;
         let total_limit = st.opts.admission.max_waiting_total;
@@ -538,13 +547,15 @@ pub(crate) enum Handed {
     Shed(Duration),
     /// Its budget ran out in the queue (the pool's expiry took it out).
     Expired,
+    /// Postgres refused the pool's login: its SQLSTATE and message.
+    Rejected(crate::protocol::SqlState, String),
 }
 
 impl Handed {
     fn into_server(self) -> Option<Box<ServerConn>> {
         match self {
             Handed::Server(conn) => Some(conn),
-            Handed::Shed(_) | Handed::Expired => None,
+            Handed::Shed(_) | Handed::Expired | Handed::Rejected(..) => None,
         }
     }
 }

@@ -58,10 +58,9 @@ pub(super) struct State {
     /// this pool's next connect.
     pub room: super::evict::Room,
     pub last_error: Option<String>,
-    /// The SQLSTATE a client sees for `last_error`.
-    pub last_error_code: Option<crate::protocol::SqlState>,
-    /// Woken whenever a connect fails (logins of a brand-new pool wait on it).
-    pub connect_failed: std::sync::Arc<tokio::sync::Notify>,
+    /// Postgres's message for the pool's last login, when Postgres refused
+    /// it (cleared by the next server that logs in).
+    pub rejected: Option<String>,
     pub server_params: Option<std::sync::Arc<ParamMap>>,
     /// RECONNECT: connections opened before this close when released.
     pub reconnect_before: Option<Instant>,
@@ -110,8 +109,7 @@ impl State {
             evicting: false,
             room: Default::default(),
             last_error: None,
-            last_error_code: None,
-            connect_failed: Default::default(),
+            rejected: None,
             server_params: None,
             reconnect_before: None,
         }
@@ -187,6 +185,20 @@ impl State {
         let waiting = self.live_waiters_up_to((spare + self.limit() + 1) as usize) as u32;
         let min = self.opts.settings.min_pool_size.min(self.opts.settings.pool_size);
         waiting.saturating_sub(spare).max(min.saturating_sub(self.total()))
+    }
+
+    /// PgBouncer's check_fast_fail: while the pool waits out
+    /// server_login_retry after Postgres refused its login, and holds no
+    /// server, a client that would queue is failed at once with the cached
+    /// error instead.
+    pub fn login_failing(&self, now: Instant) -> Option<String> {
+        let waiting_retry = self.retry_at.is_some_and(|at| at > now);
+        let no_server = self.idle.is_empty() && self.active == 0 && self.recovering == 0;
+        if waiting_retry && no_server {
+            self.rejected.clone()
+        } else {
+            None
+        }
     }
 
     /// All server connections the pool accounts for.
