@@ -284,3 +284,67 @@ async fn a_login_postgres_refuses_fails_the_waiting_clients_at_once() {
     })
     .await;
 }
+
+/// PgBouncer's test_client_idle_timeout: a client whose latest request
+/// began client_idle_timeout ago, holding no server, is disconnected with
+/// "client_idle_timeout", and the log says so; one that keeps querying stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_idle_timeout_disconnects_idle_clients() {
+    bounded(60, async {
+        let pg = postgres().await;
+        let w = WeirProcess::start(&pg, "pool_mode = \"transaction\"\nclient_idle_timeout = \"1s\"", "").await;
+        let idle = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.expect("login");
+        idle.simple_query("select 1").await.expect("served");
+        let busy = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.expect("login");
+        for _ in 0..8 {
+            busy.simple_query("select 1").await.expect("a client that keeps querying stays");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let e = idle.simple_query("select 1").await.expect_err("idle past client_idle_timeout");
+        assert!(describe(&e).contains("client_idle_timeout") || e.is_closed(), "{e}");
+        let logs = w.logs();
+        assert!(logs.contains("client_idle_timeout"), "{logs}");
+    })
+    .await;
+}
+
+/// PgBouncer's test_fast_close: with server_fast_close (set on the console),
+/// RECONNECT ends a session-mode client between transactions at once, with
+/// "database configuration changed", rather than when it leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_fast_close_ends_session_clients_at_reconnect() {
+    bounded(60, async {
+        let pg = postgres().await;
+        let w = WeirProcess::start(&pg, "pool_mode = \"session\"", "").await;
+        let c = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.expect("login");
+        c.simple_query("select 1").await.expect("served");
+        w.admin("SET server_fast_close = 1").await.expect("SET");
+        w.admin("RECONNECT").await.expect("RECONNECT");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let e = c.simple_query("select 1").await.expect_err("closed by RECONNECT");
+        assert!(describe(&e).contains("database configuration changed") || e.is_closed(), "{e}");
+        let logs = w.logs();
+        assert!(logs.contains("database configuration changed"), "{logs}");
+    })
+    .await;
+}
+
+/// min_pool_size above pool_size is accepted and capped by the pool size,
+/// as PgBouncer does (before, the config was refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_pool_size_above_pool_size_is_capped() {
+    bounded(60, async {
+        let opts = Opts { pool_size: 3, database: "min_pool_size = 10".into(), ..Opts::default() };
+        let h = Harness::start(opts).await;
+        let c = connect(&h.url(SCRAM_USER, SCRAM_PASS)).await.expect("login");
+        c.simple_query("select 1").await.expect("served");
+        assert!(
+            weir_e2e::eventually(Duration::from_secs(5), || backends(&h, &[SCRAM_USER]) == 3).await,
+            "warmed to the pool size"
+        );
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        assert_eq!(backends(&h, &[SCRAM_USER]), 3, "and never beyond it");
+        assert_eq!(h.pool().settings().min_pool_size, 3);
+    })
+    .await;
+}

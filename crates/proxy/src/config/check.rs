@@ -395,7 +395,6 @@ mod tests {
         let want = [
             "weir.default_pool_size: must be at least 1",
             "weir.max_client_conn: must be at least 1",
-            "databases.app.min_pool_size: 50 exceeds pool_size 5",
             "databases.weir: is reserved for the admin console",
         ];
         assert_eq!(p, want);

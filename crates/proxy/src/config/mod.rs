@@ -232,6 +232,16 @@ pub struct General {
     pub server_check_silence: Duration,
     #[serde(with = "humantime_serde")]
     pub idle_transaction_timeout: Option<Duration>,
+    /// A client whose latest request began this long ago and that holds no
+    /// server is disconnected ("client_idle_timeout", PgBouncer's meaning);
+    /// "0s" turns it off.
+    #[serde(with = "humantime_serde")]
+    pub client_idle_timeout: Duration,
+    /// After RECONNECT, session-mode clients whose server is to close are
+    /// disconnected at once ("database configuration changed") instead of
+    /// when they leave (PgBouncer's server_fast_close; PgBouncer lets an
+    /// open transaction end first, weir does not).
+    pub server_fast_close: bool,
     #[serde(with = "humantime_serde")]
     pub query_timeout: Option<Duration>,
     pub tcp_keepalive: bool,
@@ -425,7 +435,11 @@ impl Config {
             dbname: db.dbname.clone().unwrap_or_else(|| name.to_owned()),
             pool_mode: u.pool_mode.or(db.pool_mode).unwrap_or(g.pool_mode),
             pool_size: u.pool_size.or(db.pool_size).unwrap_or(g.default_pool_size),
-            min_pool_size: db.min_pool_size.unwrap_or(g.min_pool_size),
+            // PgBouncer caps min_pool_size by the pool size.
+            min_pool_size: db
+                .min_pool_size
+                .unwrap_or(g.min_pool_size)
+                .min(u.pool_size.or(db.pool_size).unwrap_or(g.default_pool_size)),
             reserve_pool_size: db.reserve_pool_size.unwrap_or(g.reserve_pool_size),
             max_db_connections: db.max_db_connections.unwrap_or(g.max_db_connections),
             query_wait_timeout: db.query_wait_timeout.unwrap_or(g.query_wait_timeout),

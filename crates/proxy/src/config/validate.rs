@@ -163,9 +163,6 @@ impl Config {
         if s.pool_size == 0 {
             found.push(invalid(key("pool_size"), "must be at least 1"));
         }
-        if s.min_pool_size > s.pool_size {
-            found.push(invalid(key("min_pool_size"), format!("{} exceeds pool_size {}", s.min_pool_size, s.pool_size)));
-        }
         if s.query_wait_timeout.is_zero() {
             found.push(invalid(key("query_wait_timeout"), "must be above zero"));
         }
