@@ -348,3 +348,23 @@ async fn min_pool_size_above_pool_size_is_capped() {
     })
     .await;
 }
+
+/// Connect timeouts, as PgBouncer: each connect ends at
+/// server_connect_timeout and is retried, and the waiting client is ended
+/// by query_timeout when it is shorter than query_wait_timeout (PgBouncer's
+/// janitor applies both to a waiting client), the error naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_through_connect_timeouts_ends_at_query_timeout() {
+    bounded(60, async {
+        let general = "server_connect_timeout = \"300ms\"\nquery_wait_timeout = \"10s\"\nquery_timeout = \"1s\"";
+        let h = Harness::start(Opts { relay: true, general: general.into(), ..Opts::default() }).await;
+        h.relay.as_ref().unwrap().freeze();
+        let t0 = Instant::now();
+        let err = connect_within(&h.url(SCRAM_USER, SCRAM_PASS), Duration::from_secs(8)).await.expect_err("no server");
+        let took = t0.elapsed();
+        assert!(took >= Duration::from_millis(950) && took < Duration::from_millis(2500), "{took:?}: {err}");
+        assert!(err.contains("(query_timeout)") && err.contains("timed out"), "{err}");
+        h.relay.as_ref().unwrap().thaw();
+    })
+    .await;
+}

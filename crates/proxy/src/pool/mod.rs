@@ -61,11 +61,11 @@ pub enum PoolError {
     /// SQLSTATE 53300 (class 53, insufficient resources): the pool had no
     /// server to spare, which is not the client's own cancel (57014).
     #[error(
-        "no server connection became free within the wait budget of {} (query_wait_timeout); the query was not run{}",
+        "no server connection became free within the wait budget of {} ({key}); the query was not run{}",
         humantime::format_duration(*budget),
         last_error.as_ref().map(|e| format!(" (last connect error: {e})")).unwrap_or_default()
     )]
-    WaitTimeout { budget: Duration, waited: Duration, last_error: Option<String> },
+    WaitTimeout { budget: Duration, waited: Duration, last_error: Option<String>, key: &'static str },
     /// Postgres refused the pool's login (a password, pg_hba.conf, no such
     /// role or database): the clients waiting when it did get its SQLSTATE
     /// and its own message at once, as PgBouncer's.
@@ -184,15 +184,16 @@ impl Pool {
         self.state.lock().opts.settings.clone()
     }
 
-    /// The current query_wait_timeout (cheap: read at every wait).
+    /// The current wait limit: query_wait_timeout, or query_timeout when
+    /// shorter (cheap: read at every wait).
     pub fn query_wait_timeout(&self) -> Duration {
-        self.state.lock().opts.settings.query_wait_timeout
+        self.state.lock().opts.settings.wait_limit().0
     }
 
     /// The current query_wait_timeout and configured client_deadline.
     pub fn wait_settings(&self) -> (Duration, Option<Duration>) {
         let st = self.state.lock();
-        (st.opts.settings.query_wait_timeout, st.opts.settings.client_deadline)
+        (st.opts.settings.wait_limit().0, st.opts.settings.client_deadline)
     }
 
     /// Borrows a server, waiting in FIFO order until `deadline`.
@@ -209,11 +210,14 @@ impl Pool {
     /// (`expiry.rs`) ends it when `deadline` passes.
     pub async fn acquire_with(self: &Arc<Self>, started: Instant, deadline: Instant) -> Result<Lease, PoolError> {
         let timed_out = || {
-            let last_error = self.state.lock().last_error.clone();
+            let (last_error, key) = {
+                let st = self.state.lock();
+                (st.last_error.clone(), st.opts.settings.wait_limit().1)
+            };
             // Rounded to whole milliseconds: the budget as configured.
             let budget =
                 Duration::from_millis(((deadline.saturating_duration_since(started).as_micros() + 500) / 1000) as u64);
-            PoolError::WaitTimeout { budget, waited: started.elapsed(), last_error }
+            PoolError::WaitTimeout { budget, waited: started.elapsed(), last_error, key }
         };
         // The clock for the checkout: the caller's reading at first, then
         // the one taken when a server came (or after its check).
