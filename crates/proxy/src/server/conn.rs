@@ -79,20 +79,26 @@ impl ConnectError {
     }
 
     /// A login Postgres (or weir's credentials) refused, as PgBouncer tells
-    /// its waiting clients: the SQLSTATE and Postgres's own message. None for
-    /// a connect error (refused, timeout, reset, a connection closed during
-    /// login), which is retried while clients wait, and for 57P03 (the
-    /// database system is starting up or shutting down), which PgBouncer
-    /// also treats as temporary.
+    /// its waiting clients: the SQLSTATE and Postgres's own message. Also a
+    /// server that breaks the protocol, a TLS requirement it cannot meet and
+    /// a failing connect_query, which no retry mends. None for a connect
+    /// error (refused, timeout, reset, a connection closed during login),
+    /// which is retried while clients wait, and for 57P03 (the database
+    /// system is starting up or shutting down), which PgBouncer also treats
+    /// as temporary.
     pub fn rejection(&self) -> Option<(SqlState, String)> {
-        let ConnectError::Login(e) = self else { return None };
-        match e {
-            LoginError::Server { code, .. } if code == sqlstate::CANNOT_CONNECT_NOW.code() => None,
-            LoginError::Server { .. }
-            | LoginError::NoPassword
-            | LoginError::WrongCredentials { .. }
-            | LoginError::StaleVerifier => Some((e.sqlstate(), e.client_message())),
-            LoginError::Eof | LoginError::Io(_) | LoginError::Protocol(_) => None,
+        match self {
+            ConnectError::Timeout(_) | ConnectError::Io(_) => None,
+            ConnectError::Tls { .. } | ConnectError::ConnectQuery(_) => Some((self.sqlstate(), self.to_string())),
+            ConnectError::Login(e) => match e {
+                LoginError::Server { code, .. } if code == sqlstate::CANNOT_CONNECT_NOW.code() => None,
+                LoginError::Eof | LoginError::Io(_) => None,
+                LoginError::Server { .. }
+                | LoginError::NoPassword
+                | LoginError::WrongCredentials { .. }
+                | LoginError::StaleVerifier
+                | LoginError::Protocol(_) => Some((e.sqlstate(), e.client_message())),
+            },
         }
     }
 
