@@ -318,7 +318,7 @@ impl Pool {
                 return Ok(Ok(conn));
             }
         }
-        if let Some(message) = st.login_failing(Instant::now()) {
+        if let Some(message) = st.login_failing() {
             return Err(PoolError::LoginFailing { message });
         }
         self.admit(&st, now, deadline)?;

@@ -191,14 +191,12 @@ impl State {
     /// server_login_retry after Postgres refused its login, and holds no
     /// server, a client that would queue is failed at once with the cached
     /// error instead.
-    pub fn login_failing(&self, now: Instant) -> Option<String> {
-        let waiting_retry = self.retry_at.is_some_and(|at| at > now);
+    /// No clock reading unless a login was refused.
+    pub fn login_failing(&self) -> Option<String> {
+        let message = self.rejected.as_ref()?;
         let no_server = self.idle.is_empty() && self.active == 0 && self.recovering == 0;
-        if waiting_retry && no_server {
-            self.rejected.clone()
-        } else {
-            None
-        }
+        let waiting_retry = self.retry_at.is_some_and(|at| at > Instant::now());
+        (no_server && waiting_retry).then(|| message.clone())
     }
 
     /// All server connections the pool accounts for.
