@@ -28,6 +28,7 @@ mod liveness_watchdog;
 mod ops;
 mod pgbouncer_corpus;
 mod pgbouncer_login;
+mod pool_parity;
 mod prepared;
 mod prepared_ddl;
 mod queue;

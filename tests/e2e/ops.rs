@@ -115,10 +115,10 @@ async fn metrics_move_under_load_and_count_server_closes_by_reason() {
 async fn readyz_follows_whether_servers_can_be_reached() {
     let _alone = weir_e2e::serial().await;
     let pg = pg().await;
-    let w = WeirProcess::start(&pg, "", "").await;
+    let w = WeirProcess::start(&pg, "query_wait_timeout = \"1s\"", "").await;
     assert_eq!(w.http_get("/readyz").0, 200);
     pg.stop().unwrap();
-    assert!(connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.is_err(), "no server, no login");
+    assert!(connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.is_err(), "no server, no login within the budget");
     assert!(
         eventually(Duration::from_secs(5), || w.http_get("/readyz").0 == 503).await,
         "not ready while connects fail"

@@ -12,6 +12,7 @@ use std::time::Duration;
 use weir_metrics::CloseReason;
 
 use super::Notices;
+use crate::config::PoolMode;
 use crate::protocol::{sqlstate, SqlState};
 use crate::state::{quiesce, Shared};
 
@@ -133,6 +134,12 @@ pub fn reconnect(shared: &Arc<Shared>, db: Option<&str>) -> Outcome {
     let pools = pools_of(shared, db)?;
     pools.iter().for_each(|p| p.reconnect());
     tracing::info!(database = db.unwrap_or("*"), pools = pools.len(), "RECONNECT");
+    if shared.config.load().weir.server_fast_close {
+        // Session-mode clients keep their server until they leave: they go now.
+        let session: Vec<_> = pools.iter().filter(|p| p.settings().pool_mode == PoolMode::Session).cloned().collect();
+        let n = shared.client_list.kill_of_pools(&session, "database configuration changed");
+        tracing::info!(clients = n, "server_fast_close: closing because: database configuration changed");
+    }
     Ok(vec![notice("server connections close as they are released; WAIT_CLOSE waits for them")])
 }
 

@@ -115,8 +115,9 @@ impl Weir {
     }
 }
 
-/// Keeps the idle/active client gauges in step with the registry, and removes
-/// fallback-database pools unused for autodb_idle_timeout.
+/// Keeps the idle/active client gauges in step with the registry, ends
+/// clients idle past client_idle_timeout, and removes fallback-database
+/// pools unused for autodb_idle_timeout.
 fn spawn_client_gauges(shared: &Arc<Shared>) {
     let weak = Arc::downgrade(shared);
     tokio::spawn(async move {
@@ -129,6 +130,10 @@ fn spawn_client_gauges(shared: &Arc<Shared>) {
                 return;
             }
             shared.client_list.publish_gauges(&shared.pools);
+            let client_idle = shared.config.load().weir.client_idle_timeout;
+            if !client_idle.is_zero() {
+                shared.client_list.kill_idle(client_idle);
+            }
             let idle_timeout = shared.config.load().weir.autodb_idle_timeout;
             for key in shared.pools.remove_idle_auto(idle_timeout) {
                 tracing::info!(database = %key.database, user = %key.user, "removed an idle fallback-database pool");

@@ -86,7 +86,8 @@ impl ClientError {
                 | PoolError::Shed { .. }
                 | PoolError::TooLate { .. },
             ) => sqlstate::TOO_MANY_CONNECTIONS,
-            ClientError::NoServer(PoolError::ServerDown { code, .. }) => *code,
+            ClientError::NoServer(PoolError::LoginRejected { code, .. }) => *code,
+            ClientError::NoServer(PoolError::LoginFailing { .. }) => sqlstate::PROTOCOL_VIOLATION,
             ClientError::Watchdog(w) => w.sqlstate(),
             ClientError::NoServer(PoolError::Closed) | ClientError::ShuttingDown => sqlstate::ADMIN_SHUTDOWN,
             ClientError::ServerLost => sqlstate::CONNECTION_FAILURE,

@@ -87,7 +87,7 @@ pub(crate) async fn log_in<'a>(
     };
     let settings = pool.settings();
     let budget = session::Budget::new(req.declared_deadline, cfg.weir.client_deadline_fraction);
-    let deadline = Instant::now() + budget.under(settings.query_wait_timeout);
+    let deadline = Instant::now() + budget.under(settings.wait_limit().0);
     let server_params = pool.server_params(deadline).await?;
     let mut params = login::client_params(&req, &server_params);
     login::check_startup_settings(&pool, deadline, &mut params, &req.settings, &server_params).await?;

@@ -68,6 +68,8 @@ impl Default for General {
             // silent this long is probed on a fresh connection (server::watch).
             server_check_silence: Duration::from_secs(5),
             idle_transaction_timeout: None,
+            client_idle_timeout: Duration::ZERO,
+            server_fast_close: false,
             query_timeout: None,
             // Dead paths are found in about 8 s (5 s idle + 3 probes 1 s apart),
             // not Linux's 15 minutes.

@@ -579,6 +579,17 @@ reporter = pool_mode=session pool_size=3 max_user_connections=7 query_timeout=5
     }
 
     #[test]
+    fn client_idle_timeout_and_server_fast_close_carry_over() {
+        let m = from_pgbouncer_ini(
+            "[pgbouncer]\nauth_type = trust\nauth_file = u.txt\nclient_idle_timeout = 10\nserver_fast_close = 1\n",
+        );
+        assert!(m.warnings.is_empty(), "{:?}", m.warnings);
+        let cfg = Config::from_toml(&m.toml, std::path::Path::new(".")).unwrap();
+        assert_eq!(cfg.weir.client_idle_timeout, std::time::Duration::from_secs(10));
+        assert!(cfg.weir.server_fast_close);
+    }
+
+    #[test]
     fn pgbouncer_default_pool_mode_is_kept() {
         let m = from_pgbouncer_ini("[pgbouncer]\nauth_type = trust\n[databases]\napp = host=db\n");
         let cfg = Config::from_toml(&m.toml, std::path::Path::new(".")).expect("valid");

@@ -239,6 +239,16 @@ pub struct General {
     pub server_check_silence: Duration,
     #[serde(with = "humantime_serde")]
     pub idle_transaction_timeout: Option<Duration>,
+    /// A client whose latest request began this long ago and that holds no
+    /// server is disconnected ("client_idle_timeout", PgBouncer's meaning);
+    /// "0s" turns it off.
+    #[serde(with = "humantime_serde")]
+    pub client_idle_timeout: Duration,
+    /// After RECONNECT, session-mode clients whose server is to close are
+    /// disconnected at once ("database configuration changed") instead of
+    /// when they leave (PgBouncer's server_fast_close; PgBouncer lets an
+    /// open transaction end first, weir does not).
+    pub server_fast_close: bool,
     #[serde(with = "humantime_serde")]
     pub query_timeout: Option<Duration>,
     pub tcp_keepalive: bool,
@@ -345,6 +355,9 @@ pub struct PoolSettings {
     pub reserve_pool_size: u32,
     pub max_db_connections: u32,
     pub query_wait_timeout: Duration,
+    /// `query_timeout` (None: off). A wait for a server is part of the
+    /// query, so it also ends the wait when shorter (PgBouncer's janitor).
+    pub query_timeout: Option<Duration>,
     pub client_deadline: Option<Duration>,
     pub max_waiting_clients: u32,
     pub max_prepared_statements: u32,
@@ -441,6 +454,7 @@ impl Config {
             reserve_pool_size: db.reserve_pool_size.unwrap_or(g.reserve_pool_size),
             max_db_connections: db.max_db_connections.unwrap_or(g.max_db_connections),
             query_wait_timeout: db.query_wait_timeout.unwrap_or(g.query_wait_timeout),
+            query_timeout: g.query_timeout.filter(|d| !d.is_zero()),
             client_deadline: db.client_deadline.or(g.client_deadline),
             max_waiting_clients: db.max_waiting_clients.unwrap_or(g.max_waiting_clients),
             max_prepared_statements: g.max_prepared_statements,
@@ -449,6 +463,18 @@ impl Config {
             connect_query: db.connect_query.clone().unwrap_or_default(),
             startup_params: db.startup_params(),
         })
+    }
+}
+
+impl PoolSettings {
+    /// How long a client may wait for a server, and the key that says so:
+    /// query_wait_timeout, or query_timeout when it is shorter (PgBouncer
+    /// ends a waiting client at whichever comes first).
+    pub fn wait_limit(&self) -> (Duration, &'static str) {
+        match self.query_timeout {
+            Some(q) if q < self.query_wait_timeout => (q, "query_timeout"),
+            _ => (self.query_wait_timeout, "query_wait_timeout"),
+        }
     }
 }
 

@@ -10,24 +10,28 @@
 //! that moment, and at the end of a back-off. A database at
 //! `max_db_connections` is retried by the pool's upkeep every 500 ms.
 //!
+//! Server failures are PgBouncer's: while Postgres cannot be reached (a
+//! connect refused, timed out or reset), connects back off and retry and
+//! clients keep waiting within their `query_wait_timeout`, logins of a pool
+//! that never connected too, so a restart of a second costs a login only
+//! that second. A login Postgres refuses (a password, pg_hba.conf, no such
+//! role or database) fails the waiting clients at once with Postgres's own
+//! SQLSTATE and message, and the pool tries again after `server_login_retry`.
+//!
 //! A refusal with 53300 (a role's or database's CONNECTION LIMIT,
 //! max_connections, reserved slots) is backpressure, not a failure: the pool
 //! backs off with jitter, probes one connect at a time until one succeeds,
 //! and its clients keep waiting within their budget for the servers it has.
-//!
-//! While Postgres cannot be reached, queued clients keep waiting for their
-//! `query_wait_timeout` (a connect may still succeed), but a client logging in
-//! to a pool that has never connected gets the connect error at once.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::Rng;
 
+use super::evict::Cap;
 use super::state::State;
-use super::{Pool, PoolError};
+use super::{Handed, Pool, PoolError};
 use crate::params::ParamMap;
-use crate::protocol::sqlstate;
 use crate::server::{self, ConnectError, CountSlot, ServerConn};
 
 impl Pool {
@@ -37,16 +41,18 @@ impl Pool {
         // A full pool with no reserve and no back-off can open or schedule
         // nothing: skip the walk over every waiter (this runs on each enqueue).
         if total >= st.opts.settings.pool_size && st.opts.settings.reserve_pool_size == 0 && st.retry_at.is_none() {
+            self.release_room(st);
             return;
         }
-        let spare = st.idle.len() as u32 + st.connecting;
-        // More waiters than spare + the pool's limit change nothing below.
-        let waiting = st.live_waiters_up_to((spare + st.limit() + 1) as usize) as u32;
-        // A paused pool (PAUSE, KILL, drain) opens nothing, as PgBouncer's.
-        let for_waiters = if st.paused { 0 } else { waiting.saturating_sub(spare) };
-        let for_min = if st.paused { 0 } else { st.opts.settings.min_pool_size.saturating_sub(total) };
-        let want = for_waiters.max(for_min);
+        let mut want = st.unmet_demand();
+        // An eviction made room for this pool: the connect is made even if
+        // the demand went meanwhile (as PgBouncer's, whose launch follows its
+        // eviction at once), so the database (or user) stays at its cap.
+        if want == 0 && st.room.kept() && !st.paused && total < st.limit() {
+            want = 1;
+        }
         if want == 0 {
+            self.release_room(st);
             return;
         }
         if let Some(at) = st.retry_at.filter(|at| *at > Instant::now()) {
@@ -63,13 +69,22 @@ impl Pool {
         let concurrency = if st.refusals > 0 { 1 } else { st.opts.connect_concurrency };
         let slots = concurrency.saturating_sub(st.connecting);
         for _ in 0..want.min(room).min(slots) {
-            let Some(slot) = CountSlot::take(&self.db_servers.count, st.opts.settings.max_db_connections) else {
-                self.make_room(st);
+            let max_db = st.opts.settings.max_db_connections;
+            let Some(slot) = st.room.take(Cap::Db).or_else(|| CountSlot::take(&self.db_servers.count, max_db)) else {
+                self.make_room(st, Cap::Db);
                 break;
             };
-            // Held back like max_db_connections: upkeep retries every 500 ms.
             let max_user = st.opts.settings.max_user_connections;
-            let Some(user_slot) = CountSlot::take(&self.user_servers.count, max_user) else { break };
+            let Some(user_slot) =
+                st.room.take(Cap::User).or_else(|| CountSlot::take(&self.user_servers.count, max_user))
+            else {
+                st.room.give(Cap::Db, slot);
+                self.make_room(st, Cap::User);
+                break;
+            };
+            if st.total() >= st.opts.settings.pool_size {
+                self.log_reserve(st);
+            }
             st.connecting += 1;
             let pool = self.clone();
             let spec = Arc::new(st.opts.spec.clone());
@@ -78,6 +93,25 @@ impl Pool {
                 pool.connected(result, (slot, user_slot));
             });
         }
+    }
+
+    /// A place an eviction kept for this pool that nothing here needs now
+    /// goes back to the count, and the pools held back by it are woken.
+    fn release_room(self: &Arc<Self>, st: &mut State) {
+        if st.room.release().is_some() {
+            self.wake_blocked_siblings();
+        }
+    }
+
+    /// PgBouncer's warning when a connect goes beyond pool_size.
+    fn log_reserve(&self, st: &State) {
+        crate::span::client_event!(warn,
+            database = %self.key.database,
+            user = %self.key.user,
+            servers = st.total(),
+            pool_size = st.opts.settings.pool_size,
+            "taking connection from reserve_pool"
+        );
     }
 
     /// Runs `want_connects` again at `at` (the end of a back-off, or when the
@@ -110,7 +144,7 @@ impl Pool {
                 st.refusals = 0;
                 st.retry_at = None;
                 st.last_error = None;
-                st.last_error_code = None;
+                st.rejected = None;
                 conn.slot = Some(slot);
                 conn.user_slot = Some(user_slot);
                 conn.retire_at = conn.created + jittered(st.opts.lifetime);
@@ -125,13 +159,17 @@ impl Pool {
             }
             Err(e) => {
                 drop(slot);
-                tracing::warn!(database = %self.key.database, user = %self.key.user, error = %e, "server connect failed");
                 self.metrics.record_connect_failure(e.failure_label());
                 st.failures += 1;
-                st.retry_at = Some(Instant::now() + backoff(st.failures, st.opts.login_retry_max));
                 st.last_error = Some(e.to_string());
-                st.last_error_code = Some(e.sqlstate());
-                st.connect_failed.notify_waiters();
+                match e.rejection() {
+                    Some((code, message)) => self.login_rejected(&mut st, code, message),
+                    None => {
+                        st.rejected = None;
+                        tracing::warn!(database = %self.key.database, user = %self.key.user, error = %e, "server connect failed");
+                        st.retry_at = Some(Instant::now() + backoff(st.failures, st.opts.login_retry_max));
+                    }
+                }
             }
         }
         self.want_connects(&mut st);
@@ -152,51 +190,41 @@ impl Pool {
         st.refusals += 1;
         st.retry_at = Some(Instant::now() + refusal_backoff(st.refusals));
         st.last_error = Some(e.to_string());
-        st.last_error_code = Some(e.sqlstate());
+        st.rejected = None;
+    }
+
+    /// Postgres refused the pool's login (PgBouncer's
+    /// kill_pool_logins_server_error): the clients waiting now get its
+    /// SQLSTATE and message at once, unless the pool still has a server that
+    /// logged in earlier; the next attempt waits server_login_retry, and
+    /// until then a client that finds no server is failed with the cached
+    /// error (`State::login_failing`).
+    fn login_rejected(&self, st: &mut State, code: crate::protocol::SqlState, message: String) {
+        tracing::warn!(database = %self.key.database, user = %self.key.user, sqlstate = code.code(), "server login failed: {message}");
+        st.retry_at = Some(Instant::now() + st.opts.login_retry_max);
+        if st.idle.is_empty() && st.active == 0 && st.recovering == 0 {
+            while let Some(w) = st.waiters.pop_front() {
+                let _ = w.tx.send(Handed::Rejected(code, message.clone()));
+            }
+        }
+        st.rejected = Some(message);
     }
 
     /// Server parameters for a client's login. A pool that has never
-    /// connected opens a server to learn them; if that fails, or the last
-    /// attempt failed and the pool is still backing off, the client gets the
-    /// connect error at once instead of waiting out its budget (PgBouncer's
-    /// server_login_retry rule). After the back-off, the next login tries again.
+    /// connected opens a server to learn them, and the login waits for it
+    /// within its budget, as any waiter (connect errors are retried with
+    /// back-off meanwhile; a login Postgres refuses fails it at once).
     /// Shared, not copied: every login reads them.
     pub async fn server_params(self: &Arc<Self>, deadline: Instant) -> Result<Arc<ParamMap>, PoolError> {
         if let Some(p) = self.state.lock().server_params.clone() {
             return Ok(p);
         }
-        let failed = self.state.lock().connect_failed.clone();
-        let notified = failed.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        {
-            // Again, now that a failure from here on cannot be missed.
-            let st = self.state.lock();
-            if let Some(p) = st.server_params.clone() {
-                return Ok(p);
-            }
-            if st.refusals == 0 && st.retry_at.is_some_and(|at| at > Instant::now()) {
-                return Err(down(&st));
-            }
-        }
-        tokio::select! {
-            lease = self.acquire(deadline) => {
-                let lease = lease?;
-                let params = Arc::new(lease.conn().params.clone());
-                // Bound first: a lock guard in the tail expression would
-                // outlive `lease`, whose drop takes the same lock.
-                let shared = self.state.lock().server_params.get_or_insert(params).clone();
-                Ok(shared)
-            }
-            _ = notified => Err(down(&self.state.lock())),
-        }
-    }
-}
-
-fn down(st: &State) -> PoolError {
-    PoolError::ServerDown {
-        error: st.last_error.clone().unwrap_or_else(|| "server connect failed".into()),
-        code: st.last_error_code.unwrap_or(sqlstate::SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION),
+        let lease = self.acquire(deadline).await?;
+        let params = Arc::new(lease.conn().params.clone());
+        // Bound first: a lock guard in the tail expression would outlive
+        // `lease`, whose drop takes the same lock.
+        let shared = self.state.lock().server_params.get_or_insert(params).clone();
+        Ok(shared)
     }
 }
 

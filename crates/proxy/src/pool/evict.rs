@@ -1,108 +1,206 @@
-//! `max_db_connections` across users: a pool whose clients wait while the
-//! database is at its cap takes room from another user's pool of the same
-//! database, by closing that pool's longest-idle connection (reason
-//! `evicted`; PgBouncer's evict_connection does the same). Without it, a
-//! pool that got there first would keep every slot while idle, and the
-//! other users' logins and queries would wait out their budgets. The
-//! evicted backend is ended (Terminate, then its socket's close) before its
-//! place is given away, so the database never has a backend more than
-//! max_db_connections, not even while one exits.
+//! `max_db_connections` across users, and `max_user_connections` across
+//! databases: a pool whose clients wait while the database (or the user) is
+//! at its cap takes room from another pool of the same database (or of the
+//! same user), by closing that pool's longest-idle connection (reason
+//! `evicted`; PgBouncer's evict_connection and evict_user_connection do the
+//! same). Without it, a pool that got there first would keep every slot
+//! while idle, and the others' logins and queries would wait out their
+//! budgets. The evicted backend is ended (Terminate, then its socket's
+//! close) before its place is given away, so the database never has a
+//! backend more than the cap, not even while one exits.
+//!
+//! The place freed goes to the pool that evicted, not to whichever pool
+//! asks first: the evicted connection's count slot moves into the evicting
+//! pool's next connect (`State::room`), which is made even if its waiter
+//! was served meanwhile (PgBouncer launches right after it evicts).
+//! Otherwise two held-back pools could each evict while the other took the
+//! freed place, or the place could go unused, and the database would end one
+//! server short of its cap. A pool evicts only while it still has demand it
+//! cannot serve.
 //!
 //! A held-back pool does not wait for its next upkeep (500 ms): when a
-//! connection of the database closes, or one goes idle in another pool,
-//! the held-back pools are woken at once to connect or to evict it.
+//! connection of the database or user closes, or one goes idle in another
+//! pool, the held-back pools are woken at once to connect or to evict it.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use weir_metrics::CloseReason;
 
+use super::pools::DbCount;
 use super::state::State;
 use super::Pool;
 use crate::protocol::messages;
 use crate::server::exchange::write;
-use crate::server::ServerConn;
+use crate::server::{CountSlot, ServerConn};
 
 /// The longest weir waits for an evicted backend to close its socket.
 const GOODBYE_LIMIT: Duration = Duration::from_secs(1);
 
+/// Which cap held a connect back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Cap {
+    /// max_db_connections: the pools of this database share the count.
+    Db,
+    /// max_user_connections: the pools of this user share the count.
+    User,
+}
+
+impl Cap {
+    fn key(self) -> &'static str {
+        match self {
+            Cap::Db => "max_db_connections",
+            Cap::User => "max_user_connections",
+        }
+    }
+}
+
 impl Pool {
-    /// Called (lock held) when max_db_connections refused a connect that
-    /// demand calls for. The eviction runs in its own task, so no two pool
-    /// locks are ever held together; then this pool tries again.
-    pub(super) fn make_room(self: &Arc<Self>, st: &mut State) {
-        self.db_servers.blocked.store(true, Ordering::Release);
+    fn counts(&self, cap: Cap) -> &Arc<DbCount> {
+        match cap {
+            Cap::Db => &self.db_servers,
+            Cap::User => &self.user_servers,
+        }
+    }
+
+    /// Called (lock held) when `cap` refused a connect that demand calls
+    /// for. The eviction runs in its own task, so no two pool locks are ever
+    /// held together; then this pool tries again with the freed place.
+    pub(super) fn make_room(self: &Arc<Self>, st: &mut State, cap: Cap) {
+        self.counts(cap).blocked.store(true, Ordering::Release);
         if st.evicting {
             return;
         }
         st.evicting = true;
         let pool = self.clone();
         tokio::spawn(async move {
-            let freed = match pool.evict_from_siblings() {
-                Some(conn) => {
+            // Demand may have gone (a server came back) since the refusal.
+            let still_needed = pool.state.lock().unmet_demand() > 0;
+            let evicted = if still_needed { pool.evict_from_siblings(cap) } else { None };
+            let freed = match evicted {
+                Some(mut conn) => {
+                    let slot = match cap {
+                        Cap::Db => conn.slot.take(),
+                        Cap::User => conn.user_slot.take(),
+                    };
                     goodbye(conn).await;
-                    true
+                    slot
                 }
-                None => false,
+                None => None,
             };
             let mut st = pool.state.lock();
             st.evicting = false;
-            if freed {
+            if let Some(slot) = freed {
+                st.room.give(cap, slot);
+                // Used by the next connect, or (demand went meanwhile) given
+                // back to the count there.
                 pool.want_connects(&mut st);
             }
         });
     }
 
-    /// A place in the database's count freed up, or a connection went idle
-    /// that a held-back pool could evict: the database's other pools run
-    /// their connects now. One load while no pool is held back; else a task,
-    /// since callers may hold this pool's lock and no two pool locks are
-    /// ever held together.
+    /// A place in the database's or user's count freed up, or a connection
+    /// went idle that a held-back pool could evict: the other pools run
+    /// their connects now. Two loads while no pool is held back; else a
+    /// task, since callers may hold this pool's lock and no two pool locks
+    /// are ever held together.
     pub(super) fn wake_blocked_siblings(self: &Arc<Self>) {
-        let blocked = &self.db_servers.blocked;
-        if !blocked.load(Ordering::Acquire) || !blocked.swap(false, Ordering::AcqRel) {
-            return;
-        }
-        let pool = self.clone();
-        tokio::spawn(async move {
-            for p in pool.siblings() {
-                let mut st = p.state.lock();
-                p.want_connects(&mut st);
+        for cap in [Cap::Db, Cap::User] {
+            let blocked = &self.counts(cap).blocked;
+            if !blocked.load(Ordering::Acquire) || !blocked.swap(false, Ordering::AcqRel) {
+                continue;
             }
-        });
+            let pool = self.clone();
+            tokio::spawn(async move {
+                for p in pool.siblings(cap) {
+                    let mut st = p.state.lock();
+                    p.want_connects(&mut st);
+                }
+            });
+        }
     }
 
-    /// The other live pools of this database.
-    fn siblings(self: &Arc<Self>) -> Vec<Arc<Pool>> {
-        let mut pools = self.db_servers.pools.lock();
+    /// The other live pools of this database (or user).
+    fn siblings(self: &Arc<Self>, cap: Cap) -> Vec<Arc<Pool>> {
+        let mut pools = self.counts(cap).pools.lock();
         pools.retain(|p| p.strong_count() > 0);
         pools.iter().filter_map(Weak::upgrade).filter(|p| !Arc::ptr_eq(p, self)).collect()
     }
 
-    /// Takes one idle connection of another pool of this database.
-    fn evict_from_siblings(self: &Arc<Self>) -> Option<Box<ServerConn>> {
-        self.siblings().iter().find_map(|p| p.evict_idle())
+    /// Takes the longest-idle connection among the other pools of this
+    /// database (or user), as PgBouncer picks it.
+    fn evict_from_siblings(self: &Arc<Self>, cap: Cap) -> Option<Box<ServerConn>> {
+        let mut candidates: Vec<(Instant, Arc<Pool>)> =
+            self.siblings(cap).into_iter().filter_map(|p| Some((p.oldest_idle()?, p))).collect();
+        candidates.sort_by_key(|(at, _)| *at);
+        let conn = candidates.iter().find_map(|(_, p)| p.evict_idle())?;
+        crate::span::client_event!(info,
+            database = %self.key.database,
+            user = %self.key.user,
+            server = conn.id,
+            "closing because: evicted (an idle server connection makes room under {})",
+            cap.key()
+        );
+        Some(conn)
+    }
+
+    /// When this pool's longest-idle connection was last used, if it may
+    /// give one up.
+    fn oldest_idle(&self) -> Option<Instant> {
+        let st = self.state.lock();
+        if st.total() <= st.opts.settings.min_pool_size {
+            return None;
+        }
+        st.idle.first().map(|c| c.last_used)
     }
 
     /// Takes this pool's longest-idle connection, unless the pool is at
     /// min_pool_size or has none idle.
     fn evict_idle(&self) -> Option<Box<ServerConn>> {
-        let conn = {
-            let mut st = self.state.lock();
-            if st.idle.is_empty() || st.total() <= st.opts.settings.min_pool_size {
-                return None;
-            }
-            // The idle stack lends from the top: the bottom waited longest.
-            st.idle.remove(0)
-        };
-        crate::span::client_event!(info,
-            database = %self.key.database,
-            user = %self.key.user,
-            "closing an idle server connection to make room under max_db_connections"
-        );
-        Some(conn)
+        let mut st = self.state.lock();
+        if st.idle.is_empty() || st.total() <= st.opts.settings.min_pool_size {
+            return None;
+        }
+        // The idle stack lends from the top: the bottom waited longest.
+        Some(st.idle.remove(0))
+    }
+}
+
+/// A place an eviction freed, kept for the evicting pool's next connect.
+#[derive(Debug, Default)]
+pub(super) struct Room {
+    db: Option<CountSlot>,
+    user: Option<CountSlot>,
+}
+
+impl Room {
+    pub fn give(&mut self, cap: Cap, slot: CountSlot) {
+        match cap {
+            Cap::Db => self.db = Some(slot),
+            Cap::User => self.user = Some(slot),
+        }
+    }
+
+    /// The kept place under `cap`, if there is one.
+    pub fn take(&mut self, cap: Cap) -> Option<CountSlot> {
+        match cap {
+            Cap::Db => self.db.take(),
+            Cap::User => self.user.take(),
+        }
+    }
+
+    /// A place is kept.
+    pub fn kept(&self) -> bool {
+        self.db.is_some() || self.user.is_some()
+    }
+
+    /// Gives up whatever place is still kept; Some when one was.
+    pub fn release(&mut self) -> Option<()> {
+        let had = self.kept();
+        *self = Room::default();
+        had.then_some(())
     }
 }
 

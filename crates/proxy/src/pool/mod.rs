@@ -11,6 +11,7 @@ mod evict;
 mod expiry;
 mod inspect;
 mod lease;
+mod places;
 mod pools;
 mod recovery;
 mod state;
@@ -60,15 +61,20 @@ pub enum PoolError {
     /// SQLSTATE 53300 (class 53, insufficient resources): the pool had no
     /// server to spare, which is not the client's own cancel (57014).
     #[error(
-        "no server connection became free within the wait budget of {} (query_wait_timeout); the query was not run{}",
+        "no server connection became free within the wait budget of {} ({key}); the query was not run{}",
         humantime::format_duration(*budget),
         last_error.as_ref().map(|e| format!(" (last connect error: {e})")).unwrap_or_default()
     )]
-    WaitTimeout { budget: Duration, waited: Duration, last_error: Option<String> },
-    /// A brand-new pool could not connect: the login gets the connect error
-    /// at once instead of waiting out its budget.
-    #[error("cannot connect to the server: {error}")]
-    ServerDown { error: String, code: crate::protocol::SqlState },
+    WaitTimeout { budget: Duration, waited: Duration, last_error: Option<String>, key: &'static str },
+    /// Postgres refused the pool's login (a password, pg_hba.conf, no such
+    /// role or database): the clients waiting when it did get its SQLSTATE
+    /// and its own message at once, as PgBouncer's.
+    #[error("{message}")]
+    LoginRejected { code: crate::protocol::SqlState, message: String },
+    /// A client that finds no server while the pool waits out
+    /// server_login_retry after a refused login (PgBouncer's text; 08P01).
+    #[error("server login has been failing, cached error: {message} (server_login_retry)")]
+    LoginFailing { message: String },
     #[error("the pool is shutting down")]
     Closed,
     /// 53300 at once: the queue is at its bound.
@@ -104,7 +110,7 @@ impl PoolError {
             PoolError::QueueFull { .. } => Some(D::QueueFull),
             PoolError::Shed { .. } => Some(D::Shed),
             PoolError::TooLate { .. } => Some(D::Deadline),
-            PoolError::ServerDown { .. } | PoolError::Closed => None,
+            PoolError::LoginRejected { .. } | PoolError::LoginFailing { .. } | PoolError::Closed => None,
         }
     }
 }
@@ -156,13 +162,16 @@ impl Pool {
             queued_total,
         });
         pool.db_servers.pools.lock().push(Arc::downgrade(&pool));
+        pool.user_servers.pools.lock().push(Arc::downgrade(&pool));
+        pool.state.lock().opts.spec.probe_room = pool.probe_room();
         upkeep::spawn(&pool);
         expiry::spawn(&pool);
         pool
     }
 
     /// Replaces the settings (config reload). Connections are kept.
-    pub fn reconfigure(self: &Arc<Self>, opts: PoolOptions) {
+    pub fn reconfigure(self: &Arc<Self>, mut opts: PoolOptions) {
+        opts.spec.probe_room = self.probe_room();
         self.metrics.set_limits(limits(&opts.settings));
         self.estimate.configure(&opts.admission);
         let mut st = self.state.lock();
@@ -175,15 +184,16 @@ impl Pool {
         self.state.lock().opts.settings.clone()
     }
 
-    /// The current query_wait_timeout (cheap: read at every wait).
+    /// The current wait limit: query_wait_timeout, or query_timeout when
+    /// shorter (cheap: read at every wait).
     pub fn query_wait_timeout(&self) -> Duration {
-        self.state.lock().opts.settings.query_wait_timeout
+        self.state.lock().opts.settings.wait_limit().0
     }
 
     /// The current query_wait_timeout and configured client_deadline.
     pub fn wait_settings(&self) -> (Duration, Option<Duration>) {
         let st = self.state.lock();
-        (st.opts.settings.query_wait_timeout, st.opts.settings.client_deadline)
+        (st.opts.settings.wait_limit().0, st.opts.settings.client_deadline)
     }
 
     /// Borrows a server, waiting in FIFO order until `deadline`.
@@ -200,11 +210,14 @@ impl Pool {
     /// (`expiry.rs`) ends it when `deadline` passes.
     pub async fn acquire_with(self: &Arc<Self>, started: Instant, deadline: Instant) -> Result<Lease, PoolError> {
         let timed_out = || {
-            let last_error = self.state.lock().last_error.clone();
+            let (last_error, key) = {
+                let st = self.state.lock();
+                (st.last_error.clone(), st.opts.settings.wait_limit().1)
+            };
             // Rounded to whole milliseconds: the budget as configured.
             let budget =
                 Duration::from_millis(((deadline.saturating_duration_since(started).as_micros() + 500) / 1000) as u64);
-            PoolError::WaitTimeout { budget, waited: started.elapsed(), last_error }
+            PoolError::WaitTimeout { budget, waited: started.elapsed(), last_error, key }
         };
         // The clock for the checkout: the caller's reading at first, then
         // the one taken when a server came (or after its check).
@@ -222,6 +235,7 @@ impl Pool {
                             return Err(PoolError::Shed { predicted, left });
                         }
                         Ok(Handed::Expired) => return Err(timed_out()),
+                        Ok(Handed::Rejected(code, message)) => return Err(PoolError::LoginRejected { code, message }),
                         Err(_) => return Err(PoolError::Closed),
                     }
                 }
@@ -303,6 +317,9 @@ impl Pool {
                 st.active += 1;
                 return Ok(Ok(conn));
             }
+        }
+        if let Some(message) = st.login_failing() {
+            return Err(PoolError::LoginFailing { message });
         }
         self.admit(&st, now, deadline)?;
         let total_limit = st.opts.admission.max_waiting_total;
@@ -534,13 +551,15 @@ pub(crate) enum Handed {
     Shed(Duration),
     /// Its budget ran out in the queue (the pool's expiry took it out).
     Expired,
+    /// Postgres refused the pool's login: its SQLSTATE and message.
+    Rejected(crate::protocol::SqlState, String),
 }
 
 impl Handed {
     fn into_server(self) -> Option<Box<ServerConn>> {
         match self {
             Handed::Server(conn) => Some(conn),
-            Handed::Shed(_) | Handed::Expired => None,
+            Handed::Shed(_) | Handed::Expired | Handed::Rejected(..) => None,
         }
     }
 }

@@ -24,13 +24,13 @@ pub struct PoolKey {
     pub user: String,
 }
 
-/// Server connections open or opening to one database, across users, and
-/// the pools (one per user) that share that count.
+/// Server connections open or opening to one database across users (or of
+/// one user across databases), and the pools that share that count.
 #[derive(Debug, Default)]
 pub(crate) struct DbCount {
     pub count: Arc<AtomicU32>,
     pub pools: Mutex<Vec<Weak<Pool>>>,
-    /// Set when a pool's connect was held back by `max_db_connections`;
+    /// Set when a pool's connect was held back by this count's cap;
     /// cleared by whoever then wakes the database's pools (`evict.rs`).
     pub blocked: std::sync::atomic::AtomicBool,
 }
@@ -177,6 +177,8 @@ impl PoolOptions {
             }),
             startup_params: settings.startup_params.clone(),
             connect_query: settings.connect_query.clone(),
+            // Set by the pool itself (`Pool::new`, `reconfigure`).
+            probe_room: Default::default(),
         };
         Some(PoolOptions {
             connect_concurrency: g

@@ -44,6 +44,8 @@ pub(super) struct State {
     pub connecting: u32,
     /// Being cleaned up after a client left them dirty.
     pub recovering: u32,
+    /// Liveness probe sessions holding a place of the pool (`places.rs`).
+    pub probing: u32,
     pub paused: bool,
     pub failures: u32,
     /// Connects refused in a row with 53300 (too many connections): while
@@ -56,11 +58,13 @@ pub(super) struct State {
     /// A task is closing another pool's idle connection to make room
     /// under max_db_connections (`evict.rs`).
     pub evicting: bool,
+    /// A place in the database's or user's count an eviction freed for
+    /// this pool's next connect.
+    pub room: super::evict::Room,
     pub last_error: Option<String>,
-    /// The SQLSTATE a client sees for `last_error`.
-    pub last_error_code: Option<crate::protocol::SqlState>,
-    /// Woken whenever a connect fails (logins of a brand-new pool wait on it).
-    pub connect_failed: std::sync::Arc<tokio::sync::Notify>,
+    /// Postgres's message for the pool's last login, when Postgres refused
+    /// it (cleared by the next server that logs in).
+    pub rejected: Option<String>,
     pub server_params: Option<std::sync::Arc<ParamMap>>,
     /// RECONNECT: connections opened before this close when released.
     pub reconnect_before: Option<Instant>,
@@ -101,15 +105,16 @@ impl State {
             active: 0,
             connecting: 0,
             recovering: 0,
+            probing: 0,
             paused: false,
             failures: 0,
             refusals: 0,
             retry_at: None,
             wake_at: None,
             evicting: false,
+            room: Default::default(),
             last_error: None,
-            last_error_code: None,
-            connect_failed: Default::default(),
+            rejected: None,
             server_params: None,
             reconnect_before: None,
         }
@@ -172,9 +177,36 @@ impl State {
         self.waiters.iter().filter(|w| !w.tx.is_closed() && w.deadline > now).take(cap).count()
     }
 
+    /// Connects demand calls for: the live waiters not covered by idle or
+    /// connecting servers, or the shortfall below min_pool_size (capped by
+    /// pool_size, as PgBouncer caps it), whichever is larger. None while
+    /// paused (PAUSE, KILL, drain open nothing, as PgBouncer's).
+    pub fn unmet_demand(&self) -> u32 {
+        if self.paused {
+            return 0;
+        }
+        let spare = self.idle.len() as u32 + self.connecting;
+        // More waiters than spare + the pool's limit change nothing.
+        let waiting = self.live_waiters_up_to((spare + self.limit() + 1) as usize) as u32;
+        let min = self.opts.settings.min_pool_size.min(self.opts.settings.pool_size);
+        waiting.saturating_sub(spare).max(min.saturating_sub(self.total()))
+    }
+
+    /// PgBouncer's check_fast_fail: while the pool waits out
+    /// server_login_retry after Postgres refused its login, and holds no
+    /// server, a client that would queue is failed at once with the cached
+    /// error instead.
+    /// No clock reading unless a login was refused.
+    pub fn login_failing(&self) -> Option<String> {
+        let message = self.rejected.as_ref()?;
+        let no_server = self.idle.is_empty() && self.active == 0 && self.recovering == 0;
+        let waiting_retry = self.retry_at.is_some_and(|at| at > Instant::now());
+        (no_server && waiting_retry).then(|| message.clone())
+    }
+
     /// All server connections the pool accounts for.
     pub fn total(&self) -> u32 {
-        self.idle.len() as u32 + self.active + self.connecting + self.recovering
+        self.idle.len() as u32 + self.active + self.connecting + self.recovering + self.probing
     }
 
     /// The size limit now: pool_size, plus the reserve once a waiter has

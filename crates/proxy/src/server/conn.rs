@@ -43,6 +43,8 @@ pub struct ConnectSpec {
     pub startup_params: Vec<(String, String)>,
     /// Run once after login (a database's connect_query); empty: none.
     pub connect_query: String,
+    /// Where the silence probe's connection counts (the pool's places).
+    pub probe_room: super::probe::ProbeRoom,
 }
 
 /// Why a connect failed.
@@ -81,6 +83,33 @@ impl ConnectError {
     pub fn refusal(&self) -> Option<ConnectRefusal> {
         let ConnectError::Login(LoginError::Server { code, message }) = self else { return None };
         (code.as_str() == sqlstate::TOO_MANY_CONNECTIONS.code()).then(|| refusal_reason(message))
+    }
+
+    /// A login Postgres (or weir's credentials) refused, as PgBouncer tells
+    /// its waiting clients: the SQLSTATE and Postgres's own message. Also a
+    /// server that breaks the protocol, a TLS requirement it cannot meet and
+    /// a failing connect_query, which no retry mends. None for a connect
+    /// error (refused, timeout, reset, a connection closed during login),
+    /// which is retried while clients wait, and for 57P03 (the database
+    /// system is starting up or shutting down), which PgBouncer also treats
+    /// as temporary.
+    pub fn rejection(&self) -> Option<(SqlState, String)> {
+        match self {
+            ConnectError::Timeout(_) | ConnectError::Io(_) => None,
+            ConnectError::Tls { .. } | ConnectError::ConnectQuery(_) => Some((self.sqlstate(), self.to_string())),
+            ConnectError::Login(e) => match e {
+                LoginError::Server { code, .. } if code == sqlstate::CANNOT_CONNECT_NOW.code() => None,
+                // Too many connections: backpressure (`refusal`), not a rejection.
+                LoginError::Server { code, .. } if code == sqlstate::TOO_MANY_CONNECTIONS.code() => None,
+                LoginError::Eof | LoginError::Io(_) => None,
+                LoginError::Server { .. }
+                | LoginError::NoPassword
+                | LoginError::WrongCredentials { .. }
+                | LoginError::StaleVerifier
+                | LoginError::WrongPasswordType
+                | LoginError::Protocol(_) => Some((e.sqlstate(), e.client_message())),
+            },
+        }
     }
 
     /// The SQLSTATE a waiting client sees when this is why it got no server.

@@ -22,7 +22,18 @@
 //! An ErrorResponse during the probe's login (too many connections, a
 //! password problem) proves the server answers but not that our backend is
 //! alive or dead, so it counts as alive: weir never kills a working query on a
-//! guess. Probes use no pool slot and are not counted as server connections.
+//! guess.
+//!
+//! The probe's connection counts against its pool's limits (`ProbeRoom`):
+//! it takes a place under pool_size + reserve_pool_size, max_db_connections
+//! and max_user_connections, or that of an idle server of the pool, which it
+//! closes. A pool whose every place is busy opens no session for it: the
+//! probe then only asks the postmaster over the same path (an SSLRequest,
+//! answered before any backend starts: no session, no slot under
+//! max_connections). No answer within `server_connect_timeout` is a dead path;
+//! an answer proves the path, and the backend is given the benefit of the
+//! doubt (a lost answer on a path that still works is then found only once
+//! the pool has a place again).
 //!
 //! A path that dies under many busy connections would otherwise send a herd
 //! of probe logins at the server at once: at most `MAX_PROBES` run at a time
@@ -31,6 +42,7 @@
 
 use parking_lot::Mutex;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
@@ -100,13 +112,47 @@ pub enum Verdict {
     Dead(String),
 }
 
+/// Gives a probe its place among its pool's server connections.
+pub trait ProbePlaces: Send + Sync {
+    /// A place held until the returned value is dropped; None when every
+    /// place of the pool is busy.
+    fn take(&self) -> Option<Box<dyn Send + Sync>>;
+}
+
+/// Where a connect spec's probes count (the pool's places); none for a spec
+/// no pool owns. Any two compare equal: it is no part of what a connection
+/// is opened with.
+#[derive(Clone, Default)]
+pub struct ProbeRoom(pub Option<Arc<dyn ProbePlaces>>);
+
+impl PartialEq for ProbeRoom {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for ProbeRoom {}
+
+impl std::fmt::Debug for ProbeRoom {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "ProbeRoom(pool)" } else { "ProbeRoom(none)" })
+    }
+}
+
 /// Checks, on a new connection, whether backend `pid` is still working.
 pub async fn probe(spec: &ConnectSpec, pid: i32) -> Verdict {
     let _permit = PROBES.acquire().await.expect("the probe semaphore is never closed");
     if let Some(why) = recently_dead(spec) {
         return Verdict::Dead(why);
     }
-    match tokio::time::timeout(spec.connect_timeout, ask(spec, pid)).await {
+    let place = match &spec.probe_room.0 {
+        Some(room) => match room.take() {
+            Some(place) => Some(place),
+            None => return path_only(spec, pid).await,
+        },
+        None => None,
+    };
+    let verdict = match tokio::time::timeout(spec.connect_timeout, ask(spec, pid)).await {
         Err(_) => path_dead(
             spec,
             format!("a fresh connection to the server did not answer within {:?}", spec.connect_timeout),
@@ -119,7 +165,40 @@ pub async fn probe(spec: &ConnectSpec, pid: i32) -> Verdict {
         Ok(Err(e)) => Verdict::Dead(format!("a fresh connection to the server failed: {e}")),
         Ok(Ok(true)) => Verdict::Alive,
         Ok(Ok(false)) => Verdict::Dead(format!("backend {pid} is no longer working on the query")),
+    };
+    drop(place);
+    verdict
+}
+
+/// The probe of a pool with no place to spare: whether the postmaster
+/// answers an SSLRequest over the same path, within server_connect_timeout.
+async fn path_only(spec: &ConnectSpec, pid: i32) -> Verdict {
+    crate::span::client_event!(debug, pid, "no place in the pool for a probe session; checking the path only");
+    match tokio::time::timeout(spec.connect_timeout, postmaster_answers(spec)).await {
+        Ok(Ok(())) => Verdict::Alive,
+        Ok(Err(e)) => path_dead(spec, format!("a fresh connection to the server failed: {e}")),
+        Err(_) => path_dead(
+            spec,
+            format!("a fresh connection to the server did not answer within {:?}", spec.connect_timeout),
+        ),
     }
+}
+
+/// Sends an SSLRequest and reads the one-byte answer; then hangs up.
+async fn postmaster_answers(spec: &ConnectSpec) -> std::io::Result<()> {
+    use tokio::io::AsyncReadExt;
+    let request = messages::encryption_request(crate::protocol::tags::startup::SSL_REQUEST);
+    let mut answer = [0u8; 1];
+    if spec.host.starts_with('/') {
+        let mut s = tokio::net::UnixStream::connect(super::conn::socket_path(&spec.host, spec.port)).await?;
+        s.write_all(&request).await?;
+        s.read_exact(&mut answer).await?;
+    } else {
+        let mut s = tokio::net::TcpStream::connect((spec.host.as_str(), spec.port)).await?;
+        s.write_all(&request).await?;
+        s.read_exact(&mut answer).await?;
+    }
+    Ok(())
 }
 
 /// Why the address's last probe failed, if that was within server_connect_timeout.
@@ -210,6 +289,7 @@ mod tests {
             tls: None,
             startup_params: Vec::new(),
             connect_query: String::new(),
+            probe_room: ProbeRoom::default(),
         };
         assert!(matches!(probe(&spec, 1).await, Verdict::Dead(_)));
     }

@@ -166,6 +166,39 @@ impl ClientList {
         doomed.len()
     }
 
+    /// client_idle_timeout (PgBouncer's): kills the pooled clients that hold
+    /// no server and whose latest request (or login, if none) began at least
+    /// `timeout` ago. Returns how many. Runs every gauge tick.
+    pub fn kill_idle(&self, timeout: std::time::Duration) -> usize {
+        let (now, wall) = (Instant::now(), SystemTime::now());
+        let idle_for = |c: &ClientEntry| match c.requested_at() {
+            Some(at) => now.saturating_duration_since(at),
+            None => wall.duration_since(c.connected_at).unwrap_or_default(),
+        };
+        let doomed: Vec<_> = self
+            .all()
+            .into_iter()
+            .filter(|c| !c.console && c.state() == ClientState::Idle && idle_for(c) >= timeout)
+            .collect();
+        doomed.iter().for_each(|c| c.kill("client_idle_timeout"));
+        doomed.len()
+    }
+
+    /// server_fast_close after RECONNECT: kills the pooled clients of
+    /// `pools` (session-mode pools, whose clients hold their server for
+    /// life; the list cannot tell whether one is inside a transaction, so
+    /// one that is loses it, where PgBouncer waits for its end). Returns how
+    /// many.
+    pub fn kill_of_pools(&self, pools: &[Arc<Pool>], why: &'static str) -> usize {
+        let doomed: Vec<_> = self
+            .all()
+            .into_iter()
+            .filter(|c| matches!(&c.owner, Owner::Pool(p) if pools.iter().any(|q| Arc::ptr_eq(p, q))))
+            .collect();
+        doomed.iter().for_each(|c| c.kill(why));
+        doomed.len()
+    }
+
     /// Wakes every pooled client for the drain: idle ones leave at once,
     /// busy ones after their transaction (they check the drain flag, which
     /// is set before this runs, before each request).
