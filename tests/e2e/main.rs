@@ -27,6 +27,7 @@ mod ops;
 mod pgbouncer_corpus;
 mod prepared;
 mod prepared_ddl;
+mod protocol32;
 mod queue;
 mod session_backend;
 mod settings;
