@@ -28,6 +28,11 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 python3 scripts/run-tests.py 2>&1 | tee "$log"
 passed=$(grep -oE "^tests: [0-9]+ passed" "$log" | awk '{print $2}' || true)
+
+echo "== e2e core subset against Postgres 18"
+bash scripts/test-pg-versions.sh --core 18 2>&1 | tee "$log"
+passed18=$(grep -oE "^tests: [0-9]+ passed" "$log" | awk '{print $2}' || true)
+passed=$((${passed:-0} + ${passed18:-0}))
 if [ "$in_ci" = 1 ]; then
     echo "disk: target/ held $(du -sh target | cut -f1) after the tests; removing target/debug"
     rm -rf target/debug
