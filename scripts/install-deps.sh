@@ -63,9 +63,11 @@ if ! command -v go >/dev/null || [ ! -d /usr/share/gocode/src/github.com/jackc/p
     echo "installing go and pgx v4"
     apt_install golang-go golang-github-jackc-pgx-v4-dev
 fi
-if ! python3 -c "import psycopg, asyncpg" >/dev/null 2>&1; then
-    echo "installing psycopg 3 and asyncpg"
-    pip_args=(-q install "psycopg[binary]>=3.2" "asyncpg>=0.29")
+# psycopg's binary wheel bundles libpq: 3.3.9's is libpq 18 (with TLS), the
+# driver matrix's libpq 18 client for direct TLS (tests/e2e/libpq18.rs).
+if ! python3 -c "import psycopg, asyncpg; assert psycopg.pq.version() >= 180000" >/dev/null 2>&1; then
+    echo "installing psycopg 3 (libpq 18) and asyncpg"
+    pip_args=(-q install "psycopg[binary]>=3.3.9" "asyncpg>=0.29")
     python3 -m pip "${pip_args[@]}" || python3 -m pip "${pip_args[@]}" --break-system-packages
 fi
 if ! command -v npm >/dev/null; then

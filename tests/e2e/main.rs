@@ -20,6 +20,7 @@ mod encoding;
 mod hba;
 mod hostile;
 mod hostile_flood;
+mod libpq18;
 mod listen;
 mod liveness;
 mod liveness_watchdog;
