@@ -185,3 +185,36 @@ async fn long_key_cancels_in_transaction_mode() {
 async fn long_key_cancels_in_session_mode() {
     bounded(90, long_key_cancels("session")).await
 }
+
+/// weir asks its servers for 3.2 and takes what they offer; a server that
+/// does not negotiate at all (Debian's PgBouncer 1.18 answers "bad packet
+/// header") is asked for 3.0 from then on, so a 3.2 client still works
+/// behind weir in front of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_does_not_negotiate_gets_3_0() {
+    bounded(90, async {
+        let h = Harness::start(Opts { auth_type: "trust", ..Opts::default() }).await;
+        let bouncer = weir_e2e::pgbouncer::PgBouncer::start(h.pg.port(), TRUST_USER).expect("start pgbouncer");
+        let dir = h.dir.join("behind-pgbouncer");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("userlist.txt"), format!("\"{TRUST_USER}\" \"\"\n")).unwrap();
+        let text = format!(
+            "[weir]\nlisten_addr = \"127.0.0.1:0\"\nauth_type = \"trust\"\nauth_file = \"userlist.txt\"\n\
+             [databases.app]\nhost = \"127.0.0.1\"\nport = {}\n",
+            bouncer.port
+        );
+        let weir = weir::Weir::start(weir::Config::from_toml(&text, &dir).unwrap()).await.expect("start weir");
+        for _ in 0..2 {
+            let (mut c, (_, key)) = login_3_2(weir.local_addr(), TRUST_USER).await;
+            assert_eq!(key.len(), 32, "the client's key is weir's, whatever the server's");
+            assert_eq!(c.query_one("select 'through pgbouncer'").await, "through pgbouncer");
+        }
+        assert_eq!(
+            bouncer.log().matches("closing because: bad packet header").count(),
+            1,
+            "3.2 asked for once: {}",
+            bouncer.log()
+        );
+    })
+    .await
+}

@@ -64,7 +64,7 @@ impl PgBouncer {
         Ok(bouncer)
     }
 
-    fn log(&self) -> String {
+    pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("pgbouncer.log")).unwrap_or_default()
     }
 }

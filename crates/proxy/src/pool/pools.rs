@@ -172,6 +172,7 @@ impl PoolOptions {
             }),
             startup_params: settings.startup_params.clone(),
             connect_query: settings.connect_query.clone(),
+            refuses_3_2: Default::default(),
         };
         Some(PoolOptions {
             connect_concurrency: g

@@ -210,6 +210,7 @@ mod tests {
             tls: None,
             startup_params: Vec::new(),
             connect_query: String::new(),
+            refuses_3_2: Default::default(),
         };
         assert!(matches!(probe(&spec, 1).await, Verdict::Dead(_)));
     }
