@@ -10,6 +10,7 @@
 mod admin;
 mod admission;
 mod auth_query;
+mod client_close;
 mod console_parity;
 mod core;
 mod core_edges;

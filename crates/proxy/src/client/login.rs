@@ -328,6 +328,28 @@ pub(crate) async fn close_after_error(socket: &mut ClientStream) {
     let _ = tokio::time::timeout(ERROR_LINGER, drain).await;
 }
 
+/// How long a client that left mid-query is given to close its end first.
+const CLIENT_CLOSE_LINGER: Duration = Duration::from_secs(1);
+
+/// After a client left mid-query (Terminate, or EOF): waits, briefly, for
+/// its own close before weir closes. Postgres reads a Terminate only once the
+/// running query is done, so a client that sends Terminate and then closes
+/// (libpq's PQfinish) never sees the server's FIN in between; one from weir
+/// would wake a wait on the socket that the client is closing (psycopg then
+/// reports "connection pointer is NULL" instead of "connection socket
+/// closed"). Bytes still sent are dropped.
+pub(crate) async fn await_client_close(socket: &mut ClientStream) {
+    let mut sink = [0u8; 1024];
+    let drain = async {
+        while let Ok(n) = socket.read(&mut sink).await {
+            if n == 0 {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(CLIENT_CLOSE_LINGER, drain).await;
+}
+
 /// Sends a FATAL and closes (see `close_after_error`).
 pub(crate) async fn fatal_and_close(socket: &mut ClientStream, code: crate::protocol::SqlState, message: &str) {
     let mut out = BytesMut::new();
