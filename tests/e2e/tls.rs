@@ -36,21 +36,21 @@ leaf rogue_client rogue_ca "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAu
 leaf rogue_server rogue_ca "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n" localhost
 "#;
 
-struct Certs(PathBuf);
+pub(crate) struct Certs(PathBuf);
 
 impl Certs {
-    fn new() -> Certs {
+    pub(crate) fn new() -> Certs {
         let dir = std::env::temp_dir().join(format!("weir-tls-{}", rand::random::<u32>()));
         std::fs::create_dir_all(&dir).unwrap();
         let out = Command::new("sh").arg("-c").arg(GEN_CERTS).current_dir(&dir).output().expect("run openssl");
         assert!(out.status.success(), "openssl failed: {}", String::from_utf8_lossy(&out.stderr));
         Certs(dir)
     }
-    fn path(&self, name: &str) -> String {
+    pub(crate) fn path(&self, name: &str) -> String {
         self.0.join(name).display().to_string()
     }
     /// `[weir]` lines for a mode, with weir's certificate and the CA.
-    fn general(&self, mode: &str) -> String {
+    pub(crate) fn general(&self, mode: &str) -> String {
         format!(
             "client_tls_sslmode = \"{mode}\"\nclient_tls_cert_file = \"{}\"\nclient_tls_key_file = \"{}\"\nclient_tls_ca_file = \"{}\"\n",
             self.path("server.crt"),

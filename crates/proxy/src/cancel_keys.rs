@@ -3,6 +3,10 @@
 //! the other half: it carries a cancel to Postgres with the server's key). A cancel for a queued query is answered
 //! by weir and never reaches Postgres; one for a running query is forwarded
 //! to that server with the server's own key.
+//!
+//! A client of protocol 3.2 gets a 32-byte random key, as Postgres 18 gives;
+//! one of 3.0 or 3.1 gets 4 bytes. Either maps to whatever key the server
+//! connection has.
 
 use std::collections::hash_map::{Entry, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -18,6 +22,47 @@ use crate::server::cancel::CancelTarget;
 use crate::server::forward_cancel;
 
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The length of the key weir mints for a 3.2 client: 32 random bytes, as
+/// Postgres 18's own.
+pub const LONG_KEY_LEN: usize = 32;
+
+/// The length of a 3.0 key.
+const SHORT_KEY_LEN: usize = 4;
+
+/// A cancel key weir minted for a client (the secret half of BackendKeyData).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Secret {
+    len: u8,
+    bytes: [u8; LONG_KEY_LEN],
+}
+
+impl Secret {
+    fn mint(rng: &mut impl Rng, long: bool) -> Secret {
+        let len = if long { LONG_KEY_LEN } else { SHORT_KEY_LEN };
+        let mut bytes = [0u8; LONG_KEY_LEN];
+        rng.fill(&mut bytes[..len]);
+        Secret { len: len as u8, bytes }
+    }
+
+    /// The key as BackendKeyData carries it.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+
+    /// Whether a CancelRequest's key is this one; the comparison does not
+    /// stop at the first byte that differs.
+    fn matches(&self, key: &[u8]) -> bool {
+        let mine = self.as_bytes();
+        mine.len() == key.len() && mine.iter().zip(key).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Secret({} bytes)", self.len)
+    }
+}
 
 #[derive(Debug)]
 enum Where {
@@ -137,7 +182,7 @@ impl Hasher for PidHasher {
     }
 }
 
-type Slots = HashMap<i32, (i32, Arc<CancelSlot>), BuildHasherDefault<PidHasher>>;
+type Slots = HashMap<i32, (Secret, Arc<CancelSlot>), BuildHasherDefault<PidHasher>>;
 
 /// All clients' keys.
 #[derive(Debug, Default)]
@@ -151,7 +196,6 @@ pub struct CancelKeys {
 pub struct Registration {
     registry: Arc<CancelKeys>,
     pub pid: i32,
-    pub secret: i32,
     pub slot: Arc<CancelSlot>,
 }
 
@@ -166,15 +210,17 @@ impl CancelKeys {
         Arc::new(CancelKeys::default())
     }
 
-    /// Gives a new client a unique random key.
+    /// Gives a new client a unique random key (a 4-byte secret, as 3.0's).
     pub fn register(self: &Arc<Self>) -> Registration {
-        self.register_as(None)
+        self.register_as(None, false).0
     }
 
     /// Gives a new client a key with `pid` (a session-mode client's server's
     /// own pid) if no other client holds that pid, else a random one; the
-    /// secret is always weir's.
-    pub fn register_as(self: &Arc<Self>, mut pid: Option<i32>) -> Registration {
+    /// secret is always weir's: 32 random bytes when `long` (protocol 3.2),
+    /// else 4. The secret comes back beside the registration, for the
+    /// greeting only: the client's task does not keep it.
+    pub fn register_as(self: &Arc<Self>, mut pid: Option<i32>, long: bool) -> (Registration, Secret) {
         let slot = Arc::new(CancelSlot {
             at: Mutex::new(At { query: Where::Idle, requested: None }),
             switch: Default::default(),
@@ -184,9 +230,9 @@ impl CancelKeys {
         loop {
             let pid = pid.take().unwrap_or_else(|| rng.gen_range(1..i32::MAX));
             if let Entry::Vacant(free) = slots.entry(pid) {
-                let secret = rng.gen();
+                let secret = Secret::mint(&mut rng, long);
                 free.insert((secret, slot.clone()));
-                return Registration { registry: self.clone(), pid, secret, slot };
+                return (Registration { registry: self.clone(), pid, slot }, secret);
             }
         }
     }
@@ -197,11 +243,11 @@ impl CancelKeys {
     /// until Postgres has signalled the backend, as Postgres itself does
     /// (libpq, pgx and pgjdbc take the close as "delivered"; answering sooner
     /// let a late cancel hit the client's next query).
-    pub fn cancel(&self, pid: i32, secret: i32) -> (CancelOutcome, Option<tokio::task::JoinHandle<()>>) {
+    pub fn cancel(&self, pid: i32, key: &[u8]) -> (CancelOutcome, Option<tokio::task::JoinHandle<()>>) {
         let slot = {
             let slots = self.slots.lock();
             match slots.get(&pid) {
-                Some((s, slot)) if *s == secret => slot.clone(),
+                Some((s, slot)) if s.matches(key) => slot.clone(),
                 _ => {
                     self.metrics.record_cancel(CancelOutcome::Unknown);
                     return (CancelOutcome::Unknown, None);
@@ -236,5 +282,30 @@ impl CancelKeys {
         };
         self.metrics.record_cancel(outcome);
         (outcome, forwarding)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn long_keys_for_3_2_and_exact_matches_only() {
+        let keys = CancelKeys::new();
+        let (long, long_secret) = keys.register_as(None, true);
+        let (short, short_secret) = keys.register_as(None, false);
+        assert_eq!(long_secret.as_bytes().len(), LONG_KEY_LEN);
+        assert_eq!(short_secret.as_bytes().len(), 4);
+        assert_ne!(long_secret.as_bytes(), &[0u8; LONG_KEY_LEN], "random bytes");
+        let key = long_secret.as_bytes().to_vec();
+        assert_eq!(keys.cancel(long.pid, &key).0, CancelOutcome::AnsweredLocally);
+        assert_eq!(keys.cancel(long.pid, &key[..4]).0, CancelOutcome::Unknown, "a prefix is not the key");
+        let mut flipped = key.clone();
+        flipped[31] ^= 1;
+        assert_eq!(keys.cancel(long.pid, &flipped).0, CancelOutcome::Unknown);
+        assert_eq!(keys.cancel(short.pid, short_secret.as_bytes()).0, CancelOutcome::AnsweredLocally);
+        let mut padded = short_secret.as_bytes().to_vec();
+        padded.extend_from_slice(&[0; 28]);
+        assert_eq!(keys.cancel(short.pid, &padded).0, CancelOutcome::Unknown, "a 4-byte key padded");
     }
 }

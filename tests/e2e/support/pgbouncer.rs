@@ -31,6 +31,11 @@ impl PgBouncer {
             weir_testkit::pgbouncer::PgBouncer::start(&dir, &databases, &settings).map_err(|e| e.to_string())?;
         Ok(PgBouncer { port: running.port, _running: running })
     }
+
+    /// PgBouncer's log so far.
+    pub fn log(&self) -> String {
+        self._running.log()
+    }
 }
 
 /// What a console answered to one `SHOW`.

@@ -174,8 +174,8 @@ async fn greet_as(
 ) -> Result<(Role, Registration), ClientError> {
     let server = console_params();
     let params = login::client_params(&login.req, &server);
-    let key = shared.cancels.register();
-    let hello = login::greeting(&server, &params, (key.pid, key.secret), login.minor, &login.req.protocol_options);
+    let (key, secret) = shared.cancels.register_as(None, login.minor >= crate::protocol::startup::LONG_KEY_MINOR);
+    let hello = login::greeting(&server, &params, (key.pid, secret.as_bytes()));
     socket.write_all(&hello).await.map_err(ClientError::Io)?;
     Ok((role, key))
 }

@@ -141,10 +141,10 @@ async fn log_in<'a>(
     let mut timer = std::pin::pin!(tokio::time::sleep_until(login_deadline.into()));
     let first = within(timer.as_mut(), login::read_startup(socket, &mut buf, tls.as_deref(), cfg)).await?;
     let (minor, req) = match first {
-        First::Cancel { pid, secret } => {
+        First::Cancel { pid, key } => {
             // Held open until the cancel has reached Postgres (at most the
             // forward's own 5 s limit), then closed, as Postgres answers.
-            if let (_, Some(forwarding)) = shared.cancels.cancel(pid, secret) {
+            if let (_, Some(forwarding)) = shared.cancels.cancel(pid, &key) {
                 let _ = forwarding.await;
             }
             return Ok(None);

@@ -25,7 +25,7 @@ pub enum ClientError {
     BouncerConfig,
     #[error("no PostgreSQL user name specified in startup packet")]
     NoUser,
-    #[error("unsupported frontend protocol {0}.{1}: weir supports 3.0")]
+    #[error("unsupported frontend protocol {0}.{1}: server supports 3.0 to 3.2")]
     UnsupportedProtocol(u16, u16),
     #[error("{0}")]
     BadStartupParameter(String),

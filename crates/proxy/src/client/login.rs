@@ -45,15 +45,11 @@ pub const DEADLINE_PARAM: &str = "weir.client_deadline";
 /// caller matches on it, and a box would cost every login an allocation.
 #[allow(clippy::large_enum_variant)]
 pub enum First {
-    Cancel {
-        pid: i32,
-        secret: i32,
-    },
-    /// A StartupMessage, its parameters sorted by `interpret`.
-    Startup {
-        minor: u16,
-        req: Request,
-    },
+    /// A CancelRequest: its key is 4 bytes (3.0) or longer (3.2).
+    Cancel { pid: i32, key: bytes::Bytes },
+    /// A StartupMessage, its parameters sorted by `interpret`; `minor` is
+    /// the version negotiated (NegotiateProtocolVersion, if due, is sent).
+    Startup { minor: u16, req: Request },
 }
 
 /// Reads the startup packet. SSLRequest gets `S` and a TLS handshake when
@@ -94,14 +90,33 @@ pub async fn read_startup(
             StartupPacket::SslRequest | StartupPacket::GssEncRequest => {
                 stream.write_all(&[REFUSE_ENCRYPTION]).await.map_err(ClientError::Io)?;
             }
-            StartupPacket::Cancel { pid, secret } => return Ok(First::Cancel { pid, secret }),
+            StartupPacket::Cancel { pid, key } => {
+                return Ok(First::Cancel { pid, key: packet.slice_ref(key) });
+            }
             _ if tls.is_some_and(|t| t.mode.required()) && !stream.is_tls() => return Err(ClientError::TlsRequired),
             StartupPacket::Startup { major: 3, minor, params } => {
-                return Ok(First::Startup { minor, req: interpret(&params, cfg)? })
+                let req = interpret(&params, cfg)?;
+                negotiate(stream, minor, &req.protocol_options).await?;
+                return Ok(First::Startup { minor: startup::negotiated_minor(minor), req });
             }
             StartupPacket::Startup { major, minor, .. } => return Err(ClientError::UnsupportedProtocol(major, minor)),
         }
     }
+}
+
+/// Sends NegotiateProtocolVersion when it is due, before authentication, as
+/// Postgres 18 does: weir's newest version (3.2), or the client's if older,
+/// as a whole version number, and every `_pq_.` option the client sent (weir
+/// knows none).
+async fn negotiate(stream: &mut ClientStream, requested: u16, options: &[String]) -> Result<(), ClientError> {
+    if !startup::needs_negotiation(requested, options.len()) {
+        return Ok(());
+    }
+    let version = (3 << 16) | i32::from(startup::negotiated_minor(requested));
+    let opts: Vec<&str> = options.iter().map(String::as_str).collect();
+    let mut out = BytesMut::new();
+    messages::negotiate_protocol_version(&mut out, version, &opts);
+    stream.write_all(&out).await.map_err(ClientError::Io)
 }
 
 /// Whether the client's first byte opens a TLS handshake (without reading it).
@@ -273,19 +288,10 @@ const GREETING_CAPACITY: usize = 1024;
 
 /// AuthenticationOk, every ParameterStatus, BackendKeyData and ReadyForQuery,
 /// in one buffer: the server's parameters with the client's values, then
-/// any the client has and the server does not report.
-pub fn greeting(
-    server: &ParamMap,
-    client: &ParamMap,
-    key: (i32, i32),
-    minor: u16,
-    protocol_options: &[String],
-) -> BytesMut {
+/// any the client has and the server does not report. The key is the pid
+/// and weir's secret (4 bytes, or 32 for a 3.2 client).
+pub fn greeting(server: &ParamMap, client: &ParamMap, key: (i32, &[u8])) -> BytesMut {
     let mut out = BytesMut::with_capacity(GREETING_CAPACITY);
-    if minor > 0 || !protocol_options.is_empty() {
-        let opts: Vec<&str> = protocol_options.iter().map(String::as_str).collect();
-        messages::negotiate_protocol_version(&mut out, 0, &opts);
-    }
     messages::authentication(&mut out, auth::OK, &[]);
     let mut overridden = 0;
     for (k, v) in server.iter() {
@@ -297,7 +303,7 @@ pub fn greeting(
             messages::parameter_status(&mut out, k, v);
         }
     }
-    messages::backend_key_data(&mut out, key.0, key.1);
+    messages::backend_key(&mut out, key.0, key.1);
     messages::ready_for_query(&mut out, status::IDLE);
     out
 }
@@ -320,6 +326,28 @@ pub(crate) async fn close_after_error(socket: &mut ClientStream) {
         }
     };
     let _ = tokio::time::timeout(ERROR_LINGER, drain).await;
+}
+
+/// How long a client that left mid-query is given to close its end first.
+const CLIENT_CLOSE_LINGER: Duration = Duration::from_secs(1);
+
+/// After a client left mid-query (Terminate, or EOF): waits, briefly, for
+/// its own close before weir closes. Postgres reads a Terminate only once the
+/// running query is done, so a client that sends Terminate and then closes
+/// (libpq's PQfinish) never sees the server's FIN in between; one from weir
+/// would wake a wait on the socket that the client is closing (psycopg then
+/// reports "connection pointer is NULL" instead of "connection socket
+/// closed"). Bytes still sent are dropped.
+pub(crate) async fn await_client_close(socket: &mut ClientStream) {
+    let mut sink = [0u8; 1024];
+    let drain = async {
+        while let Ok(n) = socket.read(&mut sink).await {
+            if n == 0 {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(CLIENT_CLOSE_LINGER, drain).await;
 }
 
 /// Sends a FATAL and closes (see `close_after_error`).

@@ -30,8 +30,8 @@ pub use session::Session;
 /// What the greeting needs once the client is authenticated.
 pub(crate) struct Hello {
     server_params: Arc<crate::params::ParamMap>,
-    minor: u16,
-    protocol_options: Vec<String>,
+    /// The secret of the client's cancel key (4 bytes, or 32 for 3.2).
+    secret: crate::cancel_keys::Secret,
     /// The end of the client's wait budget for a server.
     deadline: Instant,
 }
@@ -91,7 +91,8 @@ pub(crate) async fn log_in<'a>(
     let server_params = pool.server_params(deadline).await?;
     let mut params = login::client_params(&req, &server_params);
     login::check_startup_settings(&pool, deadline, &mut params, &req.settings, &server_params).await?;
-    let reg = shared.cancels.register();
+    let long_key = minor >= crate::protocol::startup::LONG_KEY_MINOR;
+    let (reg, secret) = shared.cancels.register_as(None, long_key);
     let login = session::LoggedIn {
         pool,
         mode: settings.pool_mode,
@@ -102,7 +103,7 @@ pub(crate) async fn log_in<'a>(
         max_message: cfg.weir.max_message_size,
         shutdown: shared.shutdown.clone(),
     };
-    let hello = Hello { server_params, minor, protocol_options: req.protocol_options, deadline };
+    let hello = Hello { server_params, secret, deadline };
     Ok((Session::new(socket, std::mem::take(buf), login), hello))
 }
 
@@ -113,16 +114,17 @@ pub(crate) async fn log_in<'a>(
 /// query's would be, not by client_login_timeout.
 pub(crate) async fn greet<'a>(
     mut session: Session<'a>,
-    hello: Hello,
+    mut hello: Hello,
     shared: &Arc<Shared>,
 ) -> Result<Session<'a>, ClientError> {
     if session.mode == PoolMode::Session {
         let lease = take_server(&mut session, hello.deadline).await?;
-        session.reg = shared.cancels.register_as(Some(lease.conn().backend_pid()));
+        let long_key = hello.secret.as_bytes().len() == crate::cancel_keys::LONG_KEY_LEN;
+        (session.reg, hello.secret) = shared.cancels.register_as(Some(lease.conn().backend_pid()), long_key);
         session.held = Some(Box::new(lease));
     }
-    let key = (session.reg.pid, session.reg.secret);
-    let out = login::greeting(&hello.server_params, &session.params, key, hello.minor, &hello.protocol_options);
+    let key = (session.reg.pid, hello.secret.as_bytes());
+    let out = login::greeting(&hello.server_params, &session.params, key);
     session.client.write_all(&out).await.map_err(ClientError::Io)?;
     Ok(session)
 }

@@ -569,10 +569,16 @@ impl<'a> Session<'a> {
                 Ok(true)
             }
             Ended::ClientGone => {
-                if lease.conn().conv.query_in_flight() {
+                let in_flight = lease.conn().conv.query_in_flight();
+                if in_flight {
                     self.pool.metrics.record_dropped_query(DropReason::ClientGone);
                 }
+                // The server goes back now (the pool cancels what runs).
                 drop(lease);
+                if in_flight {
+                    // Boxed: rare, and kept out of every request's future.
+                    Box::pin(super::login::await_client_close(self.client)).await;
+                }
                 Ok(false)
             }
             Ended::ServerGone { told } => {

@@ -329,7 +329,6 @@ mod tests {
         let cancel = CancelTarget {
             addr: crate::server::cancel::CancelAddr::Tcp("127.0.0.1:1".parse().unwrap()),
             pid: 1,
-            secret: 2,
             gate: Default::default(),
         };
         let mut timer = AlarmTimer::default();

@@ -179,6 +179,7 @@ impl PoolOptions {
             connect_query: settings.connect_query.clone(),
             // Set by the pool itself (`Pool::new`, `reconfigure`).
             probe_room: Default::default(),
+            refuses_3_2: Default::default(),
         };
         Some(PoolOptions {
             connect_concurrency: g

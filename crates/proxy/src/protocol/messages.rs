@@ -80,15 +80,22 @@ pub fn parameter_status(buf: &mut BytesMut, name: &str, value: &str) {
 }
 
 pub fn backend_key_data(buf: &mut BytesMut, pid: i32, secret: i32) {
+    backend_key(buf, pid, &secret.to_be_bytes());
+}
+
+/// BackendKeyData with a key of any length (4 bytes in 3.0, longer in 3.2).
+pub fn backend_key(buf: &mut BytesMut, pid: i32, key: &[u8]) {
     let at = begin(buf, tag::BACKEND_KEY_DATA);
     buf.put_i32(pid);
-    buf.put_i32(secret);
+    buf.put_slice(key);
     finish(buf, at);
 }
 
-pub fn negotiate_protocol_version(buf: &mut BytesMut, newest_minor: i32, unknown_options: &[&str]) {
+/// NegotiateProtocolVersion: `version` is a whole protocol version number,
+/// `(3 << 16) | minor`, as Postgres writes it (196608 for 3.0).
+pub fn negotiate_protocol_version(buf: &mut BytesMut, version: i32, unknown_options: &[&str]) {
     let at = begin(buf, tag::NEGOTIATE_PROTOCOL_VERSION);
-    buf.put_i32(newest_minor);
+    buf.put_i32(version);
     buf.put_i32(unknown_options.len() as i32);
     for o in unknown_options {
         buf.put_slice(o.as_bytes());
@@ -113,6 +120,16 @@ pub fn sync(buf: &mut BytesMut) {
 /// A frontend Terminate message.
 pub fn terminate(buf: &mut BytesMut) {
     buf.put_slice(&[super::tags::frontend::TERMINATE, 0, 0, 0, 4]);
+}
+
+/// An untagged CancelRequest packet with a key of any length (3.2's are longer than 4 bytes).
+pub fn cancel_request_with_key(pid: i32, key: &[u8]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(12 + key.len());
+    p.extend_from_slice(&((12 + key.len()) as i32).to_be_bytes());
+    p.extend_from_slice(&super::tags::startup::CANCEL_REQUEST.to_be_bytes());
+    p.extend_from_slice(&pid.to_be_bytes());
+    p.extend_from_slice(key);
+    p
 }
 
 /// An untagged CancelRequest packet.

@@ -6,12 +6,42 @@ use super::{frame::read_cstr, tags::startup as code, ProtocolError};
 /// Postgres refuses startup packets longer than this (`MAX_STARTUP_PACKET_LENGTH`).
 pub const MAX_STARTUP_PACKET_LEN: usize = 10_000;
 
+/// The newest minor version of protocol 3 weir speaks: 3.2, as Postgres 18.
+pub const NEWEST_MINOR: u16 = 2;
+
+/// The first minor version whose cancel keys are longer than 4 bytes (3.2).
+pub const LONG_KEY_MINOR: u16 = 2;
+
+/// The longest cancel key the protocol allows in a CancelRequest (3.2).
+pub const MAX_CANCEL_KEY_LEN: usize = 256;
+
+/// The minor version a client asking for 3.`requested` gets: its own, or
+/// weir's newest if it asked for more (as Postgres 18 answers).
+pub fn negotiated_minor(requested: u16) -> u16 {
+    requested.min(NEWEST_MINOR)
+}
+
+/// Whether a client asking for 3.`requested` (with `unknown_options`
+/// `_pq_.` options) is sent NegotiateProtocolVersion before authentication:
+/// when it asked for a newer minor version than weir's, or for any option.
+pub fn needs_negotiation(requested: u16, unknown_options: usize) -> bool {
+    requested > NEWEST_MINOR || unknown_options > 0
+}
+
 /// A parsed untagged packet; a StartupMessage's parameters are read in
 /// place (borrowed from the packet).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StartupPacket<'a> {
-    Startup { major: u16, minor: u16, params: Vec<(&'a str, &'a str)> },
-    Cancel { pid: i32, secret: i32 },
+    Startup {
+        major: u16,
+        minor: u16,
+        params: Vec<(&'a str, &'a str)>,
+    },
+    /// A CancelRequest: the key is 4 bytes (3.0) or longer (3.2).
+    Cancel {
+        pid: i32,
+        key: &'a [u8],
+    },
     SslRequest,
     GssEncRequest,
 }
@@ -41,10 +71,9 @@ pub fn parse(packet: &[u8]) -> Result<StartupPacket<'_>, ProtocolError> {
     match version {
         code::SSL_REQUEST if body.is_empty() => Ok(StartupPacket::SslRequest),
         code::GSSENC_REQUEST if body.is_empty() => Ok(StartupPacket::GssEncRequest),
-        code::CANCEL_REQUEST if body.len() == 8 => Ok(StartupPacket::Cancel {
-            pid: i32::from_be_bytes([body[0], body[1], body[2], body[3]]),
-            secret: i32::from_be_bytes([body[4], body[5], body[6], body[7]]),
-        }),
+        code::CANCEL_REQUEST if (5..=4 + MAX_CANCEL_KEY_LEN).contains(&body.len()) => {
+            Ok(StartupPacket::Cancel { pid: i32::from_be_bytes([body[0], body[1], body[2], body[3]]), key: &body[4..] })
+        }
         code::SSL_REQUEST | code::GSSENC_REQUEST | code::CANCEL_REQUEST => Err(ProtocolError::Truncated),
         _ => {
             let major = (version >> 16) as u16;
@@ -93,10 +122,26 @@ mod tests {
     }
 
     #[test]
+    fn negotiates_as_postgres_18() {
+        assert_eq!((negotiated_minor(0), needs_negotiation(0, 0)), (0, false));
+        assert_eq!((negotiated_minor(1), needs_negotiation(1, 0)), (1, false));
+        assert_eq!((negotiated_minor(2), needs_negotiation(2, 0)), (2, false));
+        assert_eq!((negotiated_minor(9999), needs_negotiation(9999, 0)), (2, true));
+        assert!(needs_negotiation(0, 1), "any _pq_. option");
+    }
+
+    #[test]
     fn parses_cancel_and_ssl() {
         let mut body = 7i32.to_be_bytes().to_vec();
         body.extend_from_slice(&9i32.to_be_bytes());
-        assert_eq!(parse(&packet(code::CANCEL_REQUEST, &body)).unwrap(), StartupPacket::Cancel { pid: 7, secret: 9 });
+        let p = packet(code::CANCEL_REQUEST, &body);
+        assert_eq!(parse(&p).unwrap(), StartupPacket::Cancel { pid: 7, key: &9i32.to_be_bytes() });
+        body.extend_from_slice(&[0xab; 28]);
+        let p = packet(code::CANCEL_REQUEST, &body);
+        assert!(matches!(parse(&p).unwrap(), StartupPacket::Cancel { pid: 7, key } if key.len() == 32), "a 3.2 key");
+        body.extend_from_slice(&[0; MAX_CANCEL_KEY_LEN]);
+        assert_eq!(parse(&packet(code::CANCEL_REQUEST, &body)), Err(ProtocolError::Truncated), "over 256 bytes");
+        assert_eq!(parse(&packet(code::CANCEL_REQUEST, &7i32.to_be_bytes())), Err(ProtocolError::Truncated), "no key");
         assert_eq!(parse(&packet(code::SSL_REQUEST, b"")).unwrap(), StartupPacket::SslRequest);
     }
 }

@@ -70,6 +70,7 @@ pub mod auth {
 /// Codes that stand where a protocol version stands in an untagged startup packet.
 pub mod startup {
     pub const PROTOCOL_3_0: i32 = 196_608;
+    pub const PROTOCOL_3_2: i32 = 196_610;
     pub const CANCEL_REQUEST: i32 = 80_877_102;
     pub const SSL_REQUEST: i32 = 80_877_103;
     pub const GSSENC_REQUEST: i32 = 80_877_104;

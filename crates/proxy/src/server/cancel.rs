@@ -28,12 +28,17 @@ pub struct CancelGate {
     /// The connection uses TLS: so does its cancel (as libpq 17's), with the
     /// same client configuration and server name.
     tls: Option<(Arc<ServerTls>, String)>,
+    /// The server's cancel key (4 bytes in 3.0, longer in 3.2): here, with
+    /// the connection's other fixed facts, so that lending the target to a
+    /// query costs nothing more.
+    key: Box<[u8]>,
 }
 
 impl CancelGate {
-    /// The gate of a connection that uses TLS with `tls` towards `host`.
-    pub fn over_tls(tls: Arc<ServerTls>, host: String) -> Self {
-        CancelGate { tls: Some((tls, host)), ..CancelGate::default() }
+    /// The gate of a connection whose cancel key is `key`, using TLS with
+    /// `tls` towards a host if given.
+    pub fn new(key: Box<[u8]>, tls: Option<(Arc<ServerTls>, String)>) -> Self {
+        CancelGate { tls, key, ..CancelGate::default() }
     }
 
     pub fn is_open(&self) -> bool {
@@ -83,7 +88,7 @@ impl CancelAddr {
 pub struct CancelTarget {
     pub addr: CancelAddr,
     pub pid: i32,
-    pub secret: i32,
+    /// The gate, which also holds the server's cancel key.
     pub gate: Arc<CancelGate>,
 }
 
@@ -123,7 +128,7 @@ async fn send_cancel(target: &CancelTarget) -> std::io::Result<()> {
         }
         (CancelAddr::Tcp(addr), None) => ServerStream::Plain(TcpStream::connect(addr).await?),
     };
-    s.write_all(&messages::cancel_request(target.pid, target.secret)).await?;
+    s.write_all(&messages::cancel_request_with_key(target.pid, &target.gate.key)).await?;
     s.flush().await?;
     let mut sink = [0u8; 64];
     // Postgres answers nothing and closes once the backend has been signalled.

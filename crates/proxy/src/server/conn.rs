@@ -20,6 +20,7 @@ use super::socket::{self, Liveness};
 use super::statements::ServerStatements;
 use super::stream::ServerStream;
 use crate::params::ParamMap;
+use crate::protocol::startup::NEWEST_MINOR;
 use crate::protocol::{sqlstate, SqlState};
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -45,7 +46,40 @@ pub struct ConnectSpec {
     pub connect_query: String,
     /// Where the silence probe's connection counts (the pool's places).
     pub probe_room: super::probe::ProbeRoom,
+    /// Set once the server has refused a protocol 3.2 startup outright (a
+    /// pooler that does not negotiate, such as PgBouncer 1.18): its
+    /// connections then ask for 3.0.
+    pub refuses_3_2: Learned,
 }
+
+/// A fact learned from the server, not configured: copied with the spec,
+/// and never a difference between two specs.
+#[derive(Debug, Default)]
+pub struct Learned(std::sync::atomic::AtomicBool);
+
+impl Learned {
+    fn get(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    fn set(&self) {
+        self.0.store(true, Ordering::Relaxed)
+    }
+}
+
+impl Clone for Learned {
+    fn clone(&self) -> Self {
+        Learned(self.get().into())
+    }
+}
+
+impl PartialEq for Learned {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for Learned {}
 
 /// Why a connect failed.
 #[derive(Debug, thiserror::Error)]
@@ -321,7 +355,8 @@ async fn connect_plain(spec: Arc<ConnectSpec>, metrics: &Arc<PoolMetrics>) -> Re
     for (k, v) in &login.server_params {
         params.set(k, v);
     }
-    let cancel = cancel_target(addr, login.backend_pid, login.backend_secret, stream.is_tls().then_some(&spec));
+    let key = login.backend_key.into_boxed_slice();
+    let cancel = cancel_target(addr, login.backend_pid, key, stream.is_tls().then_some(&spec));
     let now = Instant::now();
     Ok(ServerConn {
         id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -346,12 +381,9 @@ async fn connect_plain(spec: Arc<ConnectSpec>, metrics: &Arc<PoolMetrics>) -> Re
     })
 }
 
-fn cancel_target(addr: CancelAddr, pid: i32, secret: i32, tls: Option<&ConnectSpec>) -> CancelTarget {
-    let gate = match tls.and_then(|s| Some((s.tls.clone()?, s.host.clone()))) {
-        Some((tls, host)) => CancelGate::over_tls(tls, host),
-        None => CancelGate::default(),
-    };
-    CancelTarget { addr, pid, secret, gate: Arc::new(gate) }
+fn cancel_target(addr: CancelAddr, pid: i32, key: Box<[u8]>, tls: Option<&ConnectSpec>) -> CancelTarget {
+    let tls = tls.and_then(|s| Some((s.tls.clone()?, s.host.clone())));
+    CancelTarget { addr, pid, gate: Arc::new(CancelGate::new(key, tls)) }
 }
 
 /// The Unix socket of a Postgres whose `host` is the folder `dir`, as libpq
@@ -366,6 +398,24 @@ pub fn socket_path(dir: &str, port: u16) -> PathBuf {
 /// returned buffer.
 pub(super) async fn open(
     spec: &ConnectSpec,
+) -> Result<(ServerStream, BytesMut, super::login::LoginResult), ConnectError> {
+    if spec.refuses_3_2.get() {
+        return open_with(spec, 0).await;
+    }
+    match open_with(spec, NEWEST_MINOR).await {
+        Err(ConnectError::Login(e)) if e.refuses_version() => {
+            tracing::info!(host = %spec.host, port = spec.port, error = %e, "the server refused protocol 3.2; using 3.0");
+            spec.refuses_3_2.set();
+            open_with(spec, 0).await
+        }
+        other => other,
+    }
+}
+
+/// `open`, asking for protocol 3.`minor`.
+async fn open_with(
+    spec: &ConnectSpec,
+    minor: u16,
 ) -> Result<(ServerStream, BytesMut, super::login::LoginResult), ConnectError> {
     let mut stream = if spec.host.starts_with('/') {
         ServerStream::Unix(UnixStream::connect(socket_path(&spec.host, spec.port)).await?)
@@ -383,6 +433,7 @@ pub(super) async fn open(
         credentials: &spec.credentials,
         database: &spec.dbname,
         startup_params: &spec.startup_params,
+        minor,
     };
     let result = login(&mut stream, &mut buf, &params).await?;
     Ok((stream, buf, result))

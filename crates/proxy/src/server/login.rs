@@ -11,6 +11,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use super::scram_client::PassthroughClient;
 use crate::auth::Credentials;
+use crate::protocol::startup::MAX_CANCEL_KEY_LEN;
 use crate::protocol::{messages, sqlstate, tags, Frame, SqlState};
 use crate::wire::{self, WireError};
 
@@ -27,6 +28,9 @@ pub struct LoginParams<'a> {
     pub database: &'a str,
     /// Extra startup parameters (e.g. application_name), already filtered.
     pub startup_params: &'a [(String, String)],
+    /// The minor version of protocol 3 asked for; the server may offer an
+    /// older one (NegotiateProtocolVersion), which weir then speaks.
+    pub minor: u16,
 }
 
 /// What the server told weir during login.
@@ -34,7 +38,10 @@ pub struct LoginParams<'a> {
 pub struct LoginResult {
     pub server_params: Vec<(String, String)>,
     pub backend_pid: i32,
-    pub backend_secret: i32,
+    /// The server's cancel key: 4 bytes in 3.0, longer in 3.2 (32 from Postgres 18).
+    pub backend_key: Vec<u8>,
+    /// The minor version of protocol 3 the server speaks.
+    pub minor: u16,
 }
 
 /// Why a login failed.
@@ -113,6 +120,14 @@ impl LoginError {
         }
     }
 
+    /// Whether the server refused the startup packet's protocol version: a
+    /// server that does not negotiate answers 3.2 with a protocol violation
+    /// (PgBouncer's "bad packet header") or "unsupported frontend protocol".
+    pub fn refuses_version(&self) -> bool {
+        matches!(self, LoginError::Server { code, .. }
+            if code == sqlstate::PROTOCOL_VIOLATION.code() || code == sqlstate::FEATURE_NOT_SUPPORTED.code())
+    }
+
     /// Whether the credentials were refused (or missing): retrying will not
     /// help until the configuration changes.
     pub fn is_auth_failure(&self) -> bool {
@@ -160,17 +175,32 @@ pub async fn login<S: AsyncRead + AsyncWrite + Unpin>(
     p: &LoginParams<'_>,
 ) -> Result<LoginResult, LoginError> {
     let mut out = BytesMut::with_capacity(256);
-    write_startup(&mut out, p)?;
+    write_startup(&mut out, p);
     flush(stream, &mut out).await?;
-    authenticate(stream, buf, &mut out, p).await?;
-    collect_until_ready(stream, buf).await
+    let minor = authenticate(stream, buf, &mut out, p).await?;
+    let mut result = collect_until_ready(stream, buf).await?;
+    result.minor = minor;
+    Ok(result)
 }
 
-fn write_startup(out: &mut BytesMut, p: &LoginParams<'_>) -> Result<(), LoginError> {
-    let fixed = [("user", p.user), ("database", p.database)];
-    let extra = p.startup_params.iter().map(|(k, v)| (k.as_str(), v.as_str()));
-    frontend::startup_message(fixed.into_iter().chain(extra), out)
-        .map_err(|e| protocol(format!("cannot encode startup message: {e}")))
+fn write_startup(out: &mut BytesMut, p: &LoginParams<'_>) {
+    let mut params = vec![("user", p.user), ("database", p.database)];
+    params.extend(p.startup_params.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    messages::startup_message(out, (3 << 16) | i32::from(p.minor), &params);
+}
+
+/// The minor version a server's NegotiateProtocolVersion offers: one of 3
+/// no newer than asked for (weir asks for no `_pq_.` options, so any it
+/// lists are ignored).
+fn offered_minor(body: &[u8], asked: u16) -> Result<u16, LoginError> {
+    let Some(version) = body.first_chunk::<4>().map(|b| i32::from_be_bytes(*b)) else {
+        return Err(protocol("truncated NegotiateProtocolVersion"));
+    };
+    let (major, minor) = (version >> 16, (version & 0xffff) as u16);
+    if major != 3 || minor > asked {
+        return Err(protocol(format!("the server offered protocol {major}.{minor}, weir asked for 3.{asked}")));
+    }
+    Ok(minor)
 }
 
 async fn flush<S: AsyncWrite + Unpin>(stream: &mut S, out: &mut BytesMut) -> Result<(), LoginError> {
@@ -213,23 +243,33 @@ fn auth_request(frame: &Frame) -> Result<(i32, &[u8]), LoginError> {
     Ok((i32::from_be_bytes(*code), payload))
 }
 
-/// Runs the authentication exchange up to AuthenticationOk.
+/// Runs the authentication exchange up to AuthenticationOk; returns the
+/// minor version the server speaks (a NegotiateProtocolVersion before the
+/// first request may lower the one asked for).
 async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     buf: &mut BytesMut,
     out: &mut BytesMut,
     p: &LoginParams<'_>,
-) -> Result<(), LoginError> {
+) -> Result<u16, LoginError> {
     let mut scram: Option<Sasl> = None;
     let mut scram_finished = false;
+    let mut minor = p.minor;
+    let mut first = true;
     loop {
         let frame = next_frame(stream, buf).await?;
+        if first && frame.tag == tags::backend::NEGOTIATE_PROTOCOL_VERSION {
+            minor = offered_minor(frame.body(), p.minor)?;
+            first = false;
+            continue;
+        }
+        first = false;
         let (code, payload) = auth_request(&frame)?;
         match code {
             tags::auth::OK if scram.is_some() && !scram_finished => {
                 return Err(protocol("server skipped the SCRAM final message"));
             }
-            tags::auth::OK => return Ok(()),
+            tags::auth::OK => return Ok(minor),
             tags::auth::CLEARTEXT_PASSWORD => {
                 let pw = password(p, "cleartext")?;
                 frontend::password_message(pw.as_bytes(), out).map_err(encode_error)?;
@@ -369,9 +409,12 @@ async fn collect_until_ready<S: AsyncRead + Unpin>(
                 result.server_params.extend(param.map(|(k, v)| (k.to_owned(), v.to_owned())));
             }
             tags::backend::BACKEND_KEY_DATA => {
-                let body: [u8; 8] = frame.body().try_into().map_err(|_| protocol("malformed BackendKeyData"))?;
+                let body = frame.body();
+                if !(8..=4 + MAX_CANCEL_KEY_LEN).contains(&body.len()) {
+                    return Err(protocol("malformed BackendKeyData"));
+                }
                 result.backend_pid = i32::from_be_bytes([body[0], body[1], body[2], body[3]]);
-                result.backend_secret = i32::from_be_bytes([body[4], body[5], body[6], body[7]]);
+                result.backend_key = body[4..].to_vec();
             }
             tags::backend::READY_FOR_QUERY => return Ok(result),
             t => return Err(protocol(format!("unexpected message type {:?} during login", char::from(t)))),
@@ -384,6 +427,7 @@ mod tests {
     use super::*;
     use crate::auth::{ScramSecret, ScramServer};
     use crate::protocol::startup::{self, StartupPacket};
+    use crate::protocol::tags::startup as startup_code;
     use bytes::BufMut;
     use tokio::io::DuplexStream;
 
@@ -430,13 +474,13 @@ mod tests {
             None => &Credentials::None,
             Some(p) => Box::leak(Box::new(Credentials::Password(p.to_owned()))),
         };
-        LoginParams { user: "alice", credentials, database: "db", startup_params: extra }
+        LoginParams { user: "alice", credentials, database: "db", startup_params: extra, minor: 0 }
     }
 
     fn expect_ready(r: Result<LoginResult, LoginError>) {
         let r = r.unwrap();
         assert_eq!(r.backend_pid, 4242);
-        assert_eq!(r.backend_secret, -7);
+        assert_eq!(r.backend_key, (-7i32).to_be_bytes());
         let want = [("server_version", "17.0"), ("client_encoding", "UTF8")];
         assert_eq!(r.server_params, want.map(|(k, v)| (k.to_owned(), v.to_owned())));
     }
@@ -457,6 +501,51 @@ mod tests {
         })
         .await;
         expect_ready(r);
+    }
+
+    #[tokio::test]
+    async fn protocol_3_2_takes_what_the_server_offers_and_keeps_a_long_key() {
+        let p = LoginParams { minor: 2, ..params(None, &[]) };
+        // A server of 3.2: no negotiation, a 32-byte key.
+        let r = run(p, |mut s, _, _| async move {
+            write(&mut s, |o| {
+                messages::authentication(o, tags::auth::OK, &[]);
+                messages::backend_key(o, 7, &[9; 32]);
+                messages::ready_for_query(o, tags::status::IDLE);
+            })
+            .await;
+        })
+        .await
+        .unwrap();
+        assert_eq!((r.minor, r.backend_pid, r.backend_key), (2, 7, vec![9; 32]));
+        // A server of 3.0 offers 3.0 first (Postgres 15 lists no options: weir sends none).
+        let r = run(p, |mut s, _, _| async move {
+            write(&mut s, |o| {
+                messages::negotiate_protocol_version(o, startup_code::PROTOCOL_3_0, &[]);
+                ready(o);
+            })
+            .await;
+        })
+        .await;
+        assert_eq!(r.as_ref().map(|r| r.minor).ok(), Some(0));
+        expect_ready(r);
+        // An offer newer than asked for, or of another major version, is refused.
+        for offered in [(3 << 16) | 3, 4 << 16] {
+            let r = run(p, move |mut s, _, _| async move {
+                write(&mut s, |o| messages::negotiate_protocol_version(o, offered, &[])).await;
+            })
+            .await;
+            assert!(matches!(r, Err(LoginError::Protocol(_))), "{offered}: {r:?}");
+        }
+    }
+
+    #[test]
+    fn a_server_that_does_not_negotiate_is_recognised() {
+        let refused = |code: &str| LoginError::Server { code: code.into(), message: "bad packet header".into() };
+        assert!(refused("08P01").refuses_version());
+        assert!(refused("0A000").refuses_version());
+        assert!(!refused("28P01").refuses_version());
+        assert!(!LoginError::Eof.refuses_version());
     }
 
     #[tokio::test]
@@ -566,7 +655,7 @@ mod tests {
     async fn md5_pass_through_and_credentials_that_cannot_serve_a_method() {
         let stored = crate::auth::md5::md5_hex_password("pw", "alice");
         let md5 = Credentials::Md5(stored);
-        let p = LoginParams { user: "alice", credentials: &md5, database: "db", startup_params: &[] };
+        let p = LoginParams { user: "alice", credentials: &md5, database: "db", startup_params: &[], minor: 0 };
         let r = run(p, |mut s, mut buf, _| async move {
             write(&mut s, |o| messages::authentication(o, tags::auth::MD5_PASSWORD, &[1, 2, 3, 4])).await;
             let got = read_password(&mut s, &mut buf).await;
@@ -578,7 +667,7 @@ mod tests {
         expect_ready(r);
         // An md5 hash cannot do SCRAM or cleartext; it says so.
         for code in [tags::auth::CLEARTEXT_PASSWORD, tags::auth::SASL] {
-            let p = LoginParams { user: "alice", credentials: &md5, database: "db", startup_params: &[] };
+            let p = LoginParams { user: "alice", credentials: &md5, database: "db", startup_params: &[], minor: 0 };
             let r = run(p, |mut s, _, _| async move {
                 write(&mut s, |o| messages::authentication(o, code, b"SCRAM-SHA-256\0\0")).await;
             })

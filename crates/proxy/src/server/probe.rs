@@ -290,6 +290,7 @@ mod tests {
             startup_params: Vec::new(),
             connect_query: String::new(),
             probe_room: ProbeRoom::default(),
+            refuses_3_2: Default::default(),
         };
         assert!(matches!(probe(&spec, 1).await, Verdict::Dead(_)));
     }
