@@ -30,7 +30,12 @@
 //!   cursors, SQL PREPARE or temporary tables keeps its server connection.
 //!
 //! A client that never names a statement is never tracked: its bytes pass
-//! through untouched, apart from a look at the head of each query's text.
+//! through untouched, apart from a look at the head of each query's text
+//! and at message headers, which keep the reply queue (what the server
+//! still owes it). Tracking starts at its first named Parse, wherever that
+//! falls in a pipeline: the replies weir then writes itself (ParseComplete,
+//! CloseComplete, DEALLOCATE's answer) queue behind every reply still owed,
+//! and weir never holds a client message back waiting for the server.
 
 mod inbound;
 mod outbound;
@@ -170,6 +175,9 @@ pub struct ClientStatements {
     /// holds one (almost always empty).
     statements: BTreeMap<Vec<u8>, Arc<Statement>>,
     expect: VecDeque<Expect>,
+    /// An extended-protocol message failed and the queue held no Sync after
+    /// it: the server skips what the client sends up to its next Sync.
+    skipping: bool,
     /// Bytes of a client message being streamed through, not yet seen.
     pass_remaining: u32,
     /// Bytes of a server message being streamed through, not yet seen.
@@ -190,6 +198,7 @@ impl ClientStatements {
             pinned: None,
             statements: BTreeMap::new(),
             expect: VecDeque::new(),
+            skipping: false,
             pass_remaining: 0,
             reply_partial: 0,
             status: status::IDLE,
@@ -224,6 +233,7 @@ impl ClientStatements {
     pub fn begin(&mut self, server: &mut ServerStatements, conv: &Conversation) {
         server.begin_lease();
         self.expect.clear();
+        self.skipping = false;
         self.reply_partial = 0;
         self.status = conv.status;
     }
@@ -267,6 +277,14 @@ impl ClientStatements {
             );
             self.metrics.record_pinned();
             self.pinned = Some(why);
+        }
+    }
+
+    /// Skipped messages, in the order sent: undone last first, so that a
+    /// Parse and a Close of one name leave it as it was before both.
+    fn undo_all(&mut self, skipped: Vec<Expect>, server: &mut ServerStatements) {
+        for e in skipped.into_iter().rev() {
+            self.undo(e, server);
         }
     }
 
