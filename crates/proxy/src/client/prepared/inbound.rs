@@ -276,7 +276,7 @@ impl ClientStatements {
         let skipped: Vec<Expect> = self.expect.drain(..end.unwrap_or(self.expect.len())).collect();
         self.undo_all(skipped, server);
         // No Sync sent yet: what the client sends up to it is skipped too.
-        self.skipping = end.is_none();
+        self.set_skipping(end.is_none());
     }
 
     /// A ReadyForQuery ends the Sync or Query at the head (anything before it

@@ -43,6 +43,9 @@ mod sql;
 #[cfg(test)]
 mod tests;
 
+#[cfg(test)]
+pub use outbound::HOLD_FOR_TEST;
+
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
@@ -155,6 +158,10 @@ impl Expect {
 const TOUCHED_SETTINGS: u8 = 1;
 /// `ClientStatements::lease`: the client ran DDL in this lease.
 const RAN_DDL: u8 = 2;
+/// `ClientStatements::lease`: an extended-protocol message failed and the
+/// queue held no Sync after it: the server skips what the client sends up
+/// to its next Sync.
+const SKIPPING: u8 = 4;
 
 /// One client's prepared-statement and pinning state.
 #[derive(Debug)]
@@ -165,8 +172,8 @@ pub struct ClientStatements {
     max: u32,
     /// Replies are tracked (the client used a named statement).
     tracking: bool,
-    /// What this lease's statements did: `TOUCHED_SETTINGS`, `RAN_DDL` (one
-    /// byte for both keeps every client's task future within its budget,
+    /// What this lease's statements did: `TOUCHED_SETTINGS`, `RAN_DDL`, and
+    /// whether the server is `SKIPPING` to Sync (one byte for all keeps every client's task future within its budget,
     /// see `app/footprint.rs`).
     lease: u8,
     /// Why the client keeps its server connection, once it must.
@@ -175,9 +182,6 @@ pub struct ClientStatements {
     /// holds one (almost always empty).
     statements: BTreeMap<Vec<u8>, Arc<Statement>>,
     expect: VecDeque<Expect>,
-    /// An extended-protocol message failed and the queue held no Sync after
-    /// it: the server skips what the client sends up to its next Sync.
-    skipping: bool,
     /// Bytes of a client message being streamed through, not yet seen.
     pass_remaining: u32,
     /// Bytes of a server message being streamed through, not yet seen.
@@ -198,7 +202,6 @@ impl ClientStatements {
             pinned: None,
             statements: BTreeMap::new(),
             expect: VecDeque::new(),
-            skipping: false,
             pass_remaining: 0,
             reply_partial: 0,
             status: status::IDLE,
@@ -217,6 +220,14 @@ impl ClientStatements {
         self.take_lease_flag(TOUCHED_SETTINGS)
     }
 
+    fn set_skipping(&mut self, on: bool) {
+        if on {
+            self.lease |= SKIPPING;
+        } else {
+            self.lease &= !SKIPPING;
+        }
+    }
+
     fn take_lease_flag(&mut self, flag: u8) -> bool {
         let was = self.lease & flag != 0;
         self.lease &= !flag;
@@ -233,7 +244,7 @@ impl ClientStatements {
     pub fn begin(&mut self, server: &mut ServerStatements, conv: &Conversation) {
         server.begin_lease();
         self.expect.clear();
-        self.skipping = false;
+        self.lease &= !SKIPPING;
         self.reply_partial = 0;
         self.status = conv.status;
     }

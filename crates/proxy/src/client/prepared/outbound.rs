@@ -10,7 +10,7 @@ use std::sync::Arc;
 use bytes::BytesMut;
 
 use super::sql::{classify, Sql, INSPECT_LIMIT};
-use super::{ClientStatements, Expect, Rewrite, Statement, RAN_DDL, TOUCHED_SETTINGS};
+use super::{ClientStatements, Expect, Rewrite, Statement, RAN_DDL, SKIPPING, TOUCHED_SETTINGS};
 use crate::protocol::{
     extended::{self, TARGET_STATEMENT},
     peek_header,
@@ -20,6 +20,11 @@ use crate::protocol::{
 use crate::server::conversation::STREAM_THRESHOLD;
 use crate::server::statements::ServerStatements;
 use crate::server::Conversation;
+
+/// Tests only: a simple query starting with this is held back forever (a
+/// stall made on purpose, for the stall guard's test).
+#[cfg(test)]
+pub const HOLD_FOR_TEST: &[u8] = b"/* weir test: hold */";
 
 /// Named Parse messages up to this size are tracked (they must fit in the
 /// client buffer whole); a longer one passes through and pins the session.
@@ -90,6 +95,11 @@ impl ClientStatements {
             if !m.whole() && total <= STREAM_THRESHOLD {
                 break;
             }
+            #[cfg(test)]
+            if tag == fe::QUERY && m.body().starts_with(HOLD_FOR_TEST) {
+                // Fault injection for the stall guard's test: held forever.
+                break;
+            }
             let step = if self.tracking {
                 self.tracked(&m, src, &mut copy_in, server, &mut rw)?
             } else {
@@ -111,7 +121,7 @@ impl ClientStatements {
                 Step::Next => at += total,
             }
         }
-        if self.skipping {
+        if self.lease & SKIPPING != 0 {
             self.skipped(queued, server);
         }
         let Some(mut out) = rw.out.take() else { return Ok(at) };
@@ -132,7 +142,7 @@ impl ClientStatements {
         let end = self.expect.iter().skip(from).position(|e| matches!(e, Expect::Sync)).map(|i| from + i);
         let skipped: Vec<Expect> = self.expect.drain(from..end.unwrap_or(self.expect.len())).collect();
         self.undo_all(skipped, server);
-        self.skipping = end.is_none();
+        self.set_skipping(end.is_none());
     }
 
     /// A client not (yet) tracked: only look at query text, and queue what
