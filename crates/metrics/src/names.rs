@@ -67,6 +67,9 @@ pub const PINNED_SESSIONS_TOTAL: &str = "weir_pinned_sessions_total";
 /// Counter (database,user): session-settings read-backs that failed (the
 /// server was reset instead).
 pub const SETTINGS_UNFOLLOWED_TOTAL: &str = "weir_session_settings_unfollowed_total";
+/// Counter (database,user): pipelines found stalled inside weir (client
+/// messages held while the server owed no answer).
+pub const STALLED_PIPELINES_TOTAL: &str = "weir_stalled_pipelines_total";
 /// Gauge (database,user): the pool's configured `pool_size`.
 pub const POOL_SIZE: &str = "weir_pool_size";
 /// Gauge (database,user): the pool's configured `reserve_pool_size`.
@@ -142,6 +145,11 @@ pub const ALL: &[(&str, Kind, &str)] = &[
     (PREPARED_STATEMENTS_CLIENT_PARSES_TOTAL, Kind::Counter, "Parse messages received from clients."),
     (PREPARED_STATEMENTS_SERVER_PARSES_TOTAL, Kind::Counter, "Parse messages sent to servers."),
     (PINNED_SESSIONS_TOTAL, Kind::Counter, "Client sessions pinned to one server connection."),
+    (
+        STALLED_PIPELINES_TOTAL,
+        Kind::Counter,
+        "Pipelines found stalled inside weir: client messages held while the server owed no answer.",
+    ),
     (
         SETTINGS_UNFOLLOWED_TOTAL,
         Kind::Counter,

@@ -72,6 +72,7 @@ pub struct PoolMetrics {
     client_parses: AtomicU64,
     server_parses: AtomicU64,
     pinned: AtomicU64,
+    stalled: AtomicU64,
     /// Bumped whenever weir's shared prepared statements may be stale (DDL,
     /// or a server error meaning one is): each server connection re-prepares
     /// its statements on first use after a change.
@@ -116,6 +117,7 @@ pub(crate) struct Sample {
     pub client_parses: u64,
     pub server_parses: u64,
     pub pinned: u64,
+    pub stalled: u64,
     pub settings_unfollowed: u64,
     pub received: u64,
     pub sent: u64,
@@ -150,6 +152,7 @@ impl Sample {
         self.client_parses += o.client_parses;
         self.server_parses += o.server_parses;
         self.pinned += o.pinned;
+        self.stalled += o.stalled;
         self.settings_unfollowed += o.settings_unfollowed;
         self.received += o.received;
         self.sent += o.sent;
@@ -261,6 +264,7 @@ impl PoolMetrics {
             client_parses: AtomicU64::new(0),
             server_parses: AtomicU64::new(0),
             pinned: AtomicU64::new(0),
+            stalled: AtomicU64::new(0),
             statements_epoch: AtomicU64::new(0),
             settings_unfollowed: AtomicU64::new(0),
             opens: RateWindow::new(),
@@ -389,6 +393,11 @@ impl PoolMetrics {
     /// weir sent a Parse message to a server.
     pub fn record_server_parse(&self) {
         self.server_parses.fetch_add(1, R);
+    }
+
+    /// A pipeline was found stalled inside weir.
+    pub fn record_stalled_pipeline(&self) {
+        self.stalled.fetch_add(1, R);
     }
 
     /// A client session got pinned to a server connection.
@@ -609,6 +618,11 @@ impl PoolMetrics {
         self.pinned.load(R)
     }
 
+    /// Pipelines found stalled inside weir.
+    pub fn stalled_pipelines(&self) -> u64 {
+        self.stalled.load(R)
+    }
+
     /// Session-settings read-backs that failed.
     pub fn settings_unfollowed(&self) -> u64 {
         self.settings_unfollowed.load(R)
@@ -673,6 +687,7 @@ impl PoolMetrics {
             client_parses: self.client_parses(),
             server_parses: self.server_parses(),
             pinned: self.pinned(),
+            stalled: self.stalled_pipelines(),
             settings_unfollowed: self.settings_unfollowed(),
             received: self.bytes_received(),
             sent: self.bytes_sent(),

@@ -53,6 +53,7 @@ impl Out<'_> {
         self.family(PREPARED_STATEMENTS_CLIENT_PARSES_TOTAL, |s, emit| emit(None, s.client_parses.to_string()));
         self.family(PREPARED_STATEMENTS_SERVER_PARSES_TOTAL, |s, emit| emit(None, s.server_parses.to_string()));
         self.family(PINNED_SESSIONS_TOTAL, |s, emit| emit(None, s.pinned.to_string()));
+        self.family(STALLED_PIPELINES_TOTAL, |s, emit| emit(None, s.stalled.to_string()));
         self.family(SETTINGS_UNFOLLOWED_TOTAL, |s, emit| emit(None, s.settings_unfollowed.to_string()));
         self.family(CLIENT_BYTES_RECEIVED_TOTAL, |s, emit| emit(None, s.received.to_string()));
         self.family(CLIENT_BYTES_SENT_TOTAL, |s, emit| emit(None, s.sent.to_string()));

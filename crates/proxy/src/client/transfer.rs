@@ -18,7 +18,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use super::error::ClientError;
 use super::prepared::ClientStatements;
 use super::stream::ClientStream;
-use super::transfer_watchdog::Watchdog;
+use super::transfer_watchdog::{Watchdog, WatchdogError};
 use crate::params::ParamMap;
 use crate::server::statements::ServerStatements;
 use crate::server::{Conversation, ServerConn};
@@ -153,7 +153,8 @@ async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
             }
             settled = false;
         }
-        wd.update(s.conv, s.unread.len() < HIGH_WATER, to_server.is_empty() && !terminating, query_started);
+        let held = to_server.is_empty() && !terminating && holds_whole_message(side.unread, side.max_message);
+        wd.update(s.conv, s.unread.len() < HIGH_WATER, to_server.is_empty() && !terminating, query_started, held);
         tokio::select! {
             biased;
             r = sw.write(&to_server), if !to_server.is_empty() => match r {
@@ -190,11 +191,21 @@ async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
                 }
             },
             e = wd.alarm(), if wd.armed() => {
+                if matches!(e, WatchdogError::Stalled) {
+                    metrics.record_stalled_pipeline();
+                    continue;
+                }
                 *s.broken = e.close_reason();
                 return Err(e.into());
             }
         }
     }
+}
+
+/// Client bytes not sent begin with a whole message: weir holds it back.
+fn holds_whole_message(unread: &BytesMut, max_message: usize) -> bool {
+    !unread.is_empty()
+        && matches!(crate::protocol::peek_header(unread, max_message), Ok(Some((_, total))) if unread.len() >= total)
 }
 
 /// Writes as much of `buf`'s first `len` bytes as `w` takes at once,
@@ -292,6 +303,7 @@ fn from_server<CW: AsyncWrite + Unpin>(
     let sent = if tracking {
         0
     } else {
+        side.prepared.observe(&server_in[..scanned.forward], statements);
         match write_at_once(cw, server_in, scanned.forward) {
             Ok(n) => n,
             Err(_) => return Ok(None),

@@ -29,6 +29,12 @@
 //!   disconnected with 25P03, like PgBouncer does; the server is not lost:
 //!   the lease goes back through recovery, which rolls it back.
 //!
+//! * **the stall guard** (always on). weir holds whole client messages back
+//!   while the server owes no ReadyForQuery: the server waits for the client,
+//!   the client for weir, and no timeout above runs. That is a bug in weir;
+//!   after `STALL_LIMIT` it is logged (warn, with the session's state) once
+//!   per stall and counted (`weir_stalled_pipelines_total`).
+//!
 //! Timers cost nothing on the byte path: the timer lives with the server
 //! connection (`AlarmTimer`) and is moved only to an earlier deadline; the
 //! clock is read when the timer fires, when a conversation starts owing, and
@@ -59,6 +65,10 @@ pub enum WatchdogError {
     Unresponsive { silence: Duration, why: String },
     #[error("idle transaction timeout: the transaction was left open and idle for more than {}", humantime::format_duration(*.0))]
     IdleTransaction(Duration),
+    /// Not an end: the stall guard found a stall (logged; the transfer
+    /// counts it and goes on).
+    #[error("pipeline stalled inside weir")]
+    Stalled,
 }
 
 impl WatchdogError {
@@ -66,6 +76,7 @@ impl WatchdogError {
         match self {
             WatchdogError::QueryTimeout { .. } | WatchdogError::Unresponsive { .. } => sqlstate::CONNECTION_FAILURE,
             WatchdogError::IdleTransaction(_) => sqlstate::IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
+            WatchdogError::Stalled => sqlstate::INTERNAL_ERROR,
         }
     }
 
@@ -74,7 +85,7 @@ impl WatchdogError {
         match self {
             WatchdogError::QueryTimeout { .. } => Some(CloseReason::QueryTimeout),
             WatchdogError::Unresponsive { .. } => Some(CloseReason::Unresponsive),
-            WatchdogError::IdleTransaction(_) => None,
+            WatchdogError::IdleTransaction(_) | WatchdogError::Stalled => None,
         }
     }
 }
@@ -99,8 +110,22 @@ pub struct Watchdog<'a> {
     probe: Option<Probe>,
     /// Idle-in-transaction clock: since the client last sent anything.
     idle_since: Option<Instant>,
+    /// Stall clock: since weir began holding client messages while the
+    /// server owed nothing.
+    stalled_since: Option<Instant>,
+    /// The stall's session state (`STALL_*` bits, the transaction status
+    /// in the high byte): one field, as every request's future holds it.
+    stall: u16,
     timer: &'a mut AlarmTimer,
 }
+
+/// How long weir may hold client messages while the server owes nothing
+/// before the stall is reported.
+pub const STALL_LIMIT: Duration = Duration::from_secs(2);
+/// `Watchdog::stall`: this stall was reported.
+const STALL_TOLD: u16 = 1;
+/// `Watchdog::stall`: an extended-protocol batch was open when it began.
+const STALL_IN_BATCH: u16 = 2;
 
 impl<'a> Watchdog<'a> {
     /// The clocks for a conversation on the server with these parts.
@@ -116,6 +141,8 @@ impl<'a> Watchdog<'a> {
             alive_probes: 0,
             probe: None,
             idle_since: None,
+            stalled_since: None,
+            stall: 0,
             timer,
         }
     }
@@ -125,7 +152,24 @@ impl<'a> Watchdog<'a> {
     /// client). `client_quiet`: no client bytes are on their way to the server.
     /// `query_started`: when the running query started, if the caller knows
     /// (a clock that starts now starts from it, and reads none of its own).
-    pub fn update(&mut self, conv: &Conversation, reading: bool, client_quiet: bool, query_started: Option<Instant>) {
+    /// `held`: weir holds whole client messages it has not sent.
+    pub fn update(
+        &mut self,
+        conv: &Conversation,
+        reading: bool,
+        client_quiet: bool,
+        query_started: Option<Instant>,
+        held: bool,
+    ) {
+        if held && conv.pending_rfq == 0 && !conv.copy_in {
+            if self.stalled_since.is_none() {
+                self.stalled_since = Some(Instant::now());
+                self.stall = (u16::from(conv.status) << 8) | if conv.in_batch { STALL_IN_BATCH } else { 0 };
+            }
+        } else if self.stalled_since.is_some() {
+            self.stalled_since = None;
+            self.stall = 0;
+        }
         let owing = conv.pending_rfq > 0 && !conv.copy_in;
         if !owing {
             self.query_since = None;
@@ -179,7 +223,10 @@ impl<'a> Watchdog<'a> {
 
     /// True when some clock runs or a probe is out.
     pub fn armed(&self) -> bool {
-        self.query_since.is_some() || self.silent_since.is_some() || self.idle_since.is_some()
+        self.query_since.is_some()
+            || self.silent_since.is_some()
+            || self.idle_since.is_some()
+            || self.stall_pending().is_some()
     }
 
     /// Resolves when a clock ends the conversation. Cancel-safe: the timer
@@ -255,7 +302,32 @@ impl<'a> Watchdog<'a> {
                 return Some(WatchdogError::IdleTransaction(limit));
             }
         }
+        if let Some(since) = self.stall_pending() {
+            if now >= since + STALL_LIMIT {
+                return Some(self.report_stall(now - since));
+            }
+        }
         None
+    }
+
+    /// When the stall not yet reported began.
+    fn stall_pending(&self) -> Option<Instant> {
+        self.stalled_since.filter(|_| self.stall & STALL_TOLD == 0)
+    }
+
+    /// A stall: logged once with the session's state; the caller counts it.
+    fn report_stall(&mut self, held_for: Duration) -> WatchdogError {
+        self.stall |= STALL_TOLD;
+        crate::span::client_event!(
+            warn,
+            pid = self.cancel.pid,
+            held_ms = held_for.as_millis() as u64,
+            pending_rfq = 0,
+            in_batch = self.stall & STALL_IN_BATCH != 0,
+            status = %char::from((self.stall >> 8) as u8),
+            "pipeline stalled inside weir: client messages held while the server owes no answer"
+        );
+        WatchdogError::Stalled
     }
 
     fn judge(&mut self, verdict: Verdict) -> Option<WatchdogError> {
@@ -284,7 +356,8 @@ impl<'a> Watchdog<'a> {
             _ => None,
         };
         let idle = self.idle_since.zip(self.watch.idle_transaction).map(|(s, l)| s + l);
-        [query, silence, idle].into_iter().flatten().min()
+        let stall = self.stall_pending().map(|s| s + STALL_LIMIT);
+        [query, silence, idle, stall].into_iter().flatten().min()
     }
 
     /// The silence that calls for the next probe: `server_check_silence`,

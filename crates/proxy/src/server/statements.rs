@@ -131,12 +131,13 @@ impl ServerStatements {
         evicted
     }
 
-    /// The statement is known not to exist on the server.
+    /// A Parse of the statement was not executed (it failed, or the server
+    /// skipped it after an error): it is not known to exist, and stays
+    /// uncertain if it was (a Close of it was skipped too).
     pub fn remove(&mut self, name: &str) {
         if let Some(e) = self.entries.remove(name) {
             self.by_age.remove(&e.tick);
         }
-        self.maybe.remove(name);
     }
 
     /// The statement may or may not exist any more.
@@ -216,6 +217,9 @@ mod tests {
         assert!(!s.is_uncertain("b") && s.contains("b"));
         s.remove("b");
         assert!(!s.contains("b"));
+        s.mark_uncertain(n("b"));
+        s.remove("b");
+        assert!(s.is_uncertain("b"), "a skipped Parse leaves an uncertain name uncertain");
         s.mark_uncertain(n("z"));
         s.clear();
         assert!(!s.is_uncertain("z"));

@@ -75,6 +75,30 @@ impl ClientStatements {
         }
     }
 
+    /// Server bytes passed untouched to a client that is not tracked (yet):
+    /// pops what they answer, so that the queue holds exactly the replies
+    /// still owed when tracking starts.
+    pub fn observe(&mut self, src: &[u8], server: &mut ServerStatements) {
+        if self.tracking || self.max == 0 {
+            return;
+        }
+        let mut at = (self.reply_partial as usize).min(src.len());
+        self.reply_partial -= at as u32;
+        if self.reply_partial > 0 {
+            return;
+        }
+        while let Ok(Some((tag, total))) = peek_header(&src[at..], MAX_SERVER_MESSAGE) {
+            let avail = src.len() - at;
+            // Nothing of an untracked client's is rewritten: every fate is Pass.
+            let _ = self.on_reply(tag, &src[at..at + avail.min(total)], server);
+            if avail < total {
+                self.reply_partial = (total - avail) as u32;
+                break;
+            }
+            at += total;
+        }
+    }
+
     /// Replies weir owes at the head of the queue, when no server message is
     /// being passed on: for a transfer loop with nothing else to send.
     pub fn synthetic(&mut self) -> Option<Synthetic> {
@@ -196,8 +220,11 @@ impl ClientStatements {
             {
                 fate = Fate::Replace(renamed(msg, old.as_bytes(), client));
             }
-            Some(Expect::Bind { managed: true } | Expect::Describe { managed: true }) if is_stale(code) => {
-                self.invalidate();
+            Some(Expect::Bind { managed: true } | Expect::Describe { managed: true }) => {
+                if is_stale(code) {
+                    self.invalidate();
+                }
+                fate = self.client_names(msg).map_or(Fate::Pass, Fate::Replace);
             }
             _ => {}
         }
@@ -245,24 +272,38 @@ impl ClientStatements {
     /// The message at the head failed: it and everything up to the next
     /// Sync were not executed.
     fn skip_to_sync(&mut self, server: &mut ServerStatements) {
-        while let Some(e) = self.expect.front() {
-            if matches!(e, Expect::Sync) {
-                break;
-            }
-            let e = self.expect.pop_front().expect("front exists");
-            self.undo(e, server);
-        }
+        let end = self.expect.iter().position(|e| matches!(e, Expect::Sync));
+        let skipped: Vec<Expect> = self.expect.drain(..end.unwrap_or(self.expect.len())).collect();
+        self.undo_all(skipped, server);
+        // No Sync sent yet: what the client sends up to it is skipped too.
+        self.set_skipping(end.is_none());
     }
 
     /// A ReadyForQuery ends the Sync or Query at the head (anything before it
     /// was never answered, so it was not executed).
     fn pop_through_sync(&mut self, server: &mut ServerStatements) {
-        while let Some(e) = self.expect.pop_front() {
-            if matches!(e, Expect::Sync | Expect::Query) {
-                return;
-            }
-            self.undo(e, server);
+        if matches!(self.expect.front(), Some(Expect::Sync | Expect::Query)) {
+            self.expect.pop_front();
+            return;
         }
+        let end = self.expect.iter().position(|e| matches!(e, Expect::Sync | Expect::Query));
+        let mut skipped: Vec<Expect> = self.expect.drain(..end.map_or(self.expect.len(), |i| i + 1)).collect();
+        if end.is_some() {
+            skipped.pop();
+        }
+        self.undo_all(skipped, server);
+    }
+}
+
+impl ClientStatements {
+    /// An error about one of the client's statements, with weir's name for
+    /// it (a Bind's parameter count, say) replaced by the client's.
+    fn client_names(&self, msg: &[u8]) -> Option<Bytes> {
+        let body = msg.get(HEADER_LEN..)?;
+        memchr::memmem::find(body, b"weir_")?;
+        let (client, stmt) =
+            self.statements.iter().find(|(_, s)| memchr::memmem::find(body, s.weir.as_bytes()).is_some())?;
+        Some(renamed(msg, stmt.weir.as_bytes(), client))
     }
 }
 

@@ -30,13 +30,21 @@
 //!   cursors, SQL PREPARE or temporary tables keeps its server connection.
 //!
 //! A client that never names a statement is never tracked: its bytes pass
-//! through untouched, apart from a look at the head of each query's text.
+//! through untouched, apart from a look at the head of each query's text
+//! and at message headers, which keep the reply queue (what the server
+//! still owes it). Tracking starts at its first named Parse, wherever that
+//! falls in a pipeline: the replies weir then writes itself (ParseComplete,
+//! CloseComplete, DEALLOCATE's answer) queue behind every reply still owed,
+//! and weir never holds a client message back waiting for the server.
 
 mod inbound;
 mod outbound;
 mod sql;
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+pub use outbound::HOLD_FOR_TEST;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -150,6 +158,10 @@ impl Expect {
 const TOUCHED_SETTINGS: u8 = 1;
 /// `ClientStatements::lease`: the client ran DDL in this lease.
 const RAN_DDL: u8 = 2;
+/// `ClientStatements::lease`: an extended-protocol message failed and the
+/// queue held no Sync after it: the server skips what the client sends up
+/// to its next Sync.
+const SKIPPING: u8 = 4;
 
 /// One client's prepared-statement and pinning state.
 #[derive(Debug)]
@@ -160,8 +172,8 @@ pub struct ClientStatements {
     max: u32,
     /// Replies are tracked (the client used a named statement).
     tracking: bool,
-    /// What this lease's statements did: `TOUCHED_SETTINGS`, `RAN_DDL` (one
-    /// byte for both keeps every client's task future within its budget,
+    /// What this lease's statements did: `TOUCHED_SETTINGS`, `RAN_DDL`, and
+    /// whether the server is `SKIPPING` to Sync (one byte for all keeps every client's task future within its budget,
     /// see `app/footprint.rs`).
     lease: u8,
     /// Why the client keeps its server connection, once it must.
@@ -208,6 +220,14 @@ impl ClientStatements {
         self.take_lease_flag(TOUCHED_SETTINGS)
     }
 
+    fn set_skipping(&mut self, on: bool) {
+        if on {
+            self.lease |= SKIPPING;
+        } else {
+            self.lease &= !SKIPPING;
+        }
+    }
+
     fn take_lease_flag(&mut self, flag: u8) -> bool {
         let was = self.lease & flag != 0;
         self.lease &= !flag;
@@ -224,6 +244,7 @@ impl ClientStatements {
     pub fn begin(&mut self, server: &mut ServerStatements, conv: &Conversation) {
         server.begin_lease();
         self.expect.clear();
+        self.lease &= !SKIPPING;
         self.reply_partial = 0;
         self.status = conv.status;
     }
@@ -267,6 +288,14 @@ impl ClientStatements {
             );
             self.metrics.record_pinned();
             self.pinned = Some(why);
+        }
+    }
+
+    /// Skipped messages, in the order sent: undone last first, so that a
+    /// Parse and a Close of one name leave it as it was before both.
+    fn undo_all(&mut self, skipped: Vec<Expect>, server: &mut ServerStatements) {
+        for e in skipped.into_iter().rev() {
+            self.undo(e, server);
         }
     }
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use bytes::BytesMut;
 
 use super::sql::{classify, Sql, INSPECT_LIMIT};
-use super::{ClientStatements, Expect, Rewrite, Statement, RAN_DDL, TOUCHED_SETTINGS};
+use super::{ClientStatements, Expect, Rewrite, Statement, RAN_DDL, SKIPPING, TOUCHED_SETTINGS};
 use crate::protocol::{
     extended::{self, TARGET_STATEMENT},
     peek_header,
@@ -20,6 +20,11 @@ use crate::protocol::{
 use crate::server::conversation::STREAM_THRESHOLD;
 use crate::server::statements::ServerStatements;
 use crate::server::Conversation;
+
+/// Tests only: a simple query starting with this is held back forever (a
+/// stall made on purpose, for the stall guard's test).
+#[cfg(test)]
+pub const HOLD_FOR_TEST: &[u8] = b"/* weir test: hold */";
 
 /// Named Parse messages up to this size are tracked (they must fit in the
 /// client buffer whole); a longer one passes through and pins the session.
@@ -81,6 +86,7 @@ impl ClientStatements {
         if self.pass_remaining > 0 {
             return Ok(src.len());
         }
+        let queued = self.expect.len();
         // Whether the server is in COPY IN when the message at hand reaches it.
         let mut copy_in = conv.copy_in;
         while let Some((tag, total)) = peek_header(&src[at..], max_message)? {
@@ -89,10 +95,15 @@ impl ClientStatements {
             if !m.whole() && total <= STREAM_THRESHOLD {
                 break;
             }
+            #[cfg(test)]
+            if tag == fe::QUERY && m.body().starts_with(HOLD_FOR_TEST) {
+                // Fault injection for the stall guard's test: held forever.
+                break;
+            }
             let step = if self.tracking {
                 self.tracked(&m, src, &mut copy_in, server, &mut rw)?
             } else {
-                self.untracked(&m, conv, server)?
+                self.untracked(&m, &mut copy_in, conv, server)?
             };
             match step {
                 Step::Wait => break,
@@ -110,6 +121,9 @@ impl ClientStatements {
                 Step::Next => at += total,
             }
         }
+        if self.lease & SKIPPING != 0 {
+            self.skipped(queued, server);
+        }
         let Some(mut out) = rw.out.take() else { return Ok(at) };
         let ready = out.len() + (at - rw.copied);
         out.extend_from_slice(&src[rw.copied..]);
@@ -120,11 +134,23 @@ impl ClientStatements {
         Ok(ready)
     }
 
-    /// A client not (yet) tracked: only look at query text; start tracking
-    /// when it names a statement, once the server is settled.
+    /// The server skips what was just queued, up to the next Sync: an
+    /// error came back before it was sent. What weir assumed of it is
+    /// undone and nothing is owed for it (no ParseComplete or CloseComplete
+    /// of weir's either: Postgres would send none).
+    fn skipped(&mut self, from: usize, server: &mut ServerStatements) {
+        let end = self.expect.iter().skip(from).position(|e| matches!(e, Expect::Sync)).map(|i| from + i);
+        let skipped: Vec<Expect> = self.expect.drain(from..end.unwrap_or(self.expect.len())).collect();
+        self.undo_all(skipped, server);
+        self.set_skipping(end.is_none());
+    }
+
+    /// A client not (yet) tracked: only look at query text, and queue what
+    /// the server owes for it; start tracking when it names a statement.
     fn untracked(
         &mut self,
         m: &Msg<'_>,
+        copy_in: &mut bool,
         conv: &Conversation,
         server: &mut ServerStatements,
     ) -> Result<Step, ProtocolError> {
@@ -133,14 +159,14 @@ impl ClientStatements {
             fe::PARSE if m.head_ready() => {
                 let name = extended::parse_name(m.body())?;
                 if !name.is_empty() && self.max > 0 {
-                    return Ok(self.start_tracking(m, conv));
+                    return Ok(self.start_tracking(conv));
                 }
                 let text = &m.body()[name.len() + 1..];
                 self.named_set(name, text);
                 text
             }
             fe::QUERY | fe::PARSE => return Ok(Step::Wait),
-            _ => return Ok(next_or_stream(m)),
+            _ => return Ok(self.passed(m, copy_in)),
         };
         match classify(text) {
             Sql::Pins(why) => self.pin(why),
@@ -152,21 +178,31 @@ impl ClientStatements {
             Sql::SessionSet => self.lease |= TOUCHED_SETTINGS,
             Sql::Other | Sql::Deallocate(_) => {}
         }
-        Ok(next_or_stream(m))
+        Ok(self.passed(m, copy_in))
     }
 
-    /// Tracking starts at a point where the server owes no ReadyForQuery, so
-    /// every reply from then on answers a message weir queued.
-    fn start_tracking(&mut self, m: &Msg<'_>, conv: &Conversation) -> Step {
-        let settled = conv.pending_rfq == 0 && conv.to_server_partial == 0 && conv.from_server_partial == 0;
-        if m.at > 0 || !settled {
-            return Step::Wait;
+    /// A message passed on untouched by an untracked client: what the server
+    /// owes for it is queued (and popped as its replies pass, `observe`),
+    /// so that tracking can start at any message, mid-pipeline included,
+    /// with every reply still owed ahead of the ones weir will write.
+    fn passed(&mut self, m: &Msg<'_>, copy_in: &mut bool) -> Step {
+        if self.max > 0 {
+            if let Some(e) = owed_for(m.tag, copy_in) {
+                self.expect.push_back(e);
+            }
         }
+        next_or_stream(m)
+    }
+
+    /// Tracking starts at the named Parse at hand: everything before it was
+    /// passed on untouched and is in the reply queue, so nothing is held
+    /// back waiting for the server.
+    fn start_tracking(&mut self, conv: &Conversation) -> Step {
         crate::span::client_event!(debug, "tracking prepared statements for this client");
         self.tracking = true;
-        self.expect.clear();
-        self.reply_partial = 0;
-        self.status = conv.status;
+        if self.expect.is_empty() {
+            self.status = conv.status;
+        }
         Step::Again
     }
 
@@ -178,25 +214,14 @@ impl ClientStatements {
         server: &mut ServerStatements,
         rw: &mut Rewrite,
     ) -> Result<Step, ProtocolError> {
-        let step = match m.tag {
-            fe::PARSE => return self.on_parse(m, src, server, rw),
-            fe::BIND => return self.on_bind(m, src, server, rw),
-            fe::DESCRIBE => return self.on_describe(m, src, server, rw),
-            fe::CLOSE => return self.on_close(m, src, rw),
-            fe::QUERY => return self.on_query(m, src, server, rw),
-            fe::EXECUTE => Expect::Execute,
-            // Postgres ignores Sync during COPY IN.
-            fe::SYNC if *copy_in => return Ok(Step::Next),
-            fe::SYNC => Expect::Sync,
-            fe::COPY_DONE | fe::COPY_FAIL => {
-                *copy_in = false;
-                Expect::CopyEnd
-            }
-            fe::FUNCTION_CALL => Expect::Query,
-            _ => return Ok(next_or_stream(m)),
-        };
-        self.expect.push_back(step);
-        Ok(next_or_stream(m))
+        match m.tag {
+            fe::PARSE => self.on_parse(m, src, server, rw),
+            fe::BIND => self.on_bind(m, src, server, rw),
+            fe::DESCRIBE => self.on_describe(m, src, server, rw),
+            fe::CLOSE => self.on_close(m, src, rw),
+            fe::QUERY => self.on_query(m, src, server, rw),
+            _ => Ok(self.passed(m, copy_in)),
+        }
     }
 
     fn on_parse(
@@ -441,13 +466,35 @@ impl ClientStatements {
     fn prelude(&mut self, weir: &Arc<str>, server: &mut ServerStatements, pre: &mut BytesMut) {
         if server.take_uncertain(weir) {
             extended::target(pre, fe::CLOSE, TARGET_STATEMENT, weir);
-            self.expect.push_back(Expect::Close { pass: false, evicted: None });
+            // Uncertain again if this Close is skipped or never answered.
+            self.expect.push_back(Expect::Close { pass: false, evicted: Some(weir.clone()) });
         }
         for old in server.insert(weir.clone(), self.max as usize) {
             extended::target(pre, fe::CLOSE, TARGET_STATEMENT, &old);
             self.expect.push_back(Expect::Close { pass: false, evicted: Some(old) });
         }
     }
+}
+
+/// What the server owes for a client message passed on as it is (None:
+/// nothing, or nothing weir needs to follow).
+fn owed_for(tag: u8, copy_in: &mut bool) -> Option<Expect> {
+    Some(match tag {
+        fe::PARSE => Expect::Parse { pass: true, weir: None, client: None },
+        fe::BIND => Expect::Bind { managed: false },
+        fe::DESCRIBE => Expect::Describe { managed: false },
+        fe::CLOSE => Expect::Close { pass: true, evicted: None },
+        fe::EXECUTE => Expect::Execute,
+        fe::QUERY | fe::FUNCTION_CALL => Expect::Query,
+        // Postgres ignores Sync during COPY IN.
+        fe::SYNC if *copy_in => return None,
+        fe::SYNC => Expect::Sync,
+        fe::COPY_DONE | fe::COPY_FAIL => {
+            *copy_in = false;
+            Expect::CopyEnd
+        }
+        _ => return None,
+    })
 }
 
 fn next_or_stream(m: &Msg<'_>) -> Step {

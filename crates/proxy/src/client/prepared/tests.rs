@@ -127,6 +127,11 @@ impl Sim {
         while !server_in.is_empty() {
             let scanned = self.conv.scan_server(&server_in, |_, _| {}).unwrap();
             let chunk = server_in.split_to(scanned.forward).freeze();
+            // As the transfer loop does: an untracked client's bytes are
+            // only observed, and pass as they are.
+            if !self.stage.is_tracking() {
+                self.stage.observe(&chunk, &mut self.server);
+            }
             out.extend_from_slice(&self.stage.inbound(chunk, &mut self.server));
             out.extend(self.synth());
         }
@@ -350,16 +355,38 @@ fn session_features_pin_and_session_set_is_noted_without_a_notice() {
 }
 
 #[test]
-fn naming_starts_only_once_the_server_owes_nothing() {
+fn naming_starts_mid_pipeline_with_nothing_held_back() {
     let mut s = Sim::new(20);
     s.sent(&query("select 1"));
-    let (sent, rest) = s.send(&[parse("a", "select 1"), sync()].concat());
-    assert!(sent.is_empty());
-    assert_eq!(tags(&rest), "PS");
-    s.recv(&[msg(be::COMMAND_COMPLETE, b"SELECT 1\0"), rfq(b'I')].concat());
-    let sent = s.sent(&rest);
-    assert_eq!(tags(&sent), "PS");
+    let sent = s.sent(&[parse("a", "select 1"), sync()].concat());
+    assert_eq!(tags(&sent), "PS", "nothing waits for the server's answer to the query");
     assert!(s.stage.tracking);
+    let replies = [msg(be::COMMAND_COMPLETE, b"SELECT 1\0"), rfq(b'I'), reply(be::PARSE_COMPLETE), rfq(b'I')].concat();
+    assert_eq!(tags(&s.recv(&replies)), "CZ1Z");
+}
+
+/// psycopg's auto-prepare in a pipeline: unnamed groups, then a named Parse
+/// of the same text (already prepared on this server, so weir answers it)
+/// and Binds on it, then Sync and Flush.
+#[test]
+fn a_named_parse_answered_by_weir_waits_behind_the_replies_owed_before_it() {
+    let mut first = Sim::new(20);
+    first.sent(&[parse("a", "select 42"), sync()].concat());
+    first.recv(&[reply(be::PARSE_COMPLETE), rfq(b'I')].concat());
+    let mut s = Sim::new(20);
+    s.server = std::mem::take(&mut first.server);
+    s.stage.begin(&mut s.server, &s.conv);
+    let group = [parse("", "select 42"), bind(""), execute()].concat();
+    let named = [parse("_pg3_0", "select 42"), bind("_pg3_0"), execute(), bind("_pg3_0"), execute()].concat();
+    let flush = msg(fe::FLUSH, b"");
+    let sent = s.sent(&[group.clone(), group, named, sync(), flush].concat());
+    assert_eq!(tags(&sent), "PBEPBEBEBESH", "all sent, the named Parse answered by weir");
+    assert!(s.synth().is_empty(), "weir's ParseComplete waits for the replies owed before it");
+    let done = msg(be::COMMAND_COMPLETE, b"SELECT 1\0");
+    let g = [reply(be::PARSE_COMPLETE), reply(be::BIND_COMPLETE), done.clone()].concat();
+    let b = [reply(be::BIND_COMPLETE), done].concat();
+    let seen = s.recv(&[g.clone(), g, b.clone(), b, rfq(b'I')].concat());
+    assert_eq!(tags(&seen), "12C12C12C2CZ", "Postgres's order");
 }
 
 #[test]

@@ -1,0 +1,107 @@
+//! The stall guard against a real Postgres: a pipeline held inside weir on
+//! purpose (the tests-only `HOLD_FOR_TEST` query) is logged with the
+//! session's state and counted on the pool's metrics within 5 s.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+use super::prepared::HOLD_FOR_TEST;
+use crate::app::Weir;
+use crate::config::Config;
+use crate::protocol::{messages, tags::backend as be};
+
+/// Log lines, captured.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+async fn read_until_ready(s: &mut TcpStream, buf: &mut BytesMut) {
+    loop {
+        let f = tokio::time::timeout(Duration::from_secs(10), crate::wire::read_frame(s, buf, 1 << 20))
+            .await
+            .expect("weir answers")
+            .expect("a frame");
+        assert_ne!(f.tag, be::ERROR_RESPONSE, "{:?}", messages::parse_error_fields(&f.bytes[5..]));
+        if f.tag == be::READY_FOR_QUERY {
+            return;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_pipeline_stalled_inside_weir_is_logged_and_counted_within_5_s() {
+    let logs = Captured::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    // A current-thread runtime: weir's tasks log through this subscriber.
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let pg = tokio::task::spawn_blocking(|| weir_testkit::PgServer::start(Default::default()))
+        .await
+        .unwrap()
+        .expect("start postgres");
+    let dir = pg.data_dir().parent().unwrap().join("stall-guard");
+    std::fs::create_dir_all(&dir).unwrap();
+    let toml = format!(
+        "[weir]\nlisten_addr = \"127.0.0.1:0\"\nauth_type = \"trust\"\npool_mode = \"transaction\"\n\
+         default_pool_size = 1\n[databases.app]\nhost = \"127.0.0.1\"\nport = {}\n",
+        pg.port()
+    );
+    let weir = Weir::start(Config::from_toml(&toml, &dir).unwrap()).await.unwrap();
+    let mut s = TcpStream::connect(weir.local_addr()).await.unwrap();
+    let mut out = BytesMut::new();
+    messages::startup_message(&mut out, 196608, &[("user", weir_testkit::TRUST_USER), ("database", "app")]);
+    s.write_all(&out).await.unwrap();
+    let mut buf = BytesMut::new();
+    read_until_ready(&mut s, &mut buf).await;
+    // A statement that gets the client a server, then one weir holds back
+    // while the server owes nothing: the transaction stays open.
+    out.clear();
+    messages::query(&mut out, "begin");
+    s.write_all(&out).await.unwrap();
+    read_until_ready(&mut s, &mut buf).await;
+    let pool = weir.shared().pools.get("app", weir_testkit::TRUST_USER).expect("pool");
+    assert_eq!(pool.metrics.stalled_pipelines(), 0);
+    out.clear();
+    messages::query(&mut out, &format!("{} select 1", std::str::from_utf8(HOLD_FOR_TEST).unwrap()));
+    s.write_all(&out).await.unwrap();
+    let start = Instant::now();
+    let text = || String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
+    while start.elapsed() < Duration::from_secs(5) {
+        if pool.metrics.stalled_pipelines() == 1 && text().contains("pipeline stalled inside weir") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let line = text().lines().find(|l| l.contains("pipeline stalled inside weir")).map(str::to_owned);
+    assert_eq!(pool.metrics.stalled_pipelines(), 1, "counted within 5 s; log: {}", text());
+    let line = line.expect("logged within 5 s");
+    assert!(line.contains("WARN") && line.contains("in_batch=false") && line.contains("status=T"), "{line}");
+    // Once per stall.
+    tokio::time::sleep(crate::client::transfer_watchdog::STALL_LIMIT * 2).await;
+    assert_eq!(pool.metrics.stalled_pipelines(), 1);
+    // What /metrics serves of the pools.
+    let rendered = weir_metrics::render_all();
+    let series = rendered
+        .lines()
+        .find(|l| l.starts_with("weir_stalled_pipelines_total{") && l.contains(weir_testkit::TRUST_USER));
+    assert!(series.is_some_and(|l| l.ends_with(" 1")), "{rendered}");
+}
