@@ -8,6 +8,8 @@ mod connection;
 #[cfg(test)]
 mod footprint;
 mod listen;
+#[cfg(test)]
+mod stall_guard_tests;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -8,8 +8,6 @@ pub mod error;
 pub mod login;
 pub mod prepared;
 pub mod session;
-#[cfg(test)]
-mod stall_guard_tests;
 pub mod stream;
 pub mod transfer;
 pub mod transfer_watchdog;

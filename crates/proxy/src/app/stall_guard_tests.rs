@@ -1,4 +1,5 @@
-//! The stall guard against a real Postgres: a pipeline held inside weir on
+//! The client session's stall guard against a real Postgres, through a
+//! whole weir (so it lives in `app`, above `client`): a pipeline held inside weir on
 //! purpose (the tests-only `HOLD_FOR_TEST` query) is logged with the
 //! session's state and counted on the pool's metrics within 5 s.
 
@@ -10,8 +11,8 @@ use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use super::prepared::HOLD_FOR_TEST;
-use crate::app::Weir;
+use super::Weir;
+use crate::client::prepared::HOLD_FOR_TEST;
 use crate::config::Config;
 use crate::protocol::{messages, tags::backend as be};
 
