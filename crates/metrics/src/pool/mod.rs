@@ -8,11 +8,11 @@
 //! exactly as long as its `PoolMetrics` lives. The methods are split by who
 //! calls them:
 //!
-//! * [`record`] — the proxy counting into the pool (per query, per
+//! * `record` — the proxy counting into the pool (per query, per
 //!   assignment, per state change);
-//! * [`read`] — the admin console reading figures back for `SHOW`;
-//! * [`live`] — the open server connections `SHOW SERVERS` lists;
-//! * [`sample`] — one consistent copy of every number, which `crate::text`
+//! * `read` — the admin console reading figures back for `SHOW`;
+//! * `live` — the open server connections `SHOW SERVERS` lists;
+//! * `sample` — one consistent copy of every number, which `crate::text`
 //!   renders for `/metrics`.
 //!
 //! Server-connection opens and closes are only recorded through
@@ -32,9 +32,9 @@ use crate::rate::RateWindow;
 use crate::state::{ClientState, ServerState};
 use crate::stats::{Period, StatTotals};
 
-pub mod live;
-pub mod read;
-pub mod record;
+mod live;
+mod read;
+mod record;
 pub(crate) mod sample;
 
 pub use live::{ServerInfo, SharedCount};
