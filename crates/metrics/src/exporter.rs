@@ -16,15 +16,11 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::http::{self, Ctx, Response};
+use crate::hist::BUCKETS;
+use crate::http::{self, Ctx, ReadyFn, Response};
 use crate::names::{describe_all, histogram_names};
+use crate::text::scrape;
 
-/// Readiness callback for `/readyz`.
-pub type ReadyFn = Arc<dyn Fn() -> bool + Send + Sync>;
-
-/// Histogram buckets (seconds) for every `*_seconds` histogram.
-pub const BUCKETS: &[f64] =
-    &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
 /// Maximum concurrent request-handling threads; beyond it, requests get 503.
 const MAX_CONN_THREADS: usize = 16;
 const UPKEEP_INTERVAL: Duration = Duration::from_secs(1);
@@ -101,20 +97,6 @@ pub fn install(listen: SocketAddr, ready: ReadyFn) -> Result<Exporter, MetricsEr
 /// `None` if this crate has not installed one.
 pub fn render() -> Option<String> {
     INSTALLED.get().map(scrape)
-}
-
-/// One scrape: process figures, the recorder's series, every live pool.
-pub(crate) fn scrape(handle: &PrometheusHandle) -> String {
-    static PROCESS: OnceLock<metrics_process::Collector> = OnceLock::new();
-    let process = PROCESS.get_or_init(|| {
-        let c = metrics_process::Collector::default();
-        c.describe();
-        c
-    });
-    process.collect();
-    let mut text = handle.render();
-    text.push_str(&crate::pool::render_all());
-    text
 }
 
 impl Exporter {

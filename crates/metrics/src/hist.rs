@@ -8,7 +8,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::exporter::BUCKETS;
+/// Histogram buckets (seconds) for every `*_seconds` histogram, per-pool
+/// ones here and process-wide ones in the recorder alike.
+pub const BUCKETS: &[f64] =
+    &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
 
 const R: Ordering = Ordering::Relaxed;
 /// Number of finite buckets (`le` bounds); `+Inf` is the count.

@@ -1,15 +1,19 @@
 //! Minimal blocking HTTP/1.1 handling for the exporter: read one request head
 //! under a total deadline, route it, write one `Connection: close` response.
-//! Pure std; never touches tokio.
+//! Pure std; never touches tokio. `/metrics` is one scrape (`crate::text`).
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use metrics_exporter_prometheus::PrometheusHandle;
 
-use crate::exporter::ReadyFn;
+use crate::text::scrape;
+
+/// Readiness callback for `/readyz`.
+pub type ReadyFn = Arc<dyn Fn() -> bool + Send + Sync>;
 
 /// Total time a client gets to send its request head, and per-write timeout.
 pub(crate) const IO_TIMEOUT: Duration = Duration::from_secs(2);
@@ -102,7 +106,7 @@ fn route(method: &str, path: &str, ctx: &Ctx) -> Response {
 }
 
 fn metrics_response(ctx: &Ctx) -> Response {
-    let body = crate::exporter::scrape(&ctx.handle);
+    let body = scrape(&ctx.handle);
     Response { status: 200, reason: "OK", content_type: PROM_CONTENT_TYPE, body }
 }
 

@@ -254,7 +254,7 @@ mod tests {
             assert!(!help.is_empty());
             assert!(seen.insert(*name), "duplicate {name}");
         }
-        assert_eq!(ALL.len(), 32);
+        assert_eq!(ALL.len(), 33);
         assert_eq!(histogram_names().count(), 3);
         assert!(PER_POOL.iter().all(|n| lookup(n).is_some()));
     }

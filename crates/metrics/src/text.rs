@@ -1,5 +1,6 @@
 //! Renders every live pool's series in the Prometheus text format (0.0.4),
-//! straight from [`PoolMetrics`]' atomics.
+//! straight from [`PoolMetrics`]' atomics ([`render_all`]), and puts together
+//! one scrape: the process's own figures, the recorder's series, the pools.
 //!
 //! Per-pool series are not kept in the `metrics` facade: its registry cannot
 //! delete a series, so a pool made on demand (auth_query users, a fallback
@@ -10,15 +11,36 @@
 
 use std::collections::BTreeMap;
 use std::fmt::{Display, Write};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::close::{CloseReason, ConnectFailure, ConnectRefusal, DropReason};
-use crate::exporter::BUCKETS;
-use crate::hist::Snapshot;
+use crate::hist::{Snapshot, BUCKETS};
 use crate::names::{self, *};
-use crate::pool::{PoolMetrics, Sample};
+use crate::pool::sample::Sample;
+use crate::pool::{live_pools, PoolMetrics};
 use crate::rate::Window;
 use crate::state::{ClientState, ServerState};
+
+/// One scrape: process figures, the recorder's series, every live pool.
+pub(crate) fn scrape(handle: &PrometheusHandle) -> String {
+    static PROCESS: OnceLock<metrics_process::Collector> = OnceLock::new();
+    let process = PROCESS.get_or_init(|| {
+        let c = metrics_process::Collector::default();
+        c.describe();
+        c
+    });
+    process.collect();
+    let mut text = handle.render();
+    text.push_str(&render_all());
+    text
+}
+
+/// The Prometheus text of every live pool's series.
+pub fn render_all() -> String {
+    render_pools(&live_pools())
+}
 
 /// The text for `pools`, grouped by (database, user).
 pub(crate) fn render_pools(pools: &[Arc<PoolMetrics>]) -> String {
@@ -189,5 +211,20 @@ mod tests {
         assert!(text.contains(&format!("weir_transaction_duration_seconds_sum{{{labels}}} 0.001\n")), "{text}");
         assert!(text.contains(&format!("weir_server_connect_duration_seconds_count{{{labels}}} 2\n")));
         assert!(render_pools(&[]).is_empty());
+    }
+
+    #[test]
+    fn render_all_lists_live_pools_with_server_bytes() {
+        let p = PoolMetrics::new("db_server_bytes_test", "u");
+        p.record_server_sent(30);
+        p.record_server_received(70);
+        let text = render_all();
+        let line = |name: &str| {
+            text.lines().find(|l| l.starts_with(name) && l.contains("db_server_bytes_test")).map(str::to_owned)
+        };
+        assert!(line("weir_server_bytes_sent_total").is_some_and(|l| l.ends_with(" 30")), "{text}");
+        assert!(line("weir_server_bytes_received_total").is_some_and(|l| l.ends_with(" 70")), "{text}");
+        drop(p);
+        assert!(!render_all().contains("db_server_bytes_test"), "a dropped pool's series leave");
     }
 }
