@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use weir::auth::{hba::Hba, UserList};
-use weir::config::{check, Config};
+use weir::config::{check, differences, Config};
 
 pub fn run(path: &Path) -> ExitCode {
     let mut warnings = Vec::new();
@@ -32,7 +32,12 @@ pub fn run(path: &Path) -> ExitCode {
     }
     if problems.is_empty() {
         match Config::load(path) {
-            Ok(cfg) => println!("{}: ok ({} database(s))", path.display(), cfg.databases.len()),
+            Ok(cfg) => {
+                println!("{}: ok ({} database(s))", path.display(), cfg.databases.len());
+                for note in differences::for_config(&cfg) {
+                    println!("{}: differs from PgBouncer on purpose: {note}", path.display());
+                }
+            }
             Err(e) => println!("{}: ok, but loading it says: {e}", path.display()),
         }
         return ExitCode::SUCCESS;

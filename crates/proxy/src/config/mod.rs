@@ -5,6 +5,7 @@
 
 pub mod check;
 mod defaults;
+pub mod differences;
 pub mod keys;
 mod listen;
 pub mod migrate;
