@@ -303,7 +303,7 @@ fn from_server<CW: AsyncWrite + Unpin>(
     let sent = if tracking {
         0
     } else {
-        side.prepared.observe(&server_in[..scanned.forward], statements);
+        side.prepared.observe(&server_in[..scanned.forward]);
         match write_at_once(cw, server_in, scanned.forward) {
             Ok(n) => n,
             Err(_) => return Ok(None),

@@ -17,6 +17,7 @@
 
 use bytes::{Bytes, BytesMut};
 
+use super::owed::Observed;
 use super::{ClientStatements, Expect, Rewrite};
 use crate::protocol::{
     extended,
@@ -78,31 +79,33 @@ impl ClientStatements {
     /// Server bytes passed untouched to a client that is not tracked (yet):
     /// pops what they answer, so that the queue holds exactly the replies
     /// still owed when tracking starts.
-    pub fn observe(&mut self, src: &[u8], server: &mut ServerStatements) {
+    #[inline]
+    pub fn observe(&mut self, src: &[u8]) {
         if self.tracking || self.max == 0 {
             return;
         }
-        let mut at = (self.reply_partial as usize).min(src.len());
+        let at = (self.reply_partial as usize).min(src.len());
         self.reply_partial -= at as u32;
-        if self.reply_partial > 0 {
-            return;
+        if self.reply_partial == 0 {
+            self.observe_untracked(src, at);
         }
-        while let Ok(Some((tag, total))) = peek_header(&src[at..], MAX_SERVER_MESSAGE) {
-            let avail = src.len() - at;
-            // Nothing of an untracked client's is rewritten: every fate is Pass.
-            let _ = self.on_reply(tag, &src[at..at + avail.min(total)], server);
-            if avail < total {
-                self.reply_partial = (total - avail) as u32;
-                break;
-            }
-            at += total;
+    }
+
+    fn observe_untracked(&mut self, src: &[u8], at: usize) {
+        let mut seen = Observed::default();
+        self.reply_partial = self.q.owed.observe(src, at, &mut seen);
+        if let Some(s) = seen.status {
+            self.status = s;
+        }
+        if let Some(on) = seen.skipping {
+            self.set_skipping(on);
         }
     }
 
     /// Replies weir owes at the head of the queue, when no server message is
     /// being passed on: for a transfer loop with nothing else to send.
     pub fn synthetic(&mut self) -> Option<Synthetic> {
-        if !self.tracking || self.reply_partial > 0 || !self.expect.front().is_some_and(Expect::is_synthetic) {
+        if !self.tracking || self.reply_partial > 0 || !self.q.expect.front().is_some_and(Expect::is_synthetic) {
             return None;
         }
         let mut out = BytesMut::new();
@@ -111,7 +114,7 @@ impl ClientStatements {
     }
 
     fn owed_here(&mut self, src: &[u8], at: usize, rw: &mut Rewrite) {
-        if self.expect.front().is_some_and(Expect::is_synthetic) {
+        if self.q.expect.front().is_some_and(Expect::is_synthetic) {
             let mut out = BytesMut::new();
             self.emit_owed(&mut out);
             rw.splice(src, at, 0, &out);
@@ -122,8 +125,8 @@ impl ClientStatements {
     /// wrote a ReadyForQuery that left nothing owed.
     fn emit_owed(&mut self, out: &mut BytesMut) -> bool {
         let mut settled = false;
-        while self.expect.front().is_some_and(Expect::is_synthetic) {
-            match self.expect.pop_front() {
+        while self.q.expect.front().is_some_and(Expect::is_synthetic) {
+            match self.q.expect.pop_front() {
                 Some(Expect::FakeParse { .. }) => extended::parse_complete(out),
                 Some(Expect::FakeClose { .. }) => extended::close_complete(out),
                 Some(Expect::FakeDeallocate { client, stmt }) => {
@@ -135,7 +138,7 @@ impl ClientStatements {
                         extended::command_complete(out, "DEALLOCATE");
                     }
                     messages::ready_for_query(out, self.status);
-                    settled = self.expect.is_empty();
+                    settled = self.q.expect.is_empty();
                 }
                 _ => {}
             }
@@ -146,12 +149,12 @@ impl ClientStatements {
     /// Pops what one server message answers, and says what the client gets
     /// of it (nothing, for the replies to weir's own Parse or Close).
     fn on_reply(&mut self, tag: u8, msg: &[u8], server: &mut ServerStatements) -> Fate {
-        let front = self.expect.front();
+        let front = self.q.expect.front();
         let pass = match tag {
             be::PARSE_COMPLETE => match front {
                 Some(Expect::Parse { pass, .. }) => {
                     let pass = *pass;
-                    self.expect.pop_front();
+                    self.q.expect.pop_front();
                     pass
                 }
                 Some(Expect::DupParse { .. }) => {
@@ -163,7 +166,7 @@ impl ClientStatements {
             be::CLOSE_COMPLETE => match front {
                 Some(Expect::Close { pass, .. }) => {
                     let pass = *pass;
-                    self.expect.pop_front();
+                    self.q.expect.pop_front();
                     pass
                 }
                 _ => true,
@@ -213,7 +216,7 @@ impl ClientStatements {
             _ => b"",
         };
         let mut fate = Fate::Pass;
-        match self.expect.front() {
+        match self.q.expect.front() {
             None | Some(Expect::Query) | Some(Expect::Sync) => return fate,
             Some(Expect::DupParse { client, old, .. })
                 if code == sqlstate::DUPLICATE_PREPARED_STATEMENT.code().as_bytes() =>
@@ -237,7 +240,7 @@ impl ClientStatements {
     /// Postgres would have defined the client's statement: so does weir, and
     /// the weir name is closed before its next use.
     fn duplicate_took(&mut self, server: &mut ServerStatements) {
-        if let Some(Expect::DupParse { client, old, new }) = self.expect.pop_front() {
+        if let Some(Expect::DupParse { client, old, new }) = self.q.expect.pop_front() {
             server.mark_uncertain(old);
             self.statements.insert(client, new);
         }
@@ -246,15 +249,15 @@ impl ClientStatements {
     /// An extended-protocol Execute started COPY IN: Postgres ignores the
     /// Syncs sent after it until the client's CopyDone or CopyFail.
     fn drop_ignored_syncs(&mut self) {
-        if !matches!(self.expect.front(), Some(Expect::Execute)) {
+        if !matches!(self.q.expect.front(), Some(Expect::Execute)) {
             return;
         }
-        let end = self.expect.iter().position(|e| matches!(e, Expect::CopyEnd)).unwrap_or(self.expect.len());
+        let end = self.q.expect.iter().position(|e| matches!(e, Expect::CopyEnd)).unwrap_or(self.q.expect.len());
         let mut i = 1;
         let mut end = end;
         while i < end {
-            if matches!(self.expect[i], Expect::Sync) {
-                self.expect.remove(i);
+            if matches!(self.q.expect[i], Expect::Sync) {
+                self.q.expect.remove(i);
                 end -= 1;
             } else {
                 i += 1;
@@ -263,8 +266,8 @@ impl ClientStatements {
     }
 
     fn pop_if(&mut self, f: impl Fn(&Expect) -> bool) -> bool {
-        if self.expect.front().is_some_and(f) {
-            self.expect.pop_front();
+        if self.q.expect.front().is_some_and(f) {
+            self.q.expect.pop_front();
         }
         true
     }
@@ -272,8 +275,8 @@ impl ClientStatements {
     /// The message at the head failed: it and everything up to the next
     /// Sync were not executed.
     fn skip_to_sync(&mut self, server: &mut ServerStatements) {
-        let end = self.expect.iter().position(|e| matches!(e, Expect::Sync));
-        let skipped: Vec<Expect> = self.expect.drain(..end.unwrap_or(self.expect.len())).collect();
+        let end = self.q.expect.iter().position(|e| matches!(e, Expect::Sync));
+        let skipped: Vec<Expect> = self.q.expect.drain(..end.unwrap_or(self.q.expect.len())).collect();
         self.undo_all(skipped, server);
         // No Sync sent yet: what the client sends up to it is skipped too.
         self.set_skipping(end.is_none());
@@ -282,12 +285,12 @@ impl ClientStatements {
     /// A ReadyForQuery ends the Sync or Query at the head (anything before it
     /// was never answered, so it was not executed).
     fn pop_through_sync(&mut self, server: &mut ServerStatements) {
-        if matches!(self.expect.front(), Some(Expect::Sync | Expect::Query)) {
-            self.expect.pop_front();
+        if matches!(self.q.expect.front(), Some(Expect::Sync | Expect::Query)) {
+            self.q.expect.pop_front();
             return;
         }
-        let end = self.expect.iter().position(|e| matches!(e, Expect::Sync | Expect::Query));
-        let mut skipped: Vec<Expect> = self.expect.drain(..end.map_or(self.expect.len(), |i| i + 1)).collect();
+        let end = self.q.expect.iter().position(|e| matches!(e, Expect::Sync | Expect::Query));
+        let mut skipped: Vec<Expect> = self.q.expect.drain(..end.map_or(self.q.expect.len(), |i| i + 1)).collect();
         if end.is_some() {
             skipped.pop();
         }

@@ -32,13 +32,14 @@
 //! A client that never names a statement is never tracked: its bytes pass
 //! through untouched, apart from a look at the head of each query's text
 //! and at message headers, which keep the reply queue (what the server
-//! still owes it). Tracking starts at its first named Parse, wherever that
+//! still owes it; a word of 4-bit kinds while untracked, `owed.rs`). Tracking starts at its first named Parse, wherever that
 //! falls in a pipeline: the replies weir then writes itself (ParseComplete,
 //! CloseComplete, DEALLOCATE's answer) queue behind every reply still owed,
 //! and weir never holds a client message back waiting for the server.
 
 mod inbound;
 mod outbound;
+mod owed;
 mod sql;
 #[cfg(test)]
 mod tests;
@@ -152,6 +153,15 @@ impl Expect {
     }
 }
 
+/// What the server owes one client, in order.
+#[derive(Debug, Default)]
+struct Queues {
+    expect: VecDeque<Expect>,
+    /// The queue while the client is not tracked (`expect` is empty until
+    /// then): becomes `expect`, entry for entry, when tracking starts.
+    owed: owed::Owed,
+}
+
 /// `ClientStatements::lease`: a statement sent during this lease may have
 /// changed a session-level setting Postgres does not report (see
 /// `sql::Sql::SessionSet`).
@@ -181,7 +191,9 @@ pub struct ClientStatements {
     /// A B-tree, not a hash map: half the size inline, and every client
     /// holds one (almost always empty).
     statements: BTreeMap<Vec<u8>, Arc<Statement>>,
-    expect: VecDeque<Expect>,
+    /// The reply queues, boxed: every client's task future stays within its
+    /// budget (see `app/footprint.rs`).
+    q: Box<Queues>,
     /// Bytes of a client message being streamed through, not yet seen.
     pass_remaining: u32,
     /// Bytes of a server message being streamed through, not yet seen.
@@ -201,7 +213,7 @@ impl ClientStatements {
             lease: 0,
             pinned: None,
             statements: BTreeMap::new(),
-            expect: VecDeque::new(),
+            q: Box::default(),
             pass_remaining: 0,
             reply_partial: 0,
             status: status::IDLE,
@@ -243,7 +255,8 @@ impl ClientStatements {
     /// A server connection was just lent to this client.
     pub fn begin(&mut self, server: &mut ServerStatements, conv: &Conversation) {
         server.begin_lease();
-        self.expect.clear();
+        self.q.expect.clear();
+        self.q.owed.clear();
         self.lease &= !SKIPPING;
         self.reply_partial = 0;
         self.status = conv.status;
@@ -252,7 +265,7 @@ impl ClientStatements {
     /// The lease ends. Whatever weir sent and never saw answered (the client
     /// or server left mid-batch) leaves those statements uncertain.
     pub fn end(&mut self, server: &mut ServerStatements) {
-        for e in self.expect.drain(..) {
+        for e in self.q.expect.drain(..) {
             match e {
                 Expect::Parse { weir: Some(w), .. } | Expect::Close { evicted: Some(w), .. } => {
                     server.mark_uncertain(w)
@@ -261,6 +274,7 @@ impl ClientStatements {
             }
         }
         // Prepared in a transaction that did not end cleanly in this lease.
+        self.q.owed.clear();
         server.settle(false);
         if self.take_lease_flag(RAN_DDL) {
             // Again now that the DDL has run: a statement prepared by

@@ -86,7 +86,8 @@ impl ClientStatements {
         if self.pass_remaining > 0 {
             return Ok(src.len());
         }
-        let queued = self.expect.len();
+        // Untracked, `expect` is empty and `owed` becomes it, entry for entry.
+        let queued = if self.tracking { self.q.expect.len() } else { self.q.owed.len() };
         // Whether the server is in COPY IN when the message at hand reaches it.
         let mut copy_in = conv.copy_in;
         while let Some((tag, total)) = peek_header(&src[at..], max_message)? {
@@ -122,7 +123,12 @@ impl ClientStatements {
             }
         }
         if self.lease & SKIPPING != 0 {
-            self.skipped(queued, server);
+            if self.tracking {
+                self.skipped(queued, server);
+            } else {
+                let on = self.q.owed.skipped(queued);
+                self.set_skipping(on);
+            }
         }
         let Some(mut out) = rw.out.take() else { return Ok(at) };
         let ready = out.len() + (at - rw.copied);
@@ -139,8 +145,8 @@ impl ClientStatements {
     /// undone and nothing is owed for it (no ParseComplete or CloseComplete
     /// of weir's either: Postgres would send none).
     fn skipped(&mut self, from: usize, server: &mut ServerStatements) {
-        let end = self.expect.iter().skip(from).position(|e| matches!(e, Expect::Sync)).map(|i| from + i);
-        let skipped: Vec<Expect> = self.expect.drain(from..end.unwrap_or(self.expect.len())).collect();
+        let end = self.q.expect.iter().skip(from).position(|e| matches!(e, Expect::Sync)).map(|i| from + i);
+        let skipped: Vec<Expect> = self.q.expect.drain(from..end.unwrap_or(self.q.expect.len())).collect();
         self.undo_all(skipped, server);
         self.set_skipping(end.is_none());
     }
@@ -187,8 +193,10 @@ impl ClientStatements {
     /// with every reply still owed ahead of the ones weir will write.
     fn passed(&mut self, m: &Msg<'_>, copy_in: &mut bool) -> Step {
         if self.max > 0 {
-            if let Some(e) = owed_for(m.tag, copy_in) {
-                self.expect.push_back(e);
+            if !self.tracking {
+                self.q.owed.sent(m.tag, copy_in);
+            } else if let Some(e) = owed_for(m.tag, copy_in) {
+                self.q.expect.push_back(e);
             }
         }
         next_or_stream(m)
@@ -200,7 +208,8 @@ impl ClientStatements {
     fn start_tracking(&mut self, conv: &Conversation) -> Step {
         crate::span::client_event!(debug, "tracking prepared statements for this client");
         self.tracking = true;
-        if self.expect.is_empty() {
+        self.q.owed.materialise(&mut self.q.expect);
+        if self.q.expect.is_empty() {
             self.status = conv.status;
         }
         Step::Again
@@ -238,7 +247,7 @@ impl ClientStatements {
             }
             self.named_set(name, &m.body()[name.len() + 1..]);
             self.look_at(&m.body()[name.len() + 1..], server);
-            self.expect.push_back(Expect::Parse { pass: true, weir: None, client: None });
+            self.q.expect.push_back(Expect::Parse { pass: true, weir: None, client: None });
             return Ok(next_or_stream(m));
         }
         if !m.whole() {
@@ -246,11 +255,11 @@ impl ClientStatements {
                 return Ok(Step::Wait);
             }
             self.pin("prepared statement text over 128 KiB");
-            self.expect.push_back(Expect::Parse { pass: true, weir: None, client: None });
+            self.q.expect.push_back(Expect::Parse { pass: true, weir: None, client: None });
             return Ok(Step::Stream);
         }
         let Ok(p) = extended::read_parse(m.body()) else {
-            self.expect.push_back(Expect::Parse { pass: true, weir: None, client: None });
+            self.q.expect.push_back(Expect::Parse { pass: true, weir: None, client: None });
             return Ok(Step::Next);
         };
         self.look_at(p.query, server);
@@ -278,11 +287,11 @@ impl ClientStatements {
                 let mut unnamed = BytesMut::new();
                 extended::parse(&mut unnamed, "", p.query, p.param_types);
                 rw.splice(src, m.at, m.total, &unnamed);
-                self.expect.push_back(Expect::Parse { pass: true, weir: None, client: Some((name, stmt)) });
+                self.q.expect.push_back(Expect::Parse { pass: true, weir: None, client: Some((name, stmt)) });
                 return Ok(Step::Next);
             }
             rw.splice(src, m.at, m.total, &[]);
-            self.expect.push_back(Expect::FakeParse { client: name, stmt });
+            self.q.expect.push_back(Expect::FakeParse { client: name, stmt });
             return Ok(Step::Next);
         }
         let parse = self.server_parse(&stmt, server, Some((name, stmt.clone())));
@@ -303,7 +312,7 @@ impl ClientStatements {
     ) -> BytesMut {
         let mut out = self.prepare_if_missing(&old, server).unwrap_or_default();
         extended::parse(&mut out, &old.weir, p.query, p.param_types);
-        self.expect.push_back(Expect::DupParse { client: p.name.to_vec(), old: old.weir.clone(), new });
+        self.q.expect.push_back(Expect::DupParse { client: p.name.to_vec(), old: old.weir.clone(), new });
         out
     }
 
@@ -356,7 +365,7 @@ impl ClientStatements {
             if let Some(stmt) = self.statements.remove(name) {
                 // The server-side statement stays: other clients may share it.
                 rw.splice(src, m.at, m.total, &[]);
-                self.expect.push_back(Expect::FakeClose { client: name.to_vec(), stmt });
+                self.q.expect.push_back(Expect::FakeClose { client: name.to_vec(), stmt });
                 return Ok(Step::Next);
             }
         }
@@ -376,7 +385,7 @@ impl ClientStatements {
         if let (true, Sql::Deallocate(name)) = (m.whole(), classify(m.body())) {
             if let Some(stmt) = self.statements.remove(&name) {
                 rw.splice(src, m.at, m.total, &[]);
-                self.expect.push_back(Expect::FakeDeallocate { client: name, stmt });
+                self.q.expect.push_back(Expect::FakeDeallocate { client: name, stmt });
                 return Ok(Step::Next);
             }
         }
@@ -415,7 +424,7 @@ impl ClientStatements {
     }
 
     fn pass(&mut self, m: &Msg<'_>, e: Expect) -> Step {
-        self.expect.push_back(e);
+        self.q.expect.push_back(e);
         next_or_stream(m)
     }
 
@@ -457,7 +466,7 @@ impl ClientStatements {
         self.metrics.record_server_parse();
         let pass = client.is_some();
         server.add_provisional(stmt.weir.clone());
-        self.expect.push_back(Expect::Parse { pass, weir: Some(stmt.weir.clone()), client });
+        self.q.expect.push_back(Expect::Parse { pass, weir: Some(stmt.weir.clone()), client });
         out
     }
 
@@ -467,11 +476,11 @@ impl ClientStatements {
         if server.take_uncertain(weir) {
             extended::target(pre, fe::CLOSE, TARGET_STATEMENT, weir);
             // Uncertain again if this Close is skipped or never answered.
-            self.expect.push_back(Expect::Close { pass: false, evicted: Some(weir.clone()) });
+            self.q.expect.push_back(Expect::Close { pass: false, evicted: Some(weir.clone()) });
         }
         for old in server.insert(weir.clone(), self.max as usize) {
             extended::target(pre, fe::CLOSE, TARGET_STATEMENT, &old);
-            self.expect.push_back(Expect::Close { pass: false, evicted: Some(old) });
+            self.q.expect.push_back(Expect::Close { pass: false, evicted: Some(old) });
         }
     }
 }

@@ -130,7 +130,7 @@ impl Sim {
             // As the transfer loop does: an untracked client's bytes are
             // only observed, and pass as they are.
             if !self.stage.is_tracking() {
-                self.stage.observe(&chunk, &mut self.server);
+                self.stage.observe(&chunk);
             }
             out.extend_from_slice(&self.stage.inbound(chunk, &mut self.server));
             out.extend(self.synth());
@@ -473,7 +473,7 @@ fn syncs_ignored_during_an_extended_copy_are_not_expected() {
     s.sent(&[msg(fe::COPY_DATA, b"1\n"), sync(), msg(fe::COPY_DONE, b""), sync()].concat());
     let seen = s.recv(&[msg(be::COMMAND_COMPLETE, b"COPY 1\0"), rfq(b'I')].concat());
     assert_eq!(tags(&seen), "CZ");
-    assert!(s.stage.expect.is_empty(), "{:?}", s.stage.expect);
+    assert!(s.stage.q.expect.is_empty(), "{:?}", s.stage.q.expect);
     assert!(s.conv.is_clean());
     // The queue is still aligned: a statement on a new server is prepared and
     // its ParseComplete swallowed.
