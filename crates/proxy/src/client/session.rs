@@ -607,8 +607,7 @@ impl<'a> Session<'a> {
             Ok(Ok(Readback::Settings(on_server))) => {
                 let mut settings = self.settings.after_read_back(on_server.clone());
                 self.pool.stamps.canonicalize(&mut settings);
-                conn.settings = on_server;
-                conn.matched = None;
+                conn.adopt_settings(on_server);
                 self.settings = settings;
             }
             Ok(Ok(Readback::Unreadable)) => {

@@ -20,8 +20,7 @@ use super::prepared::ClientStatements;
 use super::stream::ClientStream;
 use super::transfer_watchdog::{Watchdog, WatchdogError};
 use crate::params::ParamMap;
-use crate::server::statements::ServerStatements;
-use crate::server::{Conversation, ServerConn};
+use crate::server::{ServerConn, ServerSide};
 
 /// Read no more from a side while this much of its output is unsent.
 const HIGH_WATER: usize = 256 * 1024;
@@ -89,102 +88,58 @@ async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
     release: bool,
 ) -> Result<Ended, ClientError> {
     let metrics = server.metrics().clone();
-    let taken_at = server.taken_at;
-    // The parts are used in place, not bound to locals of their own: each
-    // local held across an await is another slot in a request's future.
-    let s = server.parts();
-    let mut wd = Watchdog::new(s.spec, s.cancel, s.alarm);
-    let (mut sr, mut sw) = s.stream.split();
-    let mut to_server = Bytes::new();
-    let mut to_client = Bytes::new();
-    let mut settled = false;
-    let mut terminating = false;
-    let mut told = false;
     // When the first byte of the queries now running went to the server
     // (query time). The first query's is the hand-over's reading (the
     // server's `taken_at`): the write follows it by microseconds, and it
     // saves a clock reading.
-    let mut query_started = Some(taken_at);
+    let mut flow = Flow::new(server.taken_at, release);
+    // The parts are used in place, not bound to locals of their own: each
+    // local held across an await is another slot in a request's future.
+    let mut s = server.parts();
+    let mut wd = Watchdog::new(s.spec, s.cancel, s.alarm);
+    let (mut sr, mut sw) = s.stream.split();
     loop {
-        if to_server.is_empty() && !side.unread.is_empty() && !terminating {
-            let Some(batch) = to_server_batch(&mut side, s.conv, s.statements, &mut sw)? else {
-                return Ok(Ended::ServerGone { told });
-            };
-            terminating = batch.terminate;
-            to_server = batch.out;
-            if batch.sent > 0 {
-                metrics.record_server_sent(batch.sent);
-                query_started.get_or_insert_with(std::time::Instant::now);
-            }
+        // A statement of its own: the `?`'s temporary would otherwise stay
+        // in the future across the flush's await.
+        let next = flow.step(&mut side, &mut s.side, (&mut sw, &mut cw), &metrics, &mut wd)?;
+        match next {
+            Next::Go => {}
+            Next::End(ended) => return Ok(ended),
+            Next::ClientGone => return Ok(client_gone(&mut sw, &flow.to_server).await),
         }
-        // Once the server owes nothing and goes back, bytes it sent after
-        // the settling ReadyForQuery were not asked for: they stay with the
-        // connection (which the pool then closes), never reach this client.
-        let releasing = settled && release && side.prepared.pinned().is_none() && s.conv.is_clean();
-        if to_client.is_empty() && !s.unread.is_empty() && !releasing {
-            let Some(got) = from_server(s.unread, s.conv, s.params, s.broken, s.statements, &mut side, &mut cw)? else {
-                return Ok(client_gone(&mut sw, &to_server).await);
-            };
-            if got.sent > 0 {
-                metrics.record_sent(got.sent);
-            }
-            to_client = got.out;
-            settled |= got.settled;
-            told |= got.fatal;
-            if got.answered > 0 {
-                wd.answered();
-                // One query per ReadyForQuery (a simple Query, or a batch up to Sync).
-                (0..got.answered).for_each(|_| metrics.record_query());
-                if let Some(t) = query_started.take() {
-                    metrics.record_query_time(t.elapsed());
-                }
-            }
-        }
-        if let Some(owed) = to_client.is_empty().then(|| side.prepared.synthetic()).flatten() {
-            to_client = owed.bytes;
-            settled |= owed.settled;
-        }
-        if to_server.is_empty() && to_client.is_empty() {
-            if terminating {
-                return Ok(client_gone(&mut sw, &to_server).await);
-            }
-            if settled && release && side.prepared.pinned().is_none() && s.conv.is_clean() {
-                return Ok(Ended::Released);
-            }
-            settled = false;
-        }
-        let held = to_server.is_empty() && !terminating && holds_whole_message(side.unread, side.max_message);
-        wd.update(s.conv, s.unread.len() < HIGH_WATER, to_server.is_empty() && !terminating, query_started, held);
+        let client_quiet = flow.to_server.is_empty() && !flow.terminating;
+        let held = client_quiet && holds_whole_message(side.unread, side.max_message);
+        wd.update(s.side.conv, s.side.unread.len() < HIGH_WATER, client_quiet, flow.query_started, held);
         tokio::select! {
             biased;
-            r = sw.write(&to_server), if !to_server.is_empty() => match r {
+            r = sw.write(&flow.to_server), if !flow.to_server.is_empty() => match r {
                 Ok(n) => {
-                    to_server.advance(n);
+                    flow.to_server.advance(n);
                     metrics.record_server_sent(n);
-                    query_started.get_or_insert_with(std::time::Instant::now);
+                    flow.query_started.get_or_insert_with(std::time::Instant::now);
                 }
-                Err(_) => return Ok(Ended::ServerGone { told }),
+                Err(_) => return Ok(Ended::ServerGone { told: flow.told }),
             },
-            r = cw.write(&to_client), if !to_client.is_empty() => match r {
+            r = cw.write(&flow.to_client), if !flow.to_client.is_empty() => match r {
                 Ok(n) => {
-                    to_client.advance(n);
+                    flow.to_client.advance(n);
                     metrics.record_sent(n);
                 }
-                Err(_) => return Ok(client_gone(&mut sw, &to_server).await),
+                Err(_) => return Ok(client_gone(&mut sw, &flow.to_server).await),
             },
-            r = sr.read_buf(s.unread), if s.unread.len() < HIGH_WATER => match r {
+            r = sr.read_buf(s.side.unread), if s.side.unread.len() < HIGH_WATER => match r {
                 Ok(0) | Err(_) => {
-                    let _ = cw.write_all(&to_client).await;
+                    let _ = cw.write_all(&flow.to_client).await;
                     let _ = cw.flush().await;
-                    return Ok(Ended::ServerGone { told });
+                    return Ok(Ended::ServerGone { told: flow.told });
                 }
                 Ok(n) => {
                     wd.heard();
                     metrics.record_server_received(n);
                 }
             },
-            r = cr.read_buf(side.unread), if side.unread.len() < HIGH_WATER && !terminating => match r {
-                Ok(0) | Err(_) => return Ok(client_gone(&mut sw, &to_server).await),
+            r = cr.read_buf(side.unread), if side.unread.len() < HIGH_WATER && !flow.terminating => match r {
+                Ok(0) | Err(_) => return Ok(client_gone(&mut sw, &flow.to_server).await),
                 Ok(n) => {
                     wd.client_spoke();
                     metrics.record_received(n);
@@ -195,10 +150,109 @@ async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
                     metrics.record_stalled_pipeline();
                     continue;
                 }
-                *s.broken = e.close_reason();
+                *s.side.broken = e.close_reason();
                 return Err(e.into());
             }
         }
+    }
+}
+
+/// What one turn of the forwarding loop found before it waits.
+enum Next {
+    /// Wait for the sockets and the watchdog.
+    Go,
+    /// The transfer ends.
+    End(Ended),
+    /// The client left: what is owed the server is flushed first.
+    ClientGone,
+}
+
+/// The forwarding loop's state between turns: bytes taken and not yet
+/// written each way, and what the server's replies settled.
+struct Flow {
+    to_server: Bytes,
+    to_client: Bytes,
+    /// The last ReadyForQuery passed on settled what the server owed.
+    settled: bool,
+    /// The client's bytes end with a Terminate.
+    terminating: bool,
+    /// A FATAL from the server reached the client.
+    told: bool,
+    /// The server goes back to the pool once it owes nothing.
+    release: bool,
+    /// When the first byte of the queries now running went to the server.
+    query_started: Option<std::time::Instant>,
+}
+
+impl Flow {
+    fn new(taken_at: std::time::Instant, release: bool) -> Self {
+        Flow {
+            to_server: Bytes::new(),
+            to_client: Bytes::new(),
+            settled: false,
+            terminating: false,
+            told: false,
+            release,
+            query_started: Some(taken_at),
+        }
+    }
+
+    /// Takes what each side has buffered for the other (writing what the
+    /// sockets take at once) and decides whether the transfer ends.
+    fn step<SW: AsyncWrite + Unpin, CW: AsyncWrite + Unpin>(
+        &mut self,
+        client: &mut ClientSide<'_>,
+        server: &mut ServerSide<'_>,
+        (sw, cw): (&mut SW, &mut CW),
+        metrics: &weir_metrics::PoolMetrics,
+        wd: &mut Watchdog<'_>,
+    ) -> Result<Next, ClientError> {
+        if self.to_server.is_empty() && !client.unread.is_empty() && !self.terminating {
+            let Some(batch) = to_server_batch(client, server, sw)? else {
+                return Ok(Next::End(Ended::ServerGone { told: self.told }));
+            };
+            self.terminating = batch.terminate;
+            self.to_server = batch.out;
+            if batch.sent > 0 {
+                metrics.record_server_sent(batch.sent);
+                self.query_started.get_or_insert_with(std::time::Instant::now);
+            }
+        }
+        // Once the server owes nothing and goes back, bytes it sent after
+        // the settling ReadyForQuery were not asked for: they stay with the
+        // connection (which the pool then closes), never reach this client.
+        let releasing = self.settled && self.release && client.prepared.pinned().is_none() && server.conv.is_clean();
+        if self.to_client.is_empty() && !server.unread.is_empty() && !releasing {
+            let Some(got) = from_server(server, client, cw)? else { return Ok(Next::ClientGone) };
+            if got.sent > 0 {
+                metrics.record_sent(got.sent);
+            }
+            self.to_client = got.out;
+            self.settled |= got.settled;
+            self.told |= got.fatal;
+            if got.answered > 0 {
+                wd.answered();
+                // One query per ReadyForQuery (a simple Query, or a batch up to Sync).
+                (0..got.answered).for_each(|_| metrics.record_query());
+                if let Some(t) = self.query_started.take() {
+                    metrics.record_query_time(t.elapsed());
+                }
+            }
+        }
+        if let Some(owed) = self.to_client.is_empty().then(|| client.prepared.synthetic()).flatten() {
+            self.to_client = owed.bytes;
+            self.settled |= owed.settled;
+        }
+        if self.to_server.is_empty() && self.to_client.is_empty() {
+            if self.terminating {
+                return Ok(Next::ClientGone);
+            }
+            if self.settled && self.release && client.prepared.pinned().is_none() && server.conv.is_clean() {
+                return Ok(Next::End(Ended::Released));
+            }
+            self.settled = false;
+        }
+        Ok(Next::Go)
     }
 }
 
@@ -247,15 +301,15 @@ struct ToServer {
 /// as far as the server's socket takes it at once. None: that write failed
 /// (the server is gone).
 fn to_server_batch<SW: AsyncWrite + Unpin>(
-    side: &mut ClientSide<'_>,
-    conv: &mut Conversation,
-    statements: &mut ServerStatements,
+    client: &mut ClientSide<'_>,
+    server: &mut ServerSide<'_>,
     sw: &mut SW,
 ) -> Result<Option<ToServer>, ClientError> {
-    let ready = side.prepared.outbound(side.unread, conv, statements, side.max_message)?;
-    let scanned = conv.scan_client(&side.unread[..ready], side.max_message)?;
-    let Ok(sent) = write_at_once(sw, side.unread, scanned.forward) else { return Ok(None) };
-    let out = if sent < scanned.forward { side.unread.split_to(scanned.forward - sent).freeze() } else { Bytes::new() };
+    let ready = client.prepared.outbound(client.unread, server.conv, server.statements, client.max_message)?;
+    let scanned = server.conv.scan_client(&client.unread[..ready], client.max_message)?;
+    let Ok(sent) = write_at_once(sw, client.unread, scanned.forward) else { return Ok(None) };
+    let out =
+        if sent < scanned.forward { client.unread.split_to(scanned.forward - sent).freeze() } else { Bytes::new() };
     Ok(Some(ToServer { sent, out, terminate: scanned.terminate }))
 }
 
@@ -280,37 +334,34 @@ struct FromServer {
 /// rewrite), what the client's socket takes at once goes straight from the
 /// buffer. None: that write failed (the client is gone).
 fn from_server<CW: AsyncWrite + Unpin>(
-    server_in: &mut BytesMut,
-    conv: &mut Conversation,
-    server_params: &mut ParamMap,
-    broken: &mut Option<weir_metrics::CloseReason>,
-    statements: &mut ServerStatements,
-    side: &mut ClientSide<'_>,
+    server: &mut ServerSide<'_>,
+    client: &mut ClientSide<'_>,
     cw: &mut CW,
 ) -> Result<Option<FromServer>, ClientError> {
-    let owed = conv.pending_rfq;
-    let scan = conv.scan_server(server_in, |k, v| {
+    let owed = server.conv.owed();
+    let (server_params, client_params) = (&mut *server.params, &mut *client.params);
+    let scan = server.conv.scan_server(server.unread, |k, v| {
         server_params.set(k, v);
-        side.params.set(k, v);
+        client_params.set(k, v);
     });
     let scanned = scan.map_err(|e| {
-        *broken = Some(weir_metrics::CloseReason::ProtocolError);
+        *server.broken = Some(weir_metrics::CloseReason::ProtocolError);
         ClientError::BadServerMessage(e)
     })?;
-    let answered = owed.saturating_sub(conv.pending_rfq) as usize;
+    let answered = owed.saturating_sub(server.conv.owed()) as usize;
     // A tracked client's replies may be rewritten: they go through `inbound` whole.
-    let tracking = side.prepared.is_tracking();
+    let tracking = client.prepared.is_tracking();
     let sent = if tracking {
         0
     } else {
-        side.prepared.observe(&server_in[..scanned.forward]);
-        match write_at_once(cw, server_in, scanned.forward) {
+        client.prepared.observe(&server.unread[..scanned.forward]);
+        match write_at_once(cw, server.unread, scanned.forward) {
             Ok(n) => n,
             Err(_) => return Ok(None),
         }
     };
     let out = if tracking || sent < scanned.forward {
-        side.prepared.inbound(server_in.split_to(scanned.forward - sent).freeze(), statements)
+        client.prepared.inbound(server.unread.split_to(scanned.forward - sent).freeze(), server.statements)
     } else {
         Bytes::new()
     };

@@ -161,16 +161,16 @@ impl<'a> Watchdog<'a> {
         query_started: Option<Instant>,
         held: bool,
     ) {
-        if held && conv.pending_rfq == 0 && !conv.copy_in {
+        if held && conv.owed() == 0 && !conv.copy_in() {
             if self.stalled_since.is_none() {
                 self.stalled_since = Some(Instant::now());
-                self.stall = (u16::from(conv.status) << 8) | if conv.in_batch { STALL_IN_BATCH } else { 0 };
+                self.stall = (u16::from(conv.status()) << 8) | if conv.in_batch() { STALL_IN_BATCH } else { 0 };
             }
         } else if self.stalled_since.is_some() {
             self.stalled_since = None;
             self.stall = 0;
         }
-        let owing = conv.pending_rfq > 0 && !conv.copy_in;
+        let owing = conv.owed() > 0 && !conv.copy_in();
         if !owing {
             self.query_since = None;
             self.cancelled_at = None;
@@ -192,7 +192,7 @@ impl<'a> Watchdog<'a> {
             self.alive_probes = 0;
         }
         self.heard = false;
-        let idle_in_tx = client_quiet && conv.is_quiet() && conv.status != status::IDLE;
+        let idle_in_tx = client_quiet && conv.is_quiet() && conv.status() != status::IDLE;
         if !idle_in_tx {
             self.idle_since = None;
         } else if self.idle_since.is_none() && self.watch.idle_transaction.is_some() {

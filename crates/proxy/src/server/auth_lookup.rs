@@ -49,7 +49,7 @@ pub async fn run(conn: &mut ServerConn, sql: &str, user: &str) -> Result<Answer,
                 result = Err(f.message_text());
             }
             be::READY_FOR_QUERY => {
-                conn.conv.status = *frame.body().first().ok_or(AuthQueryError::ServerLost)?;
+                conn.conv.set_status(*frame.body().first().ok_or(AuthQueryError::ServerLost)?);
                 return Ok(result);
             }
             _ => {}

@@ -184,7 +184,7 @@ pub struct ServerConn {
     pub(crate) settings: ParamMap,
     /// The stamps (client params, client settings, `params`, `settings`)
     /// from when this server last matched a client's parameters.
-    pub(crate) matched: Option<crate::params::Stamps>,
+    pub(super) matched: Option<crate::params::Stamps>,
     pub(crate) cancel: CancelTarget,
     pub(crate) created: Instant,
     pub(crate) last_used: Instant,
@@ -210,18 +210,26 @@ pub struct ServerConn {
 }
 
 /// The parts of a lent connection that the transfer loop works on, borrowed
-/// together (each one apart, so the loop can hold several at once).
+/// together (each one apart, so the loop can hold several at once): the
+/// socket, what the watchdog needs, and the state the bytes change.
 pub struct ConnParts<'a> {
     pub stream: &'a mut ServerStream,
+    pub spec: &'a Arc<ConnectSpec>,
+    pub cancel: &'a CancelTarget,
+    pub alarm: &'a mut AlarmTimer,
+    pub side: ServerSide<'a>,
+}
+
+/// What the bytes passing from and to a lent connection change: those read
+/// and not yet passed on, the conversation, the parameters the server
+/// reports, whether it broke, and weir's prepared statements on it.
+pub struct ServerSide<'a> {
     /// Bytes read from the server and not yet passed on.
     pub unread: &'a mut BytesMut,
     pub conv: &'a mut Conversation,
     pub params: &'a mut ParamMap,
     pub broken: &'a mut Option<CloseReason>,
     pub statements: &'a mut ServerStatements,
-    pub spec: &'a Arc<ConnectSpec>,
-    pub cancel: &'a CancelTarget,
-    pub alarm: &'a mut AlarmTimer,
 }
 
 /// A place in a shared connection count, given back on drop.
@@ -255,14 +263,16 @@ impl ServerConn {
     pub fn parts(&mut self) -> ConnParts<'_> {
         ConnParts {
             stream: &mut self.stream,
-            unread: &mut self.rbuf,
-            conv: &mut self.conv,
-            params: &mut self.params,
-            broken: &mut self.broken,
-            statements: &mut self.statements,
             spec: &self.spec,
             cancel: &self.cancel,
             alarm: &mut self.alarm,
+            side: ServerSide {
+                unread: &mut self.rbuf,
+                conv: &mut self.conv,
+                params: &mut self.params,
+                broken: &mut self.broken,
+                statements: &mut self.statements,
+            },
         }
     }
 

@@ -3,6 +3,8 @@
 //! how many ReadyForQuery the server still owes, whether an extended-protocol
 //! batch is open, the transaction status, COPY IN, and half-passed messages.
 
+use bytes::BytesMut;
+
 use crate::protocol::{
     messages, peek_header,
     tags::{backend as be, frontend as fe, status},
@@ -21,20 +23,20 @@ pub const MAX_SERVER_MESSAGE: usize = 1 << 30;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Conversation {
     /// ReadyForQuery messages the server still owes (one per Query, Sync, FunctionCall).
-    pub pending_rfq: u32,
+    pending_rfq: u32,
     /// Extended-protocol messages were sent since the last Sync.
-    pub in_batch: bool,
+    in_batch: bool,
     /// The status byte of the last ReadyForQuery.
-    pub status: u8,
+    status: u8,
     /// The server is in COPY IN and expects CopyData/CopyDone/CopyFail.
-    pub copy_in: bool,
+    copy_in: bool,
     /// Bytes of a client message already partly sent to the server.
-    pub to_server_partial: usize,
+    to_server_partial: usize,
     /// Bytes of a server message already partly passed to the client.
-    pub from_server_partial: usize,
+    from_server_partial: usize,
     /// Syncs sent since the last Execute (and before any CopyDone/CopyFail):
     /// if that Execute starts COPY FROM STDIN, Postgres ignores them.
-    pub syncs_after_execute: Option<u32>,
+    syncs_after_execute: Option<u32>,
 }
 
 impl Default for Conversation {
@@ -111,6 +113,67 @@ impl Conversation {
     /// A query the server has not answered yet is running or queued there.
     pub fn query_in_flight(&self) -> bool {
         self.pending_rfq > 0 || self.in_batch || self.to_server_partial > 0
+    }
+
+    /// ReadyForQuery messages the server still owes.
+    #[inline]
+    pub(crate) fn owed(&self) -> u32 {
+        self.pending_rfq
+    }
+
+    /// The status byte of the last ReadyForQuery.
+    #[inline]
+    pub(crate) fn status(&self) -> u8 {
+        self.status
+    }
+
+    /// The server is in COPY IN.
+    #[inline]
+    pub(crate) fn copy_in(&self) -> bool {
+        self.copy_in
+    }
+
+    /// Extended-protocol messages were sent since the last Sync.
+    #[inline]
+    pub(crate) fn in_batch(&self) -> bool {
+        self.in_batch
+    }
+
+    /// The server still owes a ReadyForQuery or the rest of a message.
+    pub(crate) fn owes_output(&self) -> bool {
+        self.pending_rfq > 0 || self.from_server_partial > 0
+    }
+
+    /// A ReadyForQuery weir read itself (outside `scan_server`) set the
+    /// transaction status to `status`.
+    pub(crate) fn set_status(&mut self, status: u8) {
+        self.status = status;
+    }
+
+    /// What puts the client→server stream back on a message boundary and
+    /// out of any batch or COPY, without ever making a fragment runnable:
+    /// filler for a half-sent message, CopyFail, Sync, appended to `out`
+    /// and noted as sent. False (nothing written) when the half-sent rest is
+    /// longer than `max_filler`: closing the connection costs less.
+    pub(crate) fn finish_client_side(&mut self, out: &mut BytesMut, max_filler: usize) -> bool {
+        if self.to_server_partial > max_filler {
+            return false;
+        }
+        if self.to_server_partial > 0 {
+            // Filler with no NUL byte: the half-sent string never terminates, so
+            // Postgres rejects the message instead of running a fragment.
+            out.resize(out.len() + self.to_server_partial, 0x01);
+            self.to_server_partial = 0;
+        }
+        if self.copy_in {
+            copy_fail(out, "client disconnected during COPY");
+            self.note_client(fe::COPY_FAIL);
+        }
+        if self.in_batch {
+            messages::sync(out);
+            self.note_client(fe::SYNC);
+        }
+        true
     }
 
     /// Walks client bytes; notes each whole message (and the head of a long
@@ -268,6 +331,14 @@ impl Conversation {
         }
         Ok(false)
     }
+}
+
+fn copy_fail(buf: &mut BytesMut, why: &str) {
+    use bytes::BufMut;
+    buf.put_u8(fe::COPY_FAIL);
+    buf.put_i32((4 + why.len() + 1) as i32);
+    buf.put_slice(why.as_bytes());
+    buf.put_u8(0);
 }
 
 #[cfg(test)]

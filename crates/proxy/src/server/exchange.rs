@@ -34,6 +34,14 @@ impl ServerConn {
         Ok(sql.is_some())
     }
 
+    /// The unreported settings read back from this server after a client's
+    /// transaction are what it holds now; the next `sync_params` compares
+    /// against them.
+    pub(crate) fn adopt_settings(&mut self, on_server: ParamMap) {
+        self.settings = on_server;
+        self.matched = None;
+    }
+
     /// The stamps of a client's maps and this server's.
     fn stamps(&self, params: &ParamMap, settings: &ParamMap) -> crate::params::Stamps {
         [params.stamp(), settings.stamp(), self.params.stamp(), self.settings.stamp()]
@@ -59,7 +67,7 @@ pub async fn run(conn: &mut ServerConn, sql: &str) -> Result<(), CloseReason> {
 
 /// Reads and discards server output until every ReadyForQuery owed has come.
 pub async fn drain(conn: &mut ServerConn) -> Result<(), CloseReason> {
-    while conn.conv.pending_rfq > 0 || conn.conv.from_server_partial > 0 {
+    while conn.conv.owes_output() {
         if conn.rbuf.is_empty() {
             fill(conn).await?;
         }
@@ -113,7 +121,7 @@ pub async fn run_rows(
                 }
             }
             be::READY_FOR_QUERY => {
-                conn.conv.status = *body.first().ok_or(CloseReason::ProtocolError)?;
+                conn.conv.set_status(*body.first().ok_or(CloseReason::ProtocolError)?);
                 return Ok(first_error);
             }
             _ => {}

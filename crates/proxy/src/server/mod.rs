@@ -11,11 +11,12 @@ pub mod exchange;
 pub mod login;
 pub mod probe;
 pub mod readback;
+mod recover;
 pub mod scram_client;
 pub mod socket;
 pub mod statements;
 pub mod stream;
 
 pub use cancel::{forward_cancel, CancelGate};
-pub use conn::{connect, ConnParts, ConnectError, ConnectSpec, CountSlot, ServerConn};
+pub use conn::{connect, ConnParts, ConnectError, ConnectSpec, CountSlot, ServerConn, ServerSide};
 pub use conversation::Conversation;

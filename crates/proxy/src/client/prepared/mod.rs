@@ -259,7 +259,7 @@ impl ClientStatements {
         self.q.owed.clear();
         self.lease &= !SKIPPING;
         self.reply_partial = 0;
-        self.status = conv.status;
+        self.status = conv.status();
     }
 
     /// The lease ends. Whatever weir sent and never saw answered (the client

@@ -89,7 +89,7 @@ impl ClientStatements {
         // Untracked, `expect` is empty and `owed` becomes it, entry for entry.
         let queued = if self.tracking { self.q.expect.len() } else { self.q.owed.len() };
         // Whether the server is in COPY IN when the message at hand reaches it.
-        let mut copy_in = conv.copy_in;
+        let mut copy_in = conv.copy_in();
         while let Some((tag, total)) = peek_header(&src[at..], max_message)? {
             let avail = src.len() - at;
             let m = Msg { tag, bytes: &src[at..at + avail.min(total)], total, at };
@@ -210,7 +210,7 @@ impl ClientStatements {
         self.tracking = true;
         self.q.owed.materialise(&mut self.q.expect);
         if self.q.expect.is_empty() {
-            self.status = conv.status;
+            self.status = conv.status();
         }
         Step::Again
     }
