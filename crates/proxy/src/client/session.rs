@@ -23,17 +23,17 @@ use crate::params::ParamMap;
 use crate::pool::{Lease, Pool, PoolError};
 use crate::protocol::{
     messages::{self, Severity},
-    peek_header, scan_frames, sqlstate,
+    peek_header, sqlstate,
     tags::{frontend as fe, status},
 };
 use crate::server::readback::Readback;
 use crate::wire;
-
-/// While queued, read at most this much more from the client (to see it leave).
-const WAIT_READ_LIMIT: usize = 1 << 20;
+use wait::Wait;
 
 /// How long reading a server's session settings back may take.
 const READBACK_LIMIT: Duration = Duration::from_secs(10);
+
+mod wait;
 
 /// Postgres's own words for a cancelled statement.
 const CANCELED_MESSAGE: &str = "canceling statement due to user request";
@@ -109,13 +109,6 @@ enum Woke {
     Data,
     Drained,
     Gone,
-}
-
-enum Wait {
-    Got(Lease),
-    Gone,
-    Cancelled,
-    Failed(PoolError),
 }
 
 /// What a login settled for a pooled session: its pool and mode, the
@@ -239,18 +232,6 @@ impl<'a> Session<'a> {
         Ok(true)
     }
 
-    /// Deadline-aware start: Some when the client's deadline (declared, or
-    /// the pool's client_deadline), less the wait since `waiting_since`
-    /// (none: no wait), leaves less time than this pool's transactions take.
-    /// Two atomic loads, and no clock reading, when no deadline is known.
-    fn too_late(&self, waiting_since: Option<Instant>) -> Option<PoolError> {
-        let deadline = self.client_deadline()?;
-        let needed = self.pool.estimate.start_threshold(deadline)?;
-        let waited = waiting_since.map_or(Duration::ZERO, |t| t.elapsed());
-        let left = deadline.saturating_sub(waited);
-        (left < needed).then_some(PoolError::TooLate { left, needed })
-    }
-
     /// Waits, holding no server, until a request that needs one is buffered.
     /// Returns false when the client leaves.
     async fn next_request(&mut self) -> Result<bool, ClientError> {
@@ -354,125 +335,6 @@ impl<'a> Session<'a> {
         })
     }
 
-    /// Queues for a server while watching the client and the cancel registry.
-    async fn wait_for_server(&mut self, arrived: Instant) -> Wait {
-        let budget = arrived + self.budget.under(self.pool.query_wait_timeout());
-        // Deadline-aware start, decided early: a query that must start by
-        // `start_by` to finish within its client's deadline waits only until
-        // then (and admission sheds it at once when the queue ahead cannot
-        // reach it by then), instead of learning it when a server frees up.
-        let start_by = self.start_by(arrived).filter(|(by, _)| *by < budget);
-        let deadline = start_by.map_or(budget, |(by, _)| by);
-        let outcome = self.queue(arrived, deadline).await;
-        match outcome {
-            // The wait ate into the deadline: the server goes on unused.
-            Wait::Got(lease) => match self.too_late(Some(arrived)) {
-                Some(e) => {
-                    drop(lease);
-                    Wait::Failed(e)
-                }
-                None => Wait::Got(lease),
-            },
-            // Waited until the last moment the query could start.
-            Wait::Failed(PoolError::WaitTimeout { .. }) if start_by.is_some() => {
-                let needed = start_by.map_or(Duration::ZERO, |(_, needed)| needed);
-                let left = self.client_deadline().map_or(Duration::ZERO, |d| d.saturating_sub(arrived.elapsed()));
-                Wait::Failed(PoolError::TooLate { left, needed })
-            }
-            other => other,
-        }
-    }
-
-    /// The client's deadline: declared, or the pool's client_deadline.
-    fn client_deadline(&self) -> Option<Duration> {
-        self.budget.declared().or_else(|| self.pool.estimate.client_deadline())
-    }
-
-    /// The last instant a query that arrived at `arrived` may start under
-    /// deadline-aware start, and the time it needs left; None when no
-    /// deadline is known or the rule is off or young.
-    fn start_by(&self, arrived: Instant) -> Option<(Instant, Duration)> {
-        let deadline = self.client_deadline()?;
-        let needed = self.pool.estimate.start_threshold(deadline)?;
-        Some((arrived + deadline.saturating_sub(needed), needed))
-    }
-
-    /// The wait in the pool's queue, until `deadline` (which the pool's
-    /// expiry keeps: the wait has no timer of its own).
-    async fn queue(&mut self, arrived: Instant, deadline: Instant) -> Wait {
-        // Borrowed, not cloned: a clone and its drop touch the cancel slot's
-        // count, a cold line by the time the server comes.
-        let (slot, pool) = (&self.reg.slot, &self.pool);
-        let acquire = pool.acquire_with(arrived, deadline);
-        tokio::pin!(acquire);
-        // Biased: a cancel that came in the same instant a server freed up
-        // wins, and the server goes on to the next waiter. A departure in
-        // that instant wins too, through `settle`'s last look at the socket
-        // (which reads what this branch would have read, without a poll of
-        // its own): so a server handed over is taken without polling the
-        // client socket, and the socket is polled only while the wait goes on.
-        loop {
-            tokio::select! {
-                biased;
-                _ = slot.cancelled_in_queue() => break Wait::Cancelled,
-                r = &mut acquire => break match r {
-                    Ok(lease) => Wait::Got(lease),
-                    Err(e) => Wait::Failed(e),
-                },
-                r = wire::fill(self.client, &mut self.client_in), if self.client_in.len() < WAIT_READ_LIMIT => {
-                    if let Ok(n) = r {
-                        pool.metrics.record_received(n);
-                    }
-                    if r.is_err() || self.terminate_buffered() {
-                        break Wait::Gone;
-                    }
-                }
-            }
-        }
-    }
-
-    /// The end of a wait. On `Got` the slot stays Waiting until `serve` has
-    /// the server ready, so a cancel arriving meanwhile still stops the query
-    /// from running.
-    fn settle(&mut self, outcome: Wait) -> Wait {
-        let outcome = match outcome {
-            Wait::Got(lease) if self.left_meanwhile() => {
-                drop(lease);
-                Wait::Gone
-            }
-            other => other,
-        };
-        if !matches!(outcome, Wait::Got(_)) {
-            self.reg.slot.set_idle();
-        }
-        outcome
-    }
-
-    /// A last look at the client socket without waiting, just before its
-    /// query would go to a server: EOF, a reset or a Terminate means it left.
-    fn left_meanwhile(&mut self) -> bool {
-        if self.client_in.capacity() - self.client_in.len() < 4096 {
-            self.client_in.reserve(8192);
-        }
-        match self.client.try_read_buf(&mut self.client_in) {
-            Ok(0) => true,
-            Ok(n) => {
-                self.pool.metrics.record_received(n);
-                self.terminate_buffered()
-            }
-            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
-        }
-    }
-
-    fn terminate_buffered(&self) -> bool {
-        let mut seen = false;
-        let _ = scan_frames(&self.client_in, self.max_message as usize, |tag, _| {
-            seen = tag == fe::TERMINATE;
-            !seen
-        });
-        seen
-    }
-
     /// Answers the buffered request with an error and skips the rest of it:
     /// a simple Query ends there; an extended batch ends at its Sync.
     async fn refuse_request(&mut self, code: crate::protocol::SqlState, message: &str) -> Result<(), ClientError> {
@@ -541,14 +403,7 @@ impl<'a> Session<'a> {
             !session_mode,
         )
         .await;
-        self.prepared.end(&mut lease.conn_mut().statements);
-        let touched = self.prepared.take_settings_touched();
-        if self.prepared.pinned().is_some() || (touched && !matches!(ended, Ok(Ended::Released))) {
-            // LISTEN, locks, cursors, settings not read back... stay on it:
-            // reset before anyone else gets it.
-            lease.set_needs_reset();
-        }
-        self.reg.slot.set_idle();
+        let touched = self.transfer_ended(&mut lease, matches!(ended, Ok(Ended::Released)));
         // A statement of its own: the `?`'s temporary (with room for a
         // ClientError) would otherwise stay in the request's future across
         // the read-back's await.
@@ -561,11 +416,7 @@ impl<'a> Session<'a> {
                     let read_back = Box::pin(self.read_back_settings(lease));
                     return read_back.await;
                 }
-                // One clock reading for the transaction's time and the
-                // server's return (its last use, the next waiter's wait).
-                let now = Instant::now();
-                self.record_held(lease.taken_at(), now);
-                lease.release_at(now);
+                self.release(lease);
                 Ok(true)
             }
             Ended::ClientGone => {
@@ -586,6 +437,29 @@ impl<'a> Session<'a> {
                 self.server_lost(told).await
             }
         }
+    }
+
+    /// The statement state's end of a transfer. The server is reset before
+    /// anyone else gets it when the client stays on it (LISTEN, locks,
+    /// cursors) or changed settings that are not read back (it was not
+    /// `released`). True when the client touched its settings.
+    fn transfer_ended(&mut self, lease: &mut Lease, released: bool) -> bool {
+        self.prepared.end(&mut lease.conn_mut().statements);
+        let touched = self.prepared.take_settings_touched();
+        if self.prepared.pinned().is_some() || (touched && !released) {
+            lease.set_needs_reset();
+        }
+        self.reg.slot.set_idle();
+        touched
+    }
+
+    /// The server goes back to the pool after a transaction. One clock
+    /// reading for the transaction's time and the server's return (its last
+    /// use, the next waiter's wait).
+    fn release(&self, lease: Lease) {
+        let now = Instant::now();
+        self.record_held(lease.taken_at(), now);
+        lease.release_at(now);
     }
 
     /// How long a transaction held its server, from `started` to `now`.

@@ -13,6 +13,32 @@ pub(super) fn port() -> u16 {
     5432
 }
 
+/// PgBouncer's default. Set it below your application's deadline.
+const QUERY_WAIT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Not PgBouncer's (it has no bound): a hard backstop under the
+/// estimate-based shedding. 1,000 per pool holds pgbench -c 1000 on a pool
+/// of 20 (980 wait); 2,000 in all is below the 3,680 of the incident that
+/// had no bound.
+const MAX_WAITING_CLIENTS: u32 = 1000;
+const MAX_WAITING_CLIENTS_TOTAL: u32 = 2000;
+
+/// PgBouncer has no equivalent: a server owing an answer that stays silent
+/// this long is probed on a fresh connection (`server::probe`).
+const SERVER_CHECK_SILENCE: Duration = Duration::from_secs(5);
+
+/// Dead paths are found in about 8 s (5 s idle + 3 probes 1 s apart), not
+/// Linux's 15 minutes.
+const TCP_KEEPIDLE: Duration = Duration::from_secs(5);
+const TCP_KEEPINTVL: Duration = Duration::from_secs(1);
+const TCP_KEEPCNT: u32 = 3;
+const TCP_USER_TIMEOUT: Duration = Duration::from_secs(8);
+
+/// Postgres's own limit (PQ_LARGE_MESSAGE_LIMIT, 1 GiB - 2): a longer
+/// message is refused by weir before any of it reaches a server, where
+/// Postgres would drop the connection without a word.
+const MAX_MESSAGE_SIZE: u32 = (1 << 30) - 2;
+
 impl Default for General {
     fn default() -> Self {
         General {
@@ -40,16 +66,11 @@ impl Default for General {
             max_db_connections: 0,
             server_reset_query: "DISCARD ALL".into(),
             client_login_timeout: Duration::from_secs(10),
-            // PgBouncer's default. Set it below your application's deadline.
-            query_wait_timeout: Duration::from_secs(120),
+            query_wait_timeout: QUERY_WAIT_TIMEOUT,
             client_deadline: None,
             client_deadline_fraction: 0.8,
-            // Not PgBouncer's (it has no bound): a hard backstop under the
-            // estimate-based shedding. 1,000 per pool holds pgbench -c 1000 on
-            // a pool of 20 (980 wait); 2,000 in all is below the 3,680 of the
-            // incident that had no bound.
-            max_waiting_clients: 1000,
-            max_waiting_clients_total: 2000,
+            max_waiting_clients: MAX_WAITING_CLIENTS,
+            max_waiting_clients_total: MAX_WAITING_CLIENTS_TOTAL,
             wait_shedding: true,
             deadline_start: true,
             deadline_start_margin: Duration::from_millis(1),
@@ -64,24 +85,17 @@ impl Default for General {
             stats_period: Duration::from_secs(60),
             server_check_query: String::new(),
             server_check_timeout: Duration::from_secs(2),
-            // PgBouncer has no equivalent: a server owing an answer that stays
-            // silent this long is probed on a fresh connection (server::watch).
-            server_check_silence: Duration::from_secs(5),
+            server_check_silence: SERVER_CHECK_SILENCE,
             idle_transaction_timeout: None,
             client_idle_timeout: Duration::ZERO,
             server_fast_close: false,
             query_timeout: None,
-            // Dead paths are found in about 8 s (5 s idle + 3 probes 1 s apart),
-            // not Linux's 15 minutes.
             tcp_keepalive: true,
-            tcp_keepidle: Duration::from_secs(5),
-            tcp_keepintvl: Duration::from_secs(1),
-            tcp_keepcnt: 3,
-            tcp_user_timeout: Some(Duration::from_secs(8)),
-            // Postgres's own limit (PQ_LARGE_MESSAGE_LIMIT, 1 GiB - 2): a longer
-            // message is refused by weir before any of it reaches a server,
-            // where Postgres would drop the connection without a word.
-            max_message_size: (1 << 30) - 2,
+            tcp_keepidle: TCP_KEEPIDLE,
+            tcp_keepintvl: TCP_KEEPINTVL,
+            tcp_keepcnt: TCP_KEEPCNT,
+            tcp_user_timeout: Some(TCP_USER_TIMEOUT),
+            max_message_size: MAX_MESSAGE_SIZE,
             // PgBouncer's current default.
             max_prepared_statements: 200,
             shutdown_timeout: Duration::from_secs(30),
