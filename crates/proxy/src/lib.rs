@@ -32,7 +32,7 @@ pub(crate) mod params;
 pub mod pool;
 pub mod protocol;
 pub(crate) mod ratelog;
-pub mod server;
+pub(crate) mod server;
 pub(crate) mod signal;
 pub(crate) mod span;
 pub(crate) mod state;

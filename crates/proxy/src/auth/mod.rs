@@ -6,10 +6,10 @@
 mod credentials;
 mod derived;
 pub mod hba;
-pub mod md5;
-pub mod query;
-pub mod scram;
-pub mod userlist;
+pub(crate) mod md5;
+pub(crate) mod query;
+pub(crate) mod scram;
+pub(crate) mod userlist;
 
 use bytes::BytesMut;
 use rand::RngCore;

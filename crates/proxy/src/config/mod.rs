@@ -6,7 +6,7 @@
 pub mod check;
 mod defaults;
 pub mod differences;
-pub mod keys;
+pub(crate) mod keys;
 mod listen;
 pub mod migrate;
 mod validate;

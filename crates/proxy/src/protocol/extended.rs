@@ -9,8 +9,6 @@ use super::{frame::HEADER_LEN, tags::backend as be, tags::frontend as fe, Protoc
 
 /// Describe/Close target: a prepared statement.
 pub const TARGET_STATEMENT: u8 = b'S';
-/// Describe/Close target: a portal.
-pub const TARGET_PORTAL: u8 = b'P';
 
 /// The fields of a Parse message weir needs, borrowed from its body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,11 +2,11 @@
 //! SQLSTATE constants, header-peeking framing, the startup packet, and the
 //! handful of messages weir writes itself.
 
-pub mod extended;
-pub mod frame;
+pub(crate) mod extended;
+pub(crate) mod frame;
 pub mod messages;
 pub mod sqlstate;
-pub mod startup;
+pub(crate) mod startup;
 pub mod tags;
 
 pub use frame::{decode_frame, peek_header, scan_frames, Frame, HEADER_LEN};

@@ -113,6 +113,7 @@ impl LoginError {
     }
 
     /// The server's own SQLSTATE, when it sent one.
+    #[cfg(test)]
     pub fn server_code(&self) -> Option<&str> {
         match self {
             LoginError::Server { code, .. } if !code.is_empty() => Some(code),

@@ -17,6 +17,6 @@ pub mod socket;
 pub mod statements;
 pub mod stream;
 
-pub use cancel::{forward_cancel, CancelGate};
-pub use conn::{connect, ConnParts, ConnectError, ConnectSpec, CountSlot, ServerConn, ServerSide};
+pub use cancel::forward_cancel;
+pub use conn::{connect, ConnectError, ConnectSpec, CountSlot, ServerConn, ServerSide};
 pub use conversation::Conversation;

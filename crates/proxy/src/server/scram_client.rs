@@ -13,7 +13,6 @@
 
 use base64::{engine::general_purpose::STANDARD as B64, Engine};
 use rand::RngCore;
-use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::auth::scram::hmac;
@@ -124,15 +123,16 @@ fn parse_server_first(text: &str) -> Result<(&str, Vec<u8>, u32), ScramClientErr
     Ok((nonce, salt, iterations))
 }
 
-/// Whether `client_key` hashes to `stored_key` (a ClientKey that matches its verifier).
-pub fn matches(keys: &ScramKeys) -> bool {
-    <[u8; 32]>::from(Sha256::digest(keys.client_key)) == keys.stored_key
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::auth::{ScramSecret, ScramServer};
+
+    /// Whether `client_key` hashes to `stored_key` (a ClientKey that matches its verifier).
+    fn matches(keys: &ScramKeys) -> bool {
+        use sha2::{Digest, Sha256};
+        <[u8; 32]>::from(Sha256::digest(keys.client_key)) == keys.stored_key
+    }
 
     /// A client authenticates against weir's server; returns its keys.
     fn learned_keys(secret: &ScramSecret, password: &str) -> ScramKeys {

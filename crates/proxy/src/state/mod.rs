@@ -4,8 +4,8 @@
 //! the drain and stop. `app` owns the listener and starts and ends a running
 //! weir through this; the client tasks and the console read and change it.
 
-pub mod client_list;
-pub mod disabled;
+pub(crate) mod client_list;
+pub(crate) mod disabled;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
