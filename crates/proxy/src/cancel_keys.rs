@@ -25,7 +25,7 @@ const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The length of the key weir mints for a 3.2 client: 32 random bytes, as
 /// Postgres 18's own.
-pub const LONG_KEY_LEN: usize = 32;
+pub(crate) const LONG_KEY_LEN: usize = 32;
 
 /// The length of a 3.0 key.
 const SHORT_KEY_LEN: usize = 4;

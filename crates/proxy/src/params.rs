@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 /// Parameters Postgres reports with ParameterStatus and that a client may
 /// change; weir re-applies them when a server with other values is assigned.
-pub const TRACKED: &[&str] =
+pub(crate) const TRACKED: &[&str] =
     &["application_name", "client_encoding", "DateStyle", "TimeZone", "IntervalStyle", "standard_conforming_strings"];
 
 /// Parameter values by name. The `TRACKED` ones sit in fixed slots, so
@@ -52,7 +52,7 @@ static NEXT_STAMP: AtomicU64 = AtomicU64::new(1);
 
 /// The stamps of a client's parameters and settings and a server's, taken
 /// when they were found to match.
-pub type Stamps = [u64; 4];
+pub(crate) type Stamps = [u64; 4];
 
 /// How many distinct maps a `StampCache` remembers.
 const STAMP_CACHE: usize = 16;
@@ -214,20 +214,20 @@ impl ParamMap {
 }
 
 /// True for names that are safe to splice into SQL as an identifier.
-pub fn valid_name(name: &str) -> bool {
+pub(crate) fn valid_name(name: &str) -> bool {
     !name.is_empty() && name.len() <= 63 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
 }
 
 /// `SET "name" TO 'value';` with the value quoted for any server setting of
 /// standard_conforming_strings.
-pub fn set_statement(name: &str, value: &str) -> String {
+pub(crate) fn set_statement(name: &str, value: &str) -> String {
     format!("SET \"{}\" TO {};", name.replace('"', "\"\""), literal(value))
 }
 
 /// `SELECT pg_catalog.set_config('name', 'value', false);`: the value as
 /// `pg_settings.setting` gives it. (`SET search_path TO 'a, b'` would name
 /// one schema "a, b"; set_config reads the list.)
-pub fn set_config_statement(name: &str, value: &str) -> String {
+pub(crate) fn set_config_statement(name: &str, value: &str) -> String {
     format!("SELECT pg_catalog.set_config({}, {}, false);", literal(name), literal(value))
 }
 
@@ -242,7 +242,7 @@ fn literal(value: &str) -> String {
 
 /// Parses a startup `options` value into `-c name=value` settings.
 /// Returns an error message for anything else (weir refuses rather than loses it).
-pub fn parse_options(options: &str) -> Result<Vec<(String, String)>, String> {
+pub(crate) fn parse_options(options: &str) -> Result<Vec<(String, String)>, String> {
     let mut out = Vec::new();
     let mut words = split_words(options).into_iter();
     while let Some(w) = words.next() {

@@ -8,11 +8,11 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// How often a rate-limited line may be written.
-pub const PERIOD: Duration = Duration::from_secs(1);
+pub(crate) const PERIOD: Duration = Duration::from_secs(1);
 
 /// One call site's limiter. `const`-constructible, so it can be a `static`.
 #[derive(Debug, Default)]
-pub struct RateLimited {
+pub(crate) struct RateLimited {
     /// Milliseconds since [`epoch`] before which no line is written.
     next_ms: AtomicU64,
     /// Lines held back since the last one written.
@@ -26,13 +26,13 @@ fn epoch() -> Instant {
 
 impl RateLimited {
     /// A limiter that lets the first line through.
-    pub const fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         RateLimited { next_ms: AtomicU64::new(0), held: AtomicU64::new(0) }
     }
 
     /// `Some(n)` when a line may be written now, `n` being how many were
     /// held back since the last; `None` (and one more held back) otherwise.
-    pub fn allow(&self) -> Option<u64> {
+    pub(crate) fn allow(&self) -> Option<u64> {
         self.allow_at(u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX))
     }
 

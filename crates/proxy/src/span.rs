@@ -23,23 +23,23 @@ thread_local! {
 }
 
 /// The span of the client whose session this thread is polling, if any.
-pub fn current() -> Option<Id> {
+pub(crate) fn current() -> Option<Id> {
     CURRENT.with(Cell::get).map(Id::from_non_zero_u64)
 }
 
 /// The id to name in a `Scope` (None for a disabled span).
-pub fn id_of(span: &tracing::Span) -> Option<NonZeroU64> {
+pub(crate) fn id_of(span: &tracing::Span) -> Option<NonZeroU64> {
     span.id().map(|id| id.into_non_zero_u64())
 }
 
 /// While alive, `current()` is the given span on this thread; dropping it
 /// (also in a panic) puts back what was there before.
-pub struct Scope {
+pub(crate) struct Scope {
     before: Option<NonZeroU64>,
 }
 
 impl Scope {
-    pub fn enter(id: Option<NonZeroU64>) -> Scope {
+    pub(crate) fn enter(id: Option<NonZeroU64>) -> Scope {
         Scope { before: CURRENT.with(|c| c.replace(id)) }
     }
 }

@@ -70,7 +70,7 @@ fn partners(key: &str) -> Vec<&'static str> {
 }
 
 /// SET key = value.
-pub fn set(shared: &Arc<Shared>, key: &str, value: &str) -> Outcome {
+pub(super) fn set(shared: &Arc<Shared>, key: &str, value: &str) -> Outcome {
     let restart = |k: &str| keys::RESTART_KEYS.contains(&k) || k == "listen_port";
     if restart(key) {
         let msg = format!("{key} cannot be changed at run time: it needs a restart (SHOW CONFIG: changeable = no)");

@@ -14,7 +14,7 @@ use Kind::{Bytea, Int, Int4, Text};
 
 /// Users weir knows: the auth_file's and those with a pool (auth_query,
 /// trust). The console's own virtual user is not one.
-pub fn user_names(shared: &Shared) -> BTreeSet<String> {
+pub(super) fn user_names(shared: &Shared) -> BTreeSet<String> {
     let mut names: BTreeSet<String> = shared.users.load().names().map(str::to_owned).collect();
     names.extend(shared.pools.all().iter().map(|p| p.key.user.clone()));
     names
@@ -25,7 +25,7 @@ pub fn user_names(shared: &Shared) -> BTreeSet<String> {
 /// global one applies) and max_user_connections is 0 (no limit), as
 /// PgBouncer shows for a user without them; current_connections counts the
 /// user's server connections.
-pub fn users(shared: &Shared) -> ResultSet {
+pub(super) fn users(shared: &Shared) -> ResultSet {
     let mut rs = ResultSet::new(&[
         ("name", Text),
         ("pool_size", Text),
@@ -44,12 +44,12 @@ pub fn users(shared: &Shared) -> ResultSet {
 
 /// SHOW PEERS: PgBouncer 1.19's peering (a cancel forwarded to the process
 /// that holds its client); a weir process has no peers, so the set is empty.
-pub fn peers() -> ResultSet {
+pub(super) fn peers() -> ResultSet {
     ResultSet::new(&[("peer_id", Int4), ("host", Text), ("port", Int4), ("pool_size", Int4)])
 }
 
 /// SHOW PEER_POOLS: the peers' cancel pools; empty, as SHOW PEERS.
-pub fn peer_pools() -> ResultSet {
+pub(super) fn peer_pools() -> ResultSet {
     ResultSet::new(&[
         ("peer_id", Int4),
         ("cl_active_cancel_req", Int4),
@@ -60,7 +60,7 @@ pub fn peer_pools() -> ResultSet {
 }
 
 /// SHOW MEM: PgBouncer's slab caches; weir allocates per connection and has none.
-pub fn mem() -> ResultSet {
+pub(super) fn mem() -> ResultSet {
     ResultSet::new(&[("name", Text), ("size", Int4), ("used", Int4), ("free", Int4), ("memtotal", Int4)])
 }
 
@@ -77,7 +77,7 @@ const BUFFER_COLUMNS: &[(&str, Kind)] = &[
 ];
 
 /// SHOW SOCKETS (every client and server) or ACTIVE_SOCKETS (those in use).
-pub fn sockets(shared: &Arc<Shared>, active_only: bool) -> ResultSet {
+pub(super) fn sockets(shared: &Arc<Shared>, active_only: bool) -> ResultSet {
     let mut rs = ResultSet::new(&[CONNECTION_COLUMNS, BUFFER_COLUMNS].concat());
     let state = rs.column("state").unwrap_or(3);
     for set in [clients(shared), servers(shared)] {
@@ -94,18 +94,18 @@ pub fn sockets(shared: &Arc<Shared>, active_only: bool) -> ResultSet {
 }
 
 /// SHOW DNS_HOSTS: weir resolves with the system resolver and caches nothing.
-pub fn dns_hosts() -> ResultSet {
+pub(super) fn dns_hosts() -> ResultSet {
     ResultSet::new(&[("hostname", Text), ("ttl", Int), ("addrs", Text)])
 }
 
 /// SHOW DNS_ZONES: no DNS cache, so no zones.
-pub fn dns_zones() -> ResultSet {
+pub(super) fn dns_zones() -> ResultSet {
     ResultSet::new(&[("zonename", Text), ("serial", Int), ("count", Int4)])
 }
 
 /// SHOW FDS: the sockets an online restart would pass on; weir has no
 /// online restart.
-pub fn fds() -> ResultSet {
+pub(super) fn fds() -> ResultSet {
     ResultSet::new(&[
         ("fd", Int4),
         ("task", Text),
@@ -127,7 +127,7 @@ pub fn fds() -> ResultSet {
 
 /// SHOW STATE (PgBouncer 1.23): active unless draining, paused when every
 /// database is, never suspended.
-pub fn state(shared: &Shared) -> ResultSet {
+pub(super) fn state(shared: &Shared) -> ResultSet {
     let yes_no = |b: bool| text(if b { "yes" } else { "no" });
     let mut rs = ResultSet::new(&[("key", Text), ("value", Text)]);
     let paused = shared.paused_databases().iter().any(|d| d == "*");

@@ -29,7 +29,7 @@ fn entries() -> &'static Mutex<Entries> {
 
 /// The verifier for `user`'s plaintext `password`: derived at the first
 /// call, then the same one (same salt and keys) while the password stays.
-pub fn verifier(user: &str, password: &str) -> ScramSecret {
+pub(super) fn verifier(user: &str, password: &str) -> ScramSecret {
     if let Some((p, secret)) = entries().lock().get(user) {
         if p == password {
             return secret.clone();

@@ -40,20 +40,20 @@ fn response_to(stored_md5: &[u8], salt: [u8; 4]) -> Md5Text {
 }
 
 /// `"md5"` + hex(md5(password + user)): what Postgres stores for md5 users.
-pub fn md5_hex_password(password: &str, user: &str) -> String {
+pub(crate) fn md5_hex_password(password: &str, user: &str) -> String {
     to_string(stored_form(password, user))
 }
 
 /// The response a client must send for a stored `md5...` password and salt
 /// (also what weir sends a server for md5 pass-through).
-pub fn expected_response(stored_md5: &str, salt: [u8; 4]) -> String {
+pub(crate) fn expected_response(stored_md5: &str, salt: [u8; 4]) -> String {
     to_string(response_to(stored_md5.as_bytes(), salt))
 }
 
 /// Checks a client's PasswordMessage payload (without its NUL) against
 /// `secret`. SCRAM verifiers cannot check md5 responses, and an empty
 /// plaintext password never matches.
-pub fn verify_md5_response(secret: &Secret, user: &str, salt: [u8; 4], client_response: &[u8]) -> bool {
+pub(crate) fn verify_md5_response(secret: &Secret, user: &str, salt: [u8; 4], client_response: &[u8]) -> bool {
     let expected = match secret {
         Secret::Plain(p) if !p.is_empty() => response_to(&stored_form(p, user), salt),
         Secret::Md5(m) => response_to(m.as_bytes(), salt),

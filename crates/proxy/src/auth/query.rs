@@ -21,7 +21,7 @@ const NEGATIVE_TTL: Duration = Duration::from_secs(2);
 
 /// Why a lookup failed (not "no such user", which is `Ok(None)`).
 #[derive(Debug, thiserror::Error)]
-pub enum AuthQueryError {
+pub(crate) enum AuthQueryError {
     #[error("auth_query: database \"{0}\" is not configured")]
     UnknownDatabase(String),
     #[error("auth_query: no server connection for auth_user \"{user}\": {why}")]
@@ -34,7 +34,7 @@ pub enum AuthQueryError {
 
 /// What auth_query answered: `Ok(passwd)` from the second column of the first
 /// row (None: no row, or NULL), `Err(message)` when Postgres refused the query.
-pub type Answer = Result<Option<String>, String>;
+pub(crate) type Answer = Result<Option<String>, String>;
 
 /// Cached answers, keyed by (database, user): when each was fetched, and
 /// the verifier (None: no such user).
@@ -42,7 +42,7 @@ type Cached = HashMap<(String, String), (Instant, Option<Secret>)>;
 
 /// Cached answers of auth_query.
 #[derive(Debug, Default)]
-pub struct AuthQueryCache {
+pub(crate) struct AuthQueryCache {
     entries: Mutex<Cached>,
 }
 
@@ -70,7 +70,7 @@ impl AuthQueryCache {
 /// `server::auth_lookup::run` does. `Ok(None)`: no such user (or no password).
 /// The auth_user is the database's own or `[weir]`'s; one not in the
 /// auth_file logs in without a password, as in PgBouncer.
-pub async fn lookup<F, Fut>(
+pub(crate) async fn lookup<F, Fut>(
     cache: &AuthQueryCache,
     users: &UserList,
     cfg: &Config,

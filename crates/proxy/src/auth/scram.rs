@@ -14,11 +14,11 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 /// The SASL mechanism name weir offers.
-pub const MECHANISM: &str = "SCRAM-SHA-256";
+pub(crate) const MECHANISM: &str = "SCRAM-SHA-256";
 /// Iterations used when weir derives a verifier from a plaintext password.
-pub const DEFAULT_ITERATIONS: u32 = 4096;
+pub(crate) const DEFAULT_ITERATIONS: u32 = 4096;
 /// Salt length used when weir derives a verifier from a plaintext password.
-pub const DEFAULT_SALT_LEN: usize = 16;
+pub(crate) const DEFAULT_SALT_LEN: usize = 16;
 /// Random bytes weir appends to the client nonce (base64-encoded).
 const SERVER_NONCE_LEN: usize = 18;
 /// Longest client nonce accepted (printable characters).
@@ -143,7 +143,7 @@ impl ScramSecret {
 }
 
 /// A random key drawn once per process, used for mock verifiers.
-pub fn process_secret() -> &'static [u8; 32] {
+pub(crate) fn process_secret() -> &'static [u8; 32] {
     static KEY: OnceLock<[u8; 32]> = OnceLock::new();
     KEY.get_or_init(|| {
         let mut k = [0u8; 32];

@@ -67,7 +67,7 @@ pub struct Session<'a> {
 /// share (client_deadline_fraction at login) of the deadline the client
 /// declared at startup.
 #[derive(Debug, Clone, Copy)]
-pub struct Budget {
+pub(crate) struct Budget {
     /// The declared deadline's share, and the declared deadline, in
     /// microseconds; `u32::MAX` when none was declared (8 bytes in all
     /// where two `Option<Duration>` take 32: part of every idle client's
@@ -78,7 +78,7 @@ pub struct Budget {
 }
 
 impl Budget {
-    pub fn new(declared: Option<Duration>, fraction: f64) -> Self {
+    pub(crate) fn new(declared: Option<Duration>, fraction: f64) -> Self {
         let us = |d: Duration| u32::try_from(d.as_micros()).unwrap_or(u32::MAX - 1).min(u32::MAX - 1);
         Budget {
             share_us: declared.map_or(u32::MAX, |d| us(d.mul_f64(fraction))),
@@ -89,7 +89,7 @@ impl Budget {
     /// The wait budget under `query_wait_timeout`: all of it, or less when
     /// the client declared a deadline (its share, so weir answers before the
     /// client gives up), but never below 1 ms.
-    pub fn under(&self, query_wait_timeout: Duration) -> Duration {
+    pub(crate) fn under(&self, query_wait_timeout: Duration) -> Duration {
         match self.share_us {
             u32::MAX => query_wait_timeout,
             us => query_wait_timeout.min(Duration::from_micros(us.into())).max(Duration::from_millis(1)),
@@ -97,7 +97,7 @@ impl Budget {
     }
 
     /// The deadline the client declared at login, if it did.
-    pub fn declared(&self) -> Option<Duration> {
+    pub(crate) fn declared(&self) -> Option<Duration> {
         (self.deadline_us != u32::MAX).then(|| Duration::from_micros(self.deadline_us.into()))
     }
 }
@@ -115,7 +115,7 @@ enum Woke {
 /// parameters the client was told and the settings it asked for, its cancel
 /// key, its wait budget, its message limit and the drain signal.
 #[derive(Debug)]
-pub struct LoggedIn {
+pub(crate) struct LoggedIn {
     pub pool: Arc<Pool>,
     pub mode: PoolMode,
     pub params: ParamMap,
@@ -128,7 +128,7 @@ pub struct LoggedIn {
 
 impl<'a> Session<'a> {
     /// A session for `client`, whose unread bytes are `client_in`.
-    pub fn new(client: &'a mut ClientStream, client_in: BytesMut, login: LoggedIn) -> Self {
+    pub(crate) fn new(client: &'a mut ClientStream, client_in: BytesMut, login: LoggedIn) -> Self {
         let LoggedIn { pool, mode, mut params, mut settings, reg, budget, max_message, shutdown } = login;
         // RESET goes back to the startup settings, as in Postgres.
         settings.keep_as_reset_values();
@@ -158,12 +158,12 @@ impl<'a> Session<'a> {
 
     /// Ends the session (its registration, pool handle and statement state
     /// are dropped here) and hands back the client's socket.
-    pub fn into_client(self) -> &'a mut ClientStream {
+    pub(crate) fn into_client(self) -> &'a mut ClientStream {
         self.client
     }
 
     /// Runs until the client leaves.
-    pub async fn run(&mut self) -> Result<(), ClientError> {
+    pub(crate) async fn run(&mut self) -> Result<(), ClientError> {
         loop {
             if !self.next_request().await? {
                 return Ok(());

@@ -30,7 +30,7 @@ const FLUSH_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How the active phase ended.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Ended {
+pub(crate) enum Ended {
     /// The server owes nothing and no transaction is open (transaction mode).
     Released,
     /// The client closed its socket or sent Terminate.
@@ -42,7 +42,7 @@ pub enum Ended {
 /// The client's side of a transfer: the bytes read from it and not yet
 /// handled, the parameters it was told (a server's ParameterStatus updates
 /// them), its message limit and its prepared statements.
-pub struct ClientSide<'a> {
+pub(crate) struct ClientSide<'a> {
     pub unread: &'a mut BytesMut,
     pub params: &'a mut ParamMap,
     pub max_message: usize,
@@ -58,7 +58,7 @@ pub struct ClientSide<'a> {
 /// A plain function choosing between two futures, not an `async fn` around
 /// them: an `async fn` would keep its own copy of the arguments beside the
 /// inner future's, in every request's future.
-pub fn run<'a>(
+pub(crate) fn run<'a>(
     client: &'a mut ClientStream,
     side: ClientSide<'a>,
     server: &'a mut ServerConn,

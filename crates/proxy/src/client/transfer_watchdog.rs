@@ -93,7 +93,7 @@ impl WatchdogError {
 type Probe = Pin<Box<dyn Future<Output = Verdict> + Send>>;
 
 /// The clocks of one conversation (one call of `transfer::run`).
-pub struct Watchdog<'a> {
+pub(crate) struct Watchdog<'a> {
     watch: Watch,
     spec: &'a Arc<ConnectSpec>,
     cancel: &'a CancelTarget,
@@ -121,7 +121,7 @@ pub struct Watchdog<'a> {
 
 /// How long weir may hold client messages while the server owes nothing
 /// before the stall is reported.
-pub const STALL_LIMIT: Duration = Duration::from_secs(2);
+pub(crate) const STALL_LIMIT: Duration = Duration::from_secs(2);
 /// `Watchdog::stall`: this stall was reported.
 const STALL_TOLD: u16 = 1;
 /// `Watchdog::stall`: an extended-protocol batch was open when it began.
@@ -129,7 +129,7 @@ const STALL_IN_BATCH: u16 = 2;
 
 impl<'a> Watchdog<'a> {
     /// The clocks for a conversation on the server with these parts.
-    pub fn new(spec: &'a Arc<ConnectSpec>, cancel: &'a CancelTarget, timer: &'a mut AlarmTimer) -> Self {
+    pub(crate) fn new(spec: &'a Arc<ConnectSpec>, cancel: &'a CancelTarget, timer: &'a mut AlarmTimer) -> Self {
         Watchdog {
             watch: spec.watch,
             spec,
@@ -153,7 +153,7 @@ impl<'a> Watchdog<'a> {
     /// `query_started`: when the running query started, if the caller knows
     /// (a clock that starts now starts from it, and reads none of its own).
     /// `held`: weir holds whole client messages it has not sent.
-    pub fn update(
+    pub(crate) fn update(
         &mut self,
         conv: &Conversation,
         reading: bool,
@@ -202,12 +202,12 @@ impl<'a> Watchdog<'a> {
 
     /// The server sent bytes: it is alive. The silence clock restarts at the
     /// next `update` (which always comes before the alarm is polled again).
-    pub fn heard(&mut self) {
+    pub(crate) fn heard(&mut self) {
         self.heard = true;
     }
 
     /// The server sent a ReadyForQuery: the next query gets a fresh clock.
-    pub fn answered(&mut self) {
+    pub(crate) fn answered(&mut self) {
         if self.query_since.is_some() {
             self.query_since = Some(Instant::now());
             self.cancelled_at = None;
@@ -215,14 +215,14 @@ impl<'a> Watchdog<'a> {
     }
 
     /// The client sent bytes.
-    pub fn client_spoke(&mut self) {
+    pub(crate) fn client_spoke(&mut self) {
         if self.idle_since.is_some() {
             self.idle_since = Some(Instant::now());
         }
     }
 
     /// True when some clock runs or a probe is out.
-    pub fn armed(&self) -> bool {
+    pub(crate) fn armed(&self) -> bool {
         self.query_since.is_some()
             || self.silent_since.is_some()
             || self.idle_since.is_some()
@@ -233,7 +233,7 @@ impl<'a> Watchdog<'a> {
     /// and a probe in flight live in `self`, so dropping this loses nothing.
     /// The clock is read only when the timer fires: until then no deadline
     /// has passed, because the timer is never later than the nearest one.
-    pub async fn alarm(&mut self) -> WatchdogError {
+    pub(crate) async fn alarm(&mut self) -> WatchdogError {
         loop {
             let next = self.next_deadline();
             self.arm(next);

@@ -35,36 +35,36 @@ impl<'de> Deserializer<'de> for &mut FieldNames {
 }
 
 /// The keys a derived config struct accepts, in declaration order.
-pub fn field_names<T: DeserializeOwned>() -> &'static [&'static str] {
+pub(crate) fn field_names<T: DeserializeOwned>() -> &'static [&'static str] {
     let mut names = FieldNames(&[]);
     let _ = T::deserialize(&mut names);
     names.0
 }
 
 /// Keys of the `[weir]` section.
-pub fn general_keys() -> &'static [&'static str] {
+pub(crate) fn general_keys() -> &'static [&'static str] {
     field_names::<General>()
 }
 
 /// Keys of the `[metrics]` section.
-pub fn metrics_keys() -> &'static [&'static str] {
+pub(crate) fn metrics_keys() -> &'static [&'static str] {
     field_names::<MetricsSection>()
 }
 
 /// Keys of a `[databases.NAME]` section.
-pub fn database_keys() -> &'static [&'static str] {
+pub(crate) fn database_keys() -> &'static [&'static str] {
     field_names::<Database>()
 }
 
 /// Keys of a `[users.NAME]` section.
-pub fn user_keys() -> &'static [&'static str] {
+pub(crate) fn user_keys() -> &'static [&'static str] {
     field_names::<UserSettings>()
 }
 
 /// `key → value` for every key of a section; unset optional keys are None.
 /// Values are rendered as an operator would write them: strings bare,
 /// lists comma-separated, everything else in TOML syntax.
-pub fn values<T: Serialize + DeserializeOwned>(section: &T) -> Vec<(&'static str, Option<String>)> {
+pub(crate) fn values<T: Serialize + DeserializeOwned>(section: &T) -> Vec<(&'static str, Option<String>)> {
     let table = match toml::Value::try_from(section) {
         Ok(toml::Value::Table(t)) => t,
         _ => toml::map::Map::new(),
@@ -82,7 +82,7 @@ fn render(v: &toml::Value) -> String {
 
 /// One row of `SHOW CONFIG`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigRow {
+pub(crate) struct ConfigRow {
     pub key: String,
     pub value: Option<String>,
     pub default: Option<String>,
@@ -91,11 +91,11 @@ pub struct ConfigRow {
 }
 
 /// Keys a reload reads but cannot apply to the running process.
-pub const RESTART_KEYS: &[&str] =
+pub(crate) const RESTART_KEYS: &[&str] =
     &["listen_addr", "unix_socket_dir", "unix_socket_mode", "unix_socket_group", "log_format", "metrics.listen_addr"];
 
 /// Every `[weir]` and `[metrics]` key with its live value and default.
-pub fn config_rows(cfg: &Config) -> Vec<ConfigRow> {
+pub(crate) fn config_rows(cfg: &Config) -> Vec<ConfigRow> {
     let general = values(&cfg.weir).into_iter().zip(values(&General::default()));
     let metrics = values(&cfg.metrics).into_iter().zip(values(&MetricsSection::default()));
     let prefixed = metrics.map(|((k, v), (_, d))| (format!("metrics.{k}"), v, d));

@@ -26,7 +26,7 @@ const R: Ordering = Ordering::Relaxed;
 
 /// Samples needed before any estimate is trusted: until then nothing is
 /// shed and every query starts.
-pub const MIN_SAMPLES: u32 = 32;
+pub(super) const MIN_SAMPLES: u32 = 32;
 
 /// 1/gain of the mean and of the deviation, once past `MIN_SAMPLES`.
 const MEAN_GAIN: i64 = 32;

@@ -176,7 +176,7 @@ pub(super) struct Room {
 }
 
 impl Room {
-    pub fn give(&mut self, cap: Cap, slot: CountSlot) {
+    pub(super) fn give(&mut self, cap: Cap, slot: CountSlot) {
         match cap {
             Cap::Db => self.db = Some(slot),
             Cap::User => self.user = Some(slot),
@@ -184,7 +184,7 @@ impl Room {
     }
 
     /// The kept place under `cap`, if there is one.
-    pub fn take(&mut self, cap: Cap) -> Option<CountSlot> {
+    pub(super) fn take(&mut self, cap: Cap) -> Option<CountSlot> {
         match cap {
             Cap::Db => self.db.take(),
             Cap::User => self.user.take(),
@@ -192,12 +192,12 @@ impl Room {
     }
 
     /// A place is kept.
-    pub fn kept(&self) -> bool {
+    pub(super) fn kept(&self) -> bool {
         self.db.is_some() || self.user.is_some()
     }
 
     /// Gives up whatever place is still kept; Some when one was.
-    pub fn release(&mut self) -> Option<()> {
+    pub(super) fn release(&mut self) -> Option<()> {
         let had = self.kept();
         *self = Room::default();
         had.then_some(())

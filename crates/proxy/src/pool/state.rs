@@ -94,7 +94,7 @@ impl PoolSnapshot {
 }
 
 impl State {
-    pub fn new(opts: PoolOptions) -> Self {
+    pub(super) fn new(opts: PoolOptions) -> Self {
         State {
             opts,
             idle: Vec::new(),
@@ -120,7 +120,7 @@ impl State {
         }
     }
 
-    pub fn push_waiter(
+    pub(super) fn push_waiter(
         &mut self,
         tx: oneshot::Sender<super::Handed>,
         since: Instant,
@@ -147,7 +147,7 @@ impl State {
     /// as the first usable waiter, which is almost always the front one: a
     /// hand-over costs O(1) however long the queue (1,000 clients on a pool
     /// of 20 keep about 980 waiting).
-    pub fn next_waiter(&mut self, now: Instant) -> Option<WaiterEntry> {
+    pub(super) fn next_waiter(&mut self, now: Instant) -> Option<WaiterEntry> {
         let mut i = 0;
         while i < self.waiters.len() {
             let w = &self.waiters[i];
@@ -163,7 +163,7 @@ impl State {
     }
 
     /// Ids only grow and the queue keeps their order: a binary search.
-    pub fn remove_waiter(&mut self, id: u64) {
+    pub(super) fn remove_waiter(&mut self, id: u64) {
         if let Ok(i) = self.waiters.binary_search_by_key(&id, |w| w.id) {
             self.waiters.remove(i);
         }
@@ -172,7 +172,7 @@ impl State {
     /// Waiters whose clients are still there and whose budget has not run
     /// out (the others need no server), counted up to `cap`: callers need
     /// to know only whether demand exceeds what the pool could open.
-    pub fn live_waiters_up_to(&self, cap: usize) -> usize {
+    pub(super) fn live_waiters_up_to(&self, cap: usize) -> usize {
         let now = Instant::now();
         self.waiters.iter().filter(|w| !w.tx.is_closed() && w.deadline > now).take(cap).count()
     }
@@ -181,7 +181,7 @@ impl State {
     /// connecting servers, or the shortfall below min_pool_size (capped by
     /// pool_size, as PgBouncer caps it), whichever is larger. None while
     /// paused (PAUSE, KILL, drain open nothing, as PgBouncer's).
-    pub fn unmet_demand(&self) -> u32 {
+    pub(super) fn unmet_demand(&self) -> u32 {
         if self.paused {
             return 0;
         }
@@ -197,7 +197,7 @@ impl State {
     /// server, a client that would queue is failed at once with the cached
     /// error instead.
     /// No clock reading unless a login was refused.
-    pub fn login_failing(&self) -> Option<String> {
+    pub(super) fn login_failing(&self) -> Option<String> {
         let message = self.rejected.as_ref()?;
         let no_server = self.idle.is_empty() && self.active == 0 && self.recovering == 0;
         let waiting_retry = self.retry_at.is_some_and(|at| at > Instant::now());
@@ -205,41 +205,41 @@ impl State {
     }
 
     /// All server connections the pool accounts for.
-    pub fn total(&self) -> u32 {
+    pub(super) fn total(&self) -> u32 {
         self.idle.len() as u32 + self.active + self.connecting + self.recovering + self.probing
     }
 
     /// The size limit now: pool_size, plus the reserve once a waiter has
     /// waited longer than reserve_pool_timeout.
-    pub fn limit(&self) -> u32 {
+    pub(super) fn limit(&self) -> u32 {
         let s = &self.opts.settings;
         let reserve_due = self.waiters.front().is_some_and(|w| w.since.elapsed() >= self.opts.reserve_pool_timeout);
         s.pool_size + if reserve_due { s.reserve_pool_size } else { 0 }
     }
 
     /// The most servers the pool may hold at once (pool and reserve).
-    pub fn capacity(&self) -> u32 {
+    pub(super) fn capacity(&self) -> u32 {
         self.opts.settings.pool_size + self.opts.settings.reserve_pool_size
     }
 
     /// Every server the pool may open is open or opening, and none is idle:
     /// a new waiter must wait for a transaction to end.
-    pub fn saturated(&self) -> bool {
+    pub(super) fn saturated(&self) -> bool {
         !self.paused && self.idle.is_empty() && self.total() >= self.capacity()
     }
 
-    pub fn over_capacity(&self) -> bool {
+    pub(super) fn over_capacity(&self) -> bool {
         self.total() > self.opts.settings.pool_size + self.opts.settings.reserve_pool_size
     }
 
     /// True when a connection idle since `last_used` must pass
     /// server_check_query before it is lent (server_check_delay).
-    pub fn check_due(&self, last_used: Instant, now: Instant) -> bool {
+    pub(super) fn check_due(&self, last_used: Instant, now: Instant) -> bool {
         now.saturating_duration_since(last_used) >= self.opts.check_delay
     }
 
     /// Why an idle connection must not be lent out, if it must not.
-    pub fn unusable(conn: &mut ServerConn, now: Instant) -> Option<CloseReason> {
+    pub(super) fn unusable(conn: &mut ServerConn, now: Instant) -> Option<CloseReason> {
         if conn.has_unexpected_input() {
             return Some(CloseReason::ServerClosed);
         }
@@ -249,11 +249,11 @@ impl State {
         None
     }
 
-    pub fn maxwait(&self) -> Duration {
+    pub(super) fn maxwait(&self) -> Duration {
         self.waiters.front().map(|w| w.since.elapsed()).unwrap_or_default()
     }
 
-    pub fn snapshot(&self) -> PoolSnapshot {
+    pub(super) fn snapshot(&self) -> PoolSnapshot {
         PoolSnapshot {
             idle: self.idle.len() as u32,
             active: self.active,

@@ -8,11 +8,11 @@ use bytes::{BufMut, BytesMut};
 use super::{frame::HEADER_LEN, tags::backend as be, tags::frontend as fe, ProtocolError};
 
 /// Describe/Close target: a prepared statement.
-pub const TARGET_STATEMENT: u8 = b'S';
+pub(crate) const TARGET_STATEMENT: u8 = b'S';
 
 /// The fields of a Parse message weir needs, borrowed from its body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ParseRef<'a> {
+pub(crate) struct ParseRef<'a> {
     pub name: &'a [u8],
     /// The query text, without its NUL.
     pub query: &'a [u8],
@@ -30,13 +30,13 @@ fn cstr<'a>(buf: &mut &'a [u8]) -> Result<&'a [u8], ProtocolError> {
 
 /// The statement name at the start of a Parse body (only the name is needed
 /// to know whether a Parse is named).
-pub fn parse_name(body: &[u8]) -> Result<&[u8], ProtocolError> {
+pub(crate) fn parse_name(body: &[u8]) -> Result<&[u8], ProtocolError> {
     let mut b = body;
     cstr(&mut b)
 }
 
 /// Reads a whole Parse body.
-pub fn read_parse(body: &[u8]) -> Result<ParseRef<'_>, ProtocolError> {
+pub(crate) fn read_parse(body: &[u8]) -> Result<ParseRef<'_>, ProtocolError> {
     let mut b = body;
     let name = cstr(&mut b)?;
     let query = cstr(&mut b)?;
@@ -51,7 +51,7 @@ pub fn read_parse(body: &[u8]) -> Result<ParseRef<'_>, ProtocolError> {
 }
 
 /// Appends a Parse message.
-pub fn parse(buf: &mut BytesMut, name: &str, query: &[u8], param_types: &[u8]) {
+pub(crate) fn parse(buf: &mut BytesMut, name: &str, query: &[u8], param_types: &[u8]) {
     buf.put_u8(fe::PARSE);
     buf.put_i32((4 + name.len() + 1 + query.len() + 1 + param_types.len()) as i32);
     buf.put_slice(name.as_bytes());
@@ -64,7 +64,7 @@ pub fn parse(buf: &mut BytesMut, name: &str, query: &[u8], param_types: &[u8]) {
 /// The head of a Bind message: portal and statement names, and where the
 /// rest of the message (formats, parameters) starts, counted from the tag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BindHead<'a> {
+pub(crate) struct BindHead<'a> {
     pub portal: &'a [u8],
     pub statement: &'a [u8],
     pub rest_at: usize,
@@ -72,7 +72,7 @@ pub struct BindHead<'a> {
 
 /// Reads the names at the front of a Bind message from as many of its bytes
 /// as are at hand (`msg` starts at the tag). None when more bytes are needed.
-pub fn read_bind_head(msg: &[u8]) -> Result<Option<BindHead<'_>>, ProtocolError> {
+pub(crate) fn read_bind_head(msg: &[u8]) -> Result<Option<BindHead<'_>>, ProtocolError> {
     let body = &msg[HEADER_LEN.min(msg.len())..];
     let Some(p_end) = body.iter().position(|&b| b == 0) else { return Ok(None) };
     let after = &body[p_end + 1..];
@@ -86,7 +86,7 @@ pub fn read_bind_head(msg: &[u8]) -> Result<Option<BindHead<'_>>, ProtocolError>
 
 /// Appends the head of a Bind naming `statement` instead, for a message whose
 /// original total length (tag included) was `total` with names ending at `rest_at`.
-pub fn bind_head(buf: &mut BytesMut, total: usize, head: &BindHead<'_>, statement: &str) {
+pub(crate) fn bind_head(buf: &mut BytesMut, total: usize, head: &BindHead<'_>, statement: &str) {
     let rest = total - head.rest_at;
     buf.put_u8(fe::BIND);
     buf.put_i32((4 + head.portal.len() + 1 + statement.len() + 1 + rest) as i32);
@@ -97,7 +97,7 @@ pub fn bind_head(buf: &mut BytesMut, total: usize, head: &BindHead<'_>, statemen
 }
 
 /// Reads a Describe or Close body: the target kind and its name.
-pub fn read_target(body: &[u8]) -> Result<(u8, &[u8]), ProtocolError> {
+pub(crate) fn read_target(body: &[u8]) -> Result<(u8, &[u8]), ProtocolError> {
     let (&kind, mut rest) = body.split_first().ok_or(ProtocolError::Truncated)?;
     let name = cstr(&mut rest)?;
     if !rest.is_empty() {
@@ -107,7 +107,7 @@ pub fn read_target(body: &[u8]) -> Result<(u8, &[u8]), ProtocolError> {
 }
 
 /// Appends a Describe or Close (by `tag`) of the statement or portal `name`.
-pub fn target(buf: &mut BytesMut, tag: u8, kind: u8, name: &str) {
+pub(crate) fn target(buf: &mut BytesMut, tag: u8, kind: u8, name: &str) {
     buf.put_u8(tag);
     buf.put_i32((4 + 1 + name.len() + 1) as i32);
     buf.put_u8(kind);
@@ -115,16 +115,16 @@ pub fn target(buf: &mut BytesMut, tag: u8, kind: u8, name: &str) {
     buf.put_u8(0);
 }
 
-pub fn parse_complete(buf: &mut BytesMut) {
+pub(crate) fn parse_complete(buf: &mut BytesMut) {
     buf.put_slice(&[be::PARSE_COMPLETE, 0, 0, 0, 4]);
 }
 
-pub fn close_complete(buf: &mut BytesMut) {
+pub(crate) fn close_complete(buf: &mut BytesMut) {
     buf.put_slice(&[be::CLOSE_COMPLETE, 0, 0, 0, 4]);
 }
 
 /// Appends a CommandComplete with `tag` (e.g. "DEALLOCATE").
-pub fn command_complete(buf: &mut BytesMut, tag: &str) {
+pub(crate) fn command_complete(buf: &mut BytesMut, tag: &str) {
     buf.put_u8(be::COMMAND_COMPLETE);
     buf.put_i32((4 + tag.len() + 1) as i32);
     buf.put_slice(tag.as_bytes());

@@ -75,7 +75,7 @@ pub fn scan_frames(
 }
 
 /// Reads a NUL-terminated string from the front of `buf`, advancing past it.
-pub fn read_cstr<'a>(buf: &mut &'a [u8]) -> Result<&'a str, ProtocolError> {
+pub(crate) fn read_cstr<'a>(buf: &mut &'a [u8]) -> Result<&'a str, ProtocolError> {
     let mut rest = *buf;
     let s = std::str::from_utf8(read_cbytes(&mut rest)?).map_err(|_| ProtocolError::BadUtf8)?;
     *buf = rest;
@@ -85,7 +85,7 @@ pub fn read_cstr<'a>(buf: &mut &'a [u8]) -> Result<&'a str, ProtocolError> {
 /// Reads NUL-terminated bytes from the front of `buf`, advancing past them:
 /// server text is in the client's encoding, whatever that is, so it is not
 /// validated.
-pub fn read_cbytes<'a>(buf: &mut &'a [u8]) -> Result<&'a [u8], ProtocolError> {
+pub(crate) fn read_cbytes<'a>(buf: &mut &'a [u8]) -> Result<&'a [u8], ProtocolError> {
     let end = buf.iter().position(|&b| b == 0).ok_or(ProtocolError::Unterminated)?;
     let s = &buf[..end];
     buf.advance(end + 1);

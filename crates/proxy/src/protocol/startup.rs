@@ -4,34 +4,34 @@
 use super::{frame::read_cstr, tags::startup as code, ProtocolError};
 
 /// Postgres refuses startup packets longer than this (`MAX_STARTUP_PACKET_LENGTH`).
-pub const MAX_STARTUP_PACKET_LEN: usize = 10_000;
+pub(crate) const MAX_STARTUP_PACKET_LEN: usize = 10_000;
 
 /// The newest minor version of protocol 3 weir speaks: 3.2, as Postgres 18.
-pub const NEWEST_MINOR: u16 = 2;
+pub(crate) const NEWEST_MINOR: u16 = 2;
 
 /// The first minor version whose cancel keys are longer than 4 bytes (3.2).
-pub const LONG_KEY_MINOR: u16 = 2;
+pub(crate) const LONG_KEY_MINOR: u16 = 2;
 
 /// The longest cancel key the protocol allows in a CancelRequest (3.2).
-pub const MAX_CANCEL_KEY_LEN: usize = 256;
+pub(crate) const MAX_CANCEL_KEY_LEN: usize = 256;
 
 /// The minor version a client asking for 3.`requested` gets: its own, or
 /// weir's newest if it asked for more (as Postgres 18 answers).
-pub fn negotiated_minor(requested: u16) -> u16 {
+pub(crate) fn negotiated_minor(requested: u16) -> u16 {
     requested.min(NEWEST_MINOR)
 }
 
 /// Whether a client asking for 3.`requested` (with `unknown_options`
 /// `_pq_.` options) is sent NegotiateProtocolVersion before authentication:
 /// when it asked for a newer minor version than weir's, or for any option.
-pub fn needs_negotiation(requested: u16, unknown_options: usize) -> bool {
+pub(crate) fn needs_negotiation(requested: u16, unknown_options: usize) -> bool {
     requested > NEWEST_MINOR || unknown_options > 0
 }
 
 /// A parsed untagged packet; a StartupMessage's parameters are read in
 /// place (borrowed from the packet).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StartupPacket<'a> {
+pub(crate) enum StartupPacket<'a> {
     Startup {
         major: u16,
         minor: u16,
@@ -47,7 +47,7 @@ pub enum StartupPacket<'a> {
 }
 
 /// The total length of the untagged packet at the front of `buf`, once 4 bytes are there.
-pub fn peek_len(buf: &[u8]) -> Result<Option<usize>, ProtocolError> {
+pub(crate) fn peek_len(buf: &[u8]) -> Result<Option<usize>, ProtocolError> {
     if buf.len() < 4 {
         return Ok(None);
     }
@@ -62,7 +62,7 @@ pub fn peek_len(buf: &[u8]) -> Result<Option<usize>, ProtocolError> {
 }
 
 /// Parses one whole untagged packet (length prefix included).
-pub fn parse(packet: &[u8]) -> Result<StartupPacket<'_>, ProtocolError> {
+pub(crate) fn parse(packet: &[u8]) -> Result<StartupPacket<'_>, ProtocolError> {
     if packet.len() < 8 {
         return Err(ProtocolError::Truncated);
     }

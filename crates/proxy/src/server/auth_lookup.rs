@@ -18,7 +18,7 @@ const MAX_ANSWER_MESSAGE: usize = 1 << 20;
 /// Runs `sql` with `$1 = user` on a quiet connection: `Ok(Ok(passwd))` from
 /// the second column of the first row (None: no row or NULL), `Ok(Err(..))`
 /// when Postgres refused the query. Reads through ReadyForQuery.
-pub async fn run(conn: &mut ServerConn, sql: &str, user: &str) -> Result<Answer, AuthQueryError> {
+pub(crate) async fn run(conn: &mut ServerConn, sql: &str, user: &str) -> Result<Answer, AuthQueryError> {
     let mut out = BytesMut::new();
     let bad = |e: std::io::Error| AuthQueryError::Query(e.to_string());
     frontend::parse("", sql, std::iter::empty(), &mut out).map_err(bad)?;

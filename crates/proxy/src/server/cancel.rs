@@ -96,7 +96,10 @@ pub struct CancelTarget {
 /// does after signalling the backend. The gate shuts when this is called (not
 /// when the future first runs) and stays shut until then, so the server cannot
 /// be lent to another client in between.
-pub fn forward_cancel(target: CancelTarget, limit: Duration) -> impl std::future::Future<Output = std::io::Result<()>> {
+pub(crate) fn forward_cancel(
+    target: CancelTarget,
+    limit: Duration,
+) -> impl std::future::Future<Output = std::io::Result<()>> {
     target.gate.in_flight.fetch_add(1, Ordering::AcqRel);
     let ticket = GateTicket(target.gate.clone());
     async move {

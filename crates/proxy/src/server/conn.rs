@@ -83,7 +83,7 @@ impl Eq for Learned {}
 
 /// Why a connect failed.
 #[derive(Debug, thiserror::Error)]
-pub enum ConnectError {
+pub(crate) enum ConnectError {
     #[error("connecting to the server timed out after {0:?}")]
     Timeout(Duration),
     #[error("could not connect to the server: {0}")]
@@ -100,7 +100,7 @@ pub enum ConnectError {
 }
 
 impl ConnectError {
-    pub fn failure_label(&self) -> ConnectFailure {
+    pub(crate) fn failure_label(&self) -> ConnectFailure {
         match self {
             ConnectError::Timeout(_) => ConnectFailure::Timeout,
             ConnectError::Io(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => ConnectFailure::Refused,
@@ -114,7 +114,7 @@ impl ConnectError {
 
     /// Which limit Postgres named, if it refused the login with 53300 (too
     /// many connections): backpressure the pool backs off from, not a failure.
-    pub fn refusal(&self) -> Option<ConnectRefusal> {
+    pub(crate) fn refusal(&self) -> Option<ConnectRefusal> {
         let ConnectError::Login(LoginError::Server { code, message }) = self else { return None };
         (code.as_str() == sqlstate::TOO_MANY_CONNECTIONS.code()).then(|| refusal_reason(message))
     }
@@ -127,7 +127,7 @@ impl ConnectError {
     /// which is retried while clients wait, and for 57P03 (the database
     /// system is starting up or shutting down), which PgBouncer also treats
     /// as temporary.
-    pub fn rejection(&self) -> Option<(SqlState, String)> {
+    pub(crate) fn rejection(&self) -> Option<(SqlState, String)> {
         match self {
             ConnectError::Timeout(_) | ConnectError::Io(_) => None,
             ConnectError::Tls { .. } | ConnectError::ConnectQuery(_) => Some((self.sqlstate(), self.to_string())),
@@ -147,7 +147,7 @@ impl ConnectError {
     }
 
     /// The SQLSTATE a waiting client sees when this is why it got no server.
-    pub fn sqlstate(&self) -> SqlState {
+    pub(crate) fn sqlstate(&self) -> SqlState {
         match self {
             ConnectError::Login(e) => e.sqlstate(),
             _ => sqlstate::SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
@@ -234,11 +234,11 @@ pub struct ServerSide<'a> {
 
 /// A place in a shared connection count, given back on drop.
 #[derive(Debug)]
-pub struct CountSlot(Arc<std::sync::atomic::AtomicU32>);
+pub(crate) struct CountSlot(Arc<std::sync::atomic::AtomicU32>);
 
 impl CountSlot {
     /// Takes a place if fewer than `limit` are taken (0 = no limit).
-    pub fn take(count: &Arc<std::sync::atomic::AtomicU32>, limit: u32) -> Option<CountSlot> {
+    pub(crate) fn take(count: &Arc<std::sync::atomic::AtomicU32>, limit: u32) -> Option<CountSlot> {
         let mut cur = count.load(Ordering::Relaxed);
         loop {
             if limit != 0 && cur >= limit {
@@ -322,7 +322,7 @@ impl ServerConn {
 /// Opens and logs in one server connection within `spec.connect_timeout`:
 /// TCP connect, socket options, startup, authentication and the first
 /// ReadyForQuery all count against it.
-pub async fn connect(spec: Arc<ConnectSpec>, metrics: &Arc<PoolMetrics>) -> Result<ServerConn, ConnectError> {
+pub(crate) async fn connect(spec: Arc<ConnectSpec>, metrics: &Arc<PoolMetrics>) -> Result<ServerConn, ConnectError> {
     let mut conn = connect_plain(spec, metrics).await?;
     if conn.spec.connect_query.is_empty() {
         return Ok(conn);
@@ -398,7 +398,7 @@ fn cancel_target(addr: CancelAddr, pid: i32, key: Box<[u8]>, tls: Option<&Connec
 
 /// The Unix socket of a Postgres whose `host` is the folder `dir`, as libpq
 /// names it: `<dir>/.s.PGSQL.<port>`.
-pub fn socket_path(dir: &str, port: u16) -> PathBuf {
+pub(crate) fn socket_path(dir: &str, port: u16) -> PathBuf {
     Path::new(dir).join(format!(".s.PGSQL.{port}"))
 }
 

@@ -49,7 +49,7 @@ impl ServerConn {
 }
 
 /// Writes bytes weir made itself to the server.
-pub async fn write(conn: &mut ServerConn, bytes: &[u8]) -> Result<(), CloseReason> {
+pub(crate) async fn write(conn: &mut ServerConn, bytes: &[u8]) -> Result<(), CloseReason> {
     if bytes.is_empty() {
         return Ok(());
     }
@@ -57,7 +57,7 @@ pub async fn write(conn: &mut ServerConn, bytes: &[u8]) -> Result<(), CloseReaso
 }
 
 /// Sends one simple query and drains its answer (errors included).
-pub async fn run(conn: &mut ServerConn, sql: &str) -> Result<(), CloseReason> {
+pub(crate) async fn run(conn: &mut ServerConn, sql: &str) -> Result<(), CloseReason> {
     let mut out = BytesMut::new();
     messages::query(&mut out, sql);
     conn.conv.note_client(fe::QUERY);
@@ -66,7 +66,7 @@ pub async fn run(conn: &mut ServerConn, sql: &str) -> Result<(), CloseReason> {
 }
 
 /// Reads and discards server output until every ReadyForQuery owed has come.
-pub async fn drain(conn: &mut ServerConn) -> Result<(), CloseReason> {
+pub(crate) async fn drain(conn: &mut ServerConn) -> Result<(), CloseReason> {
     while conn.conv.owes_output() {
         if conn.rbuf.is_empty() {
             fill(conn).await?;
@@ -87,12 +87,12 @@ pub async fn drain(conn: &mut ServerConn) -> Result<(), CloseReason> {
 /// Sends one simple query on a quiet connection and reads its whole answer,
 /// returning the first ErrorResponse (the statement Postgres refused), if any.
 /// ParameterStatus updates `conn.params`; ReadyForQuery sets the status.
-pub async fn run_checked(conn: &mut ServerConn, sql: &str) -> Result<Option<ErrorFields>, CloseReason> {
+pub(crate) async fn run_checked(conn: &mut ServerConn, sql: &str) -> Result<Option<ErrorFields>, CloseReason> {
     run_rows(conn, sql, |_| {}).await
 }
 
 /// `run_checked`, passing each DataRow's body to `on_row`.
-pub async fn run_rows(
+pub(crate) async fn run_rows(
     conn: &mut ServerConn,
     sql: &str,
     mut on_row: impl FnMut(&[u8]),

@@ -3,20 +3,20 @@
 //! cancel forwarding, and the liveness probe behind the watchdog. A
 //! `ServerConn` never belongs to a client; the pool lends it out.
 
-pub mod auth_lookup;
-pub mod cancel;
-pub mod conn;
-pub mod conversation;
-pub mod exchange;
-pub mod login;
-pub mod probe;
-pub mod readback;
+pub(crate) mod auth_lookup;
+pub(crate) mod cancel;
+pub(crate) mod conn;
+pub(crate) mod conversation;
+pub(crate) mod exchange;
+pub(crate) mod login;
+pub(crate) mod probe;
+pub(crate) mod readback;
 mod recover;
-pub mod scram_client;
-pub mod socket;
-pub mod statements;
-pub mod stream;
+pub(crate) mod scram_client;
+pub(crate) mod socket;
+pub(crate) mod statements;
+pub(crate) mod stream;
 
-pub use cancel::forward_cancel;
-pub use conn::{connect, ConnectError, ConnectSpec, CountSlot, ServerConn, ServerSide};
-pub use conversation::Conversation;
+pub(crate) use cancel::forward_cancel;
+pub(crate) use conn::{connect, ConnectError, ConnectSpec, CountSlot, ServerConn, ServerSide};
+pub(crate) use conversation::Conversation;

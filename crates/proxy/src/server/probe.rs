@@ -105,7 +105,7 @@ impl Watch {
 
 /// What a probe found out.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// The backend is still working on our query, or nothing could be proved.
     Alive,
     /// The path or the backend is dead; the reason is for logs and the client.
@@ -140,7 +140,7 @@ impl std::fmt::Debug for ProbeRoom {
 }
 
 /// Checks, on a new connection, whether backend `pid` is still working.
-pub async fn probe(spec: &ConnectSpec, pid: i32) -> Verdict {
+pub(crate) async fn probe(spec: &ConnectSpec, pid: i32) -> Verdict {
     let _permit = PROBES.acquire().await.expect("the probe semaphore is never closed");
     if let Some(why) = recently_dead(spec) {
         return Verdict::Dead(why);

@@ -27,7 +27,7 @@ const CHANNEL_BINDING: &str = "biws";
 
 /// Why a pass-through exchange failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ScramClientError {
+pub(crate) enum ScramClientError {
     #[error("malformed SCRAM server message: {0}")]
     Malformed(&'static str),
     #[error("the server's SCRAM nonce does not extend weir's")]
@@ -43,7 +43,7 @@ pub enum ScramClientError {
 }
 
 /// One client side of one pass-through exchange.
-pub struct PassthroughClient {
+pub(crate) struct PassthroughClient {
     keys: ScramKeys,
     client_first_bare: String,
     /// The AuthMessage, once the server-first has been handled.
@@ -51,7 +51,7 @@ pub struct PassthroughClient {
 }
 
 impl PassthroughClient {
-    pub fn new(keys: ScramKeys) -> PassthroughClient {
+    pub(crate) fn new(keys: ScramKeys) -> PassthroughClient {
         let mut nonce = [0u8; NONCE_LEN];
         rand::thread_rng().fill_bytes(&mut nonce);
         Self::with_nonce(keys, &B64.encode(nonce))
@@ -62,12 +62,12 @@ impl PassthroughClient {
     }
 
     /// The client-first-message.
-    pub fn client_first(&self) -> String {
+    pub(crate) fn client_first(&self) -> String {
         format!("{GS2_HEADER}{}", self.client_first_bare)
     }
 
     /// Handles the server-first-message; returns the client-final-message.
-    pub fn handle_server_first(&mut self, msg: &[u8]) -> Result<String, ScramClientError> {
+    pub(crate) fn handle_server_first(&mut self, msg: &[u8]) -> Result<String, ScramClientError> {
         if self.auth_message.is_some() {
             return Err(ScramClientError::OutOfOrder);
         }
@@ -90,7 +90,7 @@ impl PassthroughClient {
     }
 
     /// Checks the server-final-message (`v=<ServerSignature>`).
-    pub fn verify_server_final(&self, msg: &[u8]) -> Result<(), ScramClientError> {
+    pub(crate) fn verify_server_final(&self, msg: &[u8]) -> Result<(), ScramClientError> {
         let auth_message = self.auth_message.as_ref().ok_or(ScramClientError::OutOfOrder)?;
         let text = std::str::from_utf8(msg).map_err(|_| ScramClientError::Malformed("not UTF-8"))?;
         if let Some(e) = text.strip_prefix("e=") {

@@ -29,7 +29,7 @@ impl Liveness {
 }
 
 /// Applies NODELAY, keepalive and TCP_USER_TIMEOUT to a server socket.
-pub fn apply(stream: &TcpStream, l: &Liveness) -> std::io::Result<()> {
+pub(crate) fn apply(stream: &TcpStream, l: &Liveness) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
     let sock = SockRef::from(stream);
     if l.keepalive {

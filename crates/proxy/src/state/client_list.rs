@@ -20,7 +20,7 @@ use crate::pool::{Pool, PoolKey, Pools};
 /// the admin console's (boxed: the rare case, and every entry has the size
 /// of the larger).
 #[derive(Debug)]
-pub enum Owner {
+pub(crate) enum Owner {
     Pool(Arc<Pool>),
     Console(Box<PoolKey>),
 }
@@ -36,7 +36,7 @@ impl Owner {
 
 /// What is known about one logged-in client.
 #[derive(Debug)]
-pub struct ClientEntry {
+pub(crate) struct ClientEntry {
     pub id: u64,
     /// The registry it is listed in (for `ClientGuard`'s drop).
     registry: std::sync::Weak<ClientList>,
@@ -55,36 +55,36 @@ pub struct ClientEntry {
 }
 
 impl ClientEntry {
-    pub fn user(&self) -> &str {
+    pub(crate) fn user(&self) -> &str {
         &self.owner.key().user
     }
 
-    pub fn database(&self) -> &str {
+    pub(crate) fn database(&self) -> &str {
         &self.owner.key().database
     }
 
     /// Idle, waiting or active (console clients are always active).
-    pub fn state(&self) -> ClientState {
+    pub(crate) fn state(&self) -> ClientState {
         self.slot.as_ref().map_or(ClientState::Active, |s| s.client_state())
     }
 
     /// Cancels in flight to the server this client is using.
-    pub fn cancels_in_flight(&self) -> usize {
+    pub(crate) fn cancels_in_flight(&self) -> usize {
         self.slot.as_ref().map_or(0, |s| s.cancels_in_flight())
     }
 
     /// When the client's latest request began waiting for a server.
-    pub fn requested_at(&self) -> Option<Instant> {
+    pub(crate) fn requested_at(&self) -> Option<Instant> {
         self.slot.as_ref().and_then(|s| s.requested_at())
     }
 
     /// The backend pid of the server this client is using, if any.
-    pub fn server_pid(&self) -> Option<i32> {
+    pub(crate) fn server_pid(&self) -> Option<i32> {
         self.slot.as_ref().and_then(|s| s.server_pid())
     }
 
     /// Asks the client's task to disconnect it, telling it `why`.
-    pub fn kill(&self, why: &'static str) {
+    pub(crate) fn kill(&self, why: &'static str) {
         if let Some(slot) = &self.slot {
             slot.switch.kill(why);
         }
@@ -93,7 +93,7 @@ impl ClientEntry {
 
 /// The details a client registers with.
 #[derive(Debug)]
-pub struct NewClient {
+pub(crate) struct NewClient {
     pub owner: Owner,
     pub peer: ConnAddr,
     pub local: Option<ConnAddr>,
@@ -104,7 +104,7 @@ pub struct NewClient {
 
 /// All logged-in clients.
 #[derive(Debug, Default)]
-pub struct ClientList {
+pub(crate) struct ClientList {
     next: AtomicU64,
     clients: Mutex<BTreeMap<u64, Arc<ClientEntry>>>,
 }
@@ -112,7 +112,7 @@ pub struct ClientList {
 /// Keeps a client listed; dropping it removes the entry. One pointer (the
 /// entry knows its registry): every idle client's task holds one.
 #[derive(Debug)]
-pub struct ClientGuard {
+pub(crate) struct ClientGuard {
     pub entry: Arc<ClientEntry>,
 }
 
@@ -125,12 +125,12 @@ impl Drop for ClientGuard {
 }
 
 impl ClientList {
-    pub fn new() -> Arc<Self> {
+    pub(crate) fn new() -> Arc<Self> {
         Arc::new(ClientList::default())
     }
 
     /// Lists a client until the returned guard drops.
-    pub fn register(self: &Arc<Self>, c: NewClient) -> ClientGuard {
+    pub(crate) fn register(self: &Arc<Self>, c: NewClient) -> ClientGuard {
         let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         let entry = Arc::new(ClientEntry {
             id,
@@ -149,17 +149,17 @@ impl ClientList {
     }
 
     /// Every listed client, oldest first.
-    pub fn all(&self) -> Vec<Arc<ClientEntry>> {
+    pub(crate) fn all(&self) -> Vec<Arc<ClientEntry>> {
         self.clients.lock().values().cloned().collect()
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.clients.lock().len()
     }
 
     /// Kills the pooled clients of `database` (every pooled client when None).
     /// Returns how many were told to go.
-    pub fn kill_database(&self, database: Option<&str>, why: &'static str) -> usize {
+    pub(crate) fn kill_database(&self, database: Option<&str>, why: &'static str) -> usize {
         let doomed: Vec<_> =
             self.all().into_iter().filter(|c| !c.console && database.is_none_or(|d| c.database() == d)).collect();
         doomed.iter().for_each(|c| c.kill(why));
@@ -169,7 +169,7 @@ impl ClientList {
     /// client_idle_timeout (PgBouncer's): kills the pooled clients that hold
     /// no server and whose latest request (or login, if none) began at least
     /// `timeout` ago. Returns how many. Runs every gauge tick.
-    pub fn kill_idle(&self, timeout: std::time::Duration) -> usize {
+    pub(crate) fn kill_idle(&self, timeout: std::time::Duration) -> usize {
         let (now, wall) = (Instant::now(), SystemTime::now());
         let idle_for = |c: &ClientEntry| match c.requested_at() {
             Some(at) => now.saturating_duration_since(at),
@@ -189,7 +189,7 @@ impl ClientList {
     /// life; the list cannot tell whether one is inside a transaction, so
     /// one that is loses it, where PgBouncer waits for its end). Returns how
     /// many.
-    pub fn kill_of_pools(&self, pools: &[Arc<Pool>], why: &'static str) -> usize {
+    pub(crate) fn kill_of_pools(&self, pools: &[Arc<Pool>], why: &'static str) -> usize {
         let doomed: Vec<_> = self
             .all()
             .into_iter()
@@ -202,7 +202,7 @@ impl ClientList {
     /// Wakes every pooled client for the drain: idle ones leave at once,
     /// busy ones after their transaction (they check the drain flag, which
     /// is set before this runs, before each request).
-    pub fn wake_for_drain(&self) {
+    pub(crate) fn wake_for_drain(&self) {
         for c in self.all() {
             if let Some(slot) = &c.slot {
                 slot.switch.drain();
@@ -218,7 +218,7 @@ impl ClientList {
     /// gauge tick over every client: with 1,000 clients, collecting their
     /// entries and hashing two strings each was 2 % of weir's instructions
     /// at pgbench -c 1000.
-    pub fn idle_and_active(&self) -> HashMap<(String, String), (i64, i64)> {
+    pub(crate) fn idle_and_active(&self) -> HashMap<(String, String), (i64, i64)> {
         let clients = self.clients.lock();
         let mut by_pool: HashMap<*const PoolKey, (&PoolKey, i64, i64)> = HashMap::new();
         for c in clients.values() {
@@ -243,7 +243,7 @@ impl ClientList {
 
     /// Sets the idle and active client gauges of every pool from the listed
     /// clients. (The waiting gauge comes from each pool's own queue.)
-    pub fn publish_gauges(&self, pools: &Pools) {
+    pub(crate) fn publish_gauges(&self, pools: &Pools) {
         let counts = self.idle_and_active();
         for pool in pools.all() {
             let (idle, active) =

@@ -46,7 +46,7 @@ impl AdminState {
 }
 
 /// The error a client of a disabled database gets, as PgBouncer words it.
-pub fn disabled_message(database: &str) -> String {
+pub(crate) fn disabled_message(database: &str) -> String {
     format!("database \"{database}\" is disabled")
 }
 

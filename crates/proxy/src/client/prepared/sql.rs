@@ -7,11 +7,11 @@
 //! connection.
 
 /// Only this much of a query's text is looked at.
-pub const INSPECT_LIMIT: usize = 1024;
+pub(super) const INSPECT_LIMIT: usize = 1024;
 
 /// What a query's text means for pooling.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Sql {
+pub(super) enum Sql {
     /// Nothing weir cares about.
     Other,
     /// `DEALLOCATE [PREPARE] name`, alone in the query.
@@ -47,7 +47,7 @@ const REPORTED: &[&str] = &[
 
 /// Classifies the start of a query's text (`text` may be cut short, and
 /// ends at its first NUL).
-pub fn classify(text: &[u8]) -> Sql {
+pub(super) fn classify(text: &[u8]) -> Sql {
     let text = &text[..text.len().min(INSPECT_LIMIT)];
     let text = &text[..memchr::memchr(0, text).unwrap_or(text.len())];
     let mut w = Words { s: text };
