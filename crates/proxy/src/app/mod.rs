@@ -21,8 +21,8 @@ use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use weir_metrics::{ClientResult, ConnAddr};
 
-use crate::client::{ClientError, ClientStream};
 use crate::config::Config;
+use crate::login::{ClientError, ClientStream};
 use crate::protocol::messages::{self, Severity};
 pub use crate::state::{load_hba, load_users, quiesce, ReloadError, Shared, StartError};
 pub use connection::serve;
