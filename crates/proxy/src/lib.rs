@@ -5,7 +5,10 @@
 //!
 //! - `app`: the listener, the accept loop, one task per connection;
 //! - `admin`: the console;
-//! - `client`: the pooled session (and the login steps the console shares);
+//! - `client`: the pooled session;
+//! - `login`: a client's startup, authentication and greeting, up to what
+//!   its connection becomes (a cancel, the console, a pooled session); the
+//!   client's stream and error;
 //! - `state`: what every client shares, and its lifecycle (pause, reload, drain);
 //! - `pool`, `cancel_keys`: server pools and leases; the cancel keys clients hold;
 //! - `server`: weir's connections to Postgres;
@@ -13,7 +16,8 @@
 //!   presents to servers;
 //! - `tls`; then `wire`, `config`; then `protocol`, `params`, `signal`,
 //!   `ratelog`, `span` (how session events find the client span), `verbosity`
-//!   (the log level SET verbose raises), which use
+//!   (the log level SET verbose raises), `timer` (a future raced against a
+//!   timer), which use
 //!   nothing of weir. Everything may use the `weir-metrics` crate.
 #![forbid(unsafe_code)]
 
@@ -28,6 +32,7 @@ pub mod config;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
+pub(crate) mod login;
 pub(crate) mod params;
 pub mod pool;
 pub mod protocol;
@@ -36,6 +41,7 @@ pub(crate) mod server;
 pub(crate) mod signal;
 pub(crate) mod span;
 pub(crate) mod state;
+pub(crate) mod timer;
 pub mod tls;
 pub mod verbosity;
 pub mod wire;

@@ -1,5 +1,5 @@
-//! One accepted socket's task: the startup packet (a CancelRequest ends
-//! here), then either the admin console (`admin`) or the pooled session
+//! One accepted socket's task: the login (`login`), then what it became: a
+//! cancel forwarded, the admin console (`admin`) or the pooled session
 //! (`client`) until the client leaves or weir ends it; then the FATAL that
 //! says why, if any. Each client runs in one tracing span `client{peer,user,db}`.
 
@@ -8,13 +8,11 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Instant;
 
-use bytes::BytesMut;
 use tracing::Instrument;
 use weir_metrics::ConnAddr;
 
-use crate::client::login::{self, count_login, fatal_and_close, within, First};
-use crate::client::{ClientError, ClientStream, Session};
-use crate::state::client_list::{NewClient, Owner};
+use crate::client::Session;
+use crate::login::{fatal_and_close, ClientError, ClientStream, Login};
 use crate::state::Shared;
 
 /// Serves one accepted client connection to the end, then takes it off
@@ -92,7 +90,7 @@ async fn run(
     shared: &Arc<Shared>,
     span: &tracing::Span,
 ) -> Result<Option<&'static str>, ClientError> {
-    let login = Box::pin(log_in(socket, *peer, shared).instrument(span.clone())).await;
+    let login = Box::pin(enter(socket, *peer, shared).instrument(span.clone())).await;
     let Some(mut session) = login? else { return Ok(None) };
     // The session, raced against the client's switch (a KILL), by hand
     // rather than by `select!` or a function of its own: this is part of
@@ -118,65 +116,28 @@ async fn run(
     Ok(Some(Box::pin(farewell(session.into_client(), why).instrument(span.clone())).await))
 }
 
+/// The login, then what it became: the pooled session to run (Some), or
+/// nothing more once a cancel has been forwarded or the console has ended
+/// (None).
+async fn enter<'a>(
+    socket: &'a mut ClientStream,
+    peer: ConnAddr,
+    shared: &Arc<Shared>,
+) -> Result<Option<Session<'a>>, ClientError> {
+    match crate::login::log_in(socket, peer, shared).await? {
+        Login::Pooled(pooled) => Ok(Some(crate::client::start(socket, pooled))),
+        Login::Cancel(cancel) => {
+            cancel.forward(shared).await;
+            Ok(None)
+        }
+        Login::Console(console) => Box::pin(crate::admin::serve(socket, console, shared)).await.map(|()| None),
+        Login::Ended => Ok(None),
+    }
+}
+
 /// Tells a client that weir ended it, and why; then closes. Returns why.
 async fn farewell(socket: &mut ClientStream, why: &'static str) -> &'static str {
     tracing::info!(reason = why, "client disconnected by weir");
     fatal_and_close(socket, crate::protocol::sqlstate::ADMIN_SHUTDOWN, why).await;
     why
-}
-
-/// Startup, authentication and greeting. None: nothing more to do (a
-/// CancelRequest, or an admin-console session that has ended).
-async fn log_in<'a>(
-    socket: &'a mut ClientStream,
-    peer: ConnAddr,
-    shared: &Arc<Shared>,
-) -> Result<Option<Session<'a>>, ClientError> {
-    // The config as it is at login (a reload applies to later logins).
-    let cfg = &shared.config.load();
-    let mut buf = BytesMut::with_capacity(crate::wire::LOGIN_READ_CHUNK);
-    let tls = shared.client_tls.load_full();
-    let login_deadline = Instant::now() + cfg.weir.client_login_timeout;
-    // One timer for the whole login: the startup packet and the authentication.
-    let mut timer = std::pin::pin!(tokio::time::sleep_until(login_deadline.into()));
-    let first = within(timer.as_mut(), login::read_startup(socket, &mut buf, tls.as_deref(), cfg)).await?;
-    let (minor, req) = match first {
-        First::Cancel { pid, key } => {
-            // Held open until the cancel has reached Postgres (at most the
-            // forward's own 5 s limit), then closed, as Postgres answers.
-            if let (_, Some(forwarding)) = shared.cancels.cancel(pid, &key) {
-                let _ = forwarding.await;
-            }
-            return Ok(None);
-        }
-        First::Startup { minor, req } => (minor, req),
-    };
-    let span = tracing::Span::current();
-    span.record("user", req.user.as_str());
-    span.record("db", req.database.as_str());
-    if crate::admin::is_console_db(&req.database) {
-        let local = socket.local_addr(&peer);
-        let login = crate::admin::Login { req, minor, peer, local, deadline: login_deadline };
-        return Box::pin(crate::admin::serve(socket, buf, shared, cfg, login)).await.map(|()| None);
-    }
-    let authed = within(timer, Box::pin(crate::client::log_in(socket, &mut buf, shared, cfg, req, minor, peer))).await;
-    let session = match authed {
-        Ok((session, hello)) => Box::pin(crate::client::greet(session, hello, shared)).await,
-        Err(e) => Err(e),
-    };
-    count_login(shared, &session);
-    let mut session = session?;
-    if cfg.weir.log_connections {
-        tracing::info!(application_name = session.params.get("application_name").unwrap_or(""), "client logged in");
-    }
-    // Listed for SHOW CLIENTS and KILL until the session ends.
-    session.listed = Some(shared.client_list.register(NewClient {
-        owner: Owner::Pool(session.pool.clone()),
-        peer,
-        local: session.client.local_addr(&peer),
-        application_name: session.params.get("application_name").unwrap_or_default().to_owned(),
-        key_pid: session.reg.pid,
-        slot: Some(session.reg.slot.clone()),
-    }));
-    Ok(Some(session))
 }

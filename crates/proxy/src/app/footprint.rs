@@ -9,9 +9,9 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::auth::UserList;
 use crate::cancel_keys::CancelKeys;
-use crate::client::session::{Budget, LoggedIn, Session};
-use crate::client::ClientStream;
+use crate::client::Session;
 use crate::config::{Config, PoolMode};
+use crate::login::{Budget, ClientStream, LoggedIn};
 use crate::params::ParamMap;
 use crate::pool::{PoolKey, Pools};
 use crate::state::Shared;

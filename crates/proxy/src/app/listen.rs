@@ -14,8 +14,8 @@ use socket2::{Domain, Socket, Type};
 use tokio::net::{TcpListener, UnixListener};
 use weir_metrics::ConnAddr;
 
-use crate::client::ClientStream;
 use crate::config::Config;
+use crate::login::ClientStream;
 use crate::state::StartError;
 
 /// Pending connections the kernel queues per listener (PgBouncer's listen_backlog).

@@ -21,8 +21,8 @@ use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use weir_metrics::{ClientResult, ConnAddr};
 
-use crate::client::{ClientError, ClientStream};
 use crate::config::Config;
+use crate::login::{ClientError, ClientStream};
 use crate::protocol::messages::{self, Severity};
 pub use crate::state::{load_hba, load_users, quiesce, ReloadError, Shared, StartError};
 pub use connection::serve;
@@ -162,7 +162,7 @@ async fn accept_loop(listener: Listener, shared: Arc<Shared>) {
         if shared.clients.fetch_add(1, Ordering::AcqRel) >= max {
             shared.clients.fetch_sub(1, Ordering::AcqRel);
             shared.cancels.metrics.record_client_connection(ClientResult::Refused);
-            shared.tracker.spawn(refuse(socket, peer));
+            shared.tracker.spawn(refuse_over_limit(socket, peer));
             continue;
         }
         // `serve` gives the count back when the client is done.
@@ -177,7 +177,7 @@ async fn accept_loop(listener: Listener, shared: Arc<Shared>) {
 
 /// Answers a client over max_client_conn with 53300 and closes gracefully,
 /// reading briefly so the error is not lost to a reset.
-async fn refuse(mut socket: ClientStream, peer: ConnAddr) {
+async fn refuse_over_limit(mut socket: ClientStream, peer: ConnAddr) {
     static REFUSED: crate::ratelog::RateLimited = crate::ratelog::RateLimited::new();
     if let Some(held) = REFUSED.allow() {
         tracing::warn!(%peer, "refusing client: max_client_conn reached ({held} more since the last line)");

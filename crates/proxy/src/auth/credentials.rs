@@ -1,6 +1,6 @@
 //! What weir proves itself to a server with: the client-side credentials
 //! that `auth` derives from a user's auth_file entry and the client's proof
-//! (`server_credentials`), and that `server::login` presents. `auth` owns
+//! (`server_credentials`), and that `server::handshake` presents. `auth` owns
 //! them; `server` only uses them.
 
 use super::scram::ScramSecret;

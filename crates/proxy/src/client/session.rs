@@ -19,6 +19,7 @@ use super::stream::ClientStream;
 use super::transfer::{self, ClientSide, Ended};
 use crate::cancel_keys::Registration;
 use crate::config::PoolMode;
+use crate::login::{Budget, LoggedIn};
 use crate::params::ParamMap;
 use crate::pool::{Lease, Pool, PoolError};
 use crate::protocol::{
@@ -61,47 +62,6 @@ pub struct Session<'a> {
     pub(crate) held: Option<Box<Lease>>,
 }
 
-/// A client's wait budget, the one rule for the login's wait and every
-/// queue wait after: the pool's query_wait_timeout as configured at each
-/// wait (so a reload applies to connected clients at once), capped by a
-/// share (client_deadline_fraction at login) of the deadline the client
-/// declared at startup.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Budget {
-    /// The declared deadline's share, and the declared deadline, in
-    /// microseconds; `u32::MAX` when none was declared (8 bytes in all
-    /// where two `Option<Duration>` take 32: part of every idle client's
-    /// task, see `app/footprint.rs`). A deadline past 71 minutes counts as
-    /// 71 minutes.
-    share_us: u32,
-    deadline_us: u32,
-}
-
-impl Budget {
-    pub(crate) fn new(declared: Option<Duration>, fraction: f64) -> Self {
-        let us = |d: Duration| u32::try_from(d.as_micros()).unwrap_or(u32::MAX - 1).min(u32::MAX - 1);
-        Budget {
-            share_us: declared.map_or(u32::MAX, |d| us(d.mul_f64(fraction))),
-            deadline_us: declared.map_or(u32::MAX, us),
-        }
-    }
-
-    /// The wait budget under `query_wait_timeout`: all of it, or less when
-    /// the client declared a deadline (its share, so weir answers before the
-    /// client gives up), but never below 1 ms.
-    pub(crate) fn under(&self, query_wait_timeout: Duration) -> Duration {
-        match self.share_us {
-            u32::MAX => query_wait_timeout,
-            us => query_wait_timeout.min(Duration::from_micros(us.into())).max(Duration::from_millis(1)),
-        }
-    }
-
-    /// The deadline the client declared at login, if it did.
-    pub(crate) fn declared(&self) -> Option<Duration> {
-        (self.deadline_us != u32::MAX).then(|| Duration::from_micros(self.deadline_us.into()))
-    }
-}
-
 /// How a wait between requests ended.
 #[derive(Debug, PartialEq, Eq)]
 enum Woke {
@@ -109,21 +69,6 @@ enum Woke {
     Data,
     Drained,
     Gone,
-}
-
-/// What a login settled for a pooled session: its pool and mode, the
-/// parameters the client was told and the settings it asked for, its cancel
-/// key, its wait budget, its message limit and the drain signal.
-#[derive(Debug)]
-pub(crate) struct LoggedIn {
-    pub pool: Arc<Pool>,
-    pub mode: PoolMode,
-    pub params: ParamMap,
-    pub settings: ParamMap,
-    pub reg: Registration,
-    pub budget: Budget,
-    pub max_message: u32,
-    pub shutdown: crate::signal::Signal,
 }
 
 impl<'a> Session<'a> {
@@ -428,7 +373,7 @@ impl<'a> Session<'a> {
                 drop(lease);
                 if in_flight {
                     // Boxed: rare, and kept out of every request's future.
-                    Box::pin(super::login::await_client_close(self.client)).await;
+                    Box::pin(crate::login::stream::await_client_close(self.client)).await;
                 }
                 Ok(false)
             }

@@ -25,11 +25,11 @@ use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
-use tokio::time::Sleep;
 use weir_metrics::{CloseReason, PoolMetrics};
 
 use crate::config::PoolSettings;
 use crate::server::{ConnectSpec, ServerConn};
+use crate::timer::within;
 
 pub use admission::{AdmissionConfig, Estimator, QueueCount};
 pub use error::PoolError;
@@ -472,15 +472,6 @@ impl Pool {
             conn.close(reason);
         }
         self.wake_blocked_siblings();
-    }
-}
-
-/// `fut`'s output, or None if `timer` fires first.
-pub(crate) async fn within<F: std::future::Future>(timer: Pin<&mut Sleep>, fut: F) -> Option<F::Output> {
-    tokio::select! {
-        biased;
-        v = fut => Some(v),
-        _ = timer => None,
     }
 }
 

@@ -14,7 +14,7 @@ use weir_metrics::{CloseReason, ConnAddr, ConnectFailure, ConnectRefusal, PoolMe
 
 use super::cancel::{CancelAddr, CancelGate, CancelTarget};
 use super::conversation::Conversation;
-use super::login::{login, LoginError, LoginParams};
+use super::handshake::{login, LoginError, LoginParams};
 use super::probe::{AlarmTimer, Watch};
 use super::socket::{self, Liveness};
 use super::statements::ServerStatements;
@@ -408,7 +408,7 @@ pub(crate) fn socket_path(dir: &str, port: u16) -> PathBuf {
 /// returned buffer.
 pub(super) async fn open(
     spec: &ConnectSpec,
-) -> Result<(ServerStream, BytesMut, super::login::LoginResult), ConnectError> {
+) -> Result<(ServerStream, BytesMut, super::handshake::LoginResult), ConnectError> {
     if spec.refuses_3_2.get() {
         return open_with(spec, 0).await;
     }
@@ -426,7 +426,7 @@ pub(super) async fn open(
 async fn open_with(
     spec: &ConnectSpec,
     minor: u16,
-) -> Result<(ServerStream, BytesMut, super::login::LoginResult), ConnectError> {
+) -> Result<(ServerStream, BytesMut, super::handshake::LoginResult), ConnectError> {
     let mut stream = if spec.host.starts_with('/') {
         ServerStream::Unix(UnixStream::connect(socket_path(&spec.host, spec.port)).await?)
     } else {

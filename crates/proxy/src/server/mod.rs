@@ -1,14 +1,15 @@
-//! Server connections: weir's logins to Postgres, socket options for fast
-//! dead-peer detection, the per-connection protocol conversation state,
-//! cancel forwarding, and the liveness probe behind the watchdog. A
-//! `ServerConn` never belongs to a client; the pool lends it out.
+//! Server connections: weir's logins to Postgres (`handshake`), socket
+//! options for fast dead-peer detection, the per-connection protocol
+//! conversation state, cancel forwarding, and the liveness probe behind the
+//! watchdog. A `ServerConn` never belongs to a client; the pool lends it
+//! out.
 
 pub(crate) mod auth_lookup;
 pub(crate) mod cancel;
 pub(crate) mod conn;
 pub(crate) mod conversation;
 pub(crate) mod exchange;
-pub(crate) mod login;
+pub(crate) mod handshake;
 pub(crate) mod probe;
 pub(crate) mod readback;
 mod recover;

@@ -50,7 +50,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::time::Sleep;
 
 use super::conn::{open, ConnectError, ConnectSpec};
-use super::login::LoginError;
+use super::handshake::LoginError;
 use crate::protocol::{messages, tags::backend as be};
 use crate::wire::{self, WireError};
 

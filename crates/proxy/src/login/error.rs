@@ -1,5 +1,6 @@
-//! Why a client session ends or a request fails, each with a client-safe
-//! message and a SQLSTATE.
+//! Why a client's login or session ends, or a request fails, each with a
+//! client-safe message and a SQLSTATE: the one error of a client connection,
+//! which the console and the pooled session share with the login.
 
 use crate::auth::AuthError;
 use crate::pool::PoolError;
@@ -46,9 +47,10 @@ pub enum ClientError {
     /// The server sent bytes that break the protocol; its connection is closed.
     #[error("the server sent a malformed message ({0}); its connection is closed")]
     BadServerMessage(ProtocolError),
-    /// query_timeout, idle_transaction_timeout or a dead server found by the watchdog.
-    #[error(transparent)]
-    Watchdog(#[from] super::transfer_watchdog::WatchdogError),
+    /// query_timeout, idle_transaction_timeout or a dead server found by
+    /// the session's watchdog: its SQLSTATE and message (`client` makes it).
+    #[error("{message}")]
+    Watchdog { code: SqlState, message: String },
     #[error("weir is shutting down")]
     ShuttingDown,
     /// client_tls_sslmode requires TLS and the client did not ask for it.
@@ -88,7 +90,7 @@ impl ClientError {
             ) => sqlstate::TOO_MANY_CONNECTIONS,
             ClientError::NoServer(PoolError::LoginRejected { code, .. }) => *code,
             ClientError::NoServer(PoolError::LoginFailing { .. }) => sqlstate::PROTOCOL_VIOLATION,
-            ClientError::Watchdog(w) => w.sqlstate(),
+            ClientError::Watchdog { code, .. } => *code,
             ClientError::NoServer(PoolError::Closed) | ClientError::ShuttingDown => sqlstate::ADMIN_SHUTDOWN,
             ClientError::ServerLost => sqlstate::CONNECTION_FAILURE,
             ClientError::BadServerMessage(_) => sqlstate::PROTOCOL_VIOLATION,

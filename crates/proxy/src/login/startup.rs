@@ -1,30 +1,20 @@
-//! A client's login: the startup packet (TLS or its refusal, cancel requests,
-//! protocol version), startup parameters, authentication against the
-//! auth_file, and the greeting (AuthenticationOk, ParameterStatus,
-//! BackendKeyData, ReadyForQuery) in one write.
+//! A client's first packets: the startup packet (TLS or its refusal, direct
+//! TLS, cancel requests, the protocol version and its negotiation) and the
+//! startup parameters, sorted into what the client asked for (`Request`).
 
-use std::pin::Pin;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::time::Sleep;
-use weir_metrics::ClientResult;
+use tokio::io::AsyncWriteExt;
 
 use super::error::ClientError;
 use super::stream::ClientStream;
 use crate::config::Config;
 use crate::params::{self, ParamMap, TRACKED};
-use crate::pool::Pool;
 use crate::protocol::{
-    messages::{self, Severity},
-    sqlstate,
+    messages,
     startup::{self, StartupPacket},
-    tags::{auth, status},
 };
-use crate::server::exchange;
-use crate::state::Shared;
 use crate::tls::ClientTls;
 use crate::wire;
 
@@ -206,197 +196,6 @@ fn take_setting(req: &mut Request, name: &str, value: &str, cfg: &Config) -> Res
         return Err(ClientError::BadStartupParameter(format!("unsupported startup parameter: {name}")));
     }
     Ok(())
-}
-
-/// Parameters Postgres reports that no client can change: never synced.
-const FIXED: &[&str] = &[
-    "server_version",
-    "server_encoding",
-    "integer_datetimes",
-    "is_superuser",
-    "session_authorization",
-    "in_hot_standby",
-];
-
-/// The client's reported parameters: its own values over the server's
-/// defaults, for every one a client can change (a SET of any of them, such
-/// as default_transaction_read_only, is then undone on the next client's
-/// server).
-pub fn client_params(req: &Request, server: &ParamMap) -> ParamMap {
-    let mut p = ParamMap::new();
-    for name in TRACKED {
-        if let Some(v) = req.params.get(name).or_else(|| server.get(name)) {
-            p.set(name, v);
-        }
-    }
-    let listed = |list: &[&str], k: &str| list.iter().any(|f| f.eq_ignore_ascii_case(k));
-    for (k, v) in server.iter().filter(|(k, _)| !listed(FIXED, k) && !listed(TRACKED, k)) {
-        p.set(k, v);
-    }
-    p
-}
-
-/// Tracked parameters that take any value, so need no check at login.
-const ANY_VALUE: &[&str] = &["application_name"];
-
-/// Applies the client's startup settings and parameter values on a server
-/// once, at login, so a name or value Postgres refuses is refused now, with
-/// Postgres's own SQLSTATE and message (as Postgres does at connection
-/// start), instead of failing silently on every later server. Costs one
-/// round trip on a pooled server, and only when the client asked for
-/// something other than the server's defaults. The client's tracked
-/// parameters take the server's spelling (DateStyle "ISO" is "ISO, MDY").
-pub async fn check_startup_settings(
-    pool: &Arc<Pool>,
-    deadline: Instant,
-    params: &mut ParamMap,
-    settings: &ParamMap,
-    server_defaults: &ParamMap,
-) -> Result<(), ClientError> {
-    let needs_check = !settings.is_empty()
-        || params.iter().any(|(k, v)| !ANY_VALUE.contains(&k) && server_defaults.get(k) != Some(v));
-    if !needs_check {
-        return Ok(());
-    }
-    let mut lease = pool.acquire(deadline).await?;
-    let conn = lease.conn_mut();
-    let Some(sql) = ParamMap::sync_sql(params, settings, &conn.params, &conn.settings) else { return Ok(()) };
-    match exchange::run_checked(conn, &sql).await {
-        Err(reason) => {
-            lease.close(reason);
-            Err(ClientError::ServerLost)
-        }
-        Ok(Some(refused)) => Err(ClientError::RefusedSetting {
-            code: sqlstate::lookup(&refused.code).unwrap_or(sqlstate::INVALID_PARAMETER_VALUE),
-            message: refused.message_text(),
-        }),
-        Ok(None) => {
-            conn.settings = settings.clone();
-            let names: Vec<String> = params.iter().map(|(k, _)| k.to_owned()).collect();
-            for k in names {
-                if let Some(v) = conn.params.get(&k) {
-                    params.set(&k, v);
-                }
-            }
-            Ok(())
-        }
-    }
-}
-
-/// Room for a whole greeting (Postgres reports about 15 parameters).
-const GREETING_CAPACITY: usize = 1024;
-
-/// AuthenticationOk, every ParameterStatus, BackendKeyData and ReadyForQuery,
-/// in one buffer: the server's parameters with the client's values, then
-/// any the client has and the server does not report. The key is the pid
-/// and weir's secret (4 bytes, or 32 for a 3.2 client).
-pub fn greeting(server: &ParamMap, client: &ParamMap, key: (i32, &[u8])) -> BytesMut {
-    let mut out = BytesMut::with_capacity(GREETING_CAPACITY);
-    messages::authentication(&mut out, auth::OK, &[]);
-    let mut overridden = 0;
-    for (k, v) in server.iter() {
-        let value = client.get(k).inspect(|_| overridden += 1);
-        messages::parameter_status(&mut out, k, value.unwrap_or(v));
-    }
-    if overridden < client.len() {
-        for (k, v) in client.iter().filter(|(k, _)| server.get(k).is_none()) {
-            messages::parameter_status(&mut out, k, v);
-        }
-    }
-    messages::backend_key(&mut out, key.0, key.1);
-    messages::ready_for_query(&mut out, status::IDLE);
-    out
-}
-
-/// How long a refused client's unread bytes are drained after its FATAL.
-const ERROR_LINGER: Duration = Duration::from_millis(500);
-
-/// Closes after a FATAL without losing it to a reset: closing a socket with
-/// unread input sends RST, which can discard the error before the client
-/// reads it. So FIN first, then read and drop what the client still sends
-/// until it closes too (or briefly).
-pub(crate) async fn close_after_error(socket: &mut ClientStream) {
-    let _ = socket.shutdown().await;
-    let mut sink = [0u8; 4096];
-    let drain = async {
-        while let Ok(n) = socket.read(&mut sink).await {
-            if n == 0 {
-                break;
-            }
-        }
-    };
-    let _ = tokio::time::timeout(ERROR_LINGER, drain).await;
-}
-
-/// How long a client that left mid-query is given to close its end first.
-const CLIENT_CLOSE_LINGER: Duration = Duration::from_secs(1);
-
-/// After a client left mid-query (Terminate, or EOF): waits, briefly, for
-/// its own close before weir closes. Postgres reads a Terminate only once the
-/// running query is done, so a client that sends Terminate and then closes
-/// (libpq's PQfinish) never sees the server's FIN in between; one from weir
-/// would wake a wait on the socket that the client is closing (psycopg then
-/// reports "connection pointer is NULL" instead of "connection socket
-/// closed"). Bytes still sent are dropped.
-pub(crate) async fn await_client_close(socket: &mut ClientStream) {
-    let mut sink = [0u8; 1024];
-    let drain = async {
-        while let Ok(n) = socket.read(&mut sink).await {
-            if n == 0 {
-                break;
-            }
-        }
-    };
-    let _ = tokio::time::timeout(CLIENT_CLOSE_LINGER, drain).await;
-}
-
-/// Sends a FATAL and closes (see `close_after_error`).
-pub(crate) async fn fatal_and_close(socket: &mut ClientStream, code: crate::protocol::SqlState, message: &str) {
-    let mut out = BytesMut::new();
-    messages::error_response(&mut out, Severity::Fatal, code, message);
-    if socket.write_all(&out).await.is_ok() {
-        close_after_error(socket).await;
-    }
-}
-
-/// Counts a login attempt in weir_client_connections_total by its result.
-pub(crate) fn count_login<T>(shared: &Shared, login: &Result<T, ClientError>) {
-    let result = match login {
-        Ok(_) => ClientResult::Ok,
-        Err(ClientError::Auth(_)) => ClientResult::AuthFailed,
-        Err(_) => ClientResult::Refused,
-    };
-    shared.cancels.metrics.record_client_connection(result);
-}
-
-/// Runs `f` until the login timer fires (LoginTimeout then).
-pub(crate) async fn within<T>(
-    timer: Pin<&mut Sleep>,
-    f: impl std::future::Future<Output = Result<T, ClientError>>,
-) -> Result<T, ClientError> {
-    crate::pool::within(timer, f).await.unwrap_or(Err(ClientError::LoginTimeout))
-}
-
-/// Whom `trust` admits: the auth_file's users when there is an auth_file
-/// (PgBouncer's rule), anyone when there is none.
-pub(crate) fn trust_names(cfg: &Config) -> crate::auth::TrustNames {
-    match cfg.weir.auth_file {
-        Some(_) => crate::auth::TrustNames::Listed,
-        None => crate::auth::TrustNames::Any,
-    }
-}
-
-/// How this client authenticates: auth_type, or with auth_type = "hba" the
-/// first matching line of auth_hba_file (a `reject` line or no line: refused).
-pub(crate) fn auth_method(
-    shared: &Shared,
-    cfg: &Config,
-    peer: weir_metrics::ConnAddr,
-    tls: bool,
-    req: &Request,
-) -> Result<crate::config::AuthType, ClientError> {
-    let hba = shared.hba.load();
-    Ok(crate::auth::hba::method_for(cfg.weir.auth_type, hba.as_deref(), peer.ip(), tls, &req.database, &req.user)?)
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! A client's connection: plain TCP, a Unix-domain socket, or TLS (rustls,
-//! over TCP only, as Postgres). The plain cases keep their sockets' zero-cost
-//! halves on the hot path (see `transfer.rs`); TLS goes through
+//! over TCP only, as Postgres), and how it is closed (after a FATAL, or after
+//! a client that left mid-query). The plain cases keep their sockets'
+//! zero-cost halves on the hot path (see `client::transfer`); TLS goes through
 //! `tokio::io::split`. rustls may keep records of a write
 //! when the socket is full; every TLS read flushes them first, and every
 //! exchange with a client ends in a read, so nothing is left unsent.
@@ -9,12 +10,15 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::BytesMut;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 use tokio_rustls::server::TlsStream;
 use weir_metrics::ConnAddr;
+
+use crate::protocol::messages::{self, Severity};
 
 /// A client's byte stream.
 pub enum ClientStream {
@@ -162,5 +166,52 @@ impl AsyncWrite for ClientStream {
             ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
             ClientStream::Closed => Poll::Ready(Ok(())),
         }
+    }
+}
+
+/// How long a refused client's unread bytes are drained after its FATAL.
+const ERROR_LINGER: Duration = Duration::from_millis(500);
+
+/// Closes after a FATAL without losing it to a reset: closing a socket with
+/// unread input sends RST, which can discard the error before the client
+/// reads it. So FIN first, then read and drop what the client still sends
+/// until it closes too (or briefly).
+pub(crate) async fn close_after_error(socket: &mut ClientStream) {
+    let _ = socket.shutdown().await;
+    drain(socket, &mut [0u8; 4096], ERROR_LINGER).await;
+}
+
+/// How long a client that left mid-query is given to close its end first.
+const CLIENT_CLOSE_LINGER: Duration = Duration::from_secs(1);
+
+/// After a client left mid-query (Terminate, or EOF): waits, briefly, for
+/// its own close before weir closes. Postgres reads a Terminate only once the
+/// running query is done, so a client that sends Terminate and then closes
+/// (libpq's PQfinish) never sees the server's FIN in between; one from weir
+/// would wake a wait on the socket that the client is closing (psycopg then
+/// reports "connection pointer is NULL" instead of "connection socket
+/// closed"). Bytes still sent are dropped.
+pub(crate) async fn await_client_close(socket: &mut ClientStream) {
+    drain(socket, &mut [0u8; 1024], CLIENT_CLOSE_LINGER).await;
+}
+
+/// Reads and drops what the client sends until it closes, or `linger` passes.
+async fn drain(socket: &mut ClientStream, sink: &mut [u8], linger: Duration) {
+    let drain = async {
+        while let Ok(n) = socket.read(sink).await {
+            if n == 0 {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(linger, drain).await;
+}
+
+/// Sends a FATAL and closes (see `close_after_error`).
+pub(crate) async fn fatal_and_close(socket: &mut ClientStream, code: crate::protocol::SqlState, message: &str) {
+    let mut out = BytesMut::new();
+    messages::error_response(&mut out, Severity::Fatal, code, message);
+    if socket.write_all(&out).await.is_ok() {
+        close_after_error(socket).await;
     }
 }

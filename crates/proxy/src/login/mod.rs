@@ -1,0 +1,132 @@
+//! A client's login, from its first byte to what its connection becomes:
+//! the startup packet (`startup`: TLS, cancel requests, the protocol
+//! version, the startup parameters), authentication (`authenticate`), the
+//! console's login (`console`) or a pooled client's (`pooled`: its pool,
+//! parameters, cancel key and wait budget), the greeting (`greet`), and the
+//! login's count and the client's listing. One entry, [`log_in`], bounded by
+//! one timer (client_login_timeout); `app` hands what it returns to `admin`
+//! or `client`. Also the client's connection (`stream`) and the error every
+//! client connection ends with (`error`), which `admin` and `client` share.
+
+mod authenticate;
+pub mod console;
+pub mod error;
+mod greet;
+pub mod pooled;
+pub mod startup;
+pub mod stream;
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use tokio::time::Sleep;
+use weir_metrics::{ClientResult, ConnAddr};
+
+pub use console::{is_console_db, Console, Role};
+pub use error::ClientError;
+pub use pooled::{Budget, LoggedIn, Pooled};
+pub(crate) use stream::fatal_and_close;
+pub use stream::ClientStream;
+
+use crate::state::Shared;
+use startup::{First, Request};
+
+/// What a client's connection becomes once logged in. Not boxed: it lives
+/// only until the caller matches on it.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
+pub enum Login {
+    /// A CancelRequest: forward it, then close.
+    Cancel(Cancel),
+    /// The admin console.
+    Console(Console),
+    /// A pooled session.
+    Pooled(Pooled),
+    /// Nothing more: the login told the client why it ends (a user the
+    /// console refuses).
+    Ended,
+}
+
+/// A CancelRequest's key: 4 bytes (3.0) or longer (3.2).
+#[derive(Debug)]
+pub struct Cancel {
+    pid: i32,
+    key: Bytes,
+}
+
+impl Cancel {
+    /// Cancels the query of the client holding this key, if any. Held open
+    /// until the cancel has reached Postgres (at most the forward's own 5 s
+    /// limit), then closed, as Postgres answers.
+    pub async fn forward(self, shared: &Shared) {
+        if let (_, Some(forwarding)) = shared.cancels.cancel(self.pid, &self.key) {
+            let _ = forwarding.await;
+        }
+    }
+}
+
+/// A startup packet's request, as the console's and the pooled login take it.
+pub(crate) struct Start {
+    req: Request,
+    /// The protocol version negotiated (3.0 to 3.2).
+    minor: u16,
+    peer: ConnAddr,
+}
+
+/// Logs a client in: the startup packet, then the console's login or a
+/// pooled client's. Refusals are errors (a SQLSTATE and a message the
+/// caller sends in a FATAL); each login is counted in
+/// weir_client_connections_total.
+pub async fn log_in(socket: &mut ClientStream, peer: ConnAddr, shared: &Arc<Shared>) -> Result<Login, ClientError> {
+    // The config as it is at login (a reload applies to later logins).
+    let cfg = &shared.config.load();
+    let mut buf = BytesMut::with_capacity(crate::wire::LOGIN_READ_CHUNK);
+    let tls = shared.client_tls.load_full();
+    // One timer for the whole login: the startup packet and the authentication.
+    let mut timer = std::pin::pin!(tokio::time::sleep_until((Instant::now() + cfg.weir.client_login_timeout).into()));
+    let first =
+        within_login_timeout(timer.as_mut(), startup::read_startup(socket, &mut buf, tls.as_deref(), cfg)).await?;
+    let (minor, req) = match first {
+        First::Cancel { pid, key } => return Ok(Login::Cancel(Cancel { pid, key })),
+        First::Startup { minor, req } => (minor, req),
+    };
+    let span = tracing::Span::current();
+    span.record("user", req.user.as_str());
+    span.record("db", req.database.as_str());
+    let start = Start { req, minor, peer };
+    if is_console_db(&start.req.database) {
+        let admitted =
+            within_login_timeout(timer, Box::pin(console::admit(socket, &mut buf, shared, cfg, &start))).await;
+        let local = socket.local_addr(&peer);
+        return console::finish_console(admitted, buf, shared, cfg, start, local);
+    }
+    // Authentication and the pool by the login timer; the greeting after,
+    // bounded by the client's wait budget.
+    let settled = within_login_timeout(timer, Box::pin(pooled::settle(socket, &mut buf, shared, cfg, start))).await;
+    let greeted = match settled {
+        Ok((login, hello)) => Box::pin(pooled::greet_pooled(socket, &mut buf, login, hello, shared)).await,
+        Err(e) => Err(e),
+    };
+    let local = socket.local_addr(&peer);
+    pooled::finish_pooled(greeted, buf, shared, cfg, peer, local).map(Login::Pooled)
+}
+
+/// Counts a login attempt in weir_client_connections_total by its result.
+fn count_login<T>(shared: &Shared, login: &Result<T, ClientError>) {
+    let result = match login {
+        Ok(_) => ClientResult::Ok,
+        Err(ClientError::Auth(_)) => ClientResult::AuthFailed,
+        Err(_) => ClientResult::Refused,
+    };
+    shared.cancels.metrics.record_client_connection(result);
+}
+
+/// Runs `f` until the login timer fires (LoginTimeout then).
+async fn within_login_timeout<T>(
+    timer: Pin<&mut Sleep>,
+    f: impl std::future::Future<Output = Result<T, ClientError>>,
+) -> Result<T, ClientError> {
+    crate::timer::within(timer, f).await.unwrap_or(Err(ClientError::LoginTimeout))
+}
