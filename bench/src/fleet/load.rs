@@ -14,7 +14,7 @@ use weir_testkit::{APP_DB, TRUST_USER};
 /// One second of pgbench's progress.
 #[derive(Debug, Clone, Copy)]
 pub struct Second {
-    /// The end of the second pgbench reports, in seconds on the bench's clock.
+    /// When pgbench reported the second (its end), in seconds on the bench's clock.
     pub at: f64,
     pub tps: f64,
     pub lat_ms: f64,
@@ -42,10 +42,9 @@ pub struct Load {
 }
 
 impl Load {
-    /// `pgbench -S -c clients -T secs -P 1` against 127.0.0.1:`port`, started
-    /// `offset` seconds into the bench (`t0`).
+    /// `pgbench -S -c clients -T secs -P 1` against 127.0.0.1:`port`; its
+    /// seconds are placed on the bench's clock, which started at `t0`.
     pub fn start(port: u16, clients: u32, secs: u64, t0: Instant) -> anyhow::Result<Load> {
-        let offset = t0.elapsed().as_secs_f64();
         let mut child = Command::new("pgbench")
             .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", TRUST_USER, "-n", "-S", "-j", "1"])
             .args(["-c", &clients.to_string(), "-T", &secs.to_string(), "-P", "1", APP_DB])
@@ -59,7 +58,7 @@ impl Load {
             .spawn()
             .context("running pgbench")?;
         let err = child.stderr.take().context("pgbench stderr")?;
-        let stderr = std::thread::spawn(move || read_stderr(err, offset));
+        let stderr = std::thread::spawn(move || read_stderr(err, t0));
         Ok(Load { child, stderr, killed: false })
     }
 
@@ -83,11 +82,13 @@ impl Load {
     }
 }
 
-fn read_stderr(err: impl Read, offset: f64) -> Outcome {
+/// Each progress line is placed where it arrived on the bench's clock
+/// (pgbench prints it as its second ends).
+fn read_stderr(err: impl Read, t0: Instant) -> Outcome {
     let mut o = Outcome::default();
     for line in BufReader::new(err).lines().map_while(Result::ok) {
         if let Some(s) = parse_progress(&line) {
-            o.seconds.push(Second { at: offset + s.at, ..s });
+            o.seconds.push(Second { at: t0.elapsed().as_secs_f64(), ..s });
         } else if line.contains("error:") {
             o.errors += 1;
             o.first_error.get_or_insert(line);
