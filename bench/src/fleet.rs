@@ -20,7 +20,8 @@
 //! the killed instance's share. Not a pass/fail test.
 //!
 //! `weir-bench fleet [--instances N] [--limit L] [--pool P] [--clients C]
-//! [--duration S] [--no-share] [--skip-pgbouncer] [--weir-bin PATH]`
+//! [--duration S] [--no-share] [--skip-pgbouncer] [--weir-bin PATH]`;
+//! `WEIR_BENCH_KEEP=1` keeps the work folder (configs and the poolers' logs).
 
 mod load;
 mod member;
@@ -100,26 +101,35 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     };
     let pgbouncer_bin = if opts.pgbouncer { crate::suite::env::find_pgbouncer() } else { None };
     let work = work_dir()?;
+    let done = run_all(&opts, &weir_bin, pgbouncer_bin.as_deref(), &work);
+    if std::env::var_os("WEIR_BENCH_KEEP").is_some() {
+        eprintln!("kept {} (WEIR_BENCH_KEEP)", work.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&work);
+    }
+    done
+}
+
+fn run_all(opts: &Opts, weir_bin: &Path, pgbouncer_bin: Option<&Path>, work: &Path) -> anyhow::Result<()> {
     let pg = PgServer::start(PgOptions { max_connections: 100, log_connections: false, extra_conf: vec![] })
         .context("starting the throwaway Postgres")?;
     prepare(&pg, opts.limit)?;
-    let mut runs = vec![run_fleet(Kind::Weir, &weir_bin, &opts, &pg, &work)?];
-    let note = match &pgbouncer_bin {
+    let mut runs = vec![run_fleet(Kind::Weir, weir_bin, opts, &pg, work)?];
+    let note = match pgbouncer_bin {
         Some(bin) => {
-            runs.push(run_fleet(Kind::PgBouncer, bin, &opts, &pg, &work)?);
+            runs.push(run_fleet(Kind::PgBouncer, bin, opts, &pg, work)?);
             None
         }
         None if !opts.pgbouncer => Some("PgBouncer skipped (--skip-pgbouncer)"),
         None => Some("PgBouncer not installed, skipped (apt-get install -y pgbouncer)"),
     };
-    report::print_header(&opts);
+    report::print_header(opts);
     for r in &runs {
         report::print_run(r);
     }
     if let Some(n) = note {
         println!("{n}");
     }
-    let _ = std::fs::remove_dir_all(&work);
     Ok(())
 }
 

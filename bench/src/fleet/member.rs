@@ -145,7 +145,10 @@ impl Member {
         let end = Instant::now() + START_LIMIT;
         while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
             if let Some(status) = self.child.try_wait()? {
-                bail!("{} exited at start ({status}); see {}", self.kind.label(), self.log.display());
+                let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+                let lines: Vec<&str> = log.lines().collect();
+                let tail = lines[lines.len().saturating_sub(5)..].join("\n");
+                bail!("{} exited at start ({status}):\n{tail}", self.kind.label());
             }
             if Instant::now() > end {
                 bail!("{} is not listening on {}", self.kind.label(), self.port);
