@@ -4,8 +4,10 @@
 //! - `storm`  — the incident's load shape: short deadlines, queued cancels
 //! - `refill` — the pool refill curve after a mass termination
 //! - `soak`   — a long run of churn and faults, checked from Postgres's data
+//! - `fleet`  — N poolers sharing one Postgres's connection limit: fairness, moved load, a killed instance
 #![forbid(unsafe_code)]
 
+mod fleet;
 mod pgbouncer;
 mod refill;
 mod soak;
@@ -20,8 +22,9 @@ fn main() -> anyhow::Result<()> {
         Some("storm") => storm::run(rest),
         Some("refill") => refill::run(rest),
         Some("soak") => soak::run(rest),
+        Some("fleet") => fleet::run(rest),
         _ => {
-            eprintln!("usage: weir-bench suite|storm|refill|soak [options]");
+            eprintln!("usage: weir-bench suite|storm|refill|soak|fleet [options]");
             std::process::exit(2);
         }
     }

@@ -114,7 +114,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
 }
 
 /// `cargo build --release -p weir --bin weir`, as the suite does.
-fn build_weir() -> anyhow::Result<PathBuf> {
+pub(crate) fn build_weir() -> anyhow::Result<PathBuf> {
     let target_dir =
         std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| env::workspace_root().join("target"));
     eprintln!("== cargo build --release -p weir --bin weir");

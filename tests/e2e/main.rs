@@ -20,6 +20,7 @@ mod drivers;
 mod dropin;
 mod encoding;
 mod fleet;
+mod fleet_share;
 mod hba;
 mod hostile;
 mod hostile_flood;

@@ -74,6 +74,9 @@ label_enum! {
         /// another user's pool of the same database that had clients waiting
         /// (PgBouncer evicts the same way).
         Evicted => "evicted",
+        /// Above this weir's share of the connection budget a fleet of weirs
+        /// shares, while the fleet is at its limit (`fleet_share`).
+        FleetShare => "fleet_share",
         /// The server violated the wire protocol.
         ProtocolError => "protocol_error",
         /// Closed by a code path that gave no reason: a
@@ -187,7 +190,7 @@ mod tests {
         check(DropReason::ALL, DropReason::index, DropReason::as_label);
         check(CancelOutcome::ALL, CancelOutcome::index, CancelOutcome::as_label);
         check(ClientResult::ALL, ClientResult::index, ClientResult::as_label);
-        assert_eq!(CloseReason::COUNT, 15);
+        assert_eq!(CloseReason::COUNT, 16);
         assert_eq!(CloseReason::ClientGoneUnclean.to_string(), "client_gone_unclean");
         assert_eq!(CloseReason::Dropped.as_label(), "dropped");
     }

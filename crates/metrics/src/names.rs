@@ -44,6 +44,12 @@ pub const POOL_CLIENTS: &str = "weir_pool_clients";
 pub const POOL_MAXWAIT_SECONDS: &str = "weir_pool_maxwait_seconds";
 /// Gauge (database,user): the predicted wait of a client queued now.
 pub const POOL_PREDICTED_WAIT_SECONDS: &str = "weir_pool_predicted_wait_seconds";
+/// Gauge (database,user): with fleet_share, this instance's share of the
+/// connection budget its fleet of weirs shares (0: none).
+pub const FLEET_SHARE: &str = "weir_fleet_share";
+/// Gauge (database,user): with fleet_share, the weirs announcing themselves
+/// in front of the pool's role and database (0: none).
+pub const FLEET_INSTANCES: &str = "weir_fleet_instances";
 /// Histogram (database,user): time clients waited for a server connection.
 pub const CLIENT_WAIT_DURATION_SECONDS: &str = "weir_client_wait_duration_seconds";
 /// Counter (database,user,reason): queries dropped before reaching a server.
@@ -135,6 +141,8 @@ pub const ALL: &[(&str, Kind, &str)] = &[
         Kind::Gauge,
         "Predicted wait of a client queued now: waiters ahead x mean server hold time / servers (0 when not full).",
     ),
+    (FLEET_SHARE, Kind::Gauge, "This weir's share of the connection budget its fleet of weirs shares (fleet_share)."),
+    (FLEET_INSTANCES, Kind::Gauge, "Weirs sharing the pool's connection budget (fleet_share)."),
     (CLIENT_WAIT_DURATION_SECONDS, Kind::Histogram, "Time clients waited for a server connection."),
     (QUERIES_DROPPED_TOTAL, Kind::Counter, "Queries dropped before completing, by reason."),
     (CANCEL_REQUESTS_TOTAL, Kind::Counter, "Cancel requests received, by outcome."),
@@ -189,6 +197,8 @@ pub const PER_POOL: &[&str] = &[
     POOL_CLIENTS,
     POOL_MAXWAIT_SECONDS,
     POOL_PREDICTED_WAIT_SECONDS,
+    FLEET_SHARE,
+    FLEET_INSTANCES,
     CLIENT_WAIT_DURATION_SECONDS,
     QUERIES_DROPPED_TOTAL,
     TRANSACTIONS_TOTAL,
@@ -254,7 +264,7 @@ mod tests {
             assert!(!help.is_empty());
             assert!(seen.insert(*name), "duplicate {name}");
         }
-        assert_eq!(ALL.len(), 33);
+        assert_eq!(ALL.len(), 35);
         assert_eq!(histogram_names().count(), 3);
         assert!(PER_POOL.iter().all(|n| lookup(n).is_some()));
     }

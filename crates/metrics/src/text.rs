@@ -90,6 +90,8 @@ impl Out<'_> {
         self.labelled(POOL_CLIENTS, LABEL_STATE, ClientState::ALL, |s, st| s.clients[st.index()]);
         self.family(POOL_MAXWAIT_SECONDS, |s, emit| emit(None, seconds(s.maxwait_us)));
         self.family(POOL_PREDICTED_WAIT_SECONDS, |s, emit| emit(None, seconds(s.predicted_wait_us)));
+        self.family(FLEET_SHARE, |s, emit| emit(None, s.fleet_share.to_string()));
+        self.family(FLEET_INSTANCES, |s, emit| emit(None, s.fleet_instances.to_string()));
         self.family(POOL_SIZE, |s, emit| emit(None, s.limits.pool_size.to_string()));
         self.family(POOL_RESERVE_POOL_SIZE, |s, emit| emit(None, s.limits.reserve_pool_size.to_string()));
         self.family(POOL_MAX_DB_CONNECTIONS, |s, emit| emit(None, s.limits.max_db_connections.to_string()));

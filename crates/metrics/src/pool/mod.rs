@@ -99,6 +99,10 @@ pub struct PoolMetrics {
     clients: [AtomicI64; ClientState::COUNT],
     maxwait_us: AtomicU64,
     predicted_wait_us: AtomicU64,
+    /// fleet_share: this instance's share of the fleet's budget, and the
+    /// instances announcing (both 0 without fleet_share).
+    fleet_share: AtomicU64,
+    fleet_instances: AtomicU64,
     live: Mutex<BTreeMap<u64, ServerInfo>>,
     next_live: AtomicU64,
     connect_duration: Histogram,
@@ -170,6 +174,8 @@ impl PoolMetrics {
             clients: zeroed_i(),
             maxwait_us: AtomicU64::new(0),
             predicted_wait_us: AtomicU64::new(0),
+            fleet_share: AtomicU64::new(0),
+            fleet_instances: AtomicU64::new(0),
             live: Mutex::new(BTreeMap::new()),
             next_live: AtomicU64::new(1),
             connect_duration: Histogram::default(),

@@ -210,6 +210,11 @@ impl PoolMetrics {
         self.statements_epoch.load(R)
     }
 
+    /// With fleet_share: this instance's share and the fleet's instances.
+    pub fn fleet(&self) -> (u64, u64) {
+        (self.fleet_share.load(R), self.fleet_instances.load(R))
+    }
+
     /// The predicted wait of a client queued now, as last published.
     pub fn predicted_wait(&self) -> Duration {
         Duration::from_micros(self.predicted_wait_us.load(R))

@@ -153,6 +153,13 @@ impl PoolMetrics {
         self.predicted_wait_us.store(micros(wait), R);
     }
 
+    /// Sets this instance's share of its fleet's connection budget and the
+    /// instances of the fleet (both zero when it shares none).
+    pub fn set_fleet(&self, share: u64, instances: u64) {
+        self.fleet_share.store(share, R);
+        self.fleet_instances.store(instances, R);
+    }
+
     /// Sets how long the oldest waiting client has waited (zero if none).
     pub fn set_maxwait(&self, wait: Duration) {
         let us = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX);

@@ -35,6 +35,8 @@ pub(crate) struct Sample {
     pub clients: [i64; ClientState::COUNT],
     pub maxwait_us: u64,
     pub predicted_wait_us: u64,
+    pub fleet_share: u64,
+    pub fleet_instances: u64,
     pub limits: Limits,
     pub connect_duration: Snapshot,
     pub client_wait: Snapshot,
@@ -70,6 +72,8 @@ impl Sample {
         add_all(&mut self.clients, &o.clients);
         self.maxwait_us = self.maxwait_us.max(o.maxwait_us);
         self.predicted_wait_us = self.predicted_wait_us.max(o.predicted_wait_us);
+        self.fleet_share += o.fleet_share;
+        self.fleet_instances = self.fleet_instances.max(o.fleet_instances);
         self.limits.pool_size += o.limits.pool_size;
         self.limits.reserve_pool_size += o.limits.reserve_pool_size;
         self.limits.max_db_connections += o.limits.max_db_connections;
@@ -109,6 +113,8 @@ impl PoolMetrics {
             clients: std::array::from_fn(|i| self.clients[i].load(R)),
             maxwait_us: self.maxwait_us.load(R),
             predicted_wait_us: self.predicted_wait_us.load(R),
+            fleet_share: self.fleet_share.load(R),
+            fleet_instances: self.fleet_instances.load(R),
             limits: self.limits(),
             connect_duration: self.connect_duration.snapshot(),
             client_wait: self.client_wait.snapshot(),

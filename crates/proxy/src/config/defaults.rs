@@ -57,6 +57,7 @@ impl Default for General {
             auth_query_cache_ttl: Duration::from_secs(30),
             autodb_idle_timeout: Duration::from_secs(3600),
             max_user_connections: 0,
+            fleet_share: false,
             pool_mode: PoolMode::Transaction,
             default_pool_size: 20,
             min_pool_size: 0,

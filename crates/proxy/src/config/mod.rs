@@ -180,6 +180,10 @@ pub struct General {
     pub autodb_idle_timeout: Duration,
     /// Server connections per user across databases; 0: no limit.
     pub max_user_connections: u32,
+    /// Share the connection budget Postgres gives a pool's role and
+    /// database fairly with the other weirs in front of it (the default of
+    /// every database's `fleet_share`).
+    pub fleet_share: bool,
     pub pool_mode: PoolMode,
     pub default_pool_size: u32,
     pub min_pool_size: u32,
@@ -332,6 +336,8 @@ pub struct Database {
     pub datestyle: Option<String>,
     pub timezone: Option<String>,
     pub max_waiting_clients: Option<u32>,
+    /// Over `[weir]` fleet_share.
+    pub fleet_share: Option<bool>,
 }
 
 /// One `[users.NAME]` entry: pool settings for every pool of that user.
@@ -363,6 +369,9 @@ pub struct PoolSettings {
     pub max_waiting_clients: u32,
     pub max_prepared_statements: u32,
     pub max_user_connections: u32,
+    /// Share the budget Postgres gives the pool's role and database fairly
+    /// with the other weirs in front of it (`pool::fleet`).
+    pub fleet_share: bool,
     /// The pool belongs to the fallback database (created on demand, removed
     /// after autodb_idle_timeout unused).
     pub auto: bool,
@@ -460,6 +469,7 @@ impl Config {
             max_waiting_clients: db.max_waiting_clients.unwrap_or(g.max_waiting_clients),
             max_prepared_statements: g.max_prepared_statements,
             max_user_connections: u.max_user_connections.unwrap_or(g.max_user_connections),
+            fleet_share: db.fleet_share.unwrap_or(g.fleet_share),
             auto,
             connect_query: db.connect_query.clone().unwrap_or_default(),
             startup_params: db.startup_params(),

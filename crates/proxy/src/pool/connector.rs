@@ -59,7 +59,9 @@ impl Pool {
             self.wake_at(st, at);
             return;
         }
-        let room = st.limit().saturating_sub(total);
+        // fleet_share: no connect past this instance's share of the fleet's
+        // budget while the fleet is at its limit.
+        let room = st.limit().min(st.fleet.cap.unwrap_or(u32::MAX)).saturating_sub(total);
         if room < want {
             if let Some(at) = reserve_due_at(st) {
                 self.wake_at(st, at);

@@ -10,6 +10,7 @@ mod connector;
 mod error;
 mod evict;
 mod expiry;
+mod fleet;
 mod inspect;
 mod lease;
 mod places;
@@ -108,6 +109,7 @@ impl Pool {
         pool.state.lock().opts.spec.probe_room = pool.probe_room();
         upkeep::spawn(&pool);
         expiry::spawn(&pool);
+        fleet::spawn(&pool);
         pool
     }
 
@@ -382,13 +384,14 @@ impl Pool {
 
     /// Gives `conn` to the oldest waiter that can still use it at `now`,
     /// else parks it idle.
-    fn hand_over(self: &Arc<Self>, st: &mut State, mut conn: Box<ServerConn>, now: Instant) {
+    fn hand_over(self: &Arc<Self>, st: &mut State, conn: Box<ServerConn>, now: Instant) {
         if st.reconnect_before.is_some_and(|t| conn.created < t) {
             conn.close(CloseReason::Admin);
             self.want_connects(st);
             self.wake_blocked_siblings();
             return;
         }
+        let Some(mut conn) = self.fleet_release(st, conn) else { return };
         if !st.paused {
             while let Some(w) = st.next_waiter(now) {
                 match w.tx.send(Handed::Server(conn)) {

@@ -68,6 +68,8 @@ pub(super) struct State {
     pub server_params: Option<std::sync::Arc<ParamMap>>,
     /// RECONNECT: connections opened before this close when released.
     pub reconnect_before: Option<Instant>,
+    /// The pool's part in a fleet of weirs sharing one budget (`fleet`).
+    pub fleet: super::fleet::Fleet,
 }
 
 /// Counters for SHOW POOLS and tests.
@@ -117,6 +119,7 @@ impl State {
             rejected: None,
             server_params: None,
             reconnect_before: None,
+            fleet: Default::default(),
         }
     }
 
@@ -206,7 +209,7 @@ impl State {
 
     /// All server connections the pool accounts for.
     pub(super) fn total(&self) -> u32 {
-        self.idle.len() as u32 + self.active + self.connecting + self.recovering + self.probing
+        self.idle.len() as u32 + self.active + self.connecting + self.recovering + self.probing + self.fleet.busy
     }
 
     /// The size limit now: pool_size, plus the reserve once a waiter has

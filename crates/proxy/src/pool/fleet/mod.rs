@@ -1,0 +1,306 @@
+//! A fair share of one Postgres's connection budget across the weirs in
+//! front of it (`fleet_share`). Nothing runs beside Postgres and the weirs:
+//!
+//! * Each weir process has a random id. A pool with fleet_share announces
+//!   itself with one session-level advisory lock, on one of its own pooled
+//!   servers (its "beacon"), whose int8 key carries the id, the servers the
+//!   pool holds and the servers its clients would use (`share::key`).
+//!   Postgres releases the lock when that backend ends: an instance that
+//!   dies, or a Postgres that restarts, leaves no announcement behind.
+//! * Every 250 ms while it matters (waiters, refusals, at the limit, above
+//!   its share), else every second, the pool runs ONE query on its beacon
+//!   between transactions (taken from idle, or from the next release before
+//!   any waiter): it moves its announcement to its current figures and reads
+//!   the others' back with the role's, the database's and the server's
+//!   limits and connection counts (`share::query`).
+//! * The fleet's budget is the tightest limit less the connections no
+//!   announcing weir holds, less one slot kept free so that an instance
+//!   whose load arrives while the fleet is at its limit can open its first
+//!   server (and so announce itself). Shares are water-filled over what the
+//!   instances want (`share::water_fill`).
+//! * Only while the fleet is at its limit (a refusal seen, or no room left
+//!   but the free slot) is the share enforced: idle servers above it close
+//!   at once (reason `fleet_share`), a released server above it is closed
+//!   rather than kept, and no connect goes past it. Below the limit the
+//!   pool refills as fast as without fleet_share.
+
+pub(super) mod share;
+
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use tokio::sync::oneshot;
+use weir_metrics::CloseReason;
+
+use super::state::State;
+use super::Pool;
+use crate::server::exchange::run_rows;
+use crate::server::ServerConn;
+use share::Member;
+
+/// The period while the share matters, and otherwise.
+const FAST: Duration = Duration::from_millis(250);
+const SLOW: Duration = Duration::from_secs(1);
+/// How long the share stays enforced after the fleet was last seen at its limit.
+const HOLD: Duration = Duration::from_secs(2);
+/// How long a tick waits for its beacon before it takes any server.
+const BEACON_WAIT: Duration = Duration::from_millis(500);
+/// Demand samples kept: `want` is the largest of the last second.
+const SAMPLES: usize = 4;
+
+/// This process's id among the fleet (24 bits, never 0).
+fn instance_id() -> u32 {
+    static ID: OnceLock<u32> = OnceLock::new();
+    *ID.get_or_init(|| rand::thread_rng().gen_range(1..=0xff_ffff))
+}
+
+/// A pool's part in the fleet, inside its `State`.
+#[derive(Debug, Default)]
+pub(super) struct Fleet {
+    /// The server that holds this pool's announcement (its id).
+    beacon: Option<u64>,
+    /// A tick waiting for a server: the next one released comes here first.
+    claim: Option<(oneshot::Sender<Box<ServerConn>>, Instant)>,
+    /// Servers the fleet query holds now (0 or 1).
+    pub busy: u32,
+    /// The share, while enforced (the fleet at its limit).
+    pub cap: Option<u32>,
+    limited_until: Option<Instant>,
+    refusals_seen: u64,
+    demand: [u32; SAMPLES],
+    sample: usize,
+}
+
+impl Pool {
+    /// Called first by `hand_over`: a server released while a tick waits for
+    /// one goes to it (the tick's query runs between transactions, before
+    /// any waiter is served), and one released while the pool is above its
+    /// enforced share is closed rather than kept. None: taken.
+    pub(super) fn fleet_release(self: &Arc<Self>, st: &mut State, conn: Box<ServerConn>) -> Option<Box<ServerConn>> {
+        let f = &mut st.fleet;
+        let mut conn = conn;
+        if let Some((_, since)) = &f.claim {
+            if f.beacon.is_none_or(|b| b == conn.id) || since.elapsed() >= BEACON_WAIT {
+                let (tx, _) = f.claim.take().expect("a claim");
+                match tx.send(conn) {
+                    Ok(()) => {
+                        st.fleet.busy += 1;
+                        return None;
+                    }
+                    Err(back) => conn = back,
+                }
+            }
+        }
+        let Some(cap) = st.fleet.cap else { return Some(conn) };
+        if st.total() < cap || st.fleet.beacon == Some(conn.id) {
+            return Some(conn);
+        }
+        conn.close(CloseReason::FleetShare);
+        self.wake_blocked_siblings();
+        None
+    }
+
+    /// This pool's figures for its announcement, and one more demand sample.
+    fn fleet_member(st: &mut State) -> Member {
+        let held = st.idle.len() as u32 + st.active + st.recovering + st.fleet.busy;
+        let capacity = st.capacity();
+        let waiting = st.live_waiters_up_to(capacity as usize) as u32;
+        let now = (st.active + st.recovering + waiting).min(capacity);
+        let f = &mut st.fleet;
+        f.demand[f.sample % SAMPLES] = now;
+        f.sample += 1;
+        let want = f.demand.iter().copied().max().unwrap_or(0);
+        // A pool that holds a server keeps wanting one, so that load that
+        // arrives finds it (and its announcement) there.
+        Member { id: instance_id(), want: want.max(held.min(1)), held }
+    }
+}
+
+pub(super) fn spawn(pool: &Arc<Pool>) {
+    let weak = Arc::downgrade(pool);
+    tokio::spawn(async move {
+        let mut period = SLOW;
+        loop {
+            tokio::time::sleep(period).await;
+            let Some(pool) = Weak::upgrade(&weak) else { return };
+            period = tick(pool).await;
+        }
+    });
+}
+
+/// One round: announce, read, judge, enforce. Returns the next period.
+async fn tick(pool: Arc<Pool>) -> Duration {
+    let (me, limit) = {
+        let mut st = pool.state.lock();
+        if !st.opts.settings.fleet_share {
+            st.fleet.cap = None;
+            pool.metrics.set_fleet(0, 0);
+            return SLOW;
+        }
+        (Pool::fleet_member(&mut st), st.opts.check_timeout)
+    };
+    if me.held == 0 && me.want == 0 {
+        pool.metrics.set_fleet(0, 0);
+        return SLOW;
+    }
+    let Some(mut conn) = take_server(&pool).await else { return FAST };
+    let mut cols: Vec<Option<String>> = Vec::new();
+    let ran = tokio::time::timeout(
+        limit,
+        run_rows(&mut conn, &share::query(me), |row| {
+            if let Some(c) = text_columns(row).filter(|c| c.len() == 8) {
+                cols = c;
+            }
+        }),
+    )
+    .await;
+    let reading = match ran {
+        Ok(Ok(None)) if conn.conv.is_clean() => share::parse(&cols.iter().map(|c| c.as_deref()).collect::<Vec<_>>()),
+        _ => None,
+    };
+    let mut st = pool.state.lock();
+    st.fleet.busy -= 1;
+    let Some(reading) = reading else {
+        tracing::warn!(database = %pool.key.database, user = %pool.key.user, "fleet share query failed; closing its server");
+        st.fleet.beacon = None;
+        conn.close(CloseReason::CheckFailed);
+        pool.want_connects(&mut st);
+        return SLOW;
+    };
+    st.fleet.beacon = Some(conn.id);
+    let now = Instant::now();
+    pool.hand_over(&mut st, conn, now);
+    let refusals = pool.metrics.connect_refusals_total();
+    let refused = std::mem::replace(&mut st.fleet.refusals_seen, refusals) != refusals;
+    let verdict = share::judge(&reading, me);
+    apply(&pool, &mut st, verdict, refused, now)
+}
+
+/// Takes the verdict: the share enforced while the fleet is at its limit,
+/// idle servers above it closed, connects up to it started.
+fn apply(pool: &Arc<Pool>, st: &mut State, verdict: Option<share::Verdict>, refused: bool, now: Instant) -> Duration {
+    let Some(v) = verdict else {
+        st.fleet.cap = None;
+        pool.metrics.set_fleet(0, 0);
+        return SLOW;
+    };
+    if v.at_limit || refused {
+        st.fleet.limited_until = Some(now + HOLD);
+    }
+    let limited = st.fleet.limited_until.is_some_and(|t| t > now);
+    st.fleet.cap = limited.then_some(v.share);
+    pool.metrics.set_fleet(v.share.into(), v.instances.into());
+    let mut doomed = Vec::new();
+    if limited {
+        // The bottom of the idle stack waited longest.
+        while st.total() > v.share {
+            let beacon = st.fleet.beacon;
+            let Some(i) = st.idle.iter().position(|c| Some(c.id) != beacon) else { break };
+            doomed.push(st.idle.remove(i));
+        }
+    }
+    let above = st.total() > v.share;
+    pool.want_connects(st);
+    for conn in doomed {
+        conn.close(CloseReason::FleetShare);
+    }
+    if limited || above || !st.waiters.is_empty() {
+        FAST
+    } else {
+        SLOW
+    }
+}
+
+/// A server for the fleet query: the beacon if idle, else (no beacon) the
+/// top idle one, else the next released (the beacon for up to
+/// `BEACON_WAIT`). None: none came within a period.
+async fn take_server(pool: &Arc<Pool>) -> Option<Box<ServerConn>> {
+    let rx = {
+        let mut st = pool.state.lock();
+        let now = Instant::now();
+        let beacon = st.fleet.beacon;
+        let at = match beacon {
+            Some(b) => st.idle.iter().position(|c| c.id == b),
+            None => st.idle.len().checked_sub(1),
+        };
+        if let Some(i) = at {
+            let mut conn = st.idle.remove(i);
+            if State::unusable(&mut conn, now).is_none() {
+                st.fleet.busy += 1;
+                return Some(conn);
+            }
+            drop(st);
+            pool.discard(conn, CloseReason::ServerClosed);
+            return None;
+        }
+        let (tx, rx) = oneshot::channel();
+        st.fleet.claim = Some((tx, now));
+        rx
+    };
+    let mut rx = rx;
+    tokio::select! {
+        got = &mut rx => got.ok(),
+        _ = tokio::time::sleep(SLOW) => {
+            // The claim is taken under the lock when a server is sent: if it
+            // is gone, the server is in the channel already.
+            let unclaimed = {
+                let mut st = pool.state.lock();
+                let unclaimed = st.fleet.claim.take().is_some();
+                if unclaimed {
+                    st.fleet.beacon = None;
+                }
+                unclaimed
+            };
+            if unclaimed {
+                return None;
+            }
+            rx.await.ok()
+        }
+    }
+}
+
+/// A DataRow's columns as text (None: NULL); None if it is malformed.
+fn text_columns(body: &[u8]) -> Option<Vec<Option<String>>> {
+    let (count, mut rest) = body.split_first_chunk::<2>()?;
+    let mut cols = Vec::new();
+    for _ in 0..i16::from_be_bytes(*count) {
+        let (len, after) = rest.split_first_chunk::<4>()?;
+        let len = i32::from_be_bytes(*len);
+        if len < 0 {
+            cols.push(None);
+            rest = after;
+            continue;
+        }
+        let len = len as usize;
+        if after.len() < len {
+            return None;
+        }
+        cols.push(Some(String::from_utf8_lossy(&after[..len]).into_owned()));
+        rest = &after[len..];
+    }
+    Some(cols)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_row_columns_with_nulls() {
+        let mut row = 3i16.to_be_bytes().to_vec();
+        row.extend_from_slice(&2i32.to_be_bytes());
+        row.extend_from_slice(b"12");
+        row.extend_from_slice(&(-1i32).to_be_bytes());
+        row.extend_from_slice(&0i32.to_be_bytes());
+        assert_eq!(text_columns(&row), Some(vec![Some("12".into()), None, Some(String::new())]));
+        assert_eq!(text_columns(&row[..5]), None, "truncated");
+    }
+
+    #[test]
+    fn the_instance_id_is_fixed_and_fits_the_key() {
+        let id = instance_id();
+        assert_eq!(id, instance_id());
+        assert!(id > 0 && id <= 0xff_ffff);
+    }
+}
