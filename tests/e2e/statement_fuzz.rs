@@ -187,8 +187,10 @@ fn masked(tag: u8, body: &[u8]) -> String {
     }
 }
 
-/// The three places a case runs: Postgres directly, and weir in front of
-/// the same Postgres in session and in transaction mode.
+/// The places a case runs: Postgres directly, and weir in front of the same
+/// Postgres in session and in transaction mode, the latter with unnamed
+/// statements served from server-side ones from their second Parse (the
+/// default) and from their first.
 struct Bench {
     pg: std::sync::Arc<PgServer>,
     direct: Target,
@@ -197,13 +199,15 @@ struct Bench {
 
 impl Bench {
     async fn start() -> Bench {
-        let first = Harness::start(opts("session")).await;
+        let first = Harness::start(opts("session", 2)).await;
         let pg = first.pg.clone();
-        let second = Harness::start_with(pg.clone(), opts("transaction")).await;
+        let second = Harness::start_with(pg.clone(), opts("transaction", 2)).await;
+        let third = Harness::start_with(pg.clone(), opts("transaction", 1)).await;
         let direct = Target { addr: format!("127.0.0.1:{}", pg.port()).parse().unwrap(), name: "direct" };
         let modes = vec![
             (Target { addr: first.addr(), name: "session" }, first),
             (Target { addr: second.addr(), name: "transaction" }, second),
+            (Target { addr: third.addr(), name: "transaction, unnamed prepared at once" }, third),
         ];
         Bench { pg, direct, modes }
     }
@@ -272,13 +276,13 @@ impl Bench {
     }
 }
 
-fn opts(mode: &'static str) -> Opts {
+fn opts(mode: &'static str, prepare_unnamed_after: u32) -> Opts {
     Opts {
         pool_size: CLIENTS as u32,
         pool_mode: mode,
         auth_type: "trust",
         // A small cache, so that statements are evicted and prepared again.
-        general: "max_prepared_statements = 3\n".into(),
+        general: format!("max_prepared_statements = 3\nprepare_unnamed_after = {prepare_unnamed_after}\n"),
         ..Opts::default()
     }
 }

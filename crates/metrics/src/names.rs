@@ -68,6 +68,15 @@ pub const TRANSACTION_DURATION_SECONDS: &str = "weir_transaction_duration_second
 pub const PREPARED_STATEMENTS_CLIENT_PARSES_TOTAL: &str = "weir_prepared_statements_client_parses_total";
 /// Counter (database,user): Parse messages sent to servers.
 pub const PREPARED_STATEMENTS_SERVER_PARSES_TOTAL: &str = "weir_prepared_statements_server_parses_total";
+/// Counter (database,user): unnamed Parse messages answered from a
+/// statement the server already had prepared under weir's name.
+pub const PREPARED_STATEMENTS_UNNAMED_HITS_TOTAL: &str = "weir_prepared_statements_unnamed_hits_total";
+/// Counter (database,user): unnamed Parse messages sent to the server as a
+/// Parse of weir's named statement (prepared there from then on).
+pub const PREPARED_STATEMENTS_UNNAMED_PREPARES_TOTAL: &str = "weir_prepared_statements_unnamed_prepares_total";
+/// Counter (database,user): weir's statements closed on a server to keep its
+/// cache within max_prepared_statements.
+pub const PREPARED_STATEMENTS_EVICTIONS_TOTAL: &str = "weir_prepared_statements_evictions_total";
 /// Counter (database,user): sessions pinned to a server connection.
 pub const PINNED_SESSIONS_TOTAL: &str = "weir_pinned_sessions_total";
 /// Counter (database,user): session-settings read-backs that failed (the
@@ -152,6 +161,17 @@ pub const ALL: &[(&str, Kind, &str)] = &[
     (TRANSACTION_DURATION_SECONDS, Kind::Histogram, "Transaction duration."),
     (PREPARED_STATEMENTS_CLIENT_PARSES_TOTAL, Kind::Counter, "Parse messages received from clients."),
     (PREPARED_STATEMENTS_SERVER_PARSES_TOTAL, Kind::Counter, "Parse messages sent to servers."),
+    (
+        PREPARED_STATEMENTS_UNNAMED_HITS_TOTAL,
+        Kind::Counter,
+        "Unnamed Parse messages answered from a statement the server had prepared.",
+    ),
+    (
+        PREPARED_STATEMENTS_UNNAMED_PREPARES_TOTAL,
+        Kind::Counter,
+        "Unnamed Parse messages sent as a Parse of a server-side prepared statement.",
+    ),
+    (PREPARED_STATEMENTS_EVICTIONS_TOTAL, Kind::Counter, "Prepared statements closed to stay within the cache."),
     (PINNED_SESSIONS_TOTAL, Kind::Counter, "Client sessions pinned to one server connection."),
     (
         STALLED_PIPELINES_TOTAL,
@@ -206,6 +226,9 @@ pub const PER_POOL: &[&str] = &[
     TRANSACTION_DURATION_SECONDS,
     PREPARED_STATEMENTS_CLIENT_PARSES_TOTAL,
     PREPARED_STATEMENTS_SERVER_PARSES_TOTAL,
+    PREPARED_STATEMENTS_UNNAMED_HITS_TOTAL,
+    PREPARED_STATEMENTS_UNNAMED_PREPARES_TOTAL,
+    PREPARED_STATEMENTS_EVICTIONS_TOTAL,
     PINNED_SESSIONS_TOTAL,
     SETTINGS_UNFOLLOWED_TOTAL,
     POOL_SIZE,
@@ -264,7 +287,7 @@ mod tests {
             assert!(!help.is_empty());
             assert!(seen.insert(*name), "duplicate {name}");
         }
-        assert_eq!(ALL.len(), 35);
+        assert_eq!(ALL.len(), 38);
         assert_eq!(histogram_names().count(), 3);
         assert!(PER_POOL.iter().all(|n| lookup(n).is_some()));
     }

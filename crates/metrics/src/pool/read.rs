@@ -145,6 +145,21 @@ impl PoolMetrics {
         self.server_parses.load(R)
     }
 
+    /// Unnamed Parses answered from a statement the server had.
+    pub fn unnamed_hits(&self) -> u64 {
+        self.unnamed_hits.load(R)
+    }
+
+    /// Unnamed Parses sent as a Parse of weir's named statement.
+    pub fn unnamed_prepares(&self) -> u64 {
+        self.unnamed_prepares.load(R)
+    }
+
+    /// Statements closed to stay within a server's cache.
+    pub fn statement_evictions(&self) -> u64 {
+        self.evictions.load(R)
+    }
+
     /// Pinned sessions.
     pub fn pinned(&self) -> u64 {
         self.pinned.load(R)

@@ -104,6 +104,21 @@ impl PoolMetrics {
         self.server_parses.fetch_add(1, R);
     }
 
+    /// An unnamed Parse was answered from a statement the server had.
+    pub fn record_unnamed_hit(&self) {
+        self.unnamed_hits.fetch_add(1, R);
+    }
+
+    /// An unnamed Parse was sent as a Parse of weir's named statement.
+    pub fn record_unnamed_prepare(&self) {
+        self.unnamed_prepares.fetch_add(1, R);
+    }
+
+    /// weir closed `n` of its statements on a server to stay within its cache.
+    pub fn record_evictions(&self, n: u64) {
+        self.evictions.fetch_add(n, R);
+    }
+
     /// A pipeline was found stalled inside weir.
     pub fn record_stalled_pipeline(&self) {
         self.stalled.fetch_add(1, R);

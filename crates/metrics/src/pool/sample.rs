@@ -22,6 +22,9 @@ pub(crate) struct Sample {
     pub queries: u64,
     pub client_parses: u64,
     pub server_parses: u64,
+    pub unnamed_hits: u64,
+    pub unnamed_prepares: u64,
+    pub evictions: u64,
     pub pinned: u64,
     pub stalled: u64,
     pub settings_unfollowed: u64,
@@ -59,6 +62,9 @@ impl Sample {
         self.queries += o.queries;
         self.client_parses += o.client_parses;
         self.server_parses += o.server_parses;
+        self.unnamed_hits += o.unnamed_hits;
+        self.unnamed_prepares += o.unnamed_prepares;
+        self.evictions += o.evictions;
         self.pinned += o.pinned;
         self.stalled += o.stalled;
         self.settings_unfollowed += o.settings_unfollowed;
@@ -100,6 +106,9 @@ impl PoolMetrics {
             queries: self.queries(),
             client_parses: self.client_parses(),
             server_parses: self.server_parses(),
+            unnamed_hits: self.unnamed_hits(),
+            unnamed_prepares: self.unnamed_prepares(),
+            evictions: self.statement_evictions(),
             pinned: self.pinned(),
             stalled: self.stalled_pipelines(),
             settings_unfollowed: self.settings_unfollowed(),

@@ -81,8 +81,14 @@ impl<'a> Session<'a> {
         pool.stamps.canonicalize(&mut params);
         pool.stamps.canonicalize(&mut settings);
         let transaction = mode == PoolMode::Transaction;
-        let prepared =
-            ClientStatements::new(transaction, pool.settings().max_prepared_statements, pool.metrics.clone());
+        let pool_settings = pool.settings();
+        let mut prepared =
+            ClientStatements::new(transaction, pool_settings.max_prepared_statements, pool.metrics.clone());
+        // A search_path of its own resolves names unlike the pool's other
+        // clients: its unnamed statements are not shared.
+        if settings.get("search_path").is_none() {
+            prepared.prepare_unnamed_after(pool_settings.prepare_unnamed_after);
+        }
         Session {
             client,
             client_in,

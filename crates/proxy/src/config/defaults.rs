@@ -99,6 +99,9 @@ impl Default for General {
             max_message_size: MAX_MESSAGE_SIZE,
             // PgBouncer's current default.
             max_prepared_statements: 200,
+            // From a client's second Parse of the same unnamed statement: a
+            // query parsed once never leaves a statement on the server.
+            prepare_unnamed_after: 2,
             shutdown_timeout: Duration::from_secs(30),
             log_format: LogFormat::Text,
             log_connections: false,

@@ -269,6 +269,10 @@ pub struct General {
     /// Named prepared statements kept per server connection in transaction
     /// mode (PgBouncer's key); 0 turns prepared-statement tracking off.
     pub max_prepared_statements: u32,
+    /// Transaction mode: an unnamed statement a client has parsed this many
+    /// times (or one its server already holds) is served from weir's
+    /// server-side prepared statement; 0 turns that off.
+    pub prepare_unnamed_after: u32,
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
     pub log_format: LogFormat,
@@ -368,6 +372,7 @@ pub struct PoolSettings {
     pub client_deadline: Option<Duration>,
     pub max_waiting_clients: u32,
     pub max_prepared_statements: u32,
+    pub prepare_unnamed_after: u32,
     pub max_user_connections: u32,
     /// Share the budget Postgres gives the pool's role and database fairly
     /// with the other weirs in front of it (`pool::fleet`).
@@ -468,6 +473,7 @@ impl Config {
             client_deadline: db.client_deadline.or(g.client_deadline),
             max_waiting_clients: db.max_waiting_clients.unwrap_or(g.max_waiting_clients),
             max_prepared_statements: g.max_prepared_statements,
+            prepare_unnamed_after: g.prepare_unnamed_after,
             max_user_connections: u.max_user_connections.unwrap_or(g.max_user_connections),
             fleet_share: db.fleet_share.unwrap_or(g.fleet_share),
             auto,

@@ -26,10 +26,15 @@
 //!   name the client holds gets Postgres's own 42P05 (weir sends it to the
 //!   server under the held statement's name and renames the error), a Parse
 //!   in a failed transaction gets the server's 25P02;
+//! * the client's unnamed statement (`unnamed.rs`): one whose text the
+//!   client parses again (or its server already holds) is weir's statement
+//!   for that text, prepared once per server; any other is remembered so
+//!   that a Bind of it after the lease ends works on the next server;
 //! * pinning: a client that used LISTEN, a session advisory lock, WITH HOLD
 //!   cursors, SQL PREPARE or temporary tables keeps its server connection.
 //!
-//! A client that never names a statement is never tracked: its bytes pass
+//! A client that never names a statement (nor, with unnamed statements
+//! shared, sends an unnamed Parse) is never tracked: its bytes pass
 //! through untouched, apart from a look at the head of each query's text
 //! and at message headers, which keep the reply queue (what the server
 //! still owes it; a word of 4-bit kinds while untracked, `owed.rs`). Tracking starts at its first named Parse, wherever that
@@ -43,6 +48,7 @@ mod owed;
 mod sql;
 #[cfg(test)]
 mod tests;
+mod unnamed;
 
 #[cfg(test)]
 pub use outbound::HOLD_FOR_TEST;
@@ -54,7 +60,7 @@ use bytes::{Bytes, BytesMut};
 use sha2::{Digest, Sha256};
 use weir_metrics::PoolMetrics;
 
-use crate::protocol::{extended, tags::status};
+use crate::protocol::{extended, tags::status, HEADER_LEN};
 use crate::server::statements::ServerStatements;
 use crate::server::Conversation;
 
@@ -86,6 +92,12 @@ impl Statement {
         extended::parse(&mut parse, &weir, query, param_types);
         let sets = sql::classify(query) == sql::Sql::SessionSet;
         Statement { weir, parse: parse.freeze(), sets }
+    }
+
+    /// Its query text, NUL, and parameter-type section: an unnamed Parse's
+    /// body after its empty name, byte for byte, when it is the same.
+    fn text(&self) -> &[u8] {
+        &self.parse[HEADER_LEN + self.weir.len() + 1..]
     }
 }
 
@@ -124,6 +136,14 @@ enum Expect {
     Sync,
     /// A simple Query or FunctionCall: answered up to ReadyForQuery.
     Query,
+    /// An unnamed Parse replaced the client's unnamed statement `prior`
+    /// (`raw`: sent to the server as its own unnamed statement in this
+    /// lease). No reply: popped when it reaches the head; if the Parse is
+    /// skipped, `prior` is the client's unnamed statement again.
+    Unnamed {
+        prior: Arc<Statement>,
+        raw: bool,
+    },
     /// The client's Parse of a statement already on the server: weir answers.
     FakeParse {
         client: Vec<u8>,
@@ -148,7 +168,11 @@ impl Expect {
     fn is_synthetic(&self) -> bool {
         matches!(
             self,
-            Expect::FakeParse { .. } | Expect::FakeClose { .. } | Expect::FakeDeallocate { .. } | Expect::CopyEnd
+            Expect::FakeParse { .. }
+                | Expect::FakeClose { .. }
+                | Expect::FakeDeallocate { .. }
+                | Expect::CopyEnd
+                | Expect::Unnamed { .. }
         )
     }
 }
@@ -160,6 +184,13 @@ struct Queues {
     /// The queue while the client is not tracked (`expect` is empty until
     /// then): becomes `expect`, entry for entry, when tracking starts.
     owed: owed::Owed,
+    /// Unnamed statements this client parsed lately (`unnamed.rs`).
+    recent: Vec<unnamed::Seen>,
+    /// prepare_unnamed_after for this client (0: off).
+    hot: u32,
+    /// The client's unnamed statement is the server's own unnamed
+    /// statement, parsed as it was sent in this lease.
+    unnamed_raw: bool,
 }
 
 /// `ClientStatements::lease`: a statement sent during this lease may have
@@ -226,6 +257,21 @@ impl ClientStatements {
         self.pinned
     }
 
+    /// Unnamed statements this client parses `after` times are served from
+    /// weir's server-side statements (0: never). Off when statements are
+    /// not tracked, or when the client's session names objects differently
+    /// from other clients' (its own search_path).
+    pub fn prepare_unnamed_after(&mut self, after: u32) {
+        self.q.hot = if self.max > 0 { after } else { 0 };
+    }
+
+    /// This client changed a setting: its statements may resolve names
+    /// differently from other clients' from now on, so its unnamed
+    /// statements are no longer shared.
+    fn unshare_unnamed(&mut self) {
+        self.q.hot = 0;
+    }
+
     /// Whether a statement of this lease may have changed an unreported
     /// session setting (the session then reads them back); clears it.
     pub fn take_settings_touched(&mut self) -> bool {
@@ -257,6 +303,8 @@ impl ClientStatements {
         server.begin_lease();
         self.q.expect.clear();
         self.q.owed.clear();
+        // This server's unnamed statement is not the client's.
+        self.q.unnamed_raw = false;
         self.lease &= !SKIPPING;
         self.reply_partial = 0;
         self.status = conv.status();
@@ -294,6 +342,7 @@ impl ClientStatements {
     }
 
     fn pin(&mut self, why: &'static str) {
+        self.unshare_unnamed();
         if self.pinned.is_none() {
             crate::span::client_event!(
                 info,
@@ -329,6 +378,10 @@ impl ClientStatements {
                 self.statements.entry(client).or_insert(stmt);
             }
             Expect::Close { evicted: Some(w), .. } => server.mark_uncertain(w),
+            Expect::Unnamed { prior, raw } => {
+                self.statements.insert(Vec::new(), prior);
+                self.q.unnamed_raw = raw;
+            }
             _ => {}
         }
     }

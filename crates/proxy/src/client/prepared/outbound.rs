@@ -31,7 +31,7 @@ pub const HOLD_FOR_TEST: &[u8] = b"/* weir test: hold */";
 pub const MAX_TRACKED_PARSE: usize = 128 * 1024;
 
 /// What to do with the message at hand.
-enum Step {
+pub(super) enum Step {
     /// Handled whole; go on after it.
     Next,
     /// Its head was handled; the rest streams through as it comes.
@@ -43,24 +43,24 @@ enum Step {
 }
 
 /// One message at the cursor: its tag, its bytes at hand, its full length.
-struct Msg<'a> {
-    tag: u8,
-    bytes: &'a [u8],
-    total: usize,
-    at: usize,
+pub(super) struct Msg<'a> {
+    pub(super) tag: u8,
+    pub(super) bytes: &'a [u8],
+    pub(super) total: usize,
+    pub(super) at: usize,
 }
 
 impl Msg<'_> {
-    fn whole(&self) -> bool {
+    pub(super) fn whole(&self) -> bool {
         self.bytes.len() >= self.total
     }
 
-    fn body(&self) -> &[u8] {
+    pub(super) fn body(&self) -> &[u8] {
         &self.bytes[HEADER_LEN..]
     }
 
     /// Enough of a long message's head to classify its query text.
-    fn head_ready(&self) -> bool {
+    pub(super) fn head_ready(&self) -> bool {
         self.whole() || self.bytes.len() >= HEADER_LEN + INSPECT_LIMIT + 256
     }
 }
@@ -164,7 +164,7 @@ impl ClientStatements {
             fe::QUERY if m.head_ready() => m.body(),
             fe::PARSE if m.head_ready() => {
                 let name = extended::parse_name(m.body())?;
-                if !name.is_empty() && self.max > 0 {
+                if (!name.is_empty() || self.q.hot > 0) && self.max > 0 {
                     return Ok(self.start_tracking(conv));
                 }
                 let text = &m.body()[name.len() + 1..];
@@ -181,7 +181,10 @@ impl ClientStatements {
                 server.mark_all_uncertain();
             }
             Sql::Ddl => self.saw_ddl(),
-            Sql::SessionSet => self.lease |= TOUCHED_SETTINGS,
+            Sql::SessionSet => {
+                self.lease |= TOUCHED_SETTINGS;
+                self.unshare_unnamed();
+            }
             Sql::Other | Sql::Deallocate(_) => {}
         }
         Ok(self.passed(m, copy_in))
@@ -241,6 +244,9 @@ impl ClientStatements {
         rw: &mut Rewrite,
     ) -> Result<Step, ProtocolError> {
         let name = extended::parse_name(m.body())?;
+        if name.is_empty() && self.max > 0 {
+            return self.on_unnamed_parse(m, src, server, rw);
+        }
         if name.is_empty() || self.max == 0 {
             if !m.head_ready() {
                 return Ok(Step::Wait);
@@ -326,7 +332,7 @@ impl ClientStatements {
         let Some(head) = extended::read_bind_head(m.bytes)? else {
             return Ok(if m.whole() { self.pass(m, Expect::Bind { managed: false }) } else { Step::Wait });
         };
-        let Some(stmt) = self.statements.get(head.statement).cloned() else {
+        let Some(stmt) = self.managed(head.statement) else {
             return Ok(self.pass(m, Expect::Bind { managed: false }));
         };
         if stmt.sets {
@@ -347,7 +353,7 @@ impl ClientStatements {
         rw: &mut Rewrite,
     ) -> Result<Step, ProtocolError> {
         let stmt = match extended::read_target(m.body()) {
-            Ok((TARGET_STATEMENT, name)) => self.statements.get(name).cloned(),
+            Ok((TARGET_STATEMENT, name)) => self.managed(name),
             _ => None,
         };
         let managed = stmt.is_some();
@@ -362,7 +368,10 @@ impl ClientStatements {
 
     fn on_close(&mut self, m: &Msg<'_>, src: &[u8], rw: &mut Rewrite) -> Result<Step, ProtocolError> {
         if let Ok((TARGET_STATEMENT, name)) = extended::read_target(m.body()) {
-            if let Some(stmt) = self.statements.remove(name) {
+            if name.is_empty() && self.q.unnamed_raw {
+                // The server's own unnamed statement: its Close answers.
+                self.statements.remove(name);
+            } else if let Some(stmt) = self.statements.remove(name) {
                 // The server-side statement stays: other clients may share it.
                 rw.splice(src, m.at, m.total, &[]);
                 self.q.expect.push_back(Expect::FakeClose { client: name.to_vec(), stmt });
@@ -382,6 +391,8 @@ impl ClientStatements {
         if !m.head_ready() {
             return Ok(Step::Wait);
         }
+        // A simple query drops the unnamed statement.
+        self.statements.remove(&[][..]);
         if let (true, Sql::Deallocate(name)) = (m.whole(), classify(m.body())) {
             if let Some(stmt) = self.statements.remove(&name) {
                 rw.splice(src, m.at, m.total, &[]);
@@ -394,7 +405,7 @@ impl ClientStatements {
     }
 
     /// Acts on what a tracked query's text means for pooling.
-    fn look_at(&mut self, text: &[u8], server: &mut ServerStatements) {
+    pub(super) fn look_at(&mut self, text: &[u8], server: &mut ServerStatements) {
         match classify(text) {
             Sql::Pins(why) => self.pin(why),
             Sql::DropsAll => {
@@ -403,7 +414,10 @@ impl ClientStatements {
                 server.mark_all_uncertain();
             }
             Sql::Ddl => self.saw_ddl(),
-            Sql::SessionSet => self.lease |= TOUCHED_SETTINGS,
+            Sql::SessionSet => {
+                self.lease |= TOUCHED_SETTINGS;
+                self.unshare_unnamed();
+            }
             _ => {}
         }
     }
@@ -454,7 +468,7 @@ impl ClientStatements {
     /// The messages that prepare `stmt` on the server: closes first (see
     /// `prelude`), then its Parse, answered to the client only when it is the
     /// client's own (`client`).
-    fn server_parse(
+    pub(super) fn server_parse(
         &mut self,
         stmt: &Arc<Statement>,
         server: &mut ServerStatements,
@@ -478,7 +492,11 @@ impl ClientStatements {
             // Uncertain again if this Close is skipped or never answered.
             self.q.expect.push_back(Expect::Close { pass: false, evicted: Some(weir.clone()) });
         }
-        for old in server.insert(weir.clone(), self.max as usize) {
+        let evicted = server.insert(weir.clone(), self.max as usize);
+        if !evicted.is_empty() {
+            self.metrics.record_evictions(evicted.len() as u64);
+        }
+        for old in evicted {
             extended::target(pre, fe::CLOSE, TARGET_STATEMENT, &old);
             self.q.expect.push_back(Expect::Close { pass: false, evicted: Some(old) });
         }
@@ -506,7 +524,7 @@ fn owed_for(tag: u8, copy_in: &mut bool) -> Option<Expect> {
     })
 }
 
-fn next_or_stream(m: &Msg<'_>) -> Step {
+pub(super) fn next_or_stream(m: &Msg<'_>) -> Step {
     if m.whole() {
         Step::Next
     } else {

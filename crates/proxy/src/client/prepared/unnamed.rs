@@ -1,0 +1,132 @@
+//! The client's unnamed statement (a Parse with an empty name) in
+//! transaction mode. Postgres keeps it until the next unnamed Parse or
+//! simple query; weir keeps the client's view of it in the statement map
+//! under the empty name, as one of:
+//!
+//! * weir's statement for its text (`weir_<hash>`, shared like named ones):
+//!   when the client has parsed that text `prepare_unnamed_after` times
+//!   lately, or its server already holds it. The Parse is answered by weir
+//!   (the server has it) or sent as a Parse of weir's name; Bind, Describe
+//!   and Close of the unnamed statement use weir's name, and it is prepared
+//!   on whichever server the client gets next. Unnamed portals stay unnamed.
+//! * the server's own unnamed statement (`unnamed_raw`), sent as it came:
+//!   used as it is in this lease, and as weir's statement (prepared first)
+//!   by a Bind or Describe in a later lease, on whatever server that is.
+//!
+//! Only text that parsed is kept (a failed Parse is undone), only text that
+//! touches nothing weir follows (plain `Sql::Other`), and only for a client
+//! whose settings resolve names as the pool's other clients do (no
+//! search_path of its own, no SET, no SET ROLE): statements are shared by
+//! text, and must never be planned under another client's settings.
+
+use std::sync::Arc;
+
+use super::outbound::{next_or_stream, Msg, Step, MAX_TRACKED_PARSE};
+use super::sql::{classify, Sql};
+use super::{ClientStatements, Expect, Rewrite, Statement};
+use crate::protocol::{extended, tags::status, ProtocolError};
+use crate::server::statements::ServerStatements;
+
+/// Unnamed statement texts a client keeps count of, most recent first.
+const RECENT: usize = 16;
+
+/// The client's map key for its unnamed statement.
+const UNNAMED: &[u8] = b"";
+
+/// An unnamed statement text a client parsed lately, and how many times.
+#[derive(Debug)]
+pub(super) struct Seen {
+    stmt: Arc<Statement>,
+    epoch: u64,
+    count: u32,
+}
+
+impl ClientStatements {
+    /// The client's statement behind `name` as weir names it on servers;
+    /// None for the server's own unnamed statement of this lease.
+    pub(super) fn managed(&self, name: &[u8]) -> Option<Arc<Statement>> {
+        if name.is_empty() && self.q.unnamed_raw {
+            return None;
+        }
+        self.statements.get(name).cloned()
+    }
+
+    /// An unnamed Parse (statements are tracked).
+    pub(super) fn on_unnamed_parse(
+        &mut self,
+        m: &Msg<'_>,
+        src: &[u8],
+        server: &mut ServerStatements,
+        rw: &mut Rewrite,
+    ) -> Result<Step, ProtocolError> {
+        if !m.head_ready() {
+            return Ok(Step::Wait);
+        }
+        let body = m.body();
+        // Postgres drops the unnamed statement before it parses the new
+        // one; if this Parse is skipped, the old one stays.
+        if let Some(prior) = self.statements.remove(UNNAMED) {
+            self.q.expect.push_back(Expect::Unnamed { prior, raw: self.q.unnamed_raw });
+        }
+        let plain = self.q.hot > 0
+            && m.whole()
+            && m.total <= MAX_TRACKED_PARSE
+            && self.status != status::FAILED
+            && classify(&body[1..]) == Sql::Other;
+        let Some((stmt, hot)) = plain.then(|| self.sighting(body, server)).flatten() else {
+            self.look_at(&body[1..], server);
+            self.q.expect.push_back(Expect::Parse { pass: true, weir: None, client: None });
+            return Ok(next_or_stream(m));
+        };
+        self.statements.insert(UNNAMED.to_vec(), stmt.clone());
+        self.q.unnamed_raw = !hot;
+        let client = Some((UNNAMED.to_vec(), stmt.clone()));
+        if !hot {
+            self.q.expect.push_back(Expect::Parse { pass: true, weir: None, client });
+            return Ok(Step::Next);
+        }
+        if server.contains(&stmt.weir) {
+            server.touch(&stmt.weir);
+            self.metrics.record_unnamed_hit();
+            rw.splice(src, m.at, m.total, &[]);
+            self.q.expect.push_back(Expect::FakeParse { client: UNNAMED.to_vec(), stmt });
+            return Ok(Step::Next);
+        }
+        self.metrics.record_unnamed_prepare();
+        let parse = self.server_parse(&stmt, server, client);
+        rw.splice(src, m.at, m.total, &parse);
+        Ok(Step::Next)
+    }
+
+    /// Counts a sighting of the unnamed Parse `body`: weir's statement for
+    /// it, and whether it is hot (parsed often enough lately, or already on
+    /// this server). None for a malformed body (the server answers it).
+    fn sighting(&mut self, body: &[u8], server: &ServerStatements) -> Option<(Arc<Statement>, bool)> {
+        let text = &body[1..];
+        let epoch = self.metrics.statements_epoch();
+        let recent = &mut self.q.recent;
+        let count = match recent.iter().position(|s| s.stmt.text() == text) {
+            Some(i) => {
+                recent[..=i].rotate_right(1);
+                recent[0].count.saturating_add(1)
+            }
+            None => {
+                recent.truncate(RECENT - 1);
+                let p = extended::read_parse(body).ok()?;
+                let stmt = Arc::new(Statement::new(p.query, p.param_types, epoch));
+                recent.insert(0, Seen { stmt, epoch, count: 0 });
+                1
+            }
+        };
+        let seen = &mut recent[0];
+        seen.count = count;
+        if seen.epoch != epoch {
+            // A new generation: the same text, a statement of its own.
+            let p = extended::read_parse(body).ok()?;
+            seen.stmt = Arc::new(Statement::new(p.query, p.param_types, epoch));
+            seen.epoch = epoch;
+        }
+        let hot = count >= self.q.hot || server.contains(&seen.stmt.weir);
+        Some((seen.stmt.clone(), hot))
+    }
+}
