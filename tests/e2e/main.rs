@@ -43,4 +43,5 @@ mod settings;
 mod signals;
 mod smoke;
 mod statement_fuzz;
+mod threads;
 mod tls;

@@ -13,7 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use weir_testkit::{APP_DB, MD5_PASS, MD5_USER};
 
-use super::targets::{Kind, Target};
+use super::targets::{Id, Kind, Target};
 
 /// Logins in flight at once.
 const CONCURRENCY: usize = 64;
@@ -22,7 +22,7 @@ const SETTLE: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Clone)]
 pub struct IdleCell {
-    pub kind: Kind,
+    pub id: Id,
     pub clients: usize,
     pub rss_before_kib: u64,
     pub rss_after_kib: u64,
@@ -47,7 +47,7 @@ pub fn run(targets: &[Target], clients: usize) -> anyhow::Result<Vec<IdleCell>> 
         std::thread::sleep(SETTLE);
         let after = t.rss_kib().context("reading the proxy's RSS")?;
         rt.block_on(check_some(conns.iter().step_by((clients / 10).max(1)).count(), t.port))?;
-        let cell = IdleCell { kind: t.kind, clients, rss_before_kib: before, rss_after_kib: after, login_secs };
+        let cell = IdleCell { id: t.id(), clients, rss_before_kib: before, rss_after_kib: after, login_secs };
         eprintln!(
             "   {}: RSS {} → {} KiB, {:.0} bytes per idle client (logins took {login_secs:.1} s)",
             t.label(),

@@ -14,13 +14,14 @@ use weir_testkit::PgServer;
 use super::env::{first_line, workspace_root};
 use super::idle::IdleCell;
 use super::opts::Opts;
+use super::report_rows;
 use super::stream::StreamResult;
-use super::targets::{Kind, Target, POOL_SIZE};
-use super::workloads::{Cell, Row};
+use super::targets::{Id, Kind, Target, POOL_SIZE};
+use super::workloads::Row;
 
 pub struct Results {
     pub header: String,
-    pub kinds: Vec<Kind>,
+    pub ids: Vec<Id>,
     pub rows: Vec<Row>,
     pub stream: Option<StreamResult>,
     pub idle: Option<Vec<IdleCell>>,
@@ -28,9 +29,12 @@ pub struct Results {
 }
 
 impl Results {
-    pub fn new(opts: &Opts, pg: &PgServer, pgbouncer: Option<&Path>, targets: &[Target]) -> Results {
+    /// `poolers`: the PgBouncer and pg_doorman binaries run, if any.
+    pub fn new(opts: &Opts, pg: &PgServer, poolers: [Option<&Path>; 2], targets: &[Target]) -> Results {
         let pg_version = pg.psql("postgres", "show server_version").unwrap_or_else(|_| "?".into());
+        let [pgbouncer, doorman] = poolers;
         let pgb = pgbouncer.map(|b| first_line(&b.display().to_string(), &["--version"]));
+        let doorman = doorman.map(|b| first_line(&b.display().to_string(), &["--version"]));
         let rev = first_line("git", &["-C", &workspace_root().display().to_string(), "rev-parse", "--short", "HEAD"]);
         let cpu = std::fs::read_to_string("/proc/cpuinfo")
             .ok()
@@ -45,21 +49,29 @@ impl Results {
         let _ = writeln!(h, "- command: `{}`", opts.command);
         let _ = writeln!(
             h,
-            "- machine: {cores} cores ({cpu}); Postgres {pg_version}; {}; weir at git {rev} (release binary)",
+            "- machine: {cores} cores ({cpu}); Postgres {pg_version}; {}; {}; weir at git {rev} (release binary)",
             pgb.unwrap_or_else(|| if opts.want(Kind::PgBouncer) {
                 "PgBouncer not installed: skipped".into()
             } else {
                 "PgBouncer not run".into()
-            })
+            }),
+            doorman.unwrap_or_else(|| "pg_doorman not run (--doorman-bin)".into())
         );
         let _ = writeln!(
             h,
-            "- setup: pool {POOL_SIZE}, transaction mode, md5 client auth for all three targets; pgbench scale {}, -j 2; \
-             {} interleaved rounds per workload (A B C A B C …), medians; headline runs {} s, others {} s",
+            "- setup: pool {POOL_SIZE}, transaction mode, md5 client auth for every target; pgbench scale {}, -j 2; \
+             {} interleaved rounds per workload (A B C A B C …), medians; headline runs {} s, others {} s; \
+             worker threads for weir and pg_doorman: {}{}",
             opts.scale,
             opts.rounds,
             opts.duration,
-            opts.short_duration()
+            opts.short_duration(),
+            opts.threads.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
+            if opts.busy_neighbour {
+                "; rows marked \"busy neighbour\" ran beside a thread of the bench spinning on one core"
+            } else {
+                ""
+            }
         );
         let _ = writeln!(
             h,
@@ -68,7 +80,7 @@ impl Results {
         );
         Results {
             header: h,
-            kinds: targets.iter().map(|t| t.kind).collect(),
+            ids: targets.iter().map(Target::id).collect(),
             rows: vec![],
             stream: None,
             idle: None,
@@ -106,11 +118,11 @@ fn plot(json: &Path, png: &Path) {
 }
 
 fn markdown(r: &Results) -> String {
-    let mut s = String::from("# weir vs PgBouncer vs direct Postgres\n\n");
+    let mut s = String::from("# weir vs PgBouncer vs pg_doorman vs direct Postgres\n\n");
     s.push_str(&r.header);
     let _ = writeln!(s, "- total bench time: {:.0} s\n", r.elapsed.as_secs_f64());
-    throughput_table(&mut s, r);
-    cost_table(&mut s, r);
+    report_rows::throughput_table(&mut s, r);
+    report_rows::cost_table(&mut s, r);
     stream_table(&mut s, r);
     idle_table(&mut s, r);
     targets_table(&mut s, r);
@@ -119,97 +131,7 @@ fn markdown(r: &Results) -> String {
 }
 
 fn has(r: &Results, k: Kind) -> bool {
-    r.kinds.contains(&k)
-}
-
-fn tps(c: Option<&Cell>) -> String {
-    match c {
-        None => "—".into(),
-        Some(c) if c.skipped.is_some() => "skipped".into(),
-        Some(c) if c.failure.is_some() && c.tps == 0.0 => "fails".into(),
-        Some(c) if c.failure.is_some() => format!("{:.0} (fails)", c.tps),
-        Some(c) => format!("{:.0}", c.tps),
-    }
-}
-
-fn lat(c: Option<&Cell>) -> String {
-    match c {
-        Some(c) if c.skipped.is_none() && c.tps > 0.0 => {
-            format!("{:.3} / {:.3}", c.avg_ms, c.p99_ms)
-        }
-        _ => "—".into(),
-    }
-}
-
-fn ratio(a: Option<f64>, b: Option<f64>) -> String {
-    match (a, b) {
-        (Some(a), Some(b)) if b > 0.0 && a > 0.0 => format!("{:.2}×", a / b),
-        _ => "—".into(),
-    }
-}
-
-fn ok_tps(c: Option<&Cell>) -> Option<f64> {
-    c.filter(|c| c.failure.is_none() && c.skipped.is_none()).map(|c| c.tps)
-}
-
-fn throughput_table(s: &mut String, r: &Results) {
-    s.push_str("## Throughput and latency (medians)\n\n");
-    s.push_str("| workload | direct TPS | weir TPS | PgBouncer TPS | weir ÷ PgBouncer | direct avg / p99 ms | weir avg / p99 ms | PgBouncer avg / p99 ms |\n");
-    s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|\n");
-    for row in &r.rows {
-        let (d, w, b) = (row.cell(Kind::Direct), row.cell(Kind::Weir), row.cell(Kind::PgBouncer));
-        let _ = writeln!(
-            s,
-            "| `{}` | {} | {} | {} | {} | {} | {} | {} |",
-            row.workload.title,
-            tps(d),
-            tps(w),
-            tps(b),
-            ratio(ok_tps(w), ok_tps(b)),
-            lat(d),
-            lat(w),
-            lat(b)
-        );
-    }
-    s.push('\n');
-}
-
-fn cost_table(s: &mut String, r: &Results) {
-    if !has(r, Kind::Weir) && !has(r, Kind::PgBouncer) {
-        return;
-    }
-    s.push_str("## Proxy cost (medians)\n\n");
-    s.push_str(
-        "CPU µs/txn is user + system time (user part in brackets; the system part is the kernel's socket work).\n\n",
-    );
-    s.push_str("| workload | weir CPU µs/txn | PgBouncer CPU µs/txn | weir ÷ PgBouncer | weir CPU (share of a core) | PgBouncer CPU (share of a core) | weir peak RSS MiB | PgBouncer peak RSS MiB |\n");
-    s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|\n");
-    let us = |c: Option<&Cell>| match c {
-        Some(Cell { cpu_us_per_txn: Some(v), user_us_per_txn: Some(u), .. }) => format!("{v:.1} ({u:.1})"),
-        _ => "—".into(),
-    };
-    let share = |c: Option<&Cell>| {
-        c.and_then(|c| c.cpu_share).map(|v| format!("{:.0}%", v * 100.0)).unwrap_or_else(|| "—".into())
-    };
-    let rss = |c: Option<&Cell>| {
-        c.and_then(|c| c.peak_rss_kib).map(|v| format!("{:.1}", v as f64 / 1024.0)).unwrap_or_else(|| "—".into())
-    };
-    for row in &r.rows {
-        let (w, b) = (row.cell(Kind::Weir), row.cell(Kind::PgBouncer));
-        let _ = writeln!(
-            s,
-            "| `{}` | {} | {} | {} | {} | {} | {} | {} |",
-            row.workload.title,
-            us(w),
-            us(b),
-            ratio(w.and_then(|c| c.cpu_us_per_txn), b.and_then(|c| c.cpu_us_per_txn)),
-            share(w),
-            share(b),
-            rss(w),
-            rss(b)
-        );
-    }
-    s.push('\n');
+    r.ids.iter().any(|i| i.kind == k)
 }
 
 fn stream_table(s: &mut String, r: &Results) {
@@ -218,7 +140,7 @@ fn stream_table(s: &mut String, r: &Results) {
     s.push_str("| target | MB/s | proxy CPU s per GB |\n|---|---:|---:|\n");
     for c in &st.cells {
         let cpu = c.cpu_s_per_gb.map(|v| format!("{v:.2}")).unwrap_or_else(|| "—".into());
-        let _ = writeln!(s, "| {} | {:.0} | {cpu} |", c.kind.label(), c.mb_per_s);
+        let _ = writeln!(s, "| {} | {:.0} | {cpu} |", c.id.label(), c.mb_per_s);
     }
     s.push('\n');
 }
@@ -232,7 +154,7 @@ fn idle_table(s: &mut String, r: &Results) {
         let _ = writeln!(
             s,
             "| {} | {:.1} | {:.1} | {:.0} | {:.1} |",
-            c.kind.label(),
+            c.id.label(),
             c.rss_before_kib as f64 / 1024.0,
             c.rss_after_kib as f64 / 1024.0,
             c.bytes_per_client(),
@@ -243,11 +165,13 @@ fn idle_table(s: &mut String, r: &Results) {
 }
 
 fn targets_table(s: &mut String, r: &Results) {
-    if !has(r, Kind::Weir) || !has(r, Kind::PgBouncer) {
-        s.push_str("_Targets vs PgBouncer not checked: PgBouncer was not part of this run._\n\n");
+    if !has(r, Kind::Weir) || !(has(r, Kind::PgBouncer) || has(r, Kind::Doorman)) {
+        s.push_str("_Targets not checked: neither PgBouncer nor pg_doorman was part of this run._\n\n");
         return;
     }
-    s.push_str("## Targets against PgBouncer (ratios from this run)\n\n| target | figure | met |\n|---|---|---|\n");
+    s.push_str(
+        "## Targets against PgBouncer and pg_doorman (ratios from this run)\n\n| target | figure | met |\n|---|---|---|\n",
+    );
     for (name, fig, met) in super::report_targets::check(r) {
         let _ = writeln!(s, "| {name} | {fig} | {} |", if met { "yes" } else { "**no**" });
     }
@@ -265,7 +189,7 @@ fn failures(s: &mut String, r: &Results) {
                 }
                 let _ = writeln!(s, "- `{}` via {}: {f}", row.workload.title, k.label());
             }
-            if let (Kind::Direct, Some(why)) = (k, c.skipped) {
+            if let (Kind::Direct, Some(why)) = (k.kind, c.skipped) {
                 let _ = writeln!(s, "- `{}` direct skipped: {why}", row.workload.title);
             }
         }

@@ -1,11 +1,14 @@
-//! The targets against PgBouncer, each checked as a ratio from this run
-//! and stated with its figures: (target, figures, met). The queued-load
-//! target asks for CPU per transaction and p99 latency both at or below
-//! PgBouncer's at `-c 1000`, simple and extended, in the same run: one row
-//! per mode and one for the four together.
+//! The targets against PgBouncer and pg_doorman, each checked as a ratio
+//! from this run and stated with its figures: (target, figures, met). The
+//! queued-load target asks for CPU per transaction and p99 latency both at
+//! or below PgBouncer's at `-c 1000`, simple and extended, in the same run:
+//! one row per mode and one for the four together. Against pg_doorman, weir
+//! at each thread count against pg_doorman at the same count: TPS on every
+//! row (1.05× on the extended `-S` rows) and CPU per transaction at or below.
+//! A busy-neighbour row is checked like its quiet row.
 
 use super::report::Results;
-use super::targets::Kind;
+use super::targets::{Id, Kind};
 use super::workloads::{Cell, Row};
 
 type Check = (String, String, bool);
@@ -20,7 +23,7 @@ pub fn check(r: &Results) -> Vec<Check> {
         ("S-c1000-simple", 1.0),
         ("S-c1000-extended", 1.0),
     ] {
-        if let Some((w, b, row)) = pair(r, id) {
+        for (w, b, row) in pairs(r, id) {
             let ratio = w.tps / b.tps;
             out.push((
                 format!("`{}` TPS ≥ {want:.2}× PgBouncer", row.workload.title),
@@ -29,8 +32,9 @@ pub fn check(r: &Results) -> Vec<Check> {
             ));
         }
     }
-    for id in ["S-c10-simple", "S-c10-extended", "S-c100-simple", "S-c100-extended", "S-c1000-simple", "tpcb-c10"] {
-        if let Some((w, b, row)) = pair(r, id) {
+    let cpu_rows = ["S-c10-simple", "S-c10-extended", "S-c100-simple", "S-c100-extended", "S-c1000-simple", "tpcb-c10"];
+    for id in cpu_rows {
+        for (w, b, row) in pairs(r, id) {
             if let (Some(wc), Some(bc)) = (w.cpu_us_per_txn, b.cpu_us_per_txn) {
                 let ratio = wc / bc;
                 out.push((
@@ -41,7 +45,18 @@ pub fn check(r: &Results) -> Vec<Check> {
             }
         }
     }
+    for (w, b, row) in pairs(r, "S-c10-simple") {
+        if let (Some(wc), Some(bc)) = (w.cpu_us_per_txn, b.cpu_us_per_txn) {
+            let (tps, cpu) = (w.tps / b.tps, wc / bc);
+            out.push((
+                format!("`{}` TPS ≥ 0.95× PgBouncer at ≤ 1.10× its CPU/txn", row.workload.title),
+                format!("{tps:.2}× TPS, {cpu:.2}× CPU ({wc:.1} vs {bc:.1} µs)"),
+                w.failure.is_none() && tps >= 0.95 && cpu <= 1.10,
+            ));
+        }
+    }
     out.extend(c1000_targets(r));
+    out.extend(doorman_targets(r));
     if let Some(row) = find(r, "S-c1-simple") {
         if let (Some(d), Some(w), Some(b)) =
             (ok(row.cell(Kind::Direct)), ok(row.cell(Kind::Weir)), ok(row.cell(Kind::PgBouncer)))
@@ -62,7 +77,7 @@ pub fn check(r: &Results) -> Vec<Check> {
         ));
     }
     if let Some(cells) = &r.idle {
-        let get = |k| cells.iter().find(|c| c.kind == k);
+        let get = |k| cells.iter().find(|c| c.id.kind == k);
         if let (Some(w), Some(b)) = (get(Kind::Weir), get(Kind::PgBouncer)) {
             out.push((
                 "memory per idle client ≤ PgBouncer's".into(),
@@ -108,6 +123,43 @@ fn find<'a>(r: &'a Results, id: &str) -> Option<&'a Row> {
 
 fn ok(c: Option<&Cell>) -> Option<&Cell> {
     c.filter(|c| c.skipped.is_none() && c.tps > 0.0)
+}
+
+/// weir against PgBouncer on the row `id` and on its busy-neighbour row.
+fn pairs<'a>(r: &'a Results, id: &str) -> Vec<(&'a Cell, &'a Cell, &'a Row)> {
+    let busy = format!("{id}+busy");
+    [pair(r, id), pair(r, &busy)].into_iter().flatten().collect()
+}
+
+/// weir at each thread count against pg_doorman at the same count, on every row.
+fn doorman_targets(r: &Results) -> Vec<Check> {
+    let mut out = vec![];
+    let weirs = r.ids.iter().filter(|i| i.kind == Kind::Weir);
+    for &w_id in weirs {
+        let d_id = Id { kind: Kind::Doorman, threads: w_id.threads };
+        if !r.ids.contains(&d_id) {
+            continue;
+        }
+        for row in &r.rows {
+            let (Some(w), Some(d)) = (ok(row.cell_of(w_id)), ok(row.cell_of(d_id))) else { continue };
+            let base = row.workload.id.trim_end_matches("+busy");
+            let want = if matches!(base, "S-c10-extended" | "S-c100-extended") { 1.05 } else { 1.0 };
+            let ratio = w.tps / d.tps;
+            out.push((
+                format!("`{}` {} TPS ≥ {want:.2}× {}", row.workload.title, w_id.label(), d_id.label()),
+                format!("{:.0} vs {:.0} = {ratio:.2}×", w.tps, d.tps),
+                w.failure.is_none() && ratio >= want,
+            ));
+            if let (Some(wc), Some(dc)) = (w.cpu_us_per_txn, d.cpu_us_per_txn) {
+                out.push((
+                    format!("`{}` {} CPU/txn ≤ {}'s", row.workload.title, w_id.label(), d_id.label()),
+                    format!("{wc:.1} µs vs {dc:.1} µs = {:.2}×", wc / dc),
+                    wc <= dc,
+                ));
+            }
+        }
+    }
+    out
 }
 
 fn pair<'a>(r: &'a Results, id: &str) -> Option<(&'a Cell, &'a Cell, &'a Row)> {

@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 use weir_testkit::{APP_DB, MD5_PASS, MD5_USER};
 
 use super::opts::Opts;
-use super::targets::{Kind, Target};
+use super::targets::{Id, Target};
 use super::workloads::median;
 
 const ROW_BYTES: u64 = 1000;
@@ -17,7 +17,7 @@ const ROW_BYTES: u64 = 1000;
 /// Medians for one target.
 #[derive(Debug, Clone)]
 pub struct StreamCell {
-    pub kind: Kind,
+    pub id: Id,
     pub mb_per_s: f64,
     /// Proxy CPU seconds spent per GB passed (None for direct).
     pub cpu_s_per_gb: Option<f64>,
@@ -46,7 +46,7 @@ pub fn run(targets: &[Target], opts: &Opts) -> anyhow::Result<StreamResult> {
             if let (Some(a), Some(b)) = (cpu0, t.cpu_secs()) {
                 cpus[i].push((b - a) / (megabytes as f64 / 1000.0));
             }
-            eprintln!("   round {} {:>9}: {rate:.0} MB/s", round + 1, t.label());
+            eprintln!("   round {} {:>15}: {rate:.0} MB/s", round + 1, t.label());
             rates[i].push(rate);
         }
     }
@@ -54,7 +54,7 @@ pub fn run(targets: &[Target], opts: &Opts) -> anyhow::Result<StreamResult> {
         .iter()
         .zip(rates.into_iter().zip(cpus))
         .map(|(t, (r, c))| StreamCell {
-            kind: t.kind,
+            id: t.id(),
             mb_per_s: median(r),
             cpu_s_per_gb: (!c.is_empty()).then(|| median(c)),
         })

@@ -1,7 +1,11 @@
-//! The three things pgbench talks to: Postgres directly, weir (the release
-//! binary in a subprocess) and PgBouncer (as `postgres` when we are root).
-//! Both proxies get the same setup: pool 20, transaction mode, md5 client
-//! auth from a userlist, md5 server login, connection logging off.
+//! The things pgbench talks to: Postgres directly, weir (the release binary
+//! in a subprocess), PgBouncer (as `postgres` when we are root) and
+//! pg_doorman (a binary given with `--doorman-bin`, in `doorman`). Every
+//! proxy gets the same setup: pool 20, transaction mode, md5 client auth from
+//! a userlist, md5 server login, connection logging off; weir and pg_doorman
+//! run with the same number of worker threads.
+
+mod doorman;
 
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -23,6 +27,7 @@ pub enum Kind {
     Direct,
     Weir,
     PgBouncer,
+    Doorman,
 }
 
 impl Kind {
@@ -31,6 +36,25 @@ impl Kind {
             Kind::Direct => "direct",
             Kind::Weir => "weir",
             Kind::PgBouncer => "PgBouncer",
+            Kind::Doorman => "pg_doorman",
+        }
+    }
+}
+
+/// A target as the tables name it: its kind and its worker threads (1 for
+/// direct and PgBouncer, which has one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Id {
+    pub kind: Kind,
+    pub threads: u32,
+}
+
+impl Id {
+    pub fn label(self) -> String {
+        if self.threads > 1 {
+            format!("{} ({} thr)", self.kind.label(), self.threads)
+        } else {
+            self.kind.label().to_owned()
         }
     }
 }
@@ -38,6 +62,7 @@ impl Kind {
 /// A running target.
 pub struct Target {
     pub kind: Kind,
+    pub threads: u32,
     pub port: u16,
     /// The proxy process (None for direct).
     child: Option<Child>,
@@ -48,17 +73,18 @@ pub struct Target {
 
 impl Target {
     pub fn direct(port: u16) -> Target {
-        Target { kind: Kind::Direct, port, child: None, pid: None, log: None }
+        Target { kind: Kind::Direct, threads: 1, port, child: None, pid: None, log: None }
     }
 
-    pub fn start_weir(bin: &Path, work: &WorkDir, pg_port: u16) -> anyhow::Result<Target> {
+    pub fn start_weir(bin: &Path, work: &WorkDir, pg_port: u16, threads: u32) -> anyhow::Result<Target> {
         let port = weir_testkit::free_port();
-        let dir = work.path();
-        write_userlist(dir)?;
+        let dir = work.path().join(format!("weir-{threads}"));
+        std::fs::create_dir_all(&dir)?;
+        write_userlist(&dir)?;
         let toml = format!(
             "[weir]\nlisten_addr = \"127.0.0.1:{port}\"\nauth_type = \"md5\"\nauth_file = \"userlist.txt\"\n\
              pool_mode = \"transaction\"\ndefault_pool_size = {POOL_SIZE}\nmax_client_conn = {MAX_CLIENT_CONN}\n\
-             log_connections = false\nlog_disconnections = false\n\n\
+             log_connections = false\nlog_disconnections = false\nworker_threads = {threads}\n\n\
              [databases.app]\nhost = \"127.0.0.1\"\nport = {pg_port}\n"
         );
         std::fs::write(dir.join("weir.toml"), toml)?;
@@ -67,15 +93,16 @@ impl Target {
             .arg("--config")
             .arg(dir.join("weir.toml"))
             .env("WEIR_LOG", "warn")
+            .env_remove("WEIR_WORKER_THREADS")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
         let pid = child.id();
-        let mut t = Target { kind: Kind::Weir, port, child: Some(child), pid: Some(pid), log: Some(log) };
+        let mut t = Target { kind: Kind::Weir, threads, port, child: Some(child), pid: Some(pid), log: Some(log) };
         t.wait_listening()?;
-        eprintln!("== weir {} listening on {port} (pid {pid})", bin.display());
+        eprintln!("== weir {} ({threads} threads) listening on {port} (pid {pid})", bin.display());
         Ok(t)
     }
 
@@ -114,7 +141,7 @@ impl Target {
             .stderr(std::fs::File::create(&log)?)
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
-        let mut t = Target { kind: Kind::PgBouncer, port, child: Some(child), pid: None, log: Some(log) };
+        let mut t = Target { kind: Kind::PgBouncer, threads: 1, port, child: Some(child), pid: None, log: Some(log) };
         t.wait_listening()?;
         let pid = std::fs::read_to_string(&pidfile)
             .ok()
@@ -151,8 +178,12 @@ impl Target {
         lines[lines.len().saturating_sub(20)..].join("\n")
     }
 
-    pub fn label(&self) -> &'static str {
-        self.kind.label()
+    pub fn id(&self) -> Id {
+        Id { kind: self.kind, threads: self.threads }
+    }
+
+    pub fn label(&self) -> String {
+        self.id().label()
     }
 
     pub fn cpu_secs(&self) -> Option<f64> {

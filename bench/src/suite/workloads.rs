@@ -1,11 +1,14 @@
 //! The pgbench workloads and the interleaved runner: for each workload,
-//! round after round, every target in turn (direct, weir, PgBouncer, direct,
-//! weir, …), so machine drift hits all alike; medians per target.
+//! round after round, every target in turn (direct, weir, PgBouncer,
+//! pg_doorman, direct, weir, …), so machine drift hits all alike; medians per
+//! target. With `--busy-neighbour` each workload runs again beside a thread
+//! spinning on one core (its own row, id suffix `+busy`).
 
 use super::env::WorkDir;
+use super::neighbour::Neighbour;
 use super::opts::Opts;
 use super::pgbench::{self, Outcome, Protocol, Spec};
-use super::targets::{Kind, Target};
+use super::targets::{Id, Kind, Target};
 
 /// One row of the table.
 #[derive(Debug, Clone)]
@@ -15,6 +18,8 @@ pub struct Workload {
     pub spec: Spec,
     /// Direct Postgres is not run (the reason goes in the table).
     pub skip_direct: Option<&'static str>,
+    /// Runs beside a thread spinning on one core.
+    pub busy: bool,
 }
 
 /// Medians over the rounds for one target.
@@ -34,16 +39,21 @@ pub struct Cell {
     pub skipped: Option<&'static str>,
 }
 
-/// A workload's results, one cell per target kind.
+/// A workload's results, one cell per target.
 #[derive(Debug, Clone)]
 pub struct Row {
     pub workload: Workload,
-    pub cells: Vec<(Kind, Cell)>,
+    pub cells: Vec<(Id, Cell)>,
 }
 
 impl Row {
+    /// The cell of the first target of this kind (the first `--threads` entry).
     pub fn cell(&self, kind: Kind) -> Option<&Cell> {
-        self.cells.iter().find(|(k, _)| *k == kind).map(|(_, c)| c)
+        self.cells.iter().find(|(id, _)| id.kind == kind).map(|(_, c)| c)
+    }
+
+    pub fn cell_of(&self, id: Id) -> Option<&Cell> {
+        self.cells.iter().find(|(i, _)| *i == id).map(|(_, c)| c)
     }
 }
 
@@ -59,6 +69,7 @@ const TABLE: &[(&str, &str, bool, u32, Protocol, bool, bool)] = &[
     ("S-c1000-simple", "-S -c 1000, simple", true, 1000, Protocol::Simple, false, false),
     ("S-c1000-extended", "-S -c 1000, extended", true, 1000, Protocol::Extended, false, false),
     ("tpcb-c10", "TPC-B -c 10, simple", false, 10, Protocol::Simple, false, false),
+    ("tpcb-c10-extended", "TPC-B -c 10, extended", false, 10, Protocol::Extended, false, false),
     ("S-C-c10", "-S -C -c 10 (connect per txn)", true, 10, Protocol::Simple, true, false),
     ("S-c1-simple", "-S -c 1, simple (latency)", true, 1, Protocol::Simple, false, false),
 ];
@@ -81,14 +92,25 @@ pub fn list(opts: &Opts) -> Vec<Workload> {
             // 2 cores (0 to 3,400 tps seen, 0 in some rounds); not a useful baseline.
             skip_direct: (clients >= 1000)
                 .then_some("1,000 direct backends spend the run connecting (0-3,400 tps seen on 2 cores)"),
+            busy: false,
         })
         .filter(|w| opts.quick || opts.selected(&w.id))
+        .flat_map(|w| {
+            let busy = opts.busy_neighbour.then(|| Workload {
+                id: format!("{}+busy", w.id),
+                title: format!("{}, busy neighbour", w.title),
+                busy: true,
+                ..w.clone()
+            });
+            std::iter::once(w).chain(busy)
+        })
         .collect()
 }
 
 /// Runs one workload over all targets, interleaved, and takes medians.
 pub fn run(w: &Workload, targets: &[Target], opts: &Opts, work: &WorkDir) -> anyhow::Result<Row> {
     eprintln!("== {} ({} s × {} rounds)", w.title, w.spec.secs, opts.rounds);
+    let neighbour = w.busy.then(Neighbour::start);
     let mut samples: Vec<Vec<Sample>> = targets.iter().map(|_| Vec::new()).collect();
     for t in targets {
         t.reset_peak();
@@ -99,9 +121,12 @@ pub fn run(w: &Workload, targets: &[Target], opts: &Opts, work: &WorkDir) -> any
                 continue;
             }
             let s = measure(t, &w.spec, work)?;
-            eprintln!("   round {} {:>9}: {}", round + 1, t.label(), s.brief());
+            eprintln!("   round {} {:>15}: {}", round + 1, t.label(), s.brief());
             samples[i].push(s);
         }
+    }
+    if let Some(turns) = neighbour.map(Neighbour::stop) {
+        eprintln!("   (the busy neighbour spun {turns} loop turns)");
     }
     let cells = targets
         .iter()
@@ -112,7 +137,7 @@ pub fn run(w: &Workload, targets: &[Target], opts: &Opts, work: &WorkDir) -> any
             if t.kind == Kind::Direct {
                 cell.skipped = w.skip_direct;
             }
-            (t.kind, cell)
+            (t.id(), cell)
         })
         .collect();
     Ok(Row { workload: w.clone(), cells })

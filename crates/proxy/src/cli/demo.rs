@@ -56,7 +56,7 @@ port = {port}
         "  psql \"postgres://{DEMO_ADMIN}:{DEMO_ADMIN_PASS}@{listen}/weir\" -c 'SHOW POOLS'   # the admin console"
     );
     println!("\nPostgres itself listens on 127.0.0.1:{}. Ctrl-C stops everything.", pg.port());
-    let result = super::runtime()?.block_on(super::signals::serve(cfg, None));
+    let result = super::runtime(cfg.weir.worker_threads)?.block_on(super::signals::serve(cfg, None));
     drop(pg);
     result
 }

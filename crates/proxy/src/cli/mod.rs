@@ -41,7 +41,7 @@ const SIGNALS: &str = "signals (PgBouncer 1.23's meanings):
 
 const ENVIRONMENT: &str = "environment:
   WEIR_LOG=FILTER           log level or filter (default: info)
-  WEIR_WORKER_THREADS=N     N runtime worker threads (default: one event loop)";
+  WEIR_WORKER_THREADS=N     N runtime worker threads (overrides worker_threads; 1 is one event loop)";
 
 /// What the command line asks for.
 #[derive(Debug, PartialEq, Eq)]
@@ -167,7 +167,7 @@ fn demo() -> anyhow::Result<()> {
 fn run_file(path: &Path) -> anyhow::Result<()> {
     let cfg = Config::load(path)?;
     init_logging(cfg.weir.log_format);
-    runtime()?.block_on(signals::serve(cfg, Some(path.to_path_buf())))
+    runtime(cfg.weir.worker_threads)?.block_on(signals::serve(cfg, Some(path.to_path_buf())))
 }
 
 /// Logs to stderr at `WEIR_LOG` (EnvFilter syntax; default `info`).
@@ -203,19 +203,20 @@ pub(crate) fn init_logging(format: LogFormat) {
     };
 }
 
-/// One thread by default: a sidecar proxy's work is syscalls and wakeups, and
-/// on a small box shared with Postgres a single event loop spends 15-35% less
-/// CPU per transaction than two workers handing tasks to each other (see
-/// bench/README.md). `WEIR_WORKER_THREADS=N` (N ≥ 1) picks a multi-thread runtime.
-pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    let workers = std::env::var("WEIR_WORKER_THREADS").ok().and_then(|v| v.parse::<usize>().ok()).filter(|n| *n > 0);
-    let mut builder = match workers {
-        Some(n) => {
+/// One thread by default (`worker_threads = 1`): a sidecar proxy's work is
+/// syscalls and wakeups, and on a small box shared with Postgres a single
+/// event loop spends 15-35% less CPU per transaction than two workers handing
+/// tasks to each other (see bench/README.md). More threads give a
+/// multi-thread runtime; `WEIR_WORKER_THREADS=N` (N ≥ 1) overrides the config.
+pub(crate) fn runtime(configured: u32) -> anyhow::Result<tokio::runtime::Runtime> {
+    let from_env = std::env::var("WEIR_WORKER_THREADS").ok().and_then(|v| v.parse::<u32>().ok()).filter(|n| *n > 0);
+    let mut builder = match from_env.unwrap_or(configured) {
+        0 | 1 => tokio::runtime::Builder::new_current_thread(),
+        n => {
             let mut b = tokio::runtime::Builder::new_multi_thread();
-            b.worker_threads(n);
+            b.worker_threads(n as usize);
             b
         }
-        None => tokio::runtime::Builder::new_current_thread(),
     };
     builder.enable_all().build().context("cannot start the tokio runtime")
 }

@@ -104,6 +104,8 @@ impl Default for General {
             prepare_unnamed_after: 2,
             shutdown_timeout: Duration::from_secs(30),
             log_format: LogFormat::Text,
+            // A sidecar shares its cores with the application: one event loop.
+            worker_threads: 1,
             log_connections: false,
             log_disconnections: false,
             verbose: 0,

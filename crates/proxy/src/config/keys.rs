@@ -91,8 +91,15 @@ pub(crate) struct ConfigRow {
 }
 
 /// Keys a reload reads but cannot apply to the running process.
-pub(crate) const RESTART_KEYS: &[&str] =
-    &["listen_addr", "unix_socket_dir", "unix_socket_mode", "unix_socket_group", "log_format", "metrics.listen_addr"];
+pub(crate) const RESTART_KEYS: &[&str] = &[
+    "listen_addr",
+    "unix_socket_dir",
+    "unix_socket_mode",
+    "unix_socket_group",
+    "log_format",
+    "worker_threads",
+    "metrics.listen_addr",
+];
 
 /// Every `[weir]` and `[metrics]` key with its live value and default.
 pub(crate) fn config_rows(cfg: &Config) -> Vec<ConfigRow> {

@@ -276,6 +276,10 @@ pub struct General {
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
     pub log_format: LogFormat,
+    /// Runtime threads: 1 is one event loop on the main thread (a sidecar's
+    /// setting); more gives a multi-thread runtime with that many workers.
+    /// The WEIR_WORKER_THREADS environment variable overrides it.
+    pub worker_threads: u32,
     pub log_connections: bool,
     pub log_disconnections: bool,
     /// PgBouncer's verbose: 0 logs at WEIR_LOG's level, 1 adds debug, 2

@@ -86,3 +86,14 @@ fn migrated_metrics_port_follows_the_listen_port() {
     assert_eq!(metrics_of(&ini("listen_port = 5432\n")), 8930);
     assert_eq!(migrate::metrics_port(Some(65000)), 65000 - 3498, "counts down past the port range");
 }
+
+#[test]
+fn worker_threads_default_to_one_and_must_be_positive() {
+    let cfg = Config::from_toml(MINIMAL, Path::new(".")).unwrap();
+    assert_eq!(cfg.weir.worker_threads, 1);
+    let two = MINIMAL.replace("auth_type", "worker_threads = 2\nauth_type");
+    assert_eq!(Config::from_toml(&two, Path::new(".")).unwrap().weir.worker_threads, 2);
+    let zero = MINIMAL.replace("auth_type", "worker_threads = 0\nauth_type");
+    let err = Config::from_toml(&zero, Path::new(".")).unwrap_err();
+    assert!(err.to_string().contains("weir.worker_threads: must be at least 1"), "{err}");
+}

@@ -55,6 +55,9 @@ impl Config {
         if g.max_client_conn == 0 {
             found.push(invalid("weir.max_client_conn", "must be at least 1"));
         }
+        if g.worker_threads == 0 {
+            found.push(invalid("weir.worker_threads", "must be at least 1"));
+        }
         if g.server_connect_concurrency == 0 {
             found.push(invalid("weir.server_connect_concurrency", "must be at least 1"));
         }

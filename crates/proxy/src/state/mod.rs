@@ -264,12 +264,14 @@ impl Shared {
             != (&old_unix.unix_socket_dir, &old_unix.unix_socket_mode, &old_unix.unix_socket_group);
         keep("unix_socket_dir, unix_socket_mode or unix_socket_group", unix_changed);
         keep("log_format", cfg.weir.log_format != old.weir.log_format);
+        keep("worker_threads", cfg.weir.worker_threads != old.weir.worker_threads);
         keep("metrics.listen_addr", cfg.metrics.listen_addr != old.metrics.listen_addr);
         cfg.weir.listen_addr = old.weir.listen_addr.clone();
         cfg.weir.unix_socket_dir = old.weir.unix_socket_dir.clone();
         cfg.weir.unix_socket_mode = old.weir.unix_socket_mode.clone();
         cfg.weir.unix_socket_group = old.weir.unix_socket_group.clone();
         cfg.weir.log_format = old.weir.log_format;
+        cfg.weir.worker_threads = old.weir.worker_threads;
         cfg.metrics.listen_addr = old.metrics.listen_addr;
         self.users.store(Arc::new(users));
         self.hba.store(hba);
