@@ -39,6 +39,25 @@ const TCP_USER_TIMEOUT: Duration = Duration::from_secs(8);
 /// Postgres would drop the connection without a word.
 const MAX_MESSAGE_SIZE: u32 = (1 << 30) - 2;
 
+/// PgBouncer waits 15 s; a sidecar next to its database needs far less.
+const SERVER_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// PgBouncer's current default.
+const MAX_PREPARED_STATEMENTS: u32 = 200;
+
+/// From a client's second Parse of the same unnamed statement: a query
+/// parsed once never leaves a statement on the server.
+const PREPARE_UNNAMED_AFTER: u32 = 2;
+
+/// A sidecar shares its cores with the application: one event loop.
+const WORKER_THREADS: u32 = 1;
+
+/// PgBouncer's default is IntervalStyle, which weir always tracks. These
+/// three only change how statements run, never end a session.
+fn track_extra_parameters() -> Vec<String> {
+    vec!["search_path".into(), "statement_timeout".into(), "lock_timeout".into()]
+}
+
 impl Default for General {
     fn default() -> Self {
         General {
@@ -76,8 +95,7 @@ impl Default for General {
             deadline_start: true,
             deadline_start_margin: Duration::from_millis(1),
             server_reset_timeout: Duration::from_secs(5),
-            // PgBouncer waits 15 s; a sidecar next to its database needs far less.
-            server_connect_timeout: Duration::from_secs(5),
+            server_connect_timeout: SERVER_CONNECT_TIMEOUT,
             server_login_retry: Duration::from_secs(2),
             server_connect_concurrency: 8,
             server_idle_timeout: Duration::from_secs(600),
@@ -97,15 +115,11 @@ impl Default for General {
             tcp_keepcnt: TCP_KEEPCNT,
             tcp_user_timeout: Some(TCP_USER_TIMEOUT),
             max_message_size: MAX_MESSAGE_SIZE,
-            // PgBouncer's current default.
-            max_prepared_statements: 200,
-            // From a client's second Parse of the same unnamed statement: a
-            // query parsed once never leaves a statement on the server.
-            prepare_unnamed_after: 2,
+            max_prepared_statements: MAX_PREPARED_STATEMENTS,
+            prepare_unnamed_after: PREPARE_UNNAMED_AFTER,
             shutdown_timeout: Duration::from_secs(30),
             log_format: LogFormat::Text,
-            // A sidecar shares its cores with the application: one event loop.
-            worker_threads: 1,
+            worker_threads: WORKER_THREADS,
             log_connections: false,
             log_disconnections: false,
             verbose: 0,
@@ -113,9 +127,7 @@ impl Default for General {
             admin_users: Vec::new(),
             stats_users: Vec::new(),
             ignore_startup_parameters: vec!["extra_float_digits".into()],
-            // PgBouncer's default is IntervalStyle, which weir always tracks.
-            // These three only change how statements run, never end a session.
-            track_extra_parameters: vec!["search_path".into(), "statement_timeout".into(), "lock_timeout".into()],
+            track_extra_parameters: track_extra_parameters(),
             client_tls_sslmode: ClientTlsMode::Disable,
             client_tls_cert_file: None,
             client_tls_key_file: None,
