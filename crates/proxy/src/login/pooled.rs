@@ -240,7 +240,7 @@ async fn check_startup_settings(
     }
     let mut lease = pool.acquire(deadline).await?;
     let conn = lease.conn_mut();
-    let Some(sql) = ParamMap::sync_sql(params, settings, &conn.params, &conn.settings) else { return Ok(()) };
+    let Some(sql) = ParamMap::sync_sql(params, settings, &conn.params, conn.settings()) else { return Ok(()) };
     match exchange::run_checked(conn, &sql).await {
         Err(reason) => {
             lease.close(reason);
@@ -251,7 +251,7 @@ async fn check_startup_settings(
             message: refused.message_text(),
         }),
         Ok(None) => {
-            conn.settings = settings.clone();
+            conn.adopt_settings(settings.clone());
             let names: Vec<String> = params.iter().map(|(k, _)| k.to_owned()).collect();
             for k in names {
                 if let Some(v) = conn.params.get(&k) {

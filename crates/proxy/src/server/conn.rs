@@ -181,7 +181,7 @@ pub struct ServerConn {
     /// Reported parameters (ParameterStatus) as the server has them now.
     pub(crate) params: ParamMap,
     /// Unreported settings weir applied with SET for a client (from `options`).
-    pub(crate) settings: ParamMap,
+    pub(super) settings: ParamMap,
     /// The stamps (client params, client settings, `params`, `settings`)
     /// from when this server last matched a client's parameters.
     pub(super) matched: Option<crate::params::Stamps>,

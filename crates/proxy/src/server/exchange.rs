@@ -42,6 +42,11 @@ impl ServerConn {
         self.matched = None;
     }
 
+    /// The unreported settings this server holds now.
+    pub(crate) fn settings(&self) -> &ParamMap {
+        &self.settings
+    }
+
     /// The stamps of a client's maps and this server's.
     fn stamps(&self, params: &ParamMap, settings: &ParamMap) -> crate::params::Stamps {
         [params.stamp(), settings.stamp(), self.params.stamp(), self.settings.stamp()]
