@@ -190,7 +190,11 @@ impl Pool {
                 "server connect refused: too many connections; backing off");
         }
         st.refusals += 1;
-        st.retry_at = Some(Instant::now() + refusal_backoff(st.refusals));
+        // Below its enforced share, the others are giving servers back: the
+        // next try comes at the fleet round's pace (at most 5 a second).
+        let pause =
+            if st.fleet.below_share(st.total()) { super::fleet::refusal_pause() } else { refusal_backoff(st.refusals) };
+        st.retry_at = Some(Instant::now() + pause);
         st.last_error = Some(e.to_string());
         st.rejected = None;
     }

@@ -272,6 +272,8 @@ impl Pool {
         };
         let (tx, rx) = oneshot::channel();
         let id = st.push_waiter(tx, now, deadline, counted);
+        let fleet_share = st.opts.settings.fleet_share;
+        st.fleet.waiter_queued(fleet_share, now);
         self.want_connects(&mut st);
         Ok(Err(Waiting { pool: self.clone(), id, rx, settled: false }))
     }

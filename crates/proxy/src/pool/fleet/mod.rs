@@ -30,7 +30,7 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Notify};
 use weir_metrics::CloseReason;
 
 use super::state::State;
@@ -48,6 +48,14 @@ const HOLD: Duration = Duration::from_secs(2);
 const BEACON_WAIT: Duration = Duration::from_millis(500);
 /// Demand samples kept: `want` is the largest of the last second.
 const SAMPLES: usize = 4;
+/// The least time between two rounds, however often waiters wake them.
+const MIN_GAP: Duration = Duration::from_millis(50);
+
+/// The pause after a refused connect while below the enforced share: the
+/// round's pace, from 200 to 250 ms (so at most 5 refusals a second).
+pub(super) fn refusal_pause() -> Duration {
+    FAST.mul_f64(rand::thread_rng().gen_range(0.8..=1.0))
+}
 
 /// This process's id among the fleet (24 bits, never 0).
 fn instance_id() -> u32 {
@@ -70,6 +78,27 @@ pub(super) struct Fleet {
     refusals_seen: u64,
     demand: [u32; SAMPLES],
     sample: usize,
+    /// Wakes the round early: a waiter found no free server.
+    wake: Arc<Notify>,
+    woken_at: Option<Instant>,
+}
+
+impl Fleet {
+    /// A waiter joined a pool with no free server: its demand is announced
+    /// at the next round, which starts now rather than at its period (at
+    /// most once per `MIN_GAP`).
+    pub(super) fn waiter_queued(&mut self, enabled: bool, now: Instant) {
+        if enabled && self.woken_at.is_none_or(|t| now.duration_since(t) >= MIN_GAP) {
+            self.woken_at = Some(now);
+            self.wake.notify_one();
+        }
+    }
+
+    /// Whether this pool is below the share enforced now: a refused connect
+    /// then retries at the round's pace.
+    pub(super) fn below_share(&self, total: u32) -> bool {
+        self.cap.is_some_and(|cap| total < cap)
+    }
 }
 
 impl Pool {
@@ -119,10 +148,18 @@ impl Pool {
 
 pub(super) fn spawn(pool: &Arc<Pool>) {
     let weak = Arc::downgrade(pool);
+    let wake = pool.state.lock().fleet.wake.clone();
     tokio::spawn(async move {
         let mut period = SLOW;
         loop {
-            tokio::time::sleep(period).await;
+            let last = Instant::now();
+            // Cancel-safe: a notification that comes while the round runs
+            // is kept as a permit and ends the next wait at once.
+            tokio::select! {
+                _ = tokio::time::sleep(period) => {}
+                _ = wake.notified() => {}
+            }
+            tokio::time::sleep_until((last + MIN_GAP).into()).await;
             let Some(pool) = Weak::upgrade(&weak) else { return };
             period = tick(pool).await;
         }
@@ -295,6 +332,31 @@ mod tests {
         row.extend_from_slice(&0i32.to_be_bytes());
         assert_eq!(text_columns(&row), Some(vec![Some("12".into()), None, Some(String::new())]));
         assert_eq!(text_columns(&row[..5]), None, "truncated");
+    }
+
+    #[test]
+    fn a_waiter_wakes_the_round_at_most_once_per_gap() {
+        let mut f = Fleet::default();
+        let t = Instant::now();
+        f.waiter_queued(false, t);
+        assert_eq!(f.woken_at, None, "off: no wake");
+        f.waiter_queued(true, t);
+        f.waiter_queued(true, t + MIN_GAP / 2);
+        assert_eq!(f.woken_at, Some(t));
+        f.waiter_queued(true, t + MIN_GAP);
+        assert_eq!(f.woken_at, Some(t + MIN_GAP));
+    }
+
+    #[test]
+    fn refused_below_the_share_retries_at_most_five_times_a_second() {
+        for _ in 0..100 {
+            let p = refusal_pause();
+            assert!(p >= Duration::from_millis(200) && p <= FAST);
+        }
+        let f = Fleet { cap: Some(3), ..Default::default() };
+        assert!(f.below_share(2));
+        assert!(!f.below_share(3));
+        assert!(!Fleet::default().below_share(0), "not enforced");
     }
 
     #[test]
