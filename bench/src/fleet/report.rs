@@ -52,10 +52,21 @@ impl Run {
         }
     }
 
-    /// The fair share in phase `p`: the budget over the loaded instances.
+    /// The share the mechanism can give in phase `p`, at sample `s`: the
+    /// limit less the slot kept free and the servers the unloaded instances
+    /// hold (each keeps its beacon), over the loaded instances.
+    fn share_at(&self, p: usize, s: &Sample) -> u32 {
+        let members = 0..self.names.len();
+        let loaded = members.clone().filter(|&i| self.loaded(i, p)).count().max(1) as u32;
+        let unloaded: u32 = members.filter(|&i| !self.loaded(i, p)).filter_map(|i| s.pools[i].map(|p| p.held)).sum();
+        (self.limit.saturating_sub(1 + unloaded) / loaded).min(self.pool)
+    }
+
+    /// The share in phase `p`, at its last sample.
     fn share(&self, p: usize) -> u32 {
-        let loaded = (0..self.names.len()).filter(|&i| self.loaded(i, p)).count().max(1) as u32;
-        (self.limit / loaded).min(self.pool)
+        let (start, end) = self.phase(p);
+        let last = self.samples.iter().rev().find(|s| s.at >= start && s.at < end);
+        last.map_or(0, |s| self.share_at(p, s))
     }
 
     /// Mean of pgbench's per-second TPS whose second lies in phase `p`.
@@ -89,14 +100,13 @@ impl Run {
 
     /// The spare's time to hold its phase-2 share after the move.
     fn to_share(&self) -> Option<f64> {
-        let (spare, share) = (self.spare(), self.share(1));
-        self.time_until(self.moved_at, |s| s.pools[spare].is_some_and(|p| p.held >= share))
+        let spare = self.spare();
+        self.time_until(self.moved_at, |s| s.pools[spare].is_some_and(|p| p.held >= self.share_at(1, s)))
     }
 
     /// A loaded survivor's time to hold its phase-3 share after the kill.
     fn takeover(&self, i: usize) -> Option<f64> {
-        let share = self.share(2);
-        self.time_until(self.killed_at, |s| s.pools[i].is_some_and(|p| p.held >= share))
+        self.time_until(self.killed_at, |s| s.pools[i].is_some_and(|p| p.held >= self.share_at(2, s)))
     }
 
     /// What the whole fleet held at the last full sample before the kill.
@@ -178,7 +188,7 @@ pub fn print_header(o: &Opts) {
     );
     println!(
         "held = servers in SHOW POOLS (sv_active+sv_idle+sv_used+sv_tested), every 100 ms; \
-         share = limit / loaded instances"
+         share = (limit - 1 - servers held by unloaded instances) / loaded instances"
     );
     println!(
         "errors = pgbench error lines + failed transactions; lat ms = pgbench's mean latency; \
