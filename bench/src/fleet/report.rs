@@ -53,12 +53,13 @@ impl Run {
     }
 
     /// The share the mechanism can give in phase `p`, at sample `s`: the
-    /// limit less the slot kept free and the servers the unloaded instances
-    /// hold (each keeps its beacon), over the loaded instances.
+    /// limit less the slot kept free and the one server each unloaded
+    /// instance may keep (its beacon), over the loaded instances.
     fn share_at(&self, p: usize, s: &Sample) -> u32 {
         let members = 0..self.names.len();
         let loaded = members.clone().filter(|&i| self.loaded(i, p)).count().max(1) as u32;
-        let unloaded: u32 = members.filter(|&i| !self.loaded(i, p)).filter_map(|i| s.pools[i].map(|p| p.held)).sum();
+        let unloaded: u32 =
+            members.filter(|&i| !self.loaded(i, p)).filter_map(|i| s.pools[i].map(|p| p.held.min(1))).sum();
         (self.limit.saturating_sub(1 + unloaded) / loaded).min(self.pool)
     }
 
@@ -188,7 +189,7 @@ pub fn print_header(o: &Opts) {
     );
     println!(
         "held = servers in SHOW POOLS (sv_active+sv_idle+sv_used+sv_tested), every 100 ms; \
-         share = (limit - 1 - servers held by unloaded instances) / loaded instances"
+         share = (limit - 1 - one server per unloaded instance that holds any) / loaded instances"
     );
     println!(
         "errors = pgbench error lines + failed transactions; lat ms = pgbench's mean latency; \
@@ -317,7 +318,7 @@ mod tests {
             a if a < 2.5 => [0, 0, 4, 4],
             _ => [0, 0, 6, 6],
         });
-        assert_eq!((r.share(0), r.share(1), r.share(2)), (4, 4, 6));
+        assert_eq!((r.share(0), r.share(1), r.share(2)), (3, 3, 5));
         assert!((r.to_share().unwrap() - 300.0).abs() < 1.0);
         assert!((r.takeover(3).unwrap() - 500.0).abs() < 1.0);
         assert_eq!(r.held_before_kill(), 12);
