@@ -35,16 +35,25 @@ def build_weir_bin():
     returns its path. Built here, once, before any test runs: otherwise the
     first test of each e2e process to need it ran `cargo build` itself, and
     in a clean clone that build (about 100 s) was charged to whichever
-    module asked first, while the others waited on cargo's lock."""
-    cmd = ["cargo", "build", "-p", "weir", "--bin", "weir", "--locked", "--message-format=json-render-diagnostics"]
+    module asked first, while the others waited on cargo's lock.
+
+    `--workspace --bins` rather than `-p weir`: cargo resolves features per
+    selection, and `-p weir` alone leaves out what the test crates turn on
+    (tokio-postgres's socket2 and syn features, futures-util's sink), so the
+    test build after it compiled tokio, serde and weir a second time (about
+    1.5 min on 2 cores). The whole workspace's binaries resolve as the test
+    build does, and that build reuses all of it."""
+    cmd = ["cargo", "build", "--workspace", "--bins", "--locked", "--message-format=json-render-diagnostics"]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
     if proc.returncode != 0:
         sys.exit(proc.returncode)
     for line in proc.stdout.splitlines():
         msg = json.loads(line)
-        if msg.get("reason") == "compiler-artifact" and msg.get("executable") and msg["target"]["name"] == "weir":
+        if msg.get("reason") != "compiler-artifact" or not msg.get("executable"):
+            continue
+        if msg["target"]["name"] == "weir" and not msg["profile"]["test"]:
             return msg["executable"]
-    sys.exit("cargo build -p weir --bin weir named no executable")
+    sys.exit("cargo build --workspace --bins named no weir executable")
 
 
 def build(cargo_args):

@@ -65,7 +65,7 @@ for v in "${versions[@]}"; do
     status=0
     if [ $core = 1 ]; then
         # shellcheck disable=SC2046
-        WEIR_PG_BIN="$bin" cargo test -p weir-e2e --test e2e --locked -- --exact $(core_tests) 2>&1 | tee "$log" || status=$?
+        WEIR_PG_BIN="$bin" cargo test --workspace --test e2e --locked -- --exact $(core_tests) 2>&1 | tee "$log" || status=$?
         passed=$(grep -oE "test result: \w+\. [0-9]+ passed" "$log" | awk '{s += $4} END {print s + 0}')
         failed=$(grep -oE "[0-9]+ failed;" "$log" | awk '{s += $1} END {print s + 0}')
     else

@@ -35,11 +35,12 @@ passed18=$(grep -oE "^tests: [0-9]+ passed" "$log" | awk '{print $2}' || true)
 passed=$((${passed:-0} + ${passed18:-0}))
 
 echo "== soak (${SOAK_MINUTES:-3} minutes of churn and faults, checked from Postgres's data)"
-# The dev builds the tests just made (run-tests.py builds target/debug/weir):
+# The dev builds the tests just made (run-tests.py builds target/debug/weir
+# with the same selection, so this build is a no-op):
 # what the soak checks (no lost or duplicated commit, recovery, no leak, no
 # panic) does not depend on the optimisation level, and the release build
 # with fat LTO would cost CI ten minutes. Fails when a check fails.
-cargo build -p weir-bench --bin weir-bench --locked
+cargo build --workspace --bins --locked
 soak_out="target/soak"
 target/debug/weir-bench soak --minutes "${SOAK_MINUTES:-3}" --weir-bin target/debug/weir --out "$soak_out"
 if [ "$in_ci" = 1 ]; then

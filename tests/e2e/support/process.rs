@@ -1,8 +1,9 @@
 //! weir as the built binary in a child process, for tests that need what
 //! only a process has: signals, its own global metrics recorder (scraped over
 //! HTTP), and an exit. The binary is built once per test run with
-//! `cargo build -p weir --bin weir` (a no-op when it is fresh), or taken from
-//! `WEIR_BIN`.
+//! `cargo build --workspace --bins` (a no-op when it is fresh: the same
+//! selection as `scripts/run-tests.py`'s, so the same features), or taken
+//! from `WEIR_BIN`.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -28,11 +29,11 @@ pub fn weir_bin() -> PathBuf {
         }
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf();
         let status = Command::new(env!("CARGO"))
-            .args(["build", "--quiet", "-p", "weir", "--bin", "weir"])
+            .args(["build", "--quiet", "--workspace", "--bins"])
             .current_dir(&root)
             .status()
             .expect("run cargo build for the weir binary");
-        assert!(status.success(), "cargo build -p weir --bin weir failed");
+        assert!(status.success(), "cargo build --workspace --bins failed");
         // Test binaries live in <target>/<profile>/deps; the weir binary one level up.
         let exe = std::env::current_exe().expect("test binary path");
         let profile_dir = exe.parent().and_then(Path::parent).expect("target profile dir");
