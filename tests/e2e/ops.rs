@@ -1,6 +1,7 @@
 //! Running weir as a process: /metrics moves under load and counts server
 //! closes by reason, answers within 100 ms while the data path is saturated,
-//! SIGHUP reloads without dropping clients, SIGTERM drains, SIGINT stops,
+//! SIGHUP reloads without dropping clients (and a lower pool_size closes
+//! the idle servers above it), SIGTERM drains, SIGINT stops,
 //! JSON logs, and `weir migrate-config` output that `weir check-config` takes.
 //!
 //! The scrape is timed in a 100 ms window, so every test here holds
@@ -288,6 +289,41 @@ async fn sighup_applies_a_new_pool_size_without_dropping_clients() {
     assert!(w.logs().contains("default_pool_size: must be at least 1"), "{}", w.logs());
     assert_eq!(pool_size().await, "7");
     c.simple_query("select 1").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_lowering_pool_size_closes_the_idle_servers_above_it() {
+    let _alone = weir_e2e::serial().await;
+    let pg = pg().await;
+    let w = WeirProcess::start(&pg, "", "pool_size = 6").await;
+    let url = w.url(SCRAM_USER, SCRAM_PASS);
+    let mut clients = Vec::new();
+    for _ in 0..6 {
+        clients.push(connect(&url).await.unwrap());
+    }
+    // Six clients at once, each holding a server for a moment: six servers.
+    let sleeps = clients.iter().map(|c| c.simple_query("select pg_sleep(0.5)"));
+    for r in futures_util::future::join_all(sleeps).await {
+        r.unwrap();
+    }
+    let backends = || {
+        let n = pg.psql("app", "select count(*) from pg_stat_activity where usename = 'scram_user'").unwrap();
+        n.trim().parse::<u32>().unwrap()
+    };
+    assert_eq!(backends(), 6, "six servers before the reload");
+
+    w.write_config("", "pool_size = 2");
+    w.signal("HUP");
+    assert!(
+        eventually(Duration::from_secs(10), || backends() == 2).await,
+        "idle servers above the new pool_size were not closed: {} backends",
+        backends()
+    );
+    let shrunk = metric(&w.metrics(), "weir_server_connections_closed_total", &with(&[("reason", "pool_shrink")]));
+    assert_eq!(shrunk, 4.0, "four closes counted as pool_shrink");
+    for c in &clients {
+        c.simple_query("select 1").await.expect("every client survived the shrink");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,8 +3,8 @@
 //! passed server_idle_timeout / server_lifetime (each spread over 85–100% per
 //! connection, so a pool does not expire all at once), keep min_pool_size
 //! warm, retry connects held back by max_db_connections, point idle
-//! connections at the current settings after a reload, and publish the
-//! state gauges.
+//! connections at the current settings after a reload, close idle ones
+//! above a capacity a reload lowered, and publish the state gauges.
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -57,12 +57,24 @@ fn sweep(pool: &Arc<Pool>) {
                 _ => i += 1,
             }
         }
+        shrink(&mut st, &mut doomed);
     }
     for (conn, reason) in doomed {
         pool.discard(conn, reason);
     }
     let mut st = pool.state.lock();
     pool.want_connects(&mut st);
+}
+
+/// After a reload lowered pool_size or reserve_pool_size, idle connections
+/// above the new capacity close, longest idle first (PgBouncer's janitor
+/// closes "too many servers in the pool" the same way); busy ones close when
+/// they are released.
+fn shrink(st: &mut super::state::State, doomed: &mut Vec<(Box<crate::server::ServerConn>, CloseReason)>) {
+    while st.over_capacity() && !st.idle.is_empty() {
+        let oldest = (0..st.idle.len()).min_by_key(|&i| st.idle[i].last_used).unwrap_or(0);
+        doomed.push((st.idle.remove(oldest), CloseReason::PoolShrink));
+    }
 }
 
 /// After a reload, idle connections take the pool's current connect spec,
