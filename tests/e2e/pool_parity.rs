@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 use weir_e2e::liveness::{connect_within, describe};
 use weir_e2e::process::WeirProcess;
+use weir_e2e::raw::{Outcome, Raw};
 use weir_e2e::{
     bounded, connect, Harness, Opts, PgOptions, PgServer, APP_DB, MD5_PASS, MD5_USER, SCRAM_PASS, SCRAM_USER,
     TRUST_PASS, TRUST_USER,
@@ -302,6 +303,11 @@ async fn client_idle_timeout_disconnects_idle_clients() {
         }
         let e = idle.simple_query("select 1").await.expect_err("idle past client_idle_timeout");
         assert!(describe(&e).contains("client_idle_timeout") || e.is_closed(), "{e}");
+        // What PgBouncer sends: FATAL 08P01 "client_idle_timeout".
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], w.port));
+        let mut raw = Raw::login(addr, SCRAM_USER, SCRAM_PASS, &[]).await.expect("raw login");
+        assert_eq!(raw.query("select 1").await.unwrap().scalar(), Some("1"));
+        assert_eq!(raw.outcome().await, Outcome::Fatal("08P01".into(), "client_idle_timeout".into()));
         let logs = w.logs();
         assert!(logs.contains("client_idle_timeout"), "{logs}");
     })
@@ -318,8 +324,13 @@ async fn server_fast_close_ends_session_clients_at_reconnect() {
         let w = WeirProcess::start(&pg, "pool_mode = \"session\"", "").await;
         let c = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.expect("login");
         c.simple_query("select 1").await.expect("served");
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], w.port));
+        let mut raw = Raw::login(addr, SCRAM_USER, SCRAM_PASS, &[]).await.expect("raw login");
+        assert_eq!(raw.query("select 1").await.unwrap().scalar(), Some("1"));
         w.admin("SET server_fast_close = 1").await.expect("SET");
         w.admin("RECONNECT").await.expect("RECONNECT");
+        // What PgBouncer sends: FATAL 08P01 "database configuration changed".
+        assert_eq!(raw.outcome().await, Outcome::Fatal("08P01".into(), "database configuration changed".into()));
         tokio::time::sleep(Duration::from_secs(1)).await;
         let e = c.simple_query("select 1").await.expect_err("closed by RECONNECT");
         assert!(describe(&e).contains("database configuration changed") || e.is_closed(), "{e}");

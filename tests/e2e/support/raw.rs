@@ -201,7 +201,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Raw<S> {
         }
     }
 
-    /// Sends a StartupMessage and logs in (trust or cleartext password),
+    /// Sends a StartupMessage and logs in (trust, cleartext or md5 password),
     /// up to the first ReadyForQuery; keeps the BackendKeyData.
     pub async fn start(&mut self, user: &str, password: &str, extra: &[(&str, &str)]) -> Result<()> {
         let mut params = vec![("user", user), ("database", crate::APP_DB)];
@@ -215,7 +215,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Raw<S> {
                     auth::CLEARTEXT_PASSWORD => {
                         self.send(&tagged(fe::PASSWORD, &[password.as_bytes(), b"\0"].concat())).await?
                     }
-                    other => return Err(format!("raw client supports trust/cleartext only, got auth request {other}")),
+                    auth::MD5_PASSWORD => {
+                        let salt: [u8; 4] = body[..4].try_into().map_err(|_| "short md5 salt".to_string())?;
+                        let hash =
+                            postgres_protocol::authentication::md5_hash(user.as_bytes(), password.as_bytes(), salt);
+                        self.send(&tagged(fe::PASSWORD, &[hash.as_bytes(), b"\0"].concat())).await?
+                    }
+                    other => {
+                        return Err(format!("raw client supports trust/cleartext/md5 only, got auth request {other}"))
+                    }
                 },
                 be::BACKEND_KEY_DATA => self.key = Some((body.get_i32(), body.get_i32())),
                 be::ERROR_RESPONSE => return Err(format!("login refused: {:?}", error_fields(&body))),

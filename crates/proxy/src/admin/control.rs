@@ -137,7 +137,7 @@ pub fn reconnect(shared: &Arc<Shared>, db: Option<&str>) -> Outcome {
     if shared.config.load().weir.server_fast_close {
         // Session-mode clients keep their server until they leave: they go now.
         let session: Vec<_> = pools.iter().filter(|p| p.settings().pool_mode == PoolMode::Session).cloned().collect();
-        let n = shared.client_list.kill_of_pools(&session, "database configuration changed");
+        let n = shared.client_list.kill_of_pools(&session, crate::state::client_list::FAST_CLOSE);
         tracing::info!(clients = n, "server_fast_close: closing because: database configuration changed");
     }
     Ok(vec![notice("server connections close as they are released; WAIT_CLOSE waits for them")])

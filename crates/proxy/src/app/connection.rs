@@ -138,6 +138,6 @@ async fn enter<'a>(
 /// Tells a client that weir ended it, and why; then closes. Returns why.
 async fn farewell(socket: &mut ClientStream, why: &'static str) -> &'static str {
     tracing::info!(reason = why, "client disconnected by weir");
-    fatal_and_close(socket, crate::protocol::sqlstate::ADMIN_SHUTDOWN, why).await;
+    fatal_and_close(socket, crate::state::client_list::farewell_code(why), why).await;
     why
 }

@@ -91,6 +91,26 @@ impl ClientEntry {
     }
 }
 
+/// Why client_idle_timeout ends a client: PgBouncer's text, sent with its
+/// SQLSTATE (08P01, where KILL and a drain send 57P01).
+pub(crate) const IDLE_TIMEOUT: &str = "client_idle_timeout";
+
+/// Why server_fast_close ends a session client at RECONNECT: PgBouncer's
+/// text, sent with its SQLSTATE (08P01).
+pub(crate) const FAST_CLOSE: &str = "database configuration changed";
+
+/// The SQLSTATE a client ended by weir is told: PgBouncer's 08P01 for the
+/// reasons that are PgBouncer's own, 57P01 (Postgres's administrator
+/// shutdown) for KILL and a drain.
+pub(crate) fn farewell_code(why: &str) -> crate::protocol::sqlstate::SqlState {
+    use crate::protocol::sqlstate;
+    if why == IDLE_TIMEOUT || why == FAST_CLOSE {
+        sqlstate::PROTOCOL_VIOLATION
+    } else {
+        sqlstate::ADMIN_SHUTDOWN
+    }
+}
+
 /// The details a client registers with.
 #[derive(Debug)]
 pub(crate) struct NewClient {
@@ -180,7 +200,7 @@ impl ClientList {
             .into_iter()
             .filter(|c| !c.console && c.state() == ClientState::Idle && idle_for(c) >= timeout)
             .collect();
-        doomed.iter().for_each(|c| c.kill("client_idle_timeout"));
+        doomed.iter().for_each(|c| c.kill(IDLE_TIMEOUT));
         doomed.len()
     }
 
@@ -306,5 +326,12 @@ mod tests {
         assert_eq!(counts.get(&key("b")), Some(&(0, 0)), "waiting clients are counted by the pool's queue");
         assert_eq!(counts.get(&key("weir")), None, "console clients are not pooled clients");
         assert_eq!(counts.len(), 2);
+    }
+
+    #[test]
+    fn pgbouncers_own_reasons_keep_its_sqlstate() {
+        assert_eq!(farewell_code(IDLE_TIMEOUT).0, "08P01");
+        assert_eq!(farewell_code(FAST_CLOSE).0, "08P01");
+        assert_eq!(farewell_code("terminating connection due to administrator command (KILL)").0, "57P01");
     }
 }
