@@ -145,7 +145,7 @@ async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
                     metrics.record_received(n);
                 }
             },
-            e = wd.alarm(), if wd.armed() => {
+            e = std::future::poll_fn(|cx| wd.poll_alarm(cx)), if wd.armed() => {
                 if matches!(e, WatchdogError::Stalled) {
                     metrics.record_stalled_pipeline();
                     continue;

@@ -43,6 +43,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use weir_metrics::CloseReason;
@@ -229,43 +230,37 @@ impl<'a> Watchdog<'a> {
             || self.stall_pending().is_some()
     }
 
-    /// Resolves when a clock ends the conversation. Cancel-safe: the timer
-    /// and a probe in flight live in `self`, so dropping this loses nothing.
-    /// The clock is read only when the timer fires: until then no deadline
-    /// has passed, because the timer is never later than the nearest one.
-    pub(crate) async fn alarm(&mut self) -> WatchdogError {
+    /// Ready when a clock ends the conversation. Cancel-safe: the timer and
+    /// a probe in flight live in `self`, so a transfer that stops polling
+    /// loses nothing. The clock is read only when the timer fires: until
+    /// then no deadline has passed, because the timer is never later than
+    /// the nearest one. A poll function, not an `async fn`: the forwarding
+    /// loop polls it once per wait, and a future built for each wait (with
+    /// a `select!` between the probe and the timer inside) cost more than
+    /// the timer's own poll.
+    pub(crate) fn poll_alarm(&mut self, cx: &mut Context<'_>) -> Poll<WatchdogError> {
         loop {
             let next = self.next_deadline();
             self.arm(next);
-            let Watchdog { timer, probe, .. } = self;
-            let sleep = async {
-                match (timer.sleep.as_mut(), next) {
-                    (Some(t), Some(_)) => t.as_mut().await,
-                    _ => std::future::pending().await,
-                }
-            };
-            let verdict = match probe.as_mut() {
-                Some(p) => tokio::select! {
-                    v = p.as_mut() => Some(v),
-                    _ = sleep => None,
-                },
-                None => {
-                    sleep.await;
-                    None
-                }
-            };
-            let ended = match verdict {
-                None => {
-                    self.timer.at = None;
-                    self.check(Instant::now())
-                }
-                Some(v) => {
+            if let Some(p) = self.probe.as_mut() {
+                if let Poll::Ready(v) = p.as_mut().poll(cx) {
                     self.probe = None;
-                    self.judge(v)
+                    match self.judge(v) {
+                        Some(e) => return Poll::Ready(e),
+                        None => continue,
+                    }
                 }
+            }
+            let fired = match (self.timer.sleep.as_mut(), next) {
+                (Some(t), Some(_)) => t.as_mut().poll(cx).is_ready(),
+                _ => false,
             };
-            if let Some(e) = ended {
-                return e;
+            if !fired {
+                return Poll::Pending;
+            }
+            self.timer.at = None;
+            if let Some(e) = self.check(Instant::now()) {
+                return Poll::Ready(e);
             }
         }
     }
