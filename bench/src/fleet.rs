@@ -6,7 +6,12 @@
 //! `--pool` each, transaction mode, `fleet_share = true` unless
 //! `--no-share`, which leaves the key out): N loaded instances and a spare
 //! one with no load, which is where the load moves to. Each loaded instance
-//! gets its own `pgbench -S -c C -P 1`. Three phases of `--duration` seconds:
+//! gets its own `pgbench -c C -P 1` running the `--script`: `select`
+//! (pgbench -S, the default: on a small machine the poolers, the pgbenches
+//! and Postgres share the CPU, so TPS is bound by CPU as much as by the
+//! servers each instance holds) or `sleep` (`select pg_sleep(0.005)`: a
+//! transaction holds its server 5 ms, so TPS follows the servers held, the
+//! share). Three phases of `--duration` seconds:
 //!
 //! 1. load on instances 1..N, the same on each;
 //! 2. the load moves: instance 1's pgbench ends, the spare's starts;
@@ -20,7 +25,8 @@
 //! the killed instance's share. Not a pass/fail test.
 //!
 //! `weir-bench fleet [--instances N] [--limit L] [--pool P] [--clients C]
-//! [--duration S] [--no-share] [--skip-pgbouncer] [--weir-bin PATH]`;
+//! [--duration S] [--script select|sleep] [--no-share] [--skip-pgbouncer]
+//! [--weir-bin PATH]`;
 //! `WEIR_BENCH_KEEP=1` keeps the work folder (configs and the poolers' logs).
 
 mod load;
@@ -34,13 +40,13 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use weir_testkit::{PgOptions, PgServer, APP_DB, TRUST_USER};
 
-use load::Load;
+use load::{Load, Script};
 use member::{Kind, Member, Setup};
 use sample::{Sampler, Watch};
 
 /// The fleet bench's flags (`--help`).
 const USAGE: &str = "fleet [--instances N] [--limit L] [--pool P] [--clients C] [--duration S] \
-                     [--no-share] [--skip-pgbouncer] [--weir-bin PATH]";
+                     [--script select|sleep] [--no-share] [--skip-pgbouncer] [--weir-bin PATH]";
 
 #[derive(Debug, Clone)]
 pub struct Opts {
@@ -50,6 +56,7 @@ pub struct Opts {
     pub pool: u32,
     pub clients: u32,
     pub duration: u64,
+    pub script: Script,
     pub share: bool,
     pub pgbouncer: bool,
     pub weir_bin: Option<PathBuf>,
@@ -63,6 +70,7 @@ impl Opts {
             pool: 10,
             clients: 20,
             duration: 10,
+            script: Script::Select,
             share: true,
             pgbouncer: true,
             weir_bin: None,
@@ -76,6 +84,7 @@ impl Opts {
                 "--pool" => o.pool = value()?.parse()?,
                 "--clients" => o.clients = value()?.parse()?,
                 "--duration" => o.duration = value()?.parse()?,
+                "--script" => o.script = Script::parse(value()?)?,
                 "--weir-bin" => o.weir_bin = Some(PathBuf::from(value()?)),
                 "--no-share" => o.share = false,
                 "--skip-pgbouncer" => o.pgbouncer = false,
@@ -167,11 +176,11 @@ fn run_fleet(kind: Kind, bin: &Path, opts: &Opts, pg: &PgServer, work: &Path) ->
     let mut loads: Vec<Option<Load>> = Vec::new();
     for m in &members[..n] {
         let secs = if m.index == 1 { d } else { 3 * d };
-        loads.push(Some(Load::start(m.port, opts.clients, secs, t0)?));
+        loads.push(Some(Load::start(m.port, opts.script, opts.clients, secs, t0)?));
     }
     sleep_until(t0, d as f64);
     let moved_at = t0.elapsed().as_secs_f64();
-    loads.push(Some(Load::start(members[n].port, opts.clients, 2 * d, t0)?));
+    loads.push(Some(Load::start(members[n].port, opts.script, opts.clients, 2 * d, t0)?));
     sleep_until(t0, 2.0 * d as f64);
     if let Some(l) = loads[1].as_mut() {
         l.kill();

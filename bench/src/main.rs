@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 mod fleet;
+mod listening;
 mod pgbouncer;
 mod refill;
 mod soak;

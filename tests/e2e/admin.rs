@@ -35,6 +35,8 @@ async fn every_show_renders_in_psql() {
     assert_eq!(pools["pool_mode"], "transaction");
     assert_eq!(pools["cl_idle"], "1", "{pools:?}");
     assert_eq!(pools["cl_waiting"], "0");
+    // Without fleet_share the fleet's columns read 0.
+    assert_eq!((pools["fleet_share"].as_str(), pools["fleet_instances"].as_str()), ("0", "0"), "{pools:?}");
     assert!(pools["sv_idle"].parse::<u32>().unwrap() + pools["sv_used"].parse::<u32>().unwrap() >= 1, "{pools:?}");
     for col in [
         "cl_active",
@@ -86,6 +88,9 @@ async fn every_show_renders_in_psql() {
     // PgBouncer's name for the console works too, and aligned output renders.
     let aligned = w.psql(ADMIN_USER, ADMIN_PASS, "pgbouncer", "SHOW POOLS").await.unwrap();
     assert!(aligned.contains("cl_active|cl_waiting"), "{aligned}");
+    // weir's own columns come after PgBouncer's; the fleet's are the last.
+    let header = aligned.lines().find(|l| l.starts_with("database|")).expect("a header line");
+    assert!(header.ends_with("|connect_refused|fleet_share|fleet_instances"), "{header}");
     let err = w.admin("SHOW PUDDLES").await.unwrap_err();
     assert!(err.contains("unknown SHOW") && err.contains("POOLS"), "{err}");
     drop(c);

@@ -1,7 +1,8 @@
 //! Several weirs in front of one Postgres whose role limit is the budget,
 //! with fleet_share: each instance's servers converge to its share of the
 //! budget, the instances serve a like load alike, and a killed instance's
-//! share goes to the others.
+//! share goes to the others. An announcement a client released on its
+//! server is taken again.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -118,8 +119,14 @@ async fn fairness() {
     for w in &f.weirs {
         held.push(servers(w).await.unwrap());
     }
+    // The share while loaded (once the load stops, the demand and so the
+    // shares change).
+    let pools = rows(&f.weirs[0].admin("SHOW POOLS").await.unwrap());
+    let row = pools.iter().find(|r| r["user"] == SCRAM_USER).expect("pool row").clone();
     f.stop.store(true, Ordering::Relaxed);
     eprintln!("queries per instance over 6 s: {counts:?}; servers at the end: {held:?}");
+    assert_eq!(row["fleet_instances"], "3", "{row:?}");
+    assert!(matches!(row["fleet_share"].as_str(), "3" | "4"), "{row:?}");
     for (i, failed) in f.failed.iter().enumerate() {
         assert_eq!(failed.load(Ordering::Relaxed), 0, "instance {i} had failed queries");
     }
@@ -170,4 +177,50 @@ async fn killed() {
     for (i, failed) in f.failed[..2].iter().enumerate() {
         assert_eq!(failed.load(Ordering::Relaxed), 0, "instance {i} had failed queries");
     }
+}
+
+/// The weir announcements (advisory locks whose key's top byte is `W`)
+/// held by backends of the scram role, read directly from Postgres.
+async fn announcements(direct: &tokio_postgres::Client) -> i64 {
+    let sql = format!(
+        "select count(*) from pg_locks l join pg_stat_activity a on a.pid = l.pid \
+         where l.locktype = 'advisory' and l.granted and l.classid::int8 >> 24 = 87 and a.usename = '{SCRAM_USER}'"
+    );
+    direct.query_one(&sql, &[]).await.unwrap().get(0)
+}
+
+/// The announcement is a session-level advisory lock on a server that
+/// clients use too. A client on it may release it (here with
+/// pg_advisory_unlock_all(), inside its transaction, when no round can run
+/// on that server); the next round takes it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_announcement_a_client_released_is_taken_again() {
+    let pg = pg().await;
+    let w = WeirProcess::start(&pg, "", "pool_size = 1\nfleet_share = true").await;
+    let direct = connect(&format!("postgres://postgres@127.0.0.1:{}/app", pg.port())).await.unwrap();
+    let c = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
+    c.simple_query("select 1").await.unwrap();
+    let taken = within(Duration::from_secs(10), || async { announcements(&direct).await == 1 }).await;
+    assert!(taken.is_some(), "the pool's one server carries its announcement");
+
+    let out = c
+        .simple_query(
+            "begin; select pg_catalog.pg_advisory_unlock_all(); \
+             select count(*) from pg_catalog.pg_locks where locktype = 'advisory' and pid = pg_catalog.pg_backend_pid()",
+        )
+        .await
+        .unwrap();
+    let held: Vec<&str> = out
+        .iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(held.last(), Some(&"0"), "the client released the announcement on its server: {held:?}");
+    assert_eq!(announcements(&direct).await, 0, "no announcement while the client's transaction holds the server");
+    c.simple_query("commit").await.unwrap();
+    let again = within(Duration::from_secs(10), || async { announcements(&direct).await == 1 }).await;
+    assert!(again.is_some(), "the next round takes the announcement again");
+    c.simple_query("select 1").await.expect("the client is served as before");
 }

@@ -1,15 +1,57 @@
-//! The load on one member: `pgbench -S -P 1` for a number of seconds, its
+//! The load on one member: `pgbench -P 1` running a script (pgbench's
+//! select-only, or one `select pg_sleep(0.005)` per transaction, read from
+//! standard input) for a number of seconds, its
 //! per-second progress lines read as they come (TPS and latency per second,
 //! placed on the bench's clock), its error lines and failed transactions
 //! counted. A load can be killed with its pooler (the pod is gone).
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
 use anyhow::Context;
 use weir_testkit::{APP_DB, TRUST_USER};
+
+/// What each pgbench transaction runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Script {
+    /// pgbench -S: one primary-key select on pgbench_accounts. On a small
+    /// machine TPS is bound by CPU as much as by the servers held.
+    Select,
+    /// `select pg_sleep(0.005)`: each transaction holds its server 5 ms, so
+    /// TPS follows the servers an instance holds.
+    Sleep,
+}
+
+/// The `sleep` script's one statement.
+const SLEEP_SQL: &str = "select pg_sleep(0.005);\n";
+
+impl Script {
+    pub fn parse(s: &str) -> anyhow::Result<Script> {
+        match s {
+            "select" => Ok(Script::Select),
+            "sleep" => Ok(Script::Sleep),
+            other => anyhow::bail!("--script is select or sleep, not {other}"),
+        }
+    }
+
+    /// How the bench's header names the workload.
+    pub fn label(self) -> &'static str {
+        match self {
+            Script::Select => "pgbench -S",
+            Script::Sleep => "pgbench -f (select pg_sleep(0.005))",
+        }
+    }
+
+    /// pgbench's arguments for the script (`-f -` reads it from stdin).
+    fn args(self) -> &'static [&'static str] {
+        match self {
+            Script::Select => &["-S"],
+            Script::Sleep => &["-f", "-"],
+        }
+    }
+}
 
 /// One second of pgbench's progress.
 #[derive(Debug, Clone, Copy)]
@@ -42,21 +84,26 @@ pub struct Load {
 }
 
 impl Load {
-    /// `pgbench -S -c clients -T secs -P 1` against 127.0.0.1:`port`; its
-    /// seconds are placed on the bench's clock, which started at `t0`.
-    pub fn start(port: u16, clients: u32, secs: u64, t0: Instant) -> anyhow::Result<Load> {
+    /// `pgbench <script> -c clients -T secs -P 1` against 127.0.0.1:`port`;
+    /// its seconds are placed on the bench's clock, which started at `t0`.
+    pub fn start(port: u16, script: Script, clients: u32, secs: u64, t0: Instant) -> anyhow::Result<Load> {
         let mut child = Command::new("pgbench")
-            .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", TRUST_USER, "-n", "-S", "-j", "1"])
+            .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", TRUST_USER, "-n", "-j", "1"])
+            .args(script.args())
             .args(["-c", &clients.to_string(), "-T", &secs.to_string(), "-P", "1", APP_DB])
             .env_remove("PGHOST")
             .env_remove("PGPORT")
             .env_remove("PGDATABASE")
             .env_remove("PGUSER")
-            .stdin(Stdio::null())
+            .stdin(if script == Script::Sleep { Stdio::piped() } else { Stdio::null() })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .context("running pgbench")?;
+        if let Some(mut stdin) = child.stdin.take() {
+            // Dropped here: pgbench reads the script to its end before it starts.
+            stdin.write_all(SLEEP_SQL.as_bytes()).context("writing pgbench's script")?;
+        }
         let err = child.stderr.take().context("pgbench stderr")?;
         let stderr = std::thread::spawn(move || read_stderr(err, t0));
         Ok(Load { child, stderr, killed: false })
@@ -126,5 +173,12 @@ mod tests {
         assert!(parse_progress("pgbench: error: client 3 aborted").is_none());
         assert_eq!(failed_count("number of failed transactions: 12 (0.1%)\n"), 12);
         assert_eq!(failed_count("tps = 1\n"), 0);
+    }
+
+    #[test]
+    fn a_script_is_named_by_its_flag() {
+        assert_eq!(Script::parse("select").unwrap(), Script::Select);
+        assert_eq!(Script::parse("sleep").unwrap().args(), &["-f", "-"]);
+        assert!(Script::parse("tpcb").is_err());
     }
 }

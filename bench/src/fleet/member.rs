@@ -17,8 +17,6 @@ use weir_testkit::{APP_DB, TRUST_PASS, TRUST_USER};
 
 use crate::suite::env::is_root;
 
-/// How long a pooler may take to listen.
-const START_LIMIT: Duration = Duration::from_secs(15);
 const MAX_CLIENT_CONN: u32 = 1000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,7 +95,7 @@ impl Member {
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
         let mut m = Member { kind, index, port, metrics_port, pid: 0, child, log, killed: false };
-        m.wait_listening()?;
+        crate::listening::wait_listening(&mut m.child, port, kind.label(), &m.log)?;
         m.pid = match kind {
             Kind::Weir => m.child.id(),
             Kind::PgBouncer => std::fs::read_to_string(dir.join("pgbouncer.pid"))
@@ -139,24 +137,6 @@ impl Member {
             Kind::Weir => matches!(self.child.try_wait(), Ok(None)),
             Kind::PgBouncer => Path::new(&format!("/proc/{}", self.pid)).exists(),
         }
-    }
-
-    fn wait_listening(&mut self) -> anyhow::Result<()> {
-        let end = Instant::now() + START_LIMIT;
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            if let Some(status) = self.child.try_wait()? {
-                let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-                let lines: Vec<&str> = log.lines().collect();
-                let tail = lines[lines.len().saturating_sub(5)..].join("\n");
-                bail!("{} exited at start ({status}):\n{tail}", self.kind.label());
-            }
-            if Instant::now() > end {
-                bail!("{} is not listening on {}", self.kind.label(), self.port);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-        Ok(())
     }
 }
 

@@ -178,8 +178,13 @@ fn opt(x: Option<f64>, decimals: usize) -> String {
 pub fn print_header(o: &Opts) {
     println!(
         "\nfleet: {} loaded instances + 1 spare, pool {} each, role CONNECTION LIMIT {}, \
-         pgbench -S -c {} -j 1 per loaded instance, {} s per phase",
-        o.instances, o.pool, o.limit, o.clients, o.duration
+         {} -c {} -j 1 per loaded instance, {} s per phase",
+        o.instances,
+        o.pool,
+        o.limit,
+        o.script.label(),
+        o.clients,
+        o.duration
     );
     println!(
         "phase 1: load on 1..{n}; phase 2: the load moves from instance 1 to the spare ({s}); \

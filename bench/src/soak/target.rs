@@ -85,7 +85,7 @@ impl Target {
             }
         };
         let mut t = Target { kind, port, pid: 0, child, dir: dir.to_path_buf(), upstream, log };
-        t.wait_listening()?;
+        crate::listening::wait_listening(&mut t.child, port, kind.label(), &t.log)?;
         t.pid = match kind {
             Kind::Weir => t.child.id(),
             Kind::PgBouncer => std::fs::read_to_string(dir.join("pgbouncer.pid"))
@@ -128,21 +128,6 @@ impl Target {
     /// Open file descriptors of the process.
     pub fn fds(&self) -> Option<usize> {
         std::fs::read_dir(format!("/proc/{}/fd", self.pid)).ok().map(|d| d.count())
-    }
-
-    fn wait_listening(&mut self) -> anyhow::Result<()> {
-        let end = Instant::now() + Duration::from_secs(15);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            if let Some(status) = self.child.try_wait()? {
-                bail!("{} exited at start ({status}); see {}", self.kind.label(), self.log.display());
-            }
-            if Instant::now() > end {
-                bail!("{} is not listening on {}", self.kind.label(), self.port);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-        Ok(())
     }
 }
 

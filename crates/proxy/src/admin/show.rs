@@ -74,37 +74,44 @@ fn used_servers(pool: &Pool, check_delay: Duration) -> usize {
     pool.idle_servers().iter().filter(|s| s.idle_for >= check_delay).count()
 }
 
+/// SHOW POOLS: PgBouncer's columns, then weir's own.
+const POOLS_COLUMNS: &[(&str, Kind)] = &[
+    ("database", Text),
+    ("user", Text),
+    ("cl_active", Int4),
+    ("cl_waiting", Int4),
+    ("cl_active_cancel_req", Int4),
+    ("cl_waiting_cancel_req", Int4),
+    ("sv_active", Int4),
+    ("sv_active_cancel", Int4),
+    ("sv_being_canceled", Int4),
+    ("sv_idle", Int4),
+    ("sv_used", Int4),
+    ("sv_tested", Int4),
+    ("sv_login", Int4),
+    ("maxwait", Int4),
+    ("maxwait_us", Int4),
+    ("pool_mode", Text),
+    // weir's own.
+    ("cl_idle", Int),
+    ("pool_size", Int),
+    ("paused", Int),
+    ("opens_per_sec", Float),
+    ("closes_per_sec", Float),
+    ("sv_opened", Int),
+    ("sv_closed", Int),
+    ("connect_failures", Int),
+    ("dropped", Int),
+    ("predicted_wait_us", Int),
+    ("connect_refused", Int),
+    // With fleet_share: this instance's share of the fleet's budget and
+    // the instances announcing (0 and 0 without it).
+    ("fleet_share", Int),
+    ("fleet_instances", Int),
+];
+
 fn pools(shared: &Arc<Shared>) -> ResultSet {
-    let mut rs = ResultSet::new(&[
-        ("database", Text),
-        ("user", Text),
-        ("cl_active", Int4),
-        ("cl_waiting", Int4),
-        ("cl_active_cancel_req", Int4),
-        ("cl_waiting_cancel_req", Int4),
-        ("sv_active", Int4),
-        ("sv_active_cancel", Int4),
-        ("sv_being_canceled", Int4),
-        ("sv_idle", Int4),
-        ("sv_used", Int4),
-        ("sv_tested", Int4),
-        ("sv_login", Int4),
-        ("maxwait", Int4),
-        ("maxwait_us", Int4),
-        ("pool_mode", Text),
-        // weir's own.
-        ("cl_idle", Int),
-        ("pool_size", Int),
-        ("paused", Int),
-        ("opens_per_sec", Float),
-        ("closes_per_sec", Float),
-        ("sv_opened", Int),
-        ("sv_closed", Int),
-        ("connect_failures", Int),
-        ("dropped", Int),
-        ("predicted_wait_us", Int),
-        ("connect_refused", Int),
-    ]);
+    let mut rs = ResultSet::new(POOLS_COLUMNS);
     let cfg = shared.config.load();
     let counts = shared.client_list.idle_and_active();
     let clients = shared.client_list.all();
@@ -119,6 +126,7 @@ fn pools(shared: &Arc<Shared>) -> ResultSet {
         let (idle, active) =
             counts.get(&(pool.key.database.clone(), pool.key.user.clone())).copied().unwrap_or_default();
         let used = used_servers(&pool, cfg.weir.server_check_delay) as u32;
+        let (fleet_share, fleet_instances) = m.fleet();
         rs.push(vec![
             text(&pool.key.database),
             text(&pool.key.user),
@@ -150,6 +158,8 @@ fn pools(shared: &Arc<Shared>) -> ResultSet {
             int(m.dropped_queries_total()),
             int(s.predicted_wait.as_micros().min(i64::MAX as u128) as i64),
             int(m.connect_refusals_total()),
+            int(fleet_share),
+            int(fleet_instances),
         ]);
     }
     rs

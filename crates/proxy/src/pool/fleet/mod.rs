@@ -7,8 +7,10 @@
 //!   pool holds and the servers its clients would use (`share::key`).
 //!   Postgres releases the lock when that backend ends: an instance that
 //!   dies, or a Postgres that restarts, leaves no announcement behind.
-//! * Every 250 ms while it matters (waiters, refusals, at the limit, above
-//!   its share), else every second, the pool runs ONE query on its beacon
+//! * Every 100 ms while the fleet is at its limit and some instance wants
+//!   more servers than it holds, every 250 ms while it otherwise
+//!   matters (waiters, refusals, at the limit, above its share), else every
+//!   second, the pool runs ONE query on its beacon
 //!   between transactions (taken from idle, or from the next release before
 //!   any waiter): it moves its announcement to its current figures and reads
 //!   the others' back with the role's, the database's and the server's
@@ -21,8 +23,13 @@
 //! * Only while the fleet is at its limit (a refusal seen, or no room left
 //!   but the free slot) is the share enforced: idle servers above it close
 //!   at once (reason `fleet_share`), a released server above it is closed
-//!   rather than kept, and no connect goes past it. Below the limit the
-//!   pool refills as fast as without fleet_share.
+//!   rather than kept, and no connect goes past it. A pool below its share
+//!   whose connects were refused tries again as soon as a round sees room
+//!   under the limit (the others gave back), else at the round's pace.
+//!   Below the limit the pool refills as fast as without fleet_share.
+//! * The announcement is a session lock on a server clients also use: a
+//!   client there may release it (pg_advisory_unlock_all(), DISCARD ALL).
+//!   The next round takes it again, whichever server it runs on.
 
 pub(super) mod share;
 
@@ -39,14 +46,17 @@ use crate::server::exchange::run_rows;
 use crate::server::ServerConn;
 use share::Member;
 
-/// The period while the share matters, and otherwise.
+/// The period while an instance wants more than it holds at the limit,
+/// while the share otherwise matters, and otherwise.
+const URGENT: Duration = Duration::from_millis(100);
 const FAST: Duration = Duration::from_millis(250);
 const SLOW: Duration = Duration::from_secs(1);
 /// How long the share stays enforced after the fleet was last seen at its limit.
 const HOLD: Duration = Duration::from_secs(2);
 /// How long a tick waits for its beacon before it takes any server.
 const BEACON_WAIT: Duration = Duration::from_millis(500);
-/// Demand samples kept: `want` is the largest of the last second.
+/// Demand samples kept: `want` is the largest of the last four rounds (a
+/// second at the 250 ms pace, 400 ms at the 100 ms one).
 const SAMPLES: usize = 4;
 /// The least time between two rounds, however often waiters wake them.
 const MIN_GAP: Duration = Duration::from_millis(50);
@@ -238,14 +248,28 @@ fn apply(pool: &Arc<Pool>, st: &mut State, verdict: Option<share::Verdict>, refu
         }
     }
     let above = st.total() > v.share;
+    // Refused below the share, and the others have given back: try now
+    // rather than at the end of the pause (a connect failure's back-off
+    // stays).
+    if st.refusals > 0 && st.fleet.below_share(st.total()) && v.open > 1 {
+        st.retry_at = None;
+    }
     pool.want_connects(st);
     for conn in doomed {
         conn.close(CloseReason::FleetShare);
     }
-    if limited || above || !st.waiters.is_empty() {
-        FAST
-    } else {
-        SLOW
+    next_period(limited, v.wanting, above || !st.waiters.is_empty())
+}
+
+/// The next round's period: quickest while the fleet is at its limit and
+/// an instance wants more than it holds, so that a newcomer's demand
+/// reaches the others, and their servers it, within a round or two.
+fn next_period(limited: bool, wanting: bool, busy: bool) -> Duration {
+    match (limited, wanting) {
+        (true, true) => URGENT,
+        (true, false) => FAST,
+        _ if busy => FAST,
+        _ => SLOW,
     }
 }
 
@@ -357,6 +381,14 @@ mod tests {
         assert!(f.below_share(2));
         assert!(!f.below_share(3));
         assert!(!Fleet::default().below_share(0), "not enforced");
+    }
+
+    #[test]
+    fn rounds_quicken_while_an_instance_wants_more_at_the_limit() {
+        assert_eq!(next_period(true, true, false), URGENT);
+        assert_eq!(next_period(true, false, false), FAST);
+        assert_eq!(next_period(false, true, false), SLOW, "below the limit an instance just connects");
+        assert_eq!(next_period(false, false, true), FAST);
     }
 
     #[test]

@@ -138,6 +138,12 @@ pub struct Verdict {
     /// The fleet is at its limit: every connection the budget allows is
     /// open (the free slot excepted).
     pub at_limit: bool,
+    /// Connections Postgres would still accept under the tightest limit.
+    pub open: i64,
+    /// Some instance wants more servers than it holds: at the limit, its
+    /// demand is to reach the others (and their servers it) quickly, so the
+    /// rounds run at their quickest.
+    pub wanting: bool,
 }
 
 /// Judges `r` for `me` (whose own figures replace its announcement, which
@@ -161,7 +167,8 @@ pub fn judge(r: &Reading, me: Member) -> Option<Verdict> {
     let budget = u32::try_from((tightest - 1).max(0)).unwrap_or(0);
     let shares = water_fill(&members, budget, r.epoch);
     let share = members.iter().zip(&shares).find(|(m, _)| m.id == me.id).map(|(_, s)| *s).unwrap_or(0);
-    Some(Verdict { budget, share, instances: members.len() as u32, at_limit: open <= 1 })
+    let wanting = members.iter().any(|m| m.want > m.held);
+    Some(Verdict { budget, share, instances: members.len() as u32, at_limit: open <= 1, open, wanting })
 }
 
 /// Splits `budget` over `members` (sorted by id): an instance wanting less
@@ -268,14 +275,19 @@ mod tests {
         let me = m(2, 10, 4);
         let r = reading(vec![m(1, 10, 4), m(2, 10, 1), m(3, 10, 4)], 12, 12);
         let v = judge(&r, me).unwrap();
-        assert_eq!((v.budget, v.instances, v.at_limit), (11, 3, true));
+        assert_eq!((v.budget, v.instances, v.at_limit, v.open), (11, 3, true, 0));
+        assert!(v.wanting, "each wants more than it holds");
         // Two connections of the role that no weir holds.
         let v = judge(&reading(vec![m(1, 10, 4), m(3, 10, 2)], 12, 12), me).unwrap();
         assert_eq!((v.budget, v.share), (9, 3));
         // Below the limit: not at it.
         let v = judge(&reading(vec![m(1, 10, 2)], 6, 12), m(2, 10, 4)).unwrap();
         assert!(!v.at_limit);
+        assert!(v.wanting);
+        assert_eq!(v.open, 6);
         assert_eq!(v.share, 5, "11 over two: the odd slot is the other's at this epoch");
+        let v = judge(&reading(vec![m(1, 2, 2)], 6, 12), m(2, 4, 4)).unwrap();
+        assert!(!v.wanting, "each holds what it wants");
         // No role limit: max_connections less reserved is the budget.
         let v = judge(&reading(vec![], 4, -1), me).unwrap();
         assert_eq!(v.budget, 91, "97 less the 5 connections of other roles, less the free slot");
