@@ -198,3 +198,36 @@ async fn cancels_for_one_client_never_hit_the_next() {
     c2_loop.await.expect("client 2 never saw 57014");
     assert_eq!(h.pool().metrics.closed_total(), 0, "no server was closed");
 }
+
+/// A cancel that Postgres takes only after weir's forward has given up (the
+/// relay holds the cancel connection's dial for 9 s, past weir's 5 s) can
+/// still signal the backend later, so weir never lends that server again:
+/// client 1's sleep ends uncancelled, and client 2, queued behind it, runs
+/// its own sleep on a new server connection while the late cancel arrives,
+/// and finishes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_that_outlives_its_forward_never_hits_the_next_client() {
+    let _alone = weir_e2e::serial().await;
+    let h = Harness::start(Opts { relay: true, ..trust_opts(1) }).await;
+    let direct = h.direct().await;
+    let mut c1 = super::raw_login(&h, SCRAM_USER, &[]).await.unwrap();
+    let mut c2 = super::raw_login(&h, SCRAM_USER, &[]).await.unwrap();
+    c1.send_query("select pg_sleep(6)").await.unwrap();
+    until_running(&direct, "select pg_sleep(6)").await;
+
+    let relay = h.relay.as_ref().expect("a relay");
+    relay.set_connect_delay(Duration::from_secs(9));
+    let cancel = tokio::spawn(raw::cancel(h.addr(), c1.key()));
+    let held = weir_e2e::eventually(Duration::from_secs(5), || relay.connecting_now() == 1).await;
+    assert!(held, "the relay holds the cancel connection");
+    relay.set_connect_delay(Duration::ZERO);
+    c2.send_query("select pg_sleep(6), 2 as client").await.unwrap();
+    until_waiting(&h, 1).await;
+
+    cancel.await.unwrap().expect("weir closes the cancel connection when its forward gives up");
+    let r1 = c1.reply().await.unwrap();
+    assert_eq!(r1.error, None, "the held cancel had not reached client 1's sleep");
+    let r2 = c2.reply().await.unwrap();
+    assert_eq!(r2.error, None, "the late cancel hit client 2's sleep");
+    assert_eq!(h.pool().metrics.closed_total(), 1, "the server the late cancel aims at was closed, not lent");
+}
