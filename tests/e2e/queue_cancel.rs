@@ -118,25 +118,46 @@ async fn the_oldest_waiter_still_there_gets_the_server() {
 /// Cancels in the interleaved half of `cancels_for_one_client_never_hit_the_next`.
 const INTERLEAVED: usize = 20;
 
+/// Client 1's sleep in round `round`. Each round's text is its own, so that
+/// Postgres showing it active proves that this round's query runs: a backend
+/// sends a cancelled query's error before it marks itself idle, so the
+/// previous round's text can still show as active when the next round is
+/// sent.
+fn round_sleep(round: usize) -> String {
+    format!("select pg_sleep(30), {round} as round")
+}
+
+/// Waits until Postgres runs exactly `sql` (panics after 10 s).
+async fn until_running(direct: &tokio_postgres::Client, sql: &str) {
+    let running = "select count(*) from pg_stat_activity where query = $1 and state = 'active'";
+    let end = Instant::now() + Duration::from_secs(10);
+    while direct.query_one(running, &[&sql]).await.unwrap().get::<_, i64>(0) != 1 {
+        assert!(Instant::now() < end, "client 1's sleep never ran: {sql}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// PgBouncer's test_cancel_race pattern (pool size 1): 50 cancels for
 /// client 1 fired at once at a running query, then 20 more, each at one of
 /// client 1's queries seen running, while client 2 keeps reusing the same
 /// server. Client 2 never sees 57014; each of client 1's queries does.
+///
+/// Client 1 is a raw connection that, as libpq does, waits for each cancel
+/// connection to be closed before it sends its next query: Postgres 16 and
+/// older signal the backend twice for one CancelRequest (the process, then
+/// its process group), and only the close says that both have happened, so
+/// a client that goes on sooner can have its own next query cancelled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancels_for_one_client_never_hit_the_next() {
     let _alone = weir_e2e::serial().await;
-    let h = Harness::start(Opts { pool_size: 1, ..Opts::default() }).await;
-    let c1 = h.client().await;
+    let h = Harness::start(trust_opts(1)).await;
+    let direct = h.direct().await;
+    let mut c1 = super::raw_login(&h, SCRAM_USER, &[]).await.unwrap();
     let c2 = h.client().await;
-    let token = c1.cancel_token();
 
-    // Burst: 50 cancels at once at a running pg_sleep while client 2 waits for the server.
-    let running = tokio::spawn(async move {
-        let r = c1.simple_query("select pg_sleep(5)").await;
-        (r, c1)
-    });
-    let started = weir_e2e::eventually(Duration::from_secs(5), || h.pool().snapshot().active == 1).await;
-    assert!(started, "client 1's sleep never took the server: {:?}", h.pool().snapshot());
+    // Burst: 50 cancels at once at a running sleep while client 2 waits for the server.
+    c1.send_query(&round_sleep(0)).await.unwrap();
+    until_running(&direct, &round_sleep(0)).await;
     let c2_task = tokio::spawn(async move {
         for _ in 0..20 {
             if let Err(e) = c2.simple_query("select pg_sleep(0.01)").await {
@@ -146,23 +167,18 @@ async fn cancels_for_one_client_never_hit_the_next() {
         c2
     });
     until_waiting(&h, 1).await;
-    let burst: Vec<_> = (0..50)
-        .map(|_| {
-            let t = token.clone();
-            tokio::spawn(async move { t.cancel_query(NoTls).await })
-        })
-        .collect();
+    let (addr, key) = (h.addr(), c1.key());
+    let burst: Vec<_> = (0..50).map(|_| tokio::spawn(raw::cancel(addr, key))).collect();
     for b in burst {
-        b.await.unwrap().expect("cancel request accepted");
+        b.await.unwrap().expect("cancel connection closed without an answer");
     }
-    let (r, c1) = running.await.unwrap();
-    assert_eq!(r.map(|_| ()).err().and_then(|e| sqlstate(&e)).as_deref(), Some("57014"), "client 1 was cancelled");
+    let reply = c1.reply().await.unwrap();
+    assert_eq!(reply.code(), Some("57014"), "client 1 was cancelled: {reply:?}");
 
     // Interleaved: client 2 loops on short queries on the same server while
     // client 1 runs 20 sleeps, each cancelled once it is seen running on
     // Postgres; every cancel lands on client 1's query, none on client 2's.
     let c2 = c2_task.await.expect("client 2 never saw 57014 during the burst");
-    let direct = h.direct().await;
     let c2_loop = tokio::spawn(async move {
         for _ in 0..60 {
             if let Err(e) = c2.simple_query("select pg_sleep(0.005)").await {
@@ -170,26 +186,48 @@ async fn cancels_for_one_client_never_hit_the_next() {
             }
         }
     });
-    let mut seen = 0;
-    for _ in 0..INTERLEAVED {
-        let sleeping = c1.simple_query("select pg_sleep(30)");
-        let cancel = async {
-            let running =
-                "select count(*) from pg_stat_activity where query = 'select pg_sleep(30)' and state = 'active'";
-            let end = Instant::now() + Duration::from_secs(10);
-            while direct.query_one(running, &[]).await.unwrap().get::<_, i64>(0) != 1 {
-                assert!(Instant::now() < end, "client 1's sleep never ran");
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            token.cancel_query(NoTls).await.expect("cancel request accepted");
-        };
-        let (r, ()) = tokio::join!(sleeping, cancel);
-        match r {
-            Err(e) if sqlstate(&e).as_deref() == Some("57014") => seen += 1,
-            other => panic!("client 1's sleep was not cancelled: {other:?}"),
-        }
+    for round in 1..=INTERLEAVED {
+        let sql = round_sleep(round);
+        c1.send_query(&sql).await.unwrap();
+        until_running(&direct, &sql).await;
+        raw::cancel(addr, key).await.expect("cancel connection closed without an answer");
+        let reply = c1.reply().await.unwrap();
+        assert_eq!(reply.code(), Some("57014"), "round {round}: client 1's sleep was not cancelled: {reply:?}");
+        assert_eq!(reply.status, b'I', "round {round}");
     }
     c2_loop.await.expect("client 2 never saw 57014");
-    assert_eq!(seen, INTERLEAVED, "each cancel stopped client 1's running query");
     assert_eq!(h.pool().metrics.closed_total(), 0, "no server was closed");
+}
+
+/// A cancel that Postgres takes only after weir's forward has given up (the
+/// relay holds the cancel connection's dial for 9 s, past weir's 5 s) can
+/// still signal the backend later, so weir never lends that server again:
+/// client 1's sleep ends uncancelled, and client 2, queued behind it, runs
+/// its own sleep on a new server connection while the late cancel arrives,
+/// and finishes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_that_outlives_its_forward_never_hits_the_next_client() {
+    let _alone = weir_e2e::serial().await;
+    let h = Harness::start(Opts { relay: true, ..trust_opts(1) }).await;
+    let direct = h.direct().await;
+    let mut c1 = super::raw_login(&h, SCRAM_USER, &[]).await.unwrap();
+    let mut c2 = super::raw_login(&h, SCRAM_USER, &[]).await.unwrap();
+    c1.send_query("select pg_sleep(6)").await.unwrap();
+    until_running(&direct, "select pg_sleep(6)").await;
+
+    let relay = h.relay.as_ref().expect("a relay");
+    relay.set_connect_delay(Duration::from_secs(9));
+    let cancel = tokio::spawn(raw::cancel(h.addr(), c1.key()));
+    let held = weir_e2e::eventually(Duration::from_secs(5), || relay.connecting_now() == 1).await;
+    assert!(held, "the relay holds the cancel connection");
+    relay.set_connect_delay(Duration::ZERO);
+    c2.send_query("select pg_sleep(6), 2 as client").await.unwrap();
+    until_waiting(&h, 1).await;
+
+    cancel.await.unwrap().expect("weir closes the cancel connection when its forward gives up");
+    let r1 = c1.reply().await.unwrap();
+    assert_eq!(r1.error, None, "the held cancel had not reached client 1's sleep");
+    let r2 = c2.reply().await.unwrap();
+    assert_eq!(r2.error, None, "the late cancel hit client 2's sleep");
+    assert_eq!(h.pool().metrics.closed_total(), 1, "the server the late cancel aims at was closed, not lent");
 }

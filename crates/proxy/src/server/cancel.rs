@@ -7,7 +7,7 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,6 +24,10 @@ use crate::tls::ServerTls;
 #[derive(Debug, Default)]
 pub struct CancelGate {
     in_flight: AtomicUsize,
+    /// A forward gave up before Postgres closed the cancel connection: the
+    /// signal may still reach the backend at any time, so the gate never
+    /// opens again and the connection is closed instead of lent.
+    lost: AtomicBool,
     done: Notify,
     /// The connection uses TLS: so does its cancel (as libpq 17's), with the
     /// same client configuration and server name.
@@ -55,13 +59,13 @@ impl CancelGate {
         let wait = async {
             loop {
                 let notified = self.done.notified();
-                if self.is_open() {
+                if self.is_open() || self.lost.load(Ordering::Acquire) {
                     return;
                 }
                 notified.await;
             }
         };
-        tokio::time::timeout(limit, wait).await.is_ok()
+        tokio::time::timeout(limit, wait).await.is_ok() && self.is_open()
     }
 }
 
@@ -95,7 +99,10 @@ pub struct CancelTarget {
 /// Sends a CancelRequest and waits for Postgres to close the socket, which it
 /// does after signalling the backend. The gate shuts when this is called (not
 /// when the future first runs) and stays shut until then, so the server cannot
-/// be lent to another client in between.
+/// be lent to another client in between. A forward that fails or runs out of
+/// time leaves the gate shut for good: the request may still be on its way
+/// (a slow path or a busy postmaster), and its signal must not find the next
+/// client's query.
 pub(crate) fn forward_cancel(
     target: CancelTarget,
     limit: Duration,
@@ -103,12 +110,19 @@ pub(crate) fn forward_cancel(
     target.gate.in_flight.fetch_add(1, Ordering::AcqRel);
     let ticket = GateTicket(target.gate.clone());
     async move {
-        let result = tokio::time::timeout(limit, send_cancel(&target)).await;
-        drop(ticket);
-        match result {
+        let result = match tokio::time::timeout(limit, send_cancel(&target)).await {
             Ok(r) => r,
             Err(_) => Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "cancel request timed out")),
+        };
+        if result.is_err() {
+            target.gate.lost.store(true, Ordering::Release);
+            // The ticket stays taken: the gate never opens again.
+            std::mem::forget(ticket);
+            target.gate.done.notify_waiters();
+        } else {
+            drop(ticket);
         }
+        result
     }
 }
 
@@ -137,4 +151,40 @@ async fn send_cancel(target: &CancelTarget) -> std::io::Result<()> {
     // Postgres answers nothing and closes once the backend has been signalled.
     while s.read(&mut sink).await? > 0 {}
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A forward that runs out of time leaves the gate shut for good, and a
+    /// wait for it says so at once; one that Postgres answers opens it.
+    #[tokio::test]
+    async fn a_forward_that_gives_up_never_opens_the_gate() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let target = CancelTarget {
+            addr: CancelAddr::Tcp(addr),
+            pid: 1,
+            gate: Arc::new(CancelGate::new(vec![0; 4].into_boxed_slice(), None)),
+        };
+        // Takes the request and never closes: the forward times out.
+        let forward = tokio::spawn(forward_cancel(target.clone(), Duration::from_millis(50)));
+        let (silent, _) = listener.accept().await.unwrap();
+        assert!(forward.await.unwrap().is_err());
+        assert!(!target.gate.is_open());
+        assert!(!target.gate.wait_clear(Duration::from_secs(5)).await);
+        drop(silent);
+
+        // Closes once the request is in, as Postgres does: the gate opens.
+        let answered = CancelTarget { gate: Arc::new(CancelGate::new(vec![0; 4].into_boxed_slice(), None)), ..target };
+        let forward = tokio::spawn(forward_cancel(answered.clone(), Duration::from_secs(5)));
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut request = [0u8; 16];
+        s.read_exact(&mut request).await.unwrap();
+        drop(s);
+        forward.await.unwrap().expect("the request was taken");
+        assert!(answered.gate.is_open());
+        assert!(answered.gate.wait_clear(Duration::from_secs(5)).await);
+    }
 }
