@@ -85,8 +85,7 @@ impl ClientStatements {
             self.q.expect.push_back(Expect::Parse { pass: true, weir: None, client });
             return Ok(Step::Next);
         }
-        if server.contains(&stmt.weir) {
-            server.touch(&stmt.weir);
+        if server.hold(&stmt.weir) {
             self.metrics.record_unnamed_hit();
             rw.splice(src, m.at, m.total, &[]);
             self.q.expect.push_back(Expect::FakeParse { client: UNNAMED.to_vec(), stmt });
