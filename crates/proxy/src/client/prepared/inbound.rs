@@ -120,9 +120,9 @@ impl ClientStatements {
 
     fn owed_here(&mut self, src: &[u8], at: usize, rw: &mut Rewrite) {
         if self.q.expect.front().is_some_and(Expect::is_synthetic) {
-            let mut out = BytesMut::new();
-            self.emit_owed(&mut out);
-            rw.splice(src, at, 0, &out);
+            rw.splice_with(src, at, 0, |out| {
+                self.emit_owed(out);
+            });
         }
     }
 
