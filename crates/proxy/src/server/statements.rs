@@ -7,6 +7,7 @@
 //! valid until the transaction ends.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 use weir_metrics::SharedCount;
@@ -20,7 +21,7 @@ struct Entry {
 /// The prepared-statement cache of one server connection.
 #[derive(Debug, Default)]
 pub struct ServerStatements {
-    entries: HashMap<Arc<str>, Entry>,
+    entries: HashMap<Arc<str>, Entry, BuildHasherDefault<NameHasher>>,
     by_age: BTreeMap<u64, Arc<str>>,
     maybe: HashSet<Arc<str>>,
     /// Prepared since the server was last idle: if that transaction rolls
@@ -98,11 +99,23 @@ impl ServerStatements {
 
     /// Marks a prepared statement as just used.
     pub fn touch(&mut self, name: &str) {
-        let Some((key, e)) = self.entries.get_key_value(name).map(|(k, e)| (k.clone(), *e)) else { return };
-        self.by_age.remove(&e.tick);
-        self.tick += 1;
-        self.by_age.insert(self.tick, key.clone());
-        self.entries.insert(key, Entry { tick: self.tick, lease: self.lease });
+        self.hold(name);
+    }
+
+    /// Whether the statement is prepared (or being prepared) on the server;
+    /// if so, marks it as just used. One look-up; none of the LRU order
+    /// changes when it is already the most recently used.
+    pub fn hold(&mut self, name: &str) -> bool {
+        let Some(e) = self.entries.get_mut(name) else { return false };
+        e.lease = self.lease;
+        if e.tick != self.tick {
+            self.tick += 1;
+            let was = std::mem::replace(&mut e.tick, self.tick);
+            if let Some(key) = self.by_age.remove(&was) {
+                self.by_age.insert(self.tick, key);
+            }
+        }
+        true
     }
 
     /// Records `name` as prepared. Returns the names evicted to stay within
@@ -110,8 +123,7 @@ impl ServerStatements {
     /// caller closes them on the server.
     pub fn insert(&mut self, name: Arc<str>, max: usize) -> Vec<Arc<str>> {
         self.maybe.remove(&name);
-        if self.entries.contains_key(&name) {
-            self.touch(&name);
+        if self.hold(&name) {
             return Vec::new();
         }
         let mut evicted = Vec::new();
@@ -171,6 +183,46 @@ impl ServerStatements {
     }
 }
 
+/// Hashes weir's statement names a word at a time (a multiply per eight
+/// bytes): they are looked up on every Parse and Bind of a tracked client,
+/// and are weir's own (hex digits of a digest), never chosen by a client,
+/// so a keyed hash buys nothing.
+#[derive(Debug, Default)]
+struct NameHasher(u64);
+
+impl NameHasher {
+    #[inline]
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+impl Hasher for NameHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        let mut words = bytes.chunks_exact(8);
+        for w in &mut words {
+            self.add(u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]));
+        }
+        let rest = words.remainder();
+        if !rest.is_empty() {
+            let mut w = [0u8; 8];
+            w[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(w));
+        }
+    }
+
+    #[inline]
+    fn write_u8(&mut self, b: u8) {
+        self.add(u64::from(b));
+    }
+
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,6 +242,25 @@ mod tests {
         assert_eq!(s.insert(n("c"), 2), vec![n("b")]);
         assert!(s.contains("a") && s.contains("c") && !s.contains("b"));
         assert_eq!(s.len(), 2);
+    }
+
+    #[test]
+    fn holding_the_newest_again_keeps_it_newest_and_protects_it_in_a_new_lease() {
+        let mut s = ServerStatements::default();
+        s.begin_lease();
+        s.insert(n("weir_0123456789abcdef01234567"), 2);
+        s.insert(n("weir_76543210fedcba9876543210"), 2);
+        assert!(s.hold("weir_76543210fedcba9876543210"), "already the newest");
+        assert!(s.hold("weir_76543210fedcba9876543210"));
+        assert!(!s.hold("weir_ffffffffffffffffffffffff"));
+        s.begin_lease();
+        assert!(s.hold("weir_76543210fedcba9876543210"), "used in this lease, not evicted");
+        assert_eq!(s.insert(n("c"), 2), vec![n("weir_0123456789abcdef01234567")]);
+        assert!(s.insert(n("d"), 2).is_empty(), "both held in this lease: kept over the limit");
+        assert_eq!(s.len(), 3);
+        s.begin_lease();
+        assert!(s.hold("c"));
+        assert_eq!(s.insert(n("e"), 2), vec![n("weir_76543210fedcba9876543210"), n("d")]);
     }
 
     #[test]

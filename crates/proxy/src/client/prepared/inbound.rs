@@ -103,9 +103,14 @@ impl ClientStatements {
     }
 
     /// Replies weir owes at the head of the queue, when no server message is
-    /// being passed on: for a transfer loop with nothing else to send.
+    /// being passed on: for a transfer loop with nothing else to send. None
+    /// while a Sync or Query the server will answer is queued behind them:
+    /// they then go out with the server's replies, in place, in one write.
     pub fn synthetic(&mut self) -> Option<Synthetic> {
         if !self.tracking || self.reply_partial > 0 || !self.q.expect.front().is_some_and(Expect::is_synthetic) {
+            return None;
+        }
+        if self.q.expect.iter().skip_while(|e| e.is_synthetic()).any(|e| matches!(e, Expect::Sync | Expect::Query)) {
             return None;
         }
         let mut out = BytesMut::new();
@@ -115,9 +120,9 @@ impl ClientStatements {
 
     fn owed_here(&mut self, src: &[u8], at: usize, rw: &mut Rewrite) {
         if self.q.expect.front().is_some_and(Expect::is_synthetic) {
-            let mut out = BytesMut::new();
-            self.emit_owed(&mut out);
-            rw.splice(src, at, 0, &out);
+            rw.splice_with(src, at, 0, |out| {
+                self.emit_owed(out);
+            });
         }
     }
 

@@ -400,14 +400,23 @@ struct Rewrite {
     out: Option<BytesMut>,
     /// Source bytes already accounted for in `out`.
     copied: usize,
+    /// Room the edited copy is made with, at least (so that it can take the
+    /// place of a read buffer of that capacity without growing).
+    room: usize,
 }
 
 impl Rewrite {
     /// Replaces `len` source bytes at `at` (at or after earlier splices) with `with`.
     fn splice(&mut self, src: &[u8], at: usize, len: usize, with: &[u8]) {
-        let out = self.out.get_or_insert_with(|| BytesMut::with_capacity(src.len() + 256));
+        self.splice_with(src, at, len, |out| out.extend_from_slice(with));
+    }
+
+    /// Replaces `len` source bytes at `at` with what `write` appends.
+    fn splice_with(&mut self, src: &[u8], at: usize, len: usize, write: impl FnOnce(&mut BytesMut)) {
+        let room = self.room.max(src.len() + 256);
+        let out = self.out.get_or_insert_with(|| BytesMut::with_capacity(room));
         out.extend_from_slice(&src[self.copied..at]);
-        out.extend_from_slice(with);
+        write(out);
         self.copied = at + len;
     }
 }

@@ -80,7 +80,7 @@ impl ClientStatements {
             return Ok(client_in.len());
         }
         let src: &[u8] = client_in;
-        let mut rw = Rewrite::default();
+        let mut rw = Rewrite { room: client_in.capacity(), ..Rewrite::default() };
         let mut at = (self.pass_remaining as usize).min(src.len());
         self.pass_remaining -= at as u32;
         if self.pass_remaining > 0 {
@@ -285,8 +285,7 @@ impl ClientStatements {
                 name
             }
         };
-        if server.contains(&stmt.weir) {
-            server.touch(&stmt.weir);
+        if server.hold(&stmt.weir) {
             if self.status == status::FAILED {
                 // Postgres answers 25P02 (or, for COMMIT/ROLLBACK, parses):
                 // the unnamed statement gets the server's own answer.
@@ -339,9 +338,7 @@ impl ClientStatements {
             self.lease |= TOUCHED_SETTINGS;
         }
         self.ensure(&stmt, src, m.at, server, rw);
-        let mut new_head = BytesMut::new();
-        extended::bind_head(&mut new_head, m.total, &head, &stmt.weir);
-        rw.splice(src, m.at, head.rest_at, &new_head);
+        rw.splice_with(src, m.at, head.rest_at, |out| extended::bind_head(out, m.total, &head, &stmt.weir));
         Ok(self.pass(m, Expect::Bind { managed: true }))
     }
 
@@ -359,9 +356,7 @@ impl ClientStatements {
         let managed = stmt.is_some();
         if let Some(stmt) = stmt {
             self.ensure(&stmt, src, m.at, server, rw);
-            let mut msg = BytesMut::new();
-            extended::target(&mut msg, fe::DESCRIBE, TARGET_STATEMENT, &stmt.weir);
-            rw.splice(src, m.at, m.total, &msg);
+            rw.splice_with(src, m.at, m.total, |out| extended::target(out, fe::DESCRIBE, TARGET_STATEMENT, &stmt.weir));
         }
         Ok(self.pass(m, Expect::Describe { managed }))
     }
@@ -458,8 +453,7 @@ impl ClientStatements {
 
     /// The messages that prepare `stmt` if the server lacks it.
     fn prepare_if_missing(&mut self, stmt: &Arc<Statement>, server: &mut ServerStatements) -> Option<BytesMut> {
-        if server.contains(&stmt.weir) {
-            server.touch(&stmt.weir);
+        if server.hold(&stmt.weir) {
             return None;
         }
         Some(self.server_parse(stmt, server, None))

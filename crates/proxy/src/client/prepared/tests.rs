@@ -231,6 +231,18 @@ fn a_lone_parse_with_flush_is_answered_without_the_server() {
 }
 
 #[test]
+fn a_parse_weir_answers_goes_out_with_the_replies_when_a_sync_follows() {
+    let mut s = Sim::new(20);
+    s.sent(&[parse("a", "select 1"), sync()].concat());
+    s.recv(&[reply(be::PARSE_COMPLETE), rfq(b'I')].concat());
+    let sent = s.sent(&[parse("b", "select 1"), bind("b"), execute(), sync()].concat());
+    assert_eq!(tags(&sent), "BES");
+    assert!(s.stage.synthetic().is_none(), "nothing written before the server answers");
+    let seen = s.recv(&[reply(be::BIND_COMPLETE), msg(be::COMMAND_COMPLETE, b"SELECT 1\0"), rfq(b'I')].concat());
+    assert_eq!(tags(&seen), "12CZ", "its ParseComplete in place, in the same bytes");
+}
+
+#[test]
 fn error_mid_batch_skips_to_sync_and_undoes_assumptions() {
     let mut s = Sim::new(20);
     s.sent(&[parse("a", "select 1"), sync()].concat());

@@ -68,11 +68,7 @@ impl ClientStatements {
         if let Some(prior) = self.statements.remove(UNNAMED) {
             self.q.expect.push_back(Expect::Unnamed { prior, raw: self.q.unnamed_raw });
         }
-        let plain = self.q.hot > 0
-            && m.whole()
-            && m.total <= MAX_TRACKED_PARSE
-            && self.status != status::FAILED
-            && classify(&body[1..]) == Sql::Other;
+        let plain = self.q.hot > 0 && m.whole() && m.total <= MAX_TRACKED_PARSE && self.status != status::FAILED;
         let Some((stmt, hot)) = plain.then(|| self.sighting(body, server)).flatten() else {
             self.look_at(&body[1..], server);
             self.q.expect.push_back(Expect::Parse { pass: true, weir: None, client: None });
@@ -85,8 +81,7 @@ impl ClientStatements {
             self.q.expect.push_back(Expect::Parse { pass: true, weir: None, client });
             return Ok(Step::Next);
         }
-        if server.contains(&stmt.weir) {
-            server.touch(&stmt.weir);
+        if server.hold(&stmt.weir) {
             self.metrics.record_unnamed_hit();
             rw.splice(src, m.at, m.total, &[]);
             self.q.expect.push_back(Expect::FakeParse { client: UNNAMED.to_vec(), stmt });
@@ -100,7 +95,9 @@ impl ClientStatements {
 
     /// Counts a sighting of the unnamed Parse `body`: weir's statement for
     /// it, and whether it is hot (parsed often enough lately, or already on
-    /// this server). None for a malformed body (the server answers it).
+    /// this server). None for a text that is not plain `Sql::Other` (only
+    /// such texts are counted, so a counted one is not classified again),
+    /// or a malformed body (the server answers it).
     fn sighting(&mut self, body: &[u8], server: &ServerStatements) -> Option<(Arc<Statement>, bool)> {
         let text = &body[1..];
         let epoch = self.metrics.statements_epoch();
@@ -111,6 +108,9 @@ impl ClientStatements {
                 recent[0].count.saturating_add(1)
             }
             None => {
+                if classify(text) != Sql::Other {
+                    return None;
+                }
                 recent.truncate(RECENT - 1);
                 let p = extended::read_parse(body).ok()?;
                 let stmt = Arc::new(Statement::new(p.query, p.param_types, epoch));
