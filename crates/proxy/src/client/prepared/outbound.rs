@@ -178,6 +178,7 @@ impl ClientStatements {
             Sql::Pins(why) => self.pin(why),
             Sql::DropsAll => {
                 self.lease |= TOUCHED_SETTINGS;
+                self.unshare_unnamed();
                 server.mark_all_uncertain();
             }
             Sql::Ddl => self.saw_ddl(),
@@ -270,7 +271,7 @@ impl ClientStatements {
         };
         self.look_at(p.query, server);
         self.metrics.record_client_parse();
-        let stmt = Arc::new(Statement::new(p.query, p.param_types, self.metrics.statements_epoch()));
+        let stmt = Arc::new(Statement::new(p.query, p.param_types, self.metrics.statements_epoch(), self.q.scope));
         // One look-up, and the same two copies of the name as ever.
         let name = match self.statements.entry(p.name.to_vec()) {
             Entry::Occupied(held) => {
@@ -333,10 +334,12 @@ impl ClientStatements {
             return Ok(if m.whole() { self.pass(m, Expect::Bind { managed: false }) } else { Step::Wait });
         };
         let Some(stmt) = self.managed(head.statement) else {
+            self.close_if_gone(head.statement, src, m.at, rw);
             return Ok(self.pass(m, Expect::Bind { managed: false }));
         };
         if stmt.sets {
             self.lease |= TOUCHED_SETTINGS;
+            self.unshare_unnamed();
         }
         self.ensure(&stmt, src, m.at, server, rw);
         let mut new_head = BytesMut::new();
@@ -353,7 +356,13 @@ impl ClientStatements {
         rw: &mut Rewrite,
     ) -> Result<Step, ProtocolError> {
         let stmt = match extended::read_target(m.body()) {
-            Ok((TARGET_STATEMENT, name)) => self.managed(name),
+            Ok((TARGET_STATEMENT, name)) => {
+                let stmt = self.managed(name);
+                if stmt.is_none() {
+                    self.close_if_gone(name, src, m.at, rw);
+                }
+                stmt
+            }
             _ => None,
         };
         let managed = stmt.is_some();
@@ -368,9 +377,16 @@ impl ClientStatements {
 
     fn on_close(&mut self, m: &Msg<'_>, src: &[u8], rw: &mut Rewrite) -> Result<Step, ProtocolError> {
         if let Ok((TARGET_STATEMENT, name)) = extended::read_target(m.body()) {
-            if name.is_empty() && self.q.unnamed_raw {
-                // The server's own unnamed statement: its Close answers.
-                self.statements.remove(name);
+            if name.is_empty() {
+                // Postgres drops it; weir's statement, or the server's own,
+                // whose Close answers.
+                let stmt = self.managed(name);
+                self.drop_unnamed();
+                if let Some(stmt) = stmt {
+                    rw.splice(src, m.at, m.total, &[]);
+                    self.q.expect.push_back(Expect::FakeClose { client: name.to_vec(), stmt });
+                    return Ok(Step::Next);
+                }
             } else if let Some(stmt) = self.statements.remove(name) {
                 // The server-side statement stays: other clients may share it.
                 rw.splice(src, m.at, m.total, &[]);
@@ -392,7 +408,7 @@ impl ClientStatements {
             return Ok(Step::Wait);
         }
         // A simple query drops the unnamed statement.
-        self.statements.remove(&[][..]);
+        self.drop_unnamed();
         if let (true, Sql::Deallocate(name)) = (m.whole(), classify(m.body())) {
             if let Some(stmt) = self.statements.remove(&name) {
                 rw.splice(src, m.at, m.total, &[]);
@@ -410,6 +426,7 @@ impl ClientStatements {
             Sql::Pins(why) => self.pin(why),
             Sql::DropsAll => {
                 self.lease |= TOUCHED_SETTINGS;
+                self.unshare_unnamed();
                 self.statements.clear();
                 server.mark_all_uncertain();
             }
