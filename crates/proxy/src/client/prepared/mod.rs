@@ -375,8 +375,8 @@ impl ClientStatements {
     }
 
     fn pin(&mut self, why: &'static str) {
-        self.unshare_unnamed();
         if self.pinned.is_none() {
+            self.unshare_unnamed();
             crate::span::client_event!(
                 info,
                 reason = why,
