@@ -58,6 +58,9 @@ const REGRESSIONS: &[&str] = &[
     // ParseComplete of weir's.
     "0:P_=0;B_=_;E_/0;S | 0:Q0 | 0:P_=0;S | 0:P_=5;B_=_;E_/0;S;P_=0;B_=_;E_/0;S | 0:Q2",
     "0:P_=0;B_=_;E_/0;S | 0:Q0 | 0:P_=0;S | 0:Q10;P_=0;B_=_;E_/0;S | 0:Q2",
+    // Two names of one statement of weir's (the same text): an error on a
+    // Bind of one names that one.
+    "2:P_=0;Ps3=5;Ps1=5 | 2:Ps3=1 | 2:Bp1=s3;Ps1=3;S | 2:P_=4;B_=s3;B_=s4;CSs4;CSs2;P_=7;S",
 ];
 
 /// One message as compared: its tag and its body with inherent differences masked.

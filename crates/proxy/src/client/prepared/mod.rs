@@ -117,12 +117,12 @@ enum Expect {
         weir: Option<Arc<str>>,
         client: Option<(Vec<u8>, Arc<Statement>)>,
     },
-    /// `managed`: it names one of weir's statements.
+    /// `managed`: the client's statement it names, one of weir's.
     Bind {
-        managed: bool,
+        managed: Option<Arc<Statement>>,
     },
     Describe {
-        managed: bool,
+        managed: Option<Arc<Statement>>,
     },
     Execute,
     /// The client's Parse of a name it holds, sent as a Parse of that

@@ -331,11 +331,11 @@ impl ClientStatements {
         rw: &mut Rewrite,
     ) -> Result<Step, ProtocolError> {
         let Some(head) = extended::read_bind_head(m.bytes)? else {
-            return Ok(if m.whole() { self.pass(m, Expect::Bind { managed: false }) } else { Step::Wait });
+            return Ok(if m.whole() { self.pass(m, Expect::Bind { managed: None }) } else { Step::Wait });
         };
         let Some(stmt) = self.managed(head.statement) else {
             self.close_if_gone(head.statement, src, m.at, rw);
-            return Ok(self.pass(m, Expect::Bind { managed: false }));
+            return Ok(self.pass(m, Expect::Bind { managed: None }));
         };
         if stmt.sets {
             self.lease |= TOUCHED_SETTINGS;
@@ -345,7 +345,7 @@ impl ClientStatements {
         let mut new_head = BytesMut::new();
         extended::bind_head(&mut new_head, m.total, &head, &stmt.weir);
         rw.splice(src, m.at, head.rest_at, &new_head);
-        Ok(self.pass(m, Expect::Bind { managed: true }))
+        Ok(self.pass(m, Expect::Bind { managed: Some(stmt) }))
     }
 
     fn on_describe(
@@ -365,14 +365,13 @@ impl ClientStatements {
             }
             _ => None,
         };
-        let managed = stmt.is_some();
-        if let Some(stmt) = stmt {
-            self.ensure(&stmt, src, m.at, server, rw);
+        if let Some(stmt) = &stmt {
+            self.ensure(stmt, src, m.at, server, rw);
             let mut msg = BytesMut::new();
             extended::target(&mut msg, fe::DESCRIBE, TARGET_STATEMENT, &stmt.weir);
             rw.splice(src, m.at, m.total, &msg);
         }
-        Ok(self.pass(m, Expect::Describe { managed }))
+        Ok(self.pass(m, Expect::Describe { managed: stmt }))
     }
 
     fn on_close(&mut self, m: &Msg<'_>, src: &[u8], rw: &mut Rewrite) -> Result<Step, ProtocolError> {
@@ -525,8 +524,8 @@ impl ClientStatements {
 fn owed_for(tag: u8, copy_in: &mut bool) -> Option<Expect> {
     Some(match tag {
         fe::PARSE => Expect::Parse { pass: true, weir: None, client: None },
-        fe::BIND => Expect::Bind { managed: false },
-        fe::DESCRIBE => Expect::Describe { managed: false },
+        fe::BIND => Expect::Bind { managed: None },
+        fe::DESCRIBE => Expect::Describe { managed: None },
         fe::CLOSE => Expect::Close { pass: true, evicted: None },
         fe::EXECUTE => Expect::Execute,
         fe::QUERY | fe::FUNCTION_CALL => Expect::Query,
