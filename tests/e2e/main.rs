@@ -35,6 +35,7 @@ mod pipeline;
 mod pool_parity;
 mod prepared;
 mod prepared_ddl;
+mod prepared_edges;
 mod prepared_unnamed;
 mod protocol32;
 mod queue;

@@ -53,6 +53,14 @@ const REGRESSIONS: &[&str] = &[
      0:F;F;DSs4;Ps4=5;Bp1=s1;CSs3;B_=s3;F | 2:F;Ps1=5;F | 0:S | 2:S",
     // An error naming one of weir's statements names the client's.
     "1:Ps4=7 | 1:Bp1=s4!;Ep1/0;DPp1;S",
+    // An unnamed Parse the server already holds, queued behind a Sync or a
+    // simple query that fails the transaction: Postgres's 25P02, no
+    // ParseComplete of weir's.
+    "0:P_=0;B_=_;E_/0;S | 0:Q0 | 0:P_=0;S | 0:P_=5;B_=_;E_/0;S;P_=0;B_=_;E_/0;S | 0:Q2",
+    "0:P_=0;B_=_;E_/0;S | 0:Q0 | 0:P_=0;S | 0:Q10;P_=0;B_=_;E_/0;S | 0:Q2",
+    // Two names of one statement of weir's (the same text): an error on a
+    // Bind of one names that one.
+    "2:P_=0;Ps3=5;Ps1=5 | 2:Ps3=1 | 2:Bp1=s3;Ps1=3;S | 2:P_=4;B_=s3;B_=s4;CSs4;CSs2;P_=7;S",
 ];
 
 /// One message as compared: its tag and its body with inherent differences masked.

@@ -89,6 +89,7 @@ impl<'a> Session<'a> {
         if settings.get("search_path").is_none() {
             prepared.prepare_unnamed_after(pool_settings.prepare_unnamed_after);
         }
+        prepared.resolves_names_with(settings.get("search_path"));
         Session {
             client,
             client_in,
@@ -433,6 +434,7 @@ impl<'a> Session<'a> {
                 let mut settings = self.settings.after_read_back(on_server.clone());
                 self.pool.stamps.canonicalize(&mut settings);
                 conn.adopt_settings(on_server);
+                self.prepared.resolves_names_with(settings.get("search_path"));
                 self.settings = settings;
             }
             Ok(Ok(Readback::Unreadable)) => {

@@ -15,10 +15,12 @@
 //! failing message were already sent, since they are sent as soon as they
 //! reach the head of the queue.
 
+use std::sync::Arc;
+
 use bytes::{Bytes, BytesMut};
 
 use super::owed::Observed;
-use super::{ClientStatements, Expect, Rewrite};
+use super::{ClientStatements, Expect, Rewrite, Statement};
 use crate::protocol::{
     extended,
     messages::{self, Severity},
@@ -228,11 +230,12 @@ impl ClientStatements {
             {
                 fate = Fate::Replace(renamed(msg, old.as_bytes(), client));
             }
-            Some(Expect::Bind { managed: true } | Expect::Describe { managed: true }) => {
+            Some(Expect::Bind { managed: Some(stmt) } | Expect::Describe { managed: Some(stmt) }) => {
+                let stmt = stmt.clone();
                 if is_stale(code) {
                     self.invalidate();
                 }
-                fate = self.client_names(msg).map_or(Fate::Pass, Fate::Replace);
+                fate = self.client_names(msg, &stmt).map_or(Fate::Pass, Fate::Replace);
             }
             _ => {}
         }
@@ -304,13 +307,15 @@ impl ClientStatements {
 }
 
 impl ClientStatements {
-    /// An error about one of the client's statements, with weir's name for
-    /// it (a Bind's parameter count, say) replaced by the client's.
-    fn client_names(&self, msg: &[u8]) -> Option<Bytes> {
+    /// An error about the client's statement `failed`, with weir's name for
+    /// it (a Bind's parameter count, say) replaced by the client's: the name
+    /// the failing message used, where several name one statement of weir's.
+    fn client_names(&self, msg: &[u8], failed: &Arc<Statement>) -> Option<Bytes> {
         let body = msg.get(HEADER_LEN..)?;
         memchr::memmem::find(body, b"weir_")?;
-        let (client, stmt) =
-            self.statements.iter().find(|(_, s)| memchr::memmem::find(body, s.weir.as_bytes()).is_some())?;
+        let named = |s: &Arc<Statement>| memchr::memmem::find(body, s.weir.as_bytes()).is_some();
+        let (client, stmt) = (self.statements.iter().find(|(_, s)| Arc::ptr_eq(s, failed) && named(s)))
+            .or_else(|| self.statements.iter().find(|(_, s)| named(s)))?;
         Some(renamed(msg, stmt.weir.as_bytes(), client))
     }
 }

@@ -54,6 +54,7 @@ mod unnamed;
 pub use outbound::HOLD_FOR_TEST;
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
@@ -78,13 +79,17 @@ pub struct Statement {
 
 impl Statement {
     /// weir's statement for a query text and raw parameter-type section,
-    /// parsed in the pool's statement generation `epoch`.
-    pub fn new(query: &[u8], param_types: &[u8], epoch: u64) -> Statement {
+    /// parsed in the pool's statement generation `epoch` by a client whose
+    /// settings resolve names as `scope` says (`ClientStatements::scope`).
+    pub fn new(query: &[u8], param_types: &[u8], epoch: u64, scope: u64) -> Statement {
         let mut h = Sha256::new();
         h.update(query);
         h.update([0u8]);
         h.update(param_types);
         h.update(epoch.to_le_bytes());
+        if scope != 0 {
+            h.update(scope.to_le_bytes());
+        }
         let digest = h.finalize();
         let hex: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
         let weir: Arc<str> = Arc::from(format!("weir_{hex}"));
@@ -112,12 +117,12 @@ enum Expect {
         weir: Option<Arc<str>>,
         client: Option<(Vec<u8>, Arc<Statement>)>,
     },
-    /// `managed`: it names one of weir's statements.
+    /// `managed`: the client's statement it names, one of weir's.
     Bind {
-        managed: bool,
+        managed: Option<Arc<Statement>>,
     },
     Describe {
-        managed: bool,
+        managed: Option<Arc<Statement>>,
     },
     Execute,
     /// The client's Parse of a name it holds, sent as a Parse of that
@@ -136,13 +141,13 @@ enum Expect {
     Sync,
     /// A simple Query or FunctionCall: answered up to ReadyForQuery.
     Query,
-    /// An unnamed Parse replaced the client's unnamed statement `prior`
-    /// (`raw`: sent to the server as its own unnamed statement in this
-    /// lease). No reply: popped when it reaches the head; if the Parse is
-    /// skipped, `prior` is the client's unnamed statement again.
+    /// An unnamed Parse (or a simple query) replaced the client's unnamed
+    /// statement: weir's statement `prior`, with the unnamed state `was`.
+    /// No reply: popped when it reaches the head; if the message is
+    /// skipped, they are the client's again.
     Unnamed {
-        prior: Arc<Statement>,
-        raw: bool,
+        prior: Option<Arc<Statement>>,
+        was: unnamed::Unnamed,
     },
     /// The client's Parse of a statement already on the server: weir answers.
     FakeParse {
@@ -188,9 +193,11 @@ struct Queues {
     recent: Vec<unnamed::Seen>,
     /// prepare_unnamed_after for this client (0: off).
     hot: u32,
-    /// The client's unnamed statement is the server's own unnamed
-    /// statement, parsed as it was sent in this lease.
-    unnamed_raw: bool,
+    /// What the client's unnamed statement is, besides weir's statement
+    /// in `statements` (`unnamed.rs`).
+    unnamed: unnamed::Unnamed,
+    /// How the client's settings resolve names (`ClientStatements::scope`).
+    scope: u64,
 }
 
 /// `ClientStatements::lease`: a statement sent during this lease may have
@@ -203,6 +210,16 @@ const RAN_DDL: u8 = 2;
 /// queue held no Sync after it: the server skips what the client sends up
 /// to its next Sync.
 const SKIPPING: u8 = 4;
+
+/// Marks a scope no other client shares (`private_scope`); shared ones,
+/// hashed from a search_path, never have it.
+const PRIVATE_SCOPE: u64 = 1 << 63;
+
+/// A statement scope of one client alone, while its settings are unknown.
+fn private_scope() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed) | PRIVATE_SCOPE
+}
 
 /// One client's prepared-statement and pinning state.
 #[derive(Debug)]
@@ -265,11 +282,27 @@ impl ClientStatements {
         self.q.hot = if self.max > 0 { after } else { 0 };
     }
 
-    /// This client changed a setting: its statements may resolve names
-    /// differently from other clients' from now on, so its unnamed
-    /// statements are no longer shared.
+    /// This client may have changed a setting: its statements may resolve
+    /// names differently from other clients' from now on, so its unnamed
+    /// statements are no longer shared, and its named ones are its own
+    /// until its settings are known again (`resolves_names_with`).
     fn unshare_unnamed(&mut self) {
         self.q.hot = 0;
+        self.q.scope = private_scope();
+    }
+
+    /// The client's settings, as weir knows them now, resolve names with
+    /// `search_path` (None: the pool's default). Statements are shared
+    /// with the clients whose search_path is the same; a pinned client's
+    /// (SET ROLE, say) stay its own.
+    pub fn resolves_names_with(&mut self, search_path: Option<&str>) {
+        if self.pinned.is_some() {
+            return;
+        }
+        self.q.scope = search_path.map_or(0, |path| {
+            let digest = Sha256::digest(path.as_bytes());
+            u64::from_le_bytes(digest[..8].try_into().unwrap_or_default()) & !PRIVATE_SCOPE
+        });
     }
 
     /// Whether a statement of this lease may have changed an unreported
@@ -304,7 +337,7 @@ impl ClientStatements {
         self.q.expect.clear();
         self.q.owed.clear();
         // This server's unnamed statement is not the client's.
-        self.q.unnamed_raw = false;
+        self.q.unnamed.lease_began();
         self.lease &= !SKIPPING;
         self.reply_partial = 0;
         self.status = conv.status();
@@ -342,8 +375,8 @@ impl ClientStatements {
     }
 
     fn pin(&mut self, why: &'static str) {
-        self.unshare_unnamed();
         if self.pinned.is_none() {
+            self.unshare_unnamed();
             crate::span::client_event!(
                 info,
                 reason = why,
@@ -378,17 +411,21 @@ impl ClientStatements {
                 self.statements.entry(client).or_insert(stmt);
             }
             Expect::Close { evicted: Some(w), .. } => server.mark_uncertain(w),
-            Expect::Unnamed { prior, raw } => {
-                self.statements.insert(Vec::new(), prior);
-                self.q.unnamed_raw = raw;
-            }
+            Expect::Unnamed { prior, was } => self.restore_unnamed(prior, was),
             _ => {}
         }
     }
 
+    /// A Parse of `stmt` under `name` was not executed. An unnamed one
+    /// that failed leaves no unnamed statement (Postgres drops the old one
+    /// first); one that was skipped gets its old one back from the
+    /// `Expect::Unnamed` before it, undone next.
     fn forget_if_same(&mut self, name: &[u8], stmt: &Arc<Statement>) {
         if self.statements.get(name).is_some_and(|s| Arc::ptr_eq(s, stmt)) {
             self.statements.remove(name);
+            if name.is_empty() {
+                self.q.unnamed = unnamed::Unnamed::Gone;
+            }
         }
     }
 }

@@ -178,6 +178,7 @@ impl ClientStatements {
             Sql::Pins(why) => self.pin(why),
             Sql::DropsAll => {
                 self.lease |= TOUCHED_SETTINGS;
+                self.unshare_unnamed();
                 server.mark_all_uncertain();
             }
             Sql::Ddl => self.saw_ddl(),
@@ -270,7 +271,7 @@ impl ClientStatements {
         };
         self.look_at(p.query, server);
         self.metrics.record_client_parse();
-        let stmt = Arc::new(Statement::new(p.query, p.param_types, self.metrics.statements_epoch()));
+        let stmt = Arc::new(Statement::new(p.query, p.param_types, self.metrics.statements_epoch(), self.q.scope));
         // One look-up, and the same two copies of the name as ever.
         let name = match self.statements.entry(p.name.to_vec()) {
             Entry::Occupied(held) => {
@@ -329,17 +330,19 @@ impl ClientStatements {
         rw: &mut Rewrite,
     ) -> Result<Step, ProtocolError> {
         let Some(head) = extended::read_bind_head(m.bytes)? else {
-            return Ok(if m.whole() { self.pass(m, Expect::Bind { managed: false }) } else { Step::Wait });
+            return Ok(if m.whole() { self.pass(m, Expect::Bind { managed: None }) } else { Step::Wait });
         };
         let Some(stmt) = self.managed(head.statement) else {
-            return Ok(self.pass(m, Expect::Bind { managed: false }));
+            self.close_if_gone(head.statement, src, m.at, rw);
+            return Ok(self.pass(m, Expect::Bind { managed: None }));
         };
         if stmt.sets {
             self.lease |= TOUCHED_SETTINGS;
+            self.unshare_unnamed();
         }
         self.ensure(&stmt, src, m.at, server, rw);
         rw.splice_with(src, m.at, head.rest_at, |out| extended::bind_head(out, m.total, &head, &stmt.weir));
-        Ok(self.pass(m, Expect::Bind { managed: true }))
+        Ok(self.pass(m, Expect::Bind { managed: Some(stmt) }))
     }
 
     fn on_describe(
@@ -350,22 +353,34 @@ impl ClientStatements {
         rw: &mut Rewrite,
     ) -> Result<Step, ProtocolError> {
         let stmt = match extended::read_target(m.body()) {
-            Ok((TARGET_STATEMENT, name)) => self.managed(name),
+            Ok((TARGET_STATEMENT, name)) => {
+                let stmt = self.managed(name);
+                if stmt.is_none() {
+                    self.close_if_gone(name, src, m.at, rw);
+                }
+                stmt
+            }
             _ => None,
         };
-        let managed = stmt.is_some();
-        if let Some(stmt) = stmt {
-            self.ensure(&stmt, src, m.at, server, rw);
+        if let Some(stmt) = &stmt {
+            self.ensure(stmt, src, m.at, server, rw);
             rw.splice_with(src, m.at, m.total, |out| extended::target(out, fe::DESCRIBE, TARGET_STATEMENT, &stmt.weir));
         }
-        Ok(self.pass(m, Expect::Describe { managed }))
+        Ok(self.pass(m, Expect::Describe { managed: stmt }))
     }
 
     fn on_close(&mut self, m: &Msg<'_>, src: &[u8], rw: &mut Rewrite) -> Result<Step, ProtocolError> {
         if let Ok((TARGET_STATEMENT, name)) = extended::read_target(m.body()) {
-            if name.is_empty() && self.q.unnamed_raw {
-                // The server's own unnamed statement: its Close answers.
-                self.statements.remove(name);
+            if name.is_empty() {
+                // Postgres drops it; weir's statement, or the server's own,
+                // whose Close answers.
+                let stmt = self.managed(name);
+                self.drop_unnamed();
+                if let Some(stmt) = stmt {
+                    rw.splice(src, m.at, m.total, &[]);
+                    self.q.expect.push_back(Expect::FakeClose { client: name.to_vec(), stmt });
+                    return Ok(Step::Next);
+                }
             } else if let Some(stmt) = self.statements.remove(name) {
                 // The server-side statement stays: other clients may share it.
                 rw.splice(src, m.at, m.total, &[]);
@@ -387,7 +402,7 @@ impl ClientStatements {
             return Ok(Step::Wait);
         }
         // A simple query drops the unnamed statement.
-        self.statements.remove(&[][..]);
+        self.drop_unnamed();
         if let (true, Sql::Deallocate(name)) = (m.whole(), classify(m.body())) {
             if let Some(stmt) = self.statements.remove(&name) {
                 rw.splice(src, m.at, m.total, &[]);
@@ -405,6 +420,7 @@ impl ClientStatements {
             Sql::Pins(why) => self.pin(why),
             Sql::DropsAll => {
                 self.lease |= TOUCHED_SETTINGS;
+                self.unshare_unnamed();
                 self.statements.clear();
                 server.mark_all_uncertain();
             }
@@ -502,8 +518,8 @@ impl ClientStatements {
 fn owed_for(tag: u8, copy_in: &mut bool) -> Option<Expect> {
     Some(match tag {
         fe::PARSE => Expect::Parse { pass: true, weir: None, client: None },
-        fe::BIND => Expect::Bind { managed: false },
-        fe::DESCRIBE => Expect::Describe { managed: false },
+        fe::BIND => Expect::Bind { managed: None },
+        fe::DESCRIBE => Expect::Describe { managed: None },
         fe::CLOSE => Expect::Close { pass: true, evicted: None },
         fe::EXECUTE => Expect::Execute,
         fe::QUERY | fe::FUNCTION_CALL => Expect::Query,

@@ -204,8 +204,8 @@ impl Owed {
     pub fn materialise(&mut self, into: &mut VecDeque<Expect>) {
         into.extend(self.kinds().drain(..).map(|k| match k {
             PARSE => Expect::Parse { pass: true, weir: None, client: None },
-            BIND => Expect::Bind { managed: false },
-            DESCRIBE => Expect::Describe { managed: false },
+            BIND => Expect::Bind { managed: None },
+            DESCRIBE => Expect::Describe { managed: None },
             CLOSE => Expect::Close { pass: true, evicted: None },
             EXECUTE => Expect::Execute,
             QUERY => Expect::Query,

@@ -14,6 +14,7 @@ use crate::protocol::{
 };
 use crate::server::conversation::STREAM_THRESHOLD;
 
+mod edges;
 mod errors;
 
 fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
@@ -257,7 +258,7 @@ fn error_mid_batch_skips_to_sync_and_undoes_assumptions() {
     assert!(s.stage.statements.contains_key(&b"a2"[..]));
     assert!(!s.stage.statements.contains_key(&b"bad"[..]), "a failed Parse defines nothing");
     assert!(!s.stage.statements.contains_key(&b"c"[..]), "a skipped Parse defines nothing");
-    let bad = Statement::new(b"select nope", b"\0\0", s.stage.metrics.statements_epoch());
+    let bad = Statement::new(b"select nope", b"\0\0", s.stage.metrics.statements_epoch(), 0);
     assert!(!s.server.contains(&bad.weir));
 }
 
@@ -339,6 +340,8 @@ fn discard_all_makes_statements_uncertain_and_they_are_closed_before_reuse() {
     s.recv(&[msg(be::COMMAND_COMPLETE, b"DISCARD ALL\0"), rfq(b'I')].concat());
     assert!(s.stage.statements.is_empty(), "the client's statements are gone, as in Postgres");
     assert!(s.server.is_uncertain(&weir));
+    // The settings, read back, resolve names as before.
+    s.stage.resolves_names_with(None);
     let sent = s.sent(&[parse("a", "select 1"), sync()].concat());
     assert_eq!(tags(&sent), "CPS");
     assert_eq!(tags(&s.recv(&[reply(be::CLOSE_COMPLETE), reply(be::PARSE_COMPLETE), rfq(b'I')].concat())), "1Z");

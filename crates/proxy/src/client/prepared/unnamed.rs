@@ -9,9 +9,16 @@
 //!   (the server has it) or sent as a Parse of weir's name; Bind, Describe
 //!   and Close of the unnamed statement use weir's name, and it is prepared
 //!   on whichever server the client gets next. Unnamed portals stay unnamed.
-//! * the server's own unnamed statement (`unnamed_raw`), sent as it came:
+//! * the server's own unnamed statement (`Unnamed::Raw`), sent as it came:
 //!   used as it is in this lease, and as weir's statement (prepared first)
 //!   by a Bind or Describe in a later lease, on whatever server that is.
+//!   A Parse the server already holds is sent so too when a Sync or simple
+//!   query is still unanswered before it: that may leave the transaction
+//!   failed, and Postgres would then answer the Parse with 25P02;
+//! * none (`Unnamed::Gone`): a Parse of it failed, or a simple query or
+//!   Close dropped it. A Bind or Describe of it is preceded by a Close of
+//!   the server's own unnamed statement, so that the server answers with
+//!   Postgres's 26000 whatever it held.
 //!
 //! Only text that parsed is kept (a failed Parse is undone), only text that
 //! touches nothing weir follows (plain `Sql::Other`), and only for a client
@@ -21,10 +28,16 @@
 
 use std::sync::Arc;
 
+use bytes::BytesMut;
+
 use super::outbound::{next_or_stream, Msg, Step, MAX_TRACKED_PARSE};
 use super::sql::{classify, Sql};
 use super::{ClientStatements, Expect, Rewrite, Statement};
-use crate::protocol::{extended, tags::status, ProtocolError};
+use crate::protocol::{
+    extended::{self, TARGET_STATEMENT},
+    tags::{frontend as fe, status},
+    ProtocolError,
+};
 use crate::server::statements::ServerStatements;
 
 /// Unnamed statement texts a client keeps count of, most recent first.
@@ -32,6 +45,29 @@ const RECENT: usize = 16;
 
 /// The client's map key for its unnamed statement.
 const UNNAMED: &[u8] = b"";
+
+/// What the client's unnamed statement is, when not weir's statement in
+/// the client's map.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Unnamed {
+    /// weir's statement in the map if there is one, else unknown (the
+    /// server's own unnamed statement is used).
+    #[default]
+    Held,
+    /// The server's own unnamed statement, parsed as sent in this lease.
+    Raw,
+    /// The client has none.
+    Gone,
+}
+
+impl Unnamed {
+    /// A new lease: the server's unnamed statement is not the client's.
+    pub(super) fn lease_began(&mut self) {
+        if *self == Unnamed::Raw {
+            *self = Unnamed::Held;
+        }
+    }
+}
 
 /// An unnamed statement text a client parsed lately, and how many times.
 #[derive(Debug)]
@@ -45,10 +81,48 @@ impl ClientStatements {
     /// The client's statement behind `name` as weir names it on servers;
     /// None for the server's own unnamed statement of this lease.
     pub(super) fn managed(&self, name: &[u8]) -> Option<Arc<Statement>> {
-        if name.is_empty() && self.q.unnamed_raw {
+        if name.is_empty() && self.q.unnamed == Unnamed::Raw {
             return None;
         }
         self.statements.get(name).cloned()
+    }
+
+    /// Before a Bind or Describe of `name` weir does not manage: a Close of
+    /// the server's unnamed statement when the client has none, so that
+    /// the server answers 26000 as Postgres would (its own unnamed
+    /// statement may be another client's). Nothing is owed to the client.
+    pub(super) fn close_if_gone(&mut self, name: &[u8], src: &[u8], at: usize, rw: &mut Rewrite) {
+        if name.is_empty() && self.q.unnamed == Unnamed::Gone && !self.statements.contains_key(UNNAMED) {
+            let mut close = BytesMut::new();
+            extended::target(&mut close, fe::CLOSE, TARGET_STATEMENT, "");
+            rw.splice(src, at, 0, &close);
+            self.q.expect.push_back(Expect::Close { pass: false, evicted: None });
+        }
+    }
+
+    /// A simple query or Close drops the client's unnamed statement; if it
+    /// is skipped, the unnamed statement is as it was.
+    pub(super) fn drop_unnamed(&mut self) {
+        let prior = self.statements.remove(UNNAMED);
+        let was = std::mem::replace(&mut self.q.unnamed, Unnamed::Gone);
+        if prior.is_some() || was != Unnamed::Gone {
+            self.q.expect.push_back(Expect::Unnamed { prior, was });
+        }
+    }
+
+    /// Undoes a skipped unnamed Parse or simple query.
+    pub(super) fn restore_unnamed(&mut self, prior: Option<Arc<Statement>>, was: Unnamed) {
+        match prior {
+            Some(p) => self.statements.insert(UNNAMED.to_vec(), p),
+            None => self.statements.remove(UNNAMED),
+        };
+        self.q.unnamed = was;
+    }
+
+    /// A Sync or simple query sent before this point is still unanswered:
+    /// the transaction may have failed since the last ReadyForQuery.
+    fn outcome_pending(&self) -> bool {
+        self.q.expect.iter().any(|e| matches!(e, Expect::Sync | Expect::Query))
     }
 
     /// An unnamed Parse (statements are tracked).
@@ -65,9 +139,9 @@ impl ClientStatements {
         let body = m.body();
         // Postgres drops the unnamed statement before it parses the new
         // one; if this Parse is skipped, the old one stays.
-        if let Some(prior) = self.statements.remove(UNNAMED) {
-            self.q.expect.push_back(Expect::Unnamed { prior, raw: self.q.unnamed_raw });
-        }
+        let prior = self.statements.remove(UNNAMED);
+        let was = std::mem::replace(&mut self.q.unnamed, Unnamed::Raw);
+        self.q.expect.push_back(Expect::Unnamed { prior, was });
         let plain = self.q.hot > 0 && m.whole() && m.total <= MAX_TRACKED_PARSE && self.status != status::FAILED;
         let Some((stmt, hot)) = plain.then(|| self.sighting(body, server)).flatten() else {
             self.look_at(&body[1..], server);
@@ -75,13 +149,16 @@ impl ClientStatements {
             return Ok(next_or_stream(m));
         };
         self.statements.insert(UNNAMED.to_vec(), stmt.clone());
-        self.q.unnamed_raw = !hot;
         let client = Some((UNNAMED.to_vec(), stmt.clone()));
-        if !hot {
+        let held = hot && server.contains(&stmt.weir);
+        if !hot || (held && self.outcome_pending()) {
+            // The server's own answer, whatever the transaction's state.
             self.q.expect.push_back(Expect::Parse { pass: true, weir: None, client });
             return Ok(Step::Next);
         }
-        if server.hold(&stmt.weir) {
+        self.q.unnamed = Unnamed::Held;
+        if held {
+            server.hold(&stmt.weir);
             self.metrics.record_unnamed_hit();
             rw.splice(src, m.at, m.total, &[]);
             self.q.expect.push_back(Expect::FakeParse { client: UNNAMED.to_vec(), stmt });
@@ -101,6 +178,8 @@ impl ClientStatements {
     fn sighting(&mut self, body: &[u8], server: &ServerStatements) -> Option<(Arc<Statement>, bool)> {
         let text = &body[1..];
         let epoch = self.metrics.statements_epoch();
+        // Always 0 while unnamed statements are shared (`unshare_unnamed`).
+        let scope = self.q.scope;
         let recent = &mut self.q.recent;
         let count = match recent.iter().position(|s| s.stmt.text() == text) {
             Some(i) => {
@@ -113,7 +192,7 @@ impl ClientStatements {
                 }
                 recent.truncate(RECENT - 1);
                 let p = extended::read_parse(body).ok()?;
-                let stmt = Arc::new(Statement::new(p.query, p.param_types, epoch));
+                let stmt = Arc::new(Statement::new(p.query, p.param_types, epoch, scope));
                 recent.insert(0, Seen { stmt, epoch, count: 0 });
                 1
             }
@@ -123,7 +202,7 @@ impl ClientStatements {
         if seen.epoch != epoch {
             // A new generation: the same text, a statement of its own.
             let p = extended::read_parse(body).ok()?;
-            seen.stmt = Arc::new(Statement::new(p.query, p.param_types, epoch));
+            seen.stmt = Arc::new(Statement::new(p.query, p.param_types, epoch, scope));
             seen.epoch = epoch;
         }
         let hot = count >= self.q.hot || server.contains(&seen.stmt.weir);

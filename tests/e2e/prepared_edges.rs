@@ -1,0 +1,182 @@
+//! Statement-path edges in transaction mode, each run against Postgres
+//! directly and through weir, reply for reply:
+//!
+//! * named statements of clients whose search_path differs are planned
+//!   under their own search_path (never shared with a client that resolves
+//!   names elsewhere), whether it came at startup or from SET;
+//! * an unnamed Parse queued behind a Sync or simple query that leaves the
+//!   transaction failed gets Postgres's 25P02, not a ParseComplete of weir's;
+//! * after an unnamed Parse that failed, a Bind of the unnamed statement
+//!   gets Postgres's 26000, not whatever unnamed statement the server holds.
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use weir::protocol::tags::{backend as be, frontend as fe};
+use weir_e2e::raw::{query, tagged, Raw};
+use weir_e2e::{Harness, Opts, TRUST_USER};
+
+async fn harness(general: &str) -> Harness {
+    Harness::start(Opts { pool_size: 1, auth_type: "trust", general: general.into(), ..Opts::default() }).await
+}
+
+fn direct_addr(h: &Harness) -> SocketAddr {
+    format!("127.0.0.1:{}", h.pg.port()).parse().unwrap()
+}
+
+async fn login(addr: SocketAddr, extra: &[(&str, &str)]) -> Raw {
+    Raw::login(addr, TRUST_USER, "", extra).await.expect("raw login")
+}
+
+fn parse(name: &str, q: &str) -> Vec<u8> {
+    tagged(fe::PARSE, &[name.as_bytes(), b"\0", q.as_bytes(), b"\0\0\0"].concat())
+}
+
+/// A Bind of `stmt` to the unnamed portal, with text parameters.
+fn bind(stmt: &str, params: &[&str]) -> Vec<u8> {
+    let mut body = [b"\0", stmt.as_bytes(), b"\0\0\0"].concat();
+    body.extend_from_slice(&(params.len() as u16).to_be_bytes());
+    for p in params {
+        body.extend_from_slice(&(p.len() as i32).to_be_bytes());
+        body.extend_from_slice(p.as_bytes());
+    }
+    body.extend_from_slice(b"\0\0");
+    tagged(fe::BIND, &body)
+}
+
+fn describe(stmt: &str) -> Vec<u8> {
+    tagged(fe::DESCRIBE, &[b"S", stmt.as_bytes(), b"\0"].concat())
+}
+
+fn execute() -> Vec<u8> {
+    tagged(fe::EXECUTE, b"\0\0\0\0\0")
+}
+
+fn sync() -> Vec<u8> {
+    tagged(fe::SYNC, b"")
+}
+
+/// One client's messages, written at once, and how many ReadyForQuery
+/// messages answer them.
+struct Step {
+    client: usize,
+    msgs: Vec<Vec<u8>>,
+    readies: usize,
+}
+
+fn step(client: usize, msgs: Vec<Vec<u8>>, readies: usize) -> Step {
+    Step { client, msgs, readies }
+}
+
+/// Runs `steps` with one connection per entry of `startup` (its startup
+/// parameters): every reply of each step but ParameterStatus, as (tag, body).
+async fn run(addr: SocketAddr, startup: &[&[(&str, &str)]], steps: &[Step]) -> Vec<Vec<(char, Bytes)>> {
+    let mut clients = Vec::new();
+    for extra in startup {
+        clients.push(login(addr, extra).await);
+    }
+    let mut out = Vec::new();
+    for s in steps {
+        let c = &mut clients[s.client];
+        c.send(&s.msgs.concat()).await.unwrap();
+        let mut got = Vec::new();
+        for _ in 0..s.readies {
+            got.extend(c.until_ready().await.into_iter().filter(|(t, _)| *t != be::PARAMETER_STATUS));
+        }
+        out.push(got.into_iter().map(|(t, b)| (t as char, b)).collect());
+    }
+    out
+}
+
+/// Runs `steps` directly and through weir; every step must get the same replies.
+async fn same_as_postgres(h: &Harness, startup: &[&[(&str, &str)]], steps: &[Step], what: &str) {
+    let want = run(direct_addr(h), startup, steps).await;
+    let got = run(h.addr(), startup, steps).await;
+    for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+        let tags = |r: &[(char, Bytes)]| r.iter().map(|m| m.0).collect::<String>();
+        assert_eq!(w, g, "{what}, step {i}: Postgres sent {}, weir {}", tags(w), tags(g));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn named_statements_resolve_names_under_their_clients_search_path() {
+    let h = harness("prepare_unnamed_after = 1\n").await;
+    // Same table name, other column types: a statement planned under
+    // another search_path shows in its ParameterDescription and rows.
+    h.psql(
+        "create schema sa; create schema sb; grant usage on schema sa, sb to public; \
+         create table public.t (k bigint, v text); insert into public.t values (1, 'public'); \
+         create table sa.t (k int, v int); insert into sa.t values (1, 10); \
+         create table sb.t (k text, v text); insert into sb.t values ('1', 'sb'); \
+         grant select on public.t, sa.t, sb.t to public;",
+    );
+    let q = "select v from t where k = $1";
+    let round =
+        |c: usize, name: &str| step(c, vec![parse(name, q), describe(name), bind(name, &["1"]), execute(), sync()], 1);
+    let steps = vec![
+        round(0, "s1"),
+        round(1, "s1"),
+        round(2, "s1"),
+        round(0, "s2"),
+        step(2, vec![query("set search_path = sb")], 1),
+        round(2, "s2"),
+        round(1, "s2"),
+        round(0, "s3"),
+        round(2, "s3"),
+        step(2, vec![query("reset search_path")], 1),
+        round(2, "s4"),
+        round(1, "s4"),
+    ];
+    let startup: [&[(&str, &str)]; 3] = [&[], &[("search_path", "sa")], &[]];
+    same_as_postgres(&h, &startup, &steps, "named statements, one server").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unnamed_parse_behind_a_failed_transaction_gets_its_25p02() {
+    let h = harness("prepare_unnamed_after = 1\n").await;
+    h.psql("create table fails (a int); insert into fails values (1); grant select on fails to public;");
+    let q = "select a from fails";
+    let round = || vec![parse("", q), bind("", &[]), execute(), sync()];
+    let steps = vec![
+        // Prepared on the server from its first Parse.
+        step(0, round(), 1),
+        step(0, vec![query("begin")], 1),
+        // The server already holds the statement: the Parse still waits
+        // for the outcome of the query queued before it.
+        step(0, [vec![query("select 1/0")], round()].concat(), 2),
+        step(0, vec![query("rollback")], 1),
+        step(0, vec![query("begin")], 1),
+        // The same behind a Sync that ends a failing pipeline.
+        step(0, [vec![parse("", "select 1/0"), bind("", &[]), execute(), sync()], round()].concat(), 2),
+        step(0, vec![query("rollback")], 1),
+        step(0, round(), 1),
+    ];
+    same_as_postgres(&h, &[&[]], &steps, "unnamed Parse in a failed transaction").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_hot_parse_leaves_no_unnamed_statement() {
+    let h = harness("prepare_unnamed_after = 2\n").await;
+    h.psql("create table gone (a int); insert into gone values (1); grant select on gone to public;");
+    let q = "select a from gone";
+    let run_it = || vec![bind("", &[]), execute(), sync()];
+    // Extended-protocol BEGIN and ROLLBACK: a simple query would drop the
+    // server's unnamed statement.
+    let named = |name: &str, sql: &str| vec![parse(name, sql), bind(name, &[]), execute(), sync()];
+    let steps = vec![
+        // Parsed once: the server's own unnamed statement.
+        step(0, [vec![parse("", q)], run_it()].concat(), 1),
+        step(0, named("b", "begin"), 1),
+        // Parsed again, now hot, in a transaction the pipeline before it
+        // fails: the Parse fails, and Postgres drops the unnamed statement.
+        step(0, [named("f", "select 1/0"), vec![parse("", q)], run_it()].concat(), 2),
+        step(0, named("r", "rollback"), 1),
+        step(0, run_it(), 1),
+        step(0, vec![describe("")], 0),
+        step(0, vec![sync()], 1),
+        // And it works again once parsed.
+        step(0, [vec![parse("", q)], run_it()].concat(), 1),
+        step(0, run_it(), 1),
+    ];
+    same_as_postgres(&h, &[&[]], &steps, "Bind after a failed unnamed Parse").await;
+}
