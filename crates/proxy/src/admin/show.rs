@@ -113,7 +113,7 @@ const POOLS_COLUMNS: &[(&str, Kind)] = &[
 fn pools(shared: &Arc<Shared>) -> ResultSet {
     let mut rs = ResultSet::new(POOLS_COLUMNS);
     let cfg = shared.config.load();
-    let counts = shared.client_list.idle_and_active();
+    let counts = shared.client_list.states();
     let clients = shared.client_list.all();
     // sv_active_cancel: cancels being forwarded to servers that clients hold.
     let mut cancels: HashMap<(&str, &str), usize> = HashMap::new();
@@ -123,15 +123,16 @@ fn pools(shared: &Arc<Shared>) -> ResultSet {
     for pool in shared.pools.all() {
         let s = pool.snapshot();
         let m = &pool.metrics;
-        let (idle, active) =
-            counts.get(&(pool.key.database.clone(), pool.key.user.clone())).copied().unwrap_or_default();
+        // All three client columns from one pass over the clients, so they
+        // add up even while other worker threads move clients.
+        let n = counts.get(&(pool.key.database.clone(), pool.key.user.clone())).copied().unwrap_or_default();
         let used = used_servers(&pool, cfg.weir.server_check_delay) as u32;
         let (fleet_share, fleet_instances) = m.fleet();
         rs.push(vec![
             text(&pool.key.database),
             text(&pool.key.user),
-            int(active),
-            int(s.waiting),
+            int(n.active),
+            int(n.waiting),
             // weir answers a queued client's cancel itself, and closes a
             // cancel request's connection once it is forwarded: no client
             // waits on a cancel.
@@ -147,7 +148,7 @@ fn pools(shared: &Arc<Shared>) -> ResultSet {
             int(s.maxwait.as_secs()),
             int(s.maxwait.subsec_micros()),
             text(pool.settings().pool_mode.as_str()),
-            int(idle),
+            int(n.idle),
             int(s.pool_size),
             int(u8::from(s.paused)),
             float(m.opens_per_second(Window::S10)),

@@ -122,6 +122,14 @@ pub(crate) struct NewClient {
     pub slot: Option<Arc<CancelSlot>>,
 }
 
+/// Pooled clients of one (database, user) by where they stand.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct ClientCounts {
+    pub(crate) idle: i64,
+    pub(crate) active: i64,
+    pub(crate) waiting: i64,
+}
+
 /// All logged-in clients.
 #[derive(Debug, Default)]
 pub(crate) struct ClientList {
@@ -230,33 +238,34 @@ impl ClientList {
         }
     }
 
-    /// Idle and active pooled clients per (database, user), in one pass.
-    /// (Waiting clients are counted by each pool's own queue.)
-    /// Counted under the list's lock by pool (a pointer's hash per client;
-    /// nothing cloned), then by key once per pool, so a pool that a reload
-    /// replaced still counts toward its (database, user). This runs every
-    /// gauge tick over every client: with 1,000 clients, collecting their
-    /// entries and hashing two strings each was 2 % of weir's instructions
-    /// at pgbench -c 1000.
-    pub(crate) fn idle_and_active(&self) -> HashMap<(String, String), (i64, i64)> {
+    /// Idle, active and waiting pooled clients per (database, user), in one
+    /// pass under the list's lock, so the three add up to the clients there
+    /// are even while other worker threads move clients between them.
+    /// Counted by pool (a pointer's hash per client; nothing cloned), then
+    /// by key once per pool, so a pool that a reload replaced still counts
+    /// toward its (database, user). This runs every gauge tick over every
+    /// client: with 1,000 clients, collecting their entries and hashing two
+    /// strings each was 2 % of weir's instructions at pgbench -c 1000.
+    pub(crate) fn states(&self) -> HashMap<(String, String), ClientCounts> {
         let clients = self.clients.lock();
-        let mut by_pool: HashMap<*const PoolKey, (&PoolKey, i64, i64)> = HashMap::new();
+        let mut by_pool: HashMap<*const PoolKey, (&PoolKey, ClientCounts)> = HashMap::new();
         for c in clients.values() {
             // Console clients have no slot, and are not pooled clients.
             let Some(slot) = &c.slot else { continue };
             let key = c.owner.key();
-            let e = by_pool.entry(std::ptr::from_ref(key)).or_insert((key, 0, 0));
+            let e = &mut by_pool.entry(std::ptr::from_ref(key)).or_insert((key, ClientCounts::default())).1;
             match slot.client_state() {
-                ClientState::Idle => e.1 += 1,
-                ClientState::Active => e.2 += 1,
-                ClientState::Waiting => {}
+                ClientState::Idle => e.idle += 1,
+                ClientState::Active => e.active += 1,
+                ClientState::Waiting => e.waiting += 1,
             }
         }
-        let mut counts: HashMap<(String, String), (i64, i64)> = HashMap::with_capacity(by_pool.len());
-        for (key, idle, active) in by_pool.into_values() {
+        let mut counts: HashMap<(String, String), ClientCounts> = HashMap::with_capacity(by_pool.len());
+        for (key, n) in by_pool.into_values() {
             let e = counts.entry((key.database.clone(), key.user.clone())).or_default();
-            e.0 += idle;
-            e.1 += active;
+            e.idle += n.idle;
+            e.active += n.active;
+            e.waiting += n.waiting;
         }
         counts
     }
@@ -264,13 +273,12 @@ impl ClientList {
     /// Sets the idle and active client gauges of every pool from the listed
     /// clients. (The waiting gauge comes from each pool's own queue.)
     pub(crate) fn publish_gauges(&self, pools: &Pools) {
-        let counts = self.idle_and_active();
+        let counts = self.states();
         for pool in pools.all() {
-            let (idle, active) =
-                counts.get(&(pool.key.database.clone(), pool.key.user.clone())).copied().unwrap_or_default();
+            let n = counts.get(&(pool.key.database.clone(), pool.key.user.clone())).copied().unwrap_or_default();
             let m = &pool.metrics;
-            m.add_clients(ClientState::Idle, idle - m.clients(ClientState::Idle));
-            m.add_clients(ClientState::Active, active - m.clients(ClientState::Active));
+            m.add_clients(ClientState::Idle, n.idle - m.clients(ClientState::Idle));
+            m.add_clients(ClientState::Active, n.active - m.clients(ClientState::Active));
         }
     }
 }
@@ -310,7 +318,7 @@ mod tests {
     }
 
     #[test]
-    fn counts_idle_and_active_per_key_without_console_clients() {
+    fn counts_states_per_key_without_console_clients() {
         let reg = ClientList::new();
         let cancels = crate::cancel_keys::CancelKeys::new();
         let (ka, kb, kc) = (cancels.register(), cancels.register(), cancels.register());
@@ -319,11 +327,11 @@ mod tests {
         let _b = reg.register(client("b", Some(kc.slot.clone())));
         let _console = reg.register(client("weir", None));
         kc.slot.set_waiting(Instant::now());
-        let counts = reg.idle_and_active();
+        let counts = reg.states();
         let key = |db: &str| (db.to_string(), "u".to_string());
         // Two entries with their own keys, one (database, user): summed.
-        assert_eq!(counts.get(&key("a")), Some(&(2, 0)));
-        assert_eq!(counts.get(&key("b")), Some(&(0, 0)), "waiting clients are counted by the pool's queue");
+        assert_eq!(counts.get(&key("a")), Some(&ClientCounts { idle: 2, active: 0, waiting: 0 }));
+        assert_eq!(counts.get(&key("b")), Some(&ClientCounts { idle: 0, active: 0, waiting: 1 }));
         assert_eq!(counts.get(&key("weir")), None, "console clients are not pooled clients");
         assert_eq!(counts.len(), 2);
     }
