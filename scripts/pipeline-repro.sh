@@ -4,4 +4,6 @@
 # bounded by 5 s; prints "stalls N of 200" and fails on any stall.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo test -p weir-e2e --test e2e -- pipeline::auto_prepare_in_a_pipeline_200_runs --ignored --nocapture
+cargo build --workspace --bins --locked
+WEIR_BIN="$PWD/target/debug/weir" cargo test --workspace --test e2e --locked -- \
+    pipeline::auto_prepare_in_a_pipeline_200_runs --ignored --nocapture

@@ -11,5 +11,6 @@ cd "$(dirname "$0")/.."
 cases=${1:-1000}
 seed=${2:-$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}
 echo "statement fuzzer: $cases cases, seed $seed"
-WEIR_FUZZ_CASES=$cases WEIR_FUZZ_SEED=$seed \
-    cargo test -p weir-e2e --test e2e -- statement_fuzz:: --nocapture
+cargo build --workspace --bins --locked
+WEIR_BIN="$PWD/target/debug/weir" WEIR_FUZZ_CASES=$cases WEIR_FUZZ_SEED=$seed \
+    cargo test --workspace --test e2e --locked -- statement_fuzz:: --nocapture
