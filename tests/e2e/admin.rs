@@ -164,6 +164,7 @@ async fn pause_holds_new_queries_and_resume_releases_them() {
         }
     };
     tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("the new query is queued while paused");
+    // A window in which the paused pool must not run it.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!held.is_finished(), "a query ran while the pool was paused");
     // ...and RESUME releases it.
@@ -199,7 +200,8 @@ async fn kill_disconnects_the_database_and_keeps_it_paused_until_resume() {
     // A new client may log in, but its query waits until RESUME.
     let next = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
     let q = tokio::spawn(async move { next.simple_query("select 7").await.is_ok() });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let queued = || async { pool_row(&w).await["cl_waiting"] == "1" };
+    weir_e2e::wait_for("the query to queue in the paused pool", queued).await;
     assert!(!q.is_finished(), "the database stays paused after KILL");
     w.admin("RESUME app").await.unwrap();
     assert!(tokio::time::timeout(Duration::from_secs(10), q).await.unwrap().unwrap());
@@ -371,15 +373,10 @@ async fn a_server_waiting_for_its_cancel_is_being_canceled() {
     assert_eq!(active, "0", "the client's server is no longer active");
 
     h.relay.as_ref().unwrap().set_connect_delay(Duration::ZERO);
-    let mut back = None;
-    for _ in 0..100 {
+    let back = || async {
         let row = pools_row().await;
-        if row.0 == "0" && row.2 == "1" {
-            back = Some(row);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(back.is_some(), "the canceled server went back to the pool: {:?}", pools_row().await);
+        row.0 == "0" && row.2 == "1"
+    };
+    weir_e2e::wait_for("the canceled server to go back to the pool", back).await;
     assert!(eventually(Duration::from_secs(10), || !sleeping()).await, "the query was canceled");
 }

@@ -58,9 +58,9 @@ async fn metrics_move_under_load_and_count_server_closes_by_reason() {
     let opened = metric(&m, "weir_server_connections_opened_total", POOL);
     assert!((1.0..=4.0).contains(&opened), "opened {opened}");
     let opens_rate = || metric(&w.metrics(), "weir_server_connections_opened_per_second", &with(&[("window", "60s")]));
-    assert!(eventually(Duration::from_secs(3), || opens_rate() > 0.0).await, "opens per second");
+    assert!(eventually(weir_e2e::WAIT_LIMIT, || opens_rate() > 0.0).await, "opens per second");
     let idle_clients = || metric(&w.metrics(), "weir_pool_clients", &with(&[("state", "idle")]));
-    assert!(eventually(Duration::from_secs(3), || idle_clients() == 4.0).await, "clients gauge: {}", idle_clients());
+    assert!(eventually(weir_e2e::WAIT_LIMIT, || idle_clients() == 4.0).await, "clients gauge: {}", idle_clients());
     assert_eq!(w.http_get("/readyz").0, 200);
 
     // A client running a query is listed as active, linked to its server.
@@ -68,17 +68,7 @@ async fn metrics_move_under_load_and_count_server_closes_by_reason() {
         let c = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
         async move { c.simple_query("select pg_sleep(30)").await.map(|_| ()) }
     });
-    assert!(
-        eventually(Duration::from_secs(5), || pg
-            .psql(
-                "app",
-                "select count(*) from pg_stat_activity where query = 'select pg_sleep(30)' and state = 'active'"
-            )
-            .unwrap()
-            .trim()
-            == "1")
-        .await
-    );
+    weir_e2e::until_running(&weir_e2e::direct_client(&pg).await, "select pg_sleep(30)", 1).await;
     let sleeping = rows(&w.admin("SHOW CLIENTS").await.unwrap())
         .into_iter()
         .find(|r| r["state"] == "active")
@@ -194,17 +184,7 @@ async fn cancel_requests_are_counted() {
     let c = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
     let token = c.cancel_token();
     let q = tokio::spawn(async move { c.simple_query("select pg_sleep(30)").await.map(|_| ()) });
-    assert!(
-        eventually(Duration::from_secs(5), || pg
-            .psql(
-                "app",
-                "select count(*) from pg_stat_activity where query = 'select pg_sleep(30)' and state = 'active'"
-            )
-            .unwrap()
-            .trim()
-            == "1")
-        .await
-    );
+    weir_e2e::until_running(&weir_e2e::direct_client(&pg).await, "select pg_sleep(30)", 1).await;
     token.cancel_query(tokio_postgres::NoTls).await.unwrap();
     let e = tokio::time::timeout(Duration::from_secs(10), q).await.unwrap().unwrap().unwrap_err();
     assert_eq!(sqlstate(&e).as_deref(), Some("57014"));
