@@ -2,6 +2,7 @@
 //! and weir running in-process in front of them, plus client helpers.
 //! Every test builds its own `Harness`; dropping it tears everything down.
 
+pub mod extended;
 pub mod liveness;
 pub mod migrated;
 pub mod pgbouncer;
@@ -95,6 +96,11 @@ impl Harness {
     /// A libpq-style connection string to weir.
     pub fn url(&self, user: &str, password: &str) -> String {
         format!("postgres://{user}:{password}@{}/{APP_DB}", self.addr())
+    }
+
+    /// Postgres's own address, for raw clients that compare weir with it.
+    pub fn pg_addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.pg.port()))
     }
 
     /// A libpq-style connection string straight to Postgres.
