@@ -365,7 +365,7 @@ async fn min_pool_size_above_pool_size_is_capped() {
         let c = connect(&h.url(SCRAM_USER, SCRAM_PASS)).await.expect("login");
         c.simple_query("select 1").await.expect("served");
         assert!(
-            weir_e2e::eventually(Duration::from_secs(5), || backends(&h, &[SCRAM_USER]) == 3).await,
+            weir_e2e::eventually(weir_e2e::WAIT_LIMIT, || backends(&h, &[SCRAM_USER]) == 3).await,
             "warmed to the pool size"
         );
         // A window in which no fourth server may open.

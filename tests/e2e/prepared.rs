@@ -5,8 +5,6 @@
 //! 0` turns it off, and session features pin the client to its server, which
 //! is reset before anyone else gets it.
 
-use std::time::Duration;
-
 use bytes::Bytes;
 use weir_e2e::extended::{bind, close_statement, describe_statement, execute, parse, sync};
 use weir_e2e::raw::{error_fields, query, Raw};
@@ -57,7 +55,7 @@ async fn statements_follow_their_client_to_another_server() {
             // SHOW SERVERS lists each server's cache (PgBouncer's column),
             // published when a lease ends: just after its client has the
             // answer, so wait for both servers to be back.
-            let back = eventually(Duration::from_secs(5), || h.pool().snapshot().active == 0).await;
+            let back = eventually(weir_e2e::WAIT_LIMIT, || h.pool().snapshot().active == 0).await;
             assert!(back, "both servers return to the pool: {:?}", h.pool().snapshot());
             let admin = connect(&format!("postgres://admin:admin_pass@{}/weir", h.addr())).await.unwrap();
             let mut counts = vec![];
@@ -136,7 +134,7 @@ async fn listen_pins_the_client_and_its_server_is_reset_after() {
     assert_eq!(h.pool().metrics.pinned(), 1);
     drop(a);
     let pool = h.pool();
-    assert!(eventually(Duration::from_secs(5), || pool.snapshot().active == 0).await);
+    assert!(eventually(weir_e2e::WAIT_LIMIT, || pool.snapshot().active == 0).await);
     // Whoever gets that server now does not inherit the LISTEN.
     for _ in 0..4 {
         let c = h.client().await;
