@@ -17,12 +17,6 @@ async fn pg() -> PgServer {
     tokio::task::spawn_blocking(|| PgServer::start(PgOptions::default())).await.unwrap().expect("start postgres")
 }
 
-/// The SHOW POOLS row of app/scram_user.
-async fn pool_row(w: &WeirProcess) -> std::collections::HashMap<String, String> {
-    let out = w.admin("SHOW POOLS").await.unwrap();
-    rows(&out).into_iter().find(|r| r["database"] == "app" && r["user"] == SCRAM_USER).expect("pool row")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_show_renders_in_psql() {
     let pg = pg().await;
@@ -31,7 +25,7 @@ async fn every_show_renders_in_psql() {
     c.batch_execute("begin; select 1; commit").await.unwrap();
     c.simple_query("select 2").await.unwrap();
 
-    let pools = pool_row(&w).await;
+    let pools = w.pool_row(SCRAM_USER).await;
     assert_eq!(pools["pool_mode"], "transaction");
     assert_eq!(pools["cl_idle"], "1", "{pools:?}");
     assert_eq!(pools["cl_waiting"], "0");
@@ -137,12 +131,12 @@ async fn pause_holds_new_queries_and_resume_releases_them() {
         busy.simple_query("select pg_sleep(1)").await.unwrap();
         (Instant::now(), busy)
     });
-    assert!(eventually(Duration::from_secs(5), || sleep_running(&pg)).await, "the pg_sleep(1) is running");
+    assert!(eventually(weir_e2e::WAIT_LIMIT, || sleep_running(&pg)).await, "the pg_sleep(1) is running");
     w.admin("PAUSE app").await.unwrap();
     let paused_at = Instant::now();
     let (finished_at, _busy) = running.await.unwrap();
     assert!(finished_at <= paused_at, "PAUSE returned before the running query finished");
-    let row = pool_row(&w).await;
+    let row = w.pool_row(SCRAM_USER).await;
     assert_eq!(
         (row["paused"].as_str(), row["sv_active"].as_str(), row["sv_idle"].as_str()),
         ("1", "0", "0"),
@@ -157,13 +151,14 @@ async fn pause_holds_new_queries_and_resume_releases_them() {
     let held = tokio::spawn(async move { idle.simple_query("select 42").await.map(|_| Instant::now()) });
     let waiting = async {
         loop {
-            if pool_row(&w).await["cl_waiting"] == "1" {
+            if w.pool_row(SCRAM_USER).await["cl_waiting"] == "1" {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     };
     tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("the new query is queued while paused");
+    // A window in which the paused pool must not run it.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!held.is_finished(), "a query ran while the pool was paused");
     // ...and RESUME releases it.
@@ -172,7 +167,7 @@ async fn pause_holds_new_queries_and_resume_releases_them() {
     let ran_at =
         tokio::time::timeout(Duration::from_secs(10), held).await.expect("released after RESUME").unwrap().unwrap();
     assert!(ran_at >= resumed_at);
-    assert_eq!(pool_row(&w).await["paused"], "0");
+    assert_eq!(w.pool_row(SCRAM_USER).await["paused"], "0");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -186,7 +181,7 @@ async fn kill_disconnects_the_database_and_keeps_it_paused_until_resume() {
     let out = w.admin("KILL app").await.unwrap();
     assert!(out.contains("KILL"), "{out}");
     assert!(victim.simple_query("select 1").await.is_err(), "the killed client is disconnected");
-    let row = pool_row(&w).await;
+    let row = w.pool_row(SCRAM_USER).await;
     assert_eq!(
         (row["sv_idle"].as_str(), row["sv_active"].as_str(), row["paused"].as_str()),
         ("0", "0", "1"),
@@ -199,7 +194,8 @@ async fn kill_disconnects_the_database_and_keeps_it_paused_until_resume() {
     // A new client may log in, but its query waits until RESUME.
     let next = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
     let q = tokio::spawn(async move { next.simple_query("select 7").await.is_ok() });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let queued = || async { w.pool_row(SCRAM_USER).await["cl_waiting"] == "1" };
+    weir_e2e::wait_for("the query to queue in the paused pool", queued).await;
     assert!(!q.is_finished(), "the database stays paused after KILL");
     w.admin("RESUME app").await.unwrap();
     assert!(tokio::time::timeout(Duration::from_secs(10), q).await.unwrap().unwrap());
@@ -211,18 +207,18 @@ async fn reload_applies_a_valid_file_and_keeps_a_bad_one_out() {
     let w = WeirProcess::start(&pg, "", "pool_size = 3").await;
     let c = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
     c.simple_query("select 1").await.unwrap();
-    assert_eq!(pool_row(&w).await["pool_size"], "3");
+    assert_eq!(w.pool_row(SCRAM_USER).await["pool_size"], "3");
 
     w.write_config("default_pool_size = 0", "");
     let admin = connect(&w.url_for(ADMIN_USER, ADMIN_PASS, "weir")).await.unwrap();
     let e = admin.simple_query("RELOAD").await.unwrap_err();
     assert_eq!(sqlstate(&e).as_deref(), Some("F0000"));
     assert!(e.as_db_error().unwrap().message().contains("default_pool_size"), "says why: {e}");
-    assert_eq!(pool_row(&w).await["pool_size"], "3", "the old config stays");
+    assert_eq!(w.pool_row(SCRAM_USER).await["pool_size"], "3", "the old config stays");
 
     w.write_config("", "pool_size = 6");
     admin.simple_query("RELOAD").await.unwrap();
-    assert_eq!(pool_row(&w).await["pool_size"], "6");
+    assert_eq!(w.pool_row(SCRAM_USER).await["pool_size"], "6");
     c.simple_query("select 2").await.expect("the client survives reloads");
 }
 
@@ -244,7 +240,7 @@ async fn reconnect_closes_servers_once_released_and_wait_close_waits_for_them() 
 
     // One server is in use through RECONNECT; the idle ones close at once.
     let running = tokio::spawn(async move { busy.simple_query("select pg_sleep(1)").await.map(|_| busy) });
-    assert!(eventually(Duration::from_secs(5), || sleep_running(&pg)).await, "the pg_sleep(1) is running");
+    assert!(eventually(weir_e2e::WAIT_LIMIT, || sleep_running(&pg)).await, "the pg_sleep(1) is running");
     let out = w.admin("RECONNECT app").await.unwrap();
     assert!(out.contains("RECONNECT"), "{out}");
     let servers = rows(&w.admin("SHOW SERVERS").await.unwrap());
@@ -292,10 +288,10 @@ async fn set_changes_a_reloadable_setting_and_refuses_the_rest_and_suspend() {
     let w = WeirProcess::start(&pg, "", "").await;
     let c = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
     c.simple_query("select 1").await.unwrap();
-    assert_eq!(pool_row(&w).await["pool_size"], "20");
+    assert_eq!(w.pool_row(SCRAM_USER).await["pool_size"], "20");
 
     w.admin("SET default_pool_size = 7").await.unwrap();
-    assert_eq!(pool_row(&w).await["pool_size"], "7", "the pool took the new size");
+    assert_eq!(w.pool_row(SCRAM_USER).await["pool_size"], "7", "the pool took the new size");
     w.admin("SET query_timeout = 5").await.unwrap();
     assert_eq!(setting(&w, "query_timeout").await, "5s", "PgBouncer's seconds");
     w.admin("SET stats_period = '2s'").await.unwrap();
@@ -310,7 +306,7 @@ async fn set_changes_a_reloadable_setting_and_refuses_the_rest_and_suspend() {
     assert!(e.as_db_error().unwrap().message().contains("default_pool_size"), "{e}");
     let e = admin.simple_query("SET frobnicate = 1").await.unwrap_err();
     assert_eq!(sqlstate(&e).as_deref(), Some("22023"), "{e}");
-    assert_eq!(pool_row(&w).await["pool_size"], "7", "a refused SET changes nothing");
+    assert_eq!(w.pool_row(SCRAM_USER).await["pool_size"], "7", "a refused SET changes nothing");
 
     let e = admin.simple_query("SUSPEND").await.unwrap_err();
     assert_eq!(sqlstate(&e).as_deref(), Some("0A000"), "{e}");
@@ -371,15 +367,10 @@ async fn a_server_waiting_for_its_cancel_is_being_canceled() {
     assert_eq!(active, "0", "the client's server is no longer active");
 
     h.relay.as_ref().unwrap().set_connect_delay(Duration::ZERO);
-    let mut back = None;
-    for _ in 0..100 {
+    let back = || async {
         let row = pools_row().await;
-        if row.0 == "0" && row.2 == "1" {
-            back = Some(row);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(back.is_some(), "the canceled server went back to the pool: {:?}", pools_row().await);
+        row.0 == "0" && row.2 == "1"
+    };
+    weir_e2e::wait_for("the canceled server to go back to the pool", back).await;
     assert!(eventually(Duration::from_secs(10), || !sleeping()).await, "the query was canceled");
 }

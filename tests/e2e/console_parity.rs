@@ -223,8 +223,8 @@ async fn bytes_query_time_and_waits_are_counted() {
 
     // A client queued behind the only server shows its wait.
     let busy = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
-    let holder = tokio::spawn(async move { c.simple_query("select pg_sleep(2)").await.map(|_| c) });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let holder = tokio::spawn(async move { c.simple_query("select pg_sleep(3)").await.map(|_| c) });
+    weir_e2e::until_running(&weir_e2e::direct_client(&pg).await, "select pg_sleep(3)", 1).await;
     let queued = tokio::spawn(async move { busy.simple_query("select 2").await.map(|_| busy) });
     let mut waited = None;
     for _ in 0..40 {

@@ -200,7 +200,7 @@ async fn min_pool_size_capped_and_verbose() {
         // A user not in the auth_file is asked for a password all the same
         // (a debug line says so).
         assert!(connect(&w.url("ghost", "x")).await.is_err());
-        assert!(eventually(Duration::from_secs(5), || w.logs().contains(" DEBUG ")).await, "{}", w.logs());
+        assert!(eventually(weir_e2e::WAIT_LIMIT, || w.logs().contains(" DEBUG ")).await, "{}", w.logs());
     })
     .await;
 }

@@ -338,20 +338,7 @@ async fn cancel_running_pg_sleep() {
         let sleeping = c.simple_query("select pg_sleep(30)");
         let cancel = async {
             // Wait until the sleep really runs on the server.
-            let direct = h.direct().await;
-            let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                let n: i64 = direct
-                    .query_one("select count(*) from pg_stat_activity where query = 'select pg_sleep(30)' and state = 'active'", &[])
-                    .await
-                    .unwrap()
-                    .get(0);
-                if n == 1 {
-                    break;
-                }
-                assert!(Instant::now() < deadline, "pg_sleep never started");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            h.until_running("select pg_sleep(30)").await;
             token.cancel_query(NoTls).await.expect("send cancel");
             Instant::now()
         };
@@ -428,10 +415,12 @@ async fn transaction_mode_holds_the_server_through_open_and_failed_transactions(
             let pid = backend_pid(&b).await;
             (pid, Instant::now())
         });
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        let pool = h.pool();
+        weir_e2e::wait_for("b to queue for the one server", || async { pool.snapshot().waiting == 1 }).await;
         assert!(!waiting.is_finished(), "b got the server while a's transaction was open");
         let e = a.batch_execute("select 1/0").await.unwrap_err();
         assert_eq!(sqlstate(&e).as_deref(), Some("22012"));
+        // A window in which b must not be handed the server.
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(!waiting.is_finished(), "b got the server while a's transaction was failed");
         let e = a.batch_execute("select 1").await.unwrap_err();
@@ -684,15 +673,15 @@ async fn too_many_clients_gets_53300() {
         assert_eq!(sqlstate(&e).as_deref(), Some("53300"), "{e}");
         assert_eq!(one_text(&a, "select 1").await, "1");
         drop(b);
-        let mut third = None;
-        for _ in 0..100 {
-            if let Ok(c) = connect(&h.url(SCRAM_USER, SCRAM_PASS)).await {
-                third = Some(c);
-                break;
+        let end = Instant::now() + weir_e2e::WAIT_LIMIT;
+        let third = loop {
+            match connect(&h.url(SCRAM_USER, SCRAM_PASS)).await {
+                Ok(c) => break c,
+                Err(e) => assert!(Instant::now() < end, "no place freed up: {e}"),
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        assert_eq!(one_text(&third.expect("a place freed up"), "select 3").await, "3");
+        };
+        assert_eq!(one_text(&third, "select 3").await, "3");
     })
     .await
 }

@@ -19,7 +19,7 @@ use bytes::Bytes;
 use futures_util::SinkExt;
 use tokio::process::Command;
 use tokio_postgres::NoTls;
-use weir_e2e::{connect, sqlstate, Harness, Opts, SCRAM_PASS, SCRAM_USER};
+use weir_e2e::{connect, sqlstate, Harness, Opts, APP_DB, SCRAM_PASS, SCRAM_USER};
 
 const CLIENTS: usize = 20;
 const POOL_SIZE: u32 = 3;
@@ -100,7 +100,10 @@ async fn tokio_postgres() {
         .await
         .unwrap();
     let url = h.url(SCRAM_USER, SCRAM_PASS);
-    let tasks: Vec<_> = (0..CLIENTS as i32).map(|id| tokio::spawn(tokio_postgres_client(url.clone(), id))).collect();
+    let direct_url = format!("postgres://postgres@127.0.0.1:{}/{APP_DB}", h.pg.port());
+    let tasks: Vec<_> = (0..CLIENTS as i32)
+        .map(|id| tokio::spawn(tokio_postgres_client([url.clone(), direct_url.clone()], id)))
+        .collect();
     for (id, t) in tasks.into_iter().enumerate() {
         t.await.unwrap().unwrap_or_else(|e| panic!("client {id}: {e}"));
     }
@@ -109,7 +112,9 @@ async fn tokio_postgres() {
     assert_prepared_through_weir(&h);
 }
 
-async fn tokio_postgres_client(url: String, id: i32) -> Result<(), String> {
+/// One client through weir at `url`; `direct_url` is Postgres itself, to see
+/// when a query runs.
+async fn tokio_postgres_client([url, direct_url]: [String; 2], id: i32) -> Result<(), String> {
     let e = |e: tokio_postgres::Error| e.to_string();
     let mut c = connect(&url).await.map_err(e)?;
     let twice = c.prepare("select $1::int * 2").await.map_err(e)?;
@@ -156,15 +161,15 @@ async fn tokio_postgres_client(url: String, id: i32) -> Result<(), String> {
     let copied = sink.finish().await.map_err(e)?;
     check(copied == 10, format!("copy wrote {copied} rows"))?;
     if id % 5 == 0 {
-        // Prepared before the cancel's clock starts: `execute` on a text
-        // prepares first (a request of its own), and a cancel that lands
-        // between that request and the next finds nothing running, here as
-        // with Postgres. Behind three other sleepers on a pool of three, the
-        // prepare alone can take the 300 ms.
-        let sleep = c.prepare("select pg_sleep(5)").await.map_err(e)?;
+        // The cancel goes once this client's sleep runs on the server (the
+        // statement names the client, so not another's): a cancel that
+        // lands while nothing runs cancels nothing, here as with Postgres.
+        let sql = format!("select pg_sleep(5), {id} as client");
+        let sleep = c.prepare(&sql).await.map_err(e)?;
         let token = c.cancel_token();
+        let direct = connect(&direct_url).await.map_err(e)?;
         let cancel = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            weir_e2e::until_running(&direct, &sql, 1).await;
             token.cancel_query(NoTls).await
         });
         let err = c.execute(&sleep, &[]).await.unwrap_err();

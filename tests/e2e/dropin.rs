@@ -94,7 +94,7 @@ async fn migrated_pgbouncer_ini_serves_fallback_forced_user_users_and_auth_query
         let gone = eventually(Duration::from_secs(20), || !weir.metrics().contains("database=\"postgres\"")).await;
         assert!(gone, "the idle fallback pool's series are still exported:\n{}", weir.metrics());
         let logged =
-            eventually(Duration::from_secs(5), || weir.logs().contains("removed an idle fallback-database pool")).await;
+            eventually(weir_e2e::WAIT_LIMIT, || weir.logs().contains("removed an idle fallback-database pool")).await;
         assert!(logged, "{}", weir.logs());
     })
     .await;

@@ -69,7 +69,8 @@ async fn a_first_login_refused_for_the_limit_waits_for_room() {
         c.simple_query("select 1").await?;
         Ok::<_, tokio_postgres::Error>(Instant::now())
     });
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    let refused = || metric(&w.metrics(), "weir_server_connect_refused_total", &[("reason", "role_limit")]) >= 1.0;
+    assert!(weir_e2e::eventually(weir_e2e::WAIT_LIMIT, refused).await, "a connect refused for the role's limit");
     assert!(!login.is_finished(), "the login waits while the role is at its limit");
     drop(holder);
     let released = Instant::now();

@@ -202,7 +202,7 @@ async fn malicious_servers_harm_only_their_own_clients() {
         assert!(c.closed_by_weir().await);
         let pool = h.weir().shared().pools.get(&db, SCRAM_USER).unwrap();
         let closed =
-            weir_e2e::eventually(Duration::from_secs(5), || pool.metrics.closed(CloseReason::ProtocolError) == 1);
+            weir_e2e::eventually(weir_e2e::WAIT_LIMIT, || pool.metrics.closed(CloseReason::ProtocolError) == 1);
         assert!(closed.await, "the lying server's connection is closed as a protocol error");
 
         // An ErrorResponse without SQLSTATE in an answer passes through as

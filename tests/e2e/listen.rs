@@ -169,7 +169,9 @@ async fn server_over_postgres_unix_socket_with_cancel() {
         let url = format!("postgres://{SCRAM_USER}:{SCRAM_PASS}@{}/{APP_DB}", weir.local_addr());
         let client = connect(&url).await.expect("through weir to the socket");
         let rows = client
-            .simple_query("select (client_addr is null)::text as local from pg_stat_activity where pid = pg_backend_pid()")
+            .simple_query(
+                "select (client_addr is null)::text as local from pg_stat_activity where pid = pg_backend_pid()",
+            )
             .await
             .unwrap();
         assert_eq!(column(&rows, "local"), ["true"], "the server session came over the Unix socket");
@@ -183,13 +185,7 @@ async fn server_over_postgres_unix_socket_with_cancel() {
         let sleeper = tokio::spawn(async move { client.simple_query("select pg_sleep(60)").await });
         // Cancel once the sleep runs on the server.
         let direct = connect(&format!("postgres://postgres@127.0.0.1:{}/{APP_DB}", s.pg.port())).await.unwrap();
-        loop {
-            let q = "select count(*)::text as n from pg_stat_activity where query = 'select pg_sleep(60)' and state = 'active'";
-            if column(&direct.simple_query(q).await.unwrap(), "n") == ["1"] {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
+        weir_e2e::until_running(&direct, "select pg_sleep(60)", 1).await;
         token.cancel_query(NoTls).await.expect("cancel through weir");
         let e = sleeper.await.unwrap().expect_err("the sleep was cancelled");
         assert_eq!(sqlstate(&e).as_deref(), Some("57014"), "{e}");

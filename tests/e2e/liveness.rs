@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use weir_e2e::liveness::{backend_pids, clients, connect_within, exclusive, one, pid, run_each, terminate_all};
+use weir_e2e::liveness::{
+    backend_pids, clients, connect_within, exclusive, one, pid, run_each, running_like, terminate_all,
+};
 use weir_e2e::{eventually, sqlstate, Harness, Opts, StopMode, MD5_PASS, MD5_USER, SCRAM_PASS, SCRAM_USER};
 use weir_metrics::{CloseReason, ConnectFailure};
 
@@ -456,13 +458,14 @@ async fn connects_stop_at_server_connect_timeout() {
         if let Ok(c) = c {
             ok = pid(&c).await.is_ok();
         }
-        if !ok {
-            // The pool may still be in its back-off: a second try must work.
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            let c = connect_within(&h.url(SCRAM_USER, SCRAM_PASS), Duration::from_secs(10))
-                .await
-                .expect("login after thaw");
-            pid(&c).await.expect("query after thaw");
+        // The pool may still be in its back-off: later tries must work.
+        let end = Instant::now() + weir_e2e::WAIT_LIMIT;
+        while !ok {
+            assert!(Instant::now() < end, "no login and query after thaw");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if let Ok(c) = connect_within(&h.url(SCRAM_USER, SCRAM_PASS), Duration::from_secs(10)).await {
+                ok = pid(&c).await.is_ok();
+            }
         }
     })
     .await;
@@ -478,15 +481,8 @@ async fn a_server_dying_under_one_client_costs_only_that_client() {
         let v = victim.clone();
         let running =
             tokio::spawn(async move { v.simple_query("begin; select pg_sleep(5); commit").await.map(|_| ()) });
-        tokio::time::sleep(Duration::from_millis(300)).await;
         let direct = h.direct().await;
-        let busy = one(
-            &direct,
-            "select pid from pg_stat_activity where query like '%pg_sleep(5)%' and pid <> pg_backend_pid()",
-        )
-        .await
-        .unwrap();
-        let busy: i32 = busy.parse().unwrap();
+        let busy = running_like(&direct, "pg_sleep(5)").await;
         one(&direct, &format!("select pg_terminate_backend({busy}, 5000)")).await.unwrap();
         let e = running.await.unwrap().expect_err("the victim gets an error");
         assert_eq!(sqlstate(&e).as_deref(), Some("57P01"), "{e}");

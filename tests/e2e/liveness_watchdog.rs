@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use weir_e2e::liveness::{
     clients, connect_within, describe, direct_db_url, exclusive, harness_with_direct_db, one, pid, run_each,
-    watched_client,
+    running_like, watched_client,
 };
 use weir_e2e::{eventually, sqlstate, Harness, Opts, MD5_PASS, MD5_USER, SCRAM_PASS, SCRAM_USER};
 use weir_metrics::CloseReason;
@@ -20,15 +20,7 @@ fn relayed(pool_size: u32, general: &str) -> Opts {
 
 /// Waits until Postgres shows `needle` running for some backend.
 async fn running(h: &Harness, needle: &str) {
-    let direct = h.direct().await;
-    let sql = format!("select count(*) from pg_stat_activity where state = 'active' and query like '%{needle}%' and pid <> pg_backend_pid()");
-    for _ in 0..250 {
-        if one(&direct, &sql).await.unwrap() != "0" {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("{needle} never started");
+    running_like(&h.direct().await, needle).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -136,6 +128,7 @@ async fn frozen_idle_connection_is_replaced_after_server_check() {
         let relay = h.relay.as_ref().unwrap();
         let c = h.client().await;
         let old = pid(&c).await.unwrap();
+        // The scenario: idle past server_check_delay, so the next use checks it.
         tokio::time::sleep(Duration::from_millis(300)).await;
         relay.freeze_existing();
         let t0 = Instant::now();

@@ -58,9 +58,9 @@ async fn metrics_move_under_load_and_count_server_closes_by_reason() {
     let opened = metric(&m, "weir_server_connections_opened_total", POOL);
     assert!((1.0..=4.0).contains(&opened), "opened {opened}");
     let opens_rate = || metric(&w.metrics(), "weir_server_connections_opened_per_second", &with(&[("window", "60s")]));
-    assert!(eventually(Duration::from_secs(3), || opens_rate() > 0.0).await, "opens per second");
+    assert!(eventually(weir_e2e::WAIT_LIMIT, || opens_rate() > 0.0).await, "opens per second");
     let idle_clients = || metric(&w.metrics(), "weir_pool_clients", &with(&[("state", "idle")]));
-    assert!(eventually(Duration::from_secs(3), || idle_clients() == 4.0).await, "clients gauge: {}", idle_clients());
+    assert!(eventually(weir_e2e::WAIT_LIMIT, || idle_clients() == 4.0).await, "clients gauge: {}", idle_clients());
     assert_eq!(w.http_get("/readyz").0, 200);
 
     // A client running a query is listed as active, linked to its server.
@@ -68,17 +68,7 @@ async fn metrics_move_under_load_and_count_server_closes_by_reason() {
         let c = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
         async move { c.simple_query("select pg_sleep(30)").await.map(|_| ()) }
     });
-    assert!(
-        eventually(Duration::from_secs(5), || pg
-            .psql(
-                "app",
-                "select count(*) from pg_stat_activity where query = 'select pg_sleep(30)' and state = 'active'"
-            )
-            .unwrap()
-            .trim()
-            == "1")
-        .await
-    );
+    weir_e2e::until_running(&weir_e2e::direct_client(&pg).await, "select pg_sleep(30)", 1).await;
     let sleeping = rows(&w.admin("SHOW CLIENTS").await.unwrap())
         .into_iter()
         .find(|r| r["state"] == "active")
@@ -98,12 +88,12 @@ async fn metrics_move_under_load_and_count_server_closes_by_reason() {
     assert!(killed >= 1);
     let closed = || metric(&w.metrics(), "weir_server_connections_closed_total", &with(&[("reason", "server_closed")]));
     assert!(
-        eventually(Duration::from_secs(5), || closed() >= closed_before + killed as f64).await,
+        eventually(weir_e2e::WAIT_LIMIT, || closed() >= closed_before + killed as f64).await,
         "closed{{reason=server_closed}} went from {closed_before} to {} after killing {killed} backends",
         closed()
     );
     let closes_rate = || metric(&w.metrics(), "weir_server_connections_closed_per_second", &with(&[("window", "60s")]));
-    assert!(eventually(Duration::from_secs(3), || closes_rate() > 0.0).await, "closes per second");
+    assert!(eventually(weir_e2e::WAIT_LIMIT, || closes_rate() > 0.0).await, "closes per second");
     // The pool refills and the clients carry on.
     for c in &clients {
         c.simple_query("select 1").await.unwrap();
@@ -120,10 +110,7 @@ async fn readyz_follows_whether_servers_can_be_reached() {
     assert_eq!(w.http_get("/readyz").0, 200);
     pg.stop().unwrap();
     assert!(connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.is_err(), "no server, no login within the budget");
-    assert!(
-        eventually(Duration::from_secs(5), || w.http_get("/readyz").0 == 503).await,
-        "not ready while connects fail"
-    );
+    assert!(eventually(weir_e2e::WAIT_LIMIT, || w.http_get("/readyz").0 == 503).await, "not ready while connects fail");
     assert_eq!(w.http_get("/healthz").0, 200, "alive all the same");
     pg.start_again().unwrap();
     let c = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.expect("connects once Postgres is back");
@@ -146,7 +133,7 @@ async fn readyz_stays_ready_through_a_postgres_outage_after_start() {
     let err = c.simple_query("select 1").await.expect_err("no server, an error at query_wait_timeout");
     assert!(err.code().is_some(), "an ErrorResponse with a SQLSTATE: {err}");
     let failures = || metric(&w.metrics(), "weir_server_connect_failures_total", &with(&[]));
-    assert!(eventually(Duration::from_secs(5), || failures() > 0.0).await, "failing connects are counted");
+    assert!(eventually(weir_e2e::WAIT_LIMIT, || failures() > 0.0).await, "failing connects are counted");
     for _ in 0..5 {
         assert_eq!(w.http_get("/readyz").0, 200, "still ready while Postgres is down");
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -171,7 +158,7 @@ async fn server_open_and_close_are_logged_with_the_reason() {
     let closed =
         |l: &&str| l.contains(&opened) && l.contains("closing because: server_closed") && l.contains(&pid.to_string());
     assert!(
-        eventually(Duration::from_secs(5), || w.logs().lines().any(|l| closed(&l))).await,
+        eventually(weir_e2e::WAIT_LIMIT, || w.logs().lines().any(|l| closed(&l))).await,
         "close line with its reason and pid; log:\n{}",
         w.logs()
     );
@@ -179,7 +166,7 @@ async fn server_open_and_close_are_logged_with_the_reason() {
     // And PgBouncer's log_stats line, per pool, every stats_period.
     let stats = format!("stats: app/{SCRAM_USER} ");
     assert!(
-        eventually(Duration::from_secs(5), || w.logs().lines().any(|l| l.contains(&stats) && l.contains("xacts/s")))
+        eventually(weir_e2e::WAIT_LIMIT, || w.logs().lines().any(|l| l.contains(&stats) && l.contains("xacts/s")))
             .await,
         "a stats line; log:\n{}",
         w.logs()
@@ -194,22 +181,12 @@ async fn cancel_requests_are_counted() {
     let c = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
     let token = c.cancel_token();
     let q = tokio::spawn(async move { c.simple_query("select pg_sleep(30)").await.map(|_| ()) });
-    assert!(
-        eventually(Duration::from_secs(5), || pg
-            .psql(
-                "app",
-                "select count(*) from pg_stat_activity where query = 'select pg_sleep(30)' and state = 'active'"
-            )
-            .unwrap()
-            .trim()
-            == "1")
-        .await
-    );
+    weir_e2e::until_running(&weir_e2e::direct_client(&pg).await, "select pg_sleep(30)", 1).await;
     token.cancel_query(tokio_postgres::NoTls).await.unwrap();
     let e = tokio::time::timeout(Duration::from_secs(10), q).await.unwrap().unwrap().unwrap_err();
     assert_eq!(sqlstate(&e).as_deref(), Some("57014"));
     assert!(
-        eventually(Duration::from_secs(3), || metric(
+        eventually(weir_e2e::WAIT_LIMIT, || metric(
             &w.metrics(),
             "weir_cancel_requests_total",
             &[("outcome", "forwarded")]
@@ -342,7 +319,7 @@ async fn sigterm_lets_a_running_transaction_finish_then_exits() {
         busy.batch_execute("commit").await
     });
     assert!(
-        eventually(Duration::from_secs(5), || pg
+        eventually(weir_e2e::WAIT_LIMIT, || pg
             .psql("app", "select count(*) from pg_stat_activity where query = 'select pg_sleep(1)'")
             .unwrap()
             .trim()
@@ -399,7 +376,7 @@ async fn json_logs_with_connection_logging() {
     c.simple_query("select 1").await.unwrap();
     drop(c);
     let closed = "closing because: client close request (age=";
-    assert!(eventually(Duration::from_secs(5), || w.logs().contains(closed)).await, "{}", w.logs());
+    assert!(eventually(weir_e2e::WAIT_LIMIT, || w.logs().contains(closed)).await, "{}", w.logs());
     let logs = w.logs();
     let login = logs.lines().find(|l| l.contains("client logged in")).expect("login logged");
     assert!(
@@ -426,7 +403,7 @@ async fn session_events_print_in_the_client_span() {
         // (The readiness probe's connection, which never logged in, also
         // leaves a "closing because", without user and db.)
         let ours = |l: &str| l.contains("closing because: client close request") && l.contains("scram_user");
-        assert!(eventually(Duration::from_secs(5), || w.logs().lines().any(ours)).await, "{}", w.logs());
+        assert!(eventually(weir_e2e::WAIT_LIMIT, || w.logs().lines().any(ours)).await, "{}", w.logs());
         let logs = w.logs();
         let pinned = logs.lines().find(|l| l.contains("client pinned")).expect("the pin is logged");
         assert!(want.iter().all(|w| pinned.contains(w)), "{format}: {pinned}");

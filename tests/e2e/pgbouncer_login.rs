@@ -110,7 +110,7 @@ async fn trust_texts_console_by_peer_uid_and_closing_lines() {
             "closing because: no such database: nosuchdb (age=",
             "closing because: database \"p0\" is disabled (age=",
         ] {
-            let logged = eventually(Duration::from_secs(5), || w.logs().contains(reason)).await;
+            let logged = eventually(weir_e2e::WAIT_LIMIT, || w.logs().contains(reason)).await;
             assert!(logged, "{reason}\n{}", w.logs());
         }
         assert!(w.logs().contains("pgbouncer access from unix socket"), "{}", w.logs());
@@ -166,7 +166,7 @@ async fn registered_new_auto_database_is_logged() {
         let c = connect(&w.url_for(SCRAM_USER, SCRAM_PASS, "postgres")).await.expect("served by the fallback");
         c.simple_query("select 1").await.unwrap();
         let line = "registered new auto-database: postgres";
-        assert!(eventually(Duration::from_secs(5), || w.logs().contains(line)).await, "{}", w.logs());
+        assert!(eventually(weir_e2e::WAIT_LIMIT, || w.logs().contains(line)).await, "{}", w.logs());
         let again = connect(&w.url_for(MD5_USER, MD5_PASS, "postgres")).await.expect("a second pool");
         again.simple_query("select 1").await.unwrap();
         assert_eq!(w.logs().matches(line).count(), 1, "once per database: {}", w.logs());

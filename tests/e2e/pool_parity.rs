@@ -98,6 +98,12 @@ fn sleepers(
         .collect()
 }
 
+/// Server connections weir holds for `users` on `app`, by its own count.
+fn held(h: &Harness, users: &[&str]) -> usize {
+    let pools = users.iter().filter_map(|u| h.weir().shared().pools.get(APP_DB, u));
+    pools.map(|p| p.snapshot()).map(|s| (s.idle + s.active + s.connecting + s.recovering) as usize).sum()
+}
+
 /// Backends of `users` on Postgres's `app`.
 fn backends(h: &Harness, users: &[&str]) -> usize {
     let list: Vec<String> = users.iter().map(|u| format!("'{u}'")).collect();
@@ -149,9 +155,11 @@ async fn max_db_connections_evicts_no_more_than_it_needs() {
             for (i, r) in futures_util::future::join_all(all).await.into_iter().enumerate() {
                 assert_eq!(r.unwrap(), Ok(()), "round {round}, query {i}");
             }
-            // Evicted backends leave before their place is reused.
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            // Evicted backends leave before their place is reused: wait
+            // until Postgres has as many as weir holds.
             let names: Vec<&str> = users.iter().map(|(u, _)| *u).collect();
+            let settled = || async { backends(&h, &names) == held(&h, &names) };
+            weir_e2e::wait_for("the evicted backends to exit", settled).await;
             assert_eq!(backends(&h, &names), 4, "round {round}: the database ends at its cap, not below");
         }
     })
@@ -229,6 +237,8 @@ async fn a_login_waits_out_a_second_of_connect_errors() {
             let c = connect_within(&url, Duration::from_secs(8)).await?;
             c.simple_query("select 1").await.map(|_| ()).map_err(|e| describe(&e))
         });
+        weir_e2e::wait_for("a refused connect", || async { relay.connections_refused() > 0 }).await;
+        // The scenario: Postgres stays unreachable for a second.
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert!(!login.is_finished(), "the login waits while connects fail");
         relay.refuse(false);
@@ -257,8 +267,13 @@ async fn a_login_postgres_refuses_fails_the_waiting_clients_at_once() {
         let c = connect(&h.url(MD5_USER, MD5_PASS)).await.expect("md5_user logs in");
         c.simple_query("select 1").await.expect("served");
         h.psql(&format!("alter role {MD5_USER} password 'changed'"));
-        h.psql(&format!("select pg_terminate_backend(pid) from pg_stat_activity where usename = '{MD5_USER}'"));
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        h.psql(&format!("select pg_terminate_backend(pid, 5000) from pg_stat_activity where usename = '{MD5_USER}'"));
+        let pool = h.pool_for(MD5_USER);
+        let gone = || async {
+            let s = pool.snapshot();
+            s.idle + s.active + s.recovering == 0
+        };
+        weir_e2e::wait_for("weir to drop md5_user's terminated server", gone).await;
         let t0 = Instant::now();
         let e = c.simple_query("select 1").await.expect_err("Postgres refuses the new server's login");
         let took = t0.elapsed();
@@ -331,7 +346,7 @@ async fn server_fast_close_ends_session_clients_at_reconnect() {
         w.admin("RECONNECT").await.expect("RECONNECT");
         // What PgBouncer sends: FATAL 08P01 "database configuration changed".
         assert_eq!(raw.outcome().await, Outcome::Fatal("08P01".into(), "database configuration changed".into()));
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(weir_e2e::eventually(weir_e2e::WAIT_LIMIT, || c.is_closed()).await, "the idle client is ended too");
         let e = c.simple_query("select 1").await.expect_err("closed by RECONNECT");
         assert!(describe(&e).contains("database configuration changed") || e.is_closed(), "{e}");
         let logs = w.logs();
@@ -350,9 +365,10 @@ async fn min_pool_size_above_pool_size_is_capped() {
         let c = connect(&h.url(SCRAM_USER, SCRAM_PASS)).await.expect("login");
         c.simple_query("select 1").await.expect("served");
         assert!(
-            weir_e2e::eventually(Duration::from_secs(5), || backends(&h, &[SCRAM_USER]) == 3).await,
+            weir_e2e::eventually(weir_e2e::WAIT_LIMIT, || backends(&h, &[SCRAM_USER]) == 3).await,
             "warmed to the pool size"
         );
+        // A window in which no fourth server may open.
         tokio::time::sleep(Duration::from_millis(1200)).await;
         assert_eq!(backends(&h, &[SCRAM_USER]), 3, "and never beyond it");
         assert_eq!(h.pool().settings().min_pool_size, 3);

@@ -5,31 +5,13 @@
 //! 0` turns it off, and session features pin the client to its server, which
 //! is reset before anyone else gets it.
 
-use std::time::Duration;
-
 use bytes::Bytes;
-use weir::protocol::tags::frontend as fe;
-use weir_e2e::raw::{error_fields, query, tagged, Raw};
+use weir_e2e::extended::{bind, close_statement, describe_statement, execute, parse, sync};
+use weir_e2e::raw::{error_fields, query, Raw};
 use weir_e2e::{connect, eventually, sqlstate, Harness, Opts, SCRAM_PASS, SCRAM_USER};
 
 async fn harness(pool_size: u32, general: &str) -> Harness {
     Harness::start(Opts { pool_size, auth_type: "trust", general: general.into(), ..Opts::default() }).await
-}
-
-fn parse(name: &str, q: &str) -> Vec<u8> {
-    tagged(fe::PARSE, &[name.as_bytes(), b"\0", q.as_bytes(), b"\0\0\0"].concat())
-}
-
-fn bind(stmt: &str) -> Vec<u8> {
-    tagged(fe::BIND, &[b"\0", stmt.as_bytes(), b"\0\0\0\0\0\0\0"].concat())
-}
-
-fn execute() -> Vec<u8> {
-    tagged(fe::EXECUTE, b"\0\0\0\0\0")
-}
-
-fn sync() -> Vec<u8> {
-    tagged(fe::SYNC, b"")
 }
 
 /// The SQLSTATE of an ErrorResponse body.
@@ -73,7 +55,7 @@ async fn statements_follow_their_client_to_another_server() {
             // SHOW SERVERS lists each server's cache (PgBouncer's column),
             // published when a lease ends: just after its client has the
             // answer, so wait for both servers to be back.
-            let back = eventually(Duration::from_secs(5), || h.pool().snapshot().active == 0).await;
+            let back = eventually(weir_e2e::WAIT_LIMIT, || h.pool().snapshot().active == 0).await;
             assert!(back, "both servers return to the pool: {:?}", h.pool().snapshot());
             let admin = connect(&format!("postgres://admin:admin_pass@{}/weir", h.addr())).await.unwrap();
             let mut counts = vec![];
@@ -94,23 +76,25 @@ async fn statements_follow_their_client_to_another_server() {
 async fn errors_keep_their_meaning() {
     let h = harness(2, "").await;
     let mut c = login(&h).await;
-    let r = send(&mut c, &[bind("never_prepared"), execute(), sync()]).await;
+    let r = send(&mut c, &[bind("never_prepared", &[]), execute(), sync()]).await;
     assert_eq!(tags(&r), "EZ");
     assert_eq!(code(&r[0].1), "26000", "Postgres's own answer");
     let r = send(&mut c, &[parse("bad", "select * from no_such_table"), sync()]).await;
     assert_eq!(tags(&r), "EZ");
     assert_eq!(code(&r[0].1), "42P01", "the failing Parse is the client's error");
-    let r = send(&mut c, &[bind("bad"), execute(), sync()]).await;
+    let r = send(&mut c, &[bind("bad", &[]), execute(), sync()]).await;
     assert_eq!(code(&r[0].1), "26000", "a failed Parse defined nothing");
-    let r = send(&mut c, &[parse("ok", "select 1"), bind("ok"), execute(), parse("later", "select 2"), sync()]).await;
+    let r =
+        send(&mut c, &[parse("ok", "select 1"), bind("ok", &[]), execute(), parse("later", "select 2"), sync()]).await;
     assert_eq!(tags(&r), "12DC1Z");
     // A batch failing midway: the ParseComplete weir owes before the failure
     // comes (ok2 is already on the server), nothing after it until ReadyForQuery.
     let r =
-        send(&mut c, &[parse("ok2", "select 1"), parse("bad2", "select 1/0"), bind("bad2"), execute(), sync()]).await;
+        send(&mut c, &[parse("ok2", "select 1"), parse("bad2", "select 1/0"), bind("bad2", &[]), execute(), sync()])
+            .await;
     assert_eq!(tags(&r), "11EZ", "planning at Bind folds 1/0: {r:?}");
     assert_eq!(code(&r[2].1), "22012");
-    let r = send(&mut c, &[tagged(fe::DESCRIBE, b"Sok2\0"), sync()]).await;
+    let r = send(&mut c, &[describe_statement("ok2"), sync()]).await;
     assert_eq!(tags(&r), "tTZ", "Describe replies are the server's");
 }
 
@@ -122,15 +106,15 @@ async fn deallocate_and_close_are_followed() {
     let r = send(&mut c, &[query("DEALLOCATE s1")]).await;
     assert_eq!(tags(&r), "CZ");
     assert_eq!(&r[0].1[..], b"DEALLOCATE\0");
-    assert_eq!(code(&send(&mut c, &[bind("s1"), execute(), sync()]).await[0].1), "26000");
+    assert_eq!(code(&send(&mut c, &[bind("s1", &[]), execute(), sync()]).await[0].1), "26000");
     assert_eq!(tags(&send(&mut c, &[parse("s1", "select 1"), sync()]).await), "1Z");
-    assert_eq!(tags(&send(&mut c, &[tagged(fe::CLOSE, b"Ss1\0"), sync()]).await), "3Z");
-    assert_eq!(code(&send(&mut c, &[bind("s1"), execute(), sync()]).await[0].1), "26000");
+    assert_eq!(tags(&send(&mut c, &[close_statement("s1"), sync()]).await), "3Z");
+    assert_eq!(code(&send(&mut c, &[bind("s1", &[]), execute(), sync()]).await[0].1), "26000");
     assert_eq!(tags(&send(&mut c, &[parse("s2", "select 2"), sync()]).await), "1Z");
     assert_eq!(tags(&send(&mut c, &[query("DEALLOCATE ALL")]).await), "CZ");
-    assert_eq!(code(&send(&mut c, &[bind("s2"), execute(), sync()]).await[0].1), "26000");
+    assert_eq!(code(&send(&mut c, &[bind("s2", &[]), execute(), sync()]).await[0].1), "26000");
     // The server's statements were dropped too; preparing again still works.
-    let r = send(&mut c, &[parse("s3", "select 2"), bind("s3"), execute(), sync()]).await;
+    let r = send(&mut c, &[parse("s3", "select 2"), bind("s3", &[]), execute(), sync()]).await;
     assert_eq!(tags(&r), "12DCZ", "{r:?}");
 }
 
@@ -150,7 +134,7 @@ async fn listen_pins_the_client_and_its_server_is_reset_after() {
     assert_eq!(h.pool().metrics.pinned(), 1);
     drop(a);
     let pool = h.pool();
-    assert!(eventually(Duration::from_secs(5), || pool.snapshot().active == 0).await);
+    assert!(eventually(weir_e2e::WAIT_LIMIT, || pool.snapshot().active == 0).await);
     // Whoever gets that server now does not inherit the LISTEN.
     for _ in 0..4 {
         let c = h.client().await;

@@ -5,43 +5,13 @@
 //! client at most the error Postgres itself would give, and a retry after
 //! Close + Parse works; 42P05 and 25P02 come as a backend sends them.
 
-use std::net::SocketAddr;
-
 use bytes::Bytes;
-use weir::protocol::tags::frontend as fe;
-use weir_e2e::raw::{error_fields, query, tagged, Raw};
+use weir_e2e::extended::{bind, close_statement, execute, parse, sync};
+use weir_e2e::raw::{error_fields, query, Raw};
 use weir_e2e::{bounded, Harness, Opts, SCRAM_USER};
 
 async fn harness(mode: &'static str) -> Harness {
     Harness::start(Opts { pool_size: 1, pool_mode: mode, auth_type: "trust", ..Opts::default() }).await
-}
-
-fn parse(name: &str, q: &str) -> Vec<u8> {
-    tagged(fe::PARSE, &[name.as_bytes(), b"\0", q.as_bytes(), b"\0\0\0"].concat())
-}
-
-/// A Bind of `stmt` to the unnamed portal with text parameters.
-fn bind(stmt: &str, params: &[&str]) -> Vec<u8> {
-    let mut b = [b"\0", stmt.as_bytes(), b"\0\0\0"].concat();
-    b.extend_from_slice(&(params.len() as i16).to_be_bytes());
-    for p in params {
-        b.extend_from_slice(&(p.len() as i32).to_be_bytes());
-        b.extend_from_slice(p.as_bytes());
-    }
-    b.extend_from_slice(b"\0\0");
-    tagged(fe::BIND, &b)
-}
-
-fn close(stmt: &str) -> Vec<u8> {
-    tagged(fe::CLOSE, &[b"S", stmt.as_bytes(), b"\0"].concat())
-}
-
-fn execute() -> Vec<u8> {
-    tagged(fe::EXECUTE, b"\0\0\0\0\0")
-}
-
-fn sync() -> Vec<u8> {
-    tagged(fe::SYNC, b"")
 }
 
 /// What a backend answered, as a driver compares it: message tags, with
@@ -71,8 +41,7 @@ async fn via_weir(h: &Harness) -> Raw {
 
 /// A raw client straight to Postgres (the superuser is trusted).
 async fn direct(h: &Harness) -> Raw {
-    let addr: SocketAddr = format!("127.0.0.1:{}", h.pg.port()).parse().unwrap();
-    Raw::login(addr, "postgres", "", &[]).await.expect("raw login to postgres")
+    Raw::login(h.pg_addr(), "postgres", "", &[]).await.expect("raw login to postgres")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -129,14 +98,14 @@ async fn a_type_dropped_and_recreated_under_a_shared_statement() {
                 // weir cannot see DDL it does not carry: the stale statement's
                 // error comes once, and is gone after the driver's retry.
                 assert_eq!(r, "1E[XX000]ZI", "cache lookup failed, once");
-                assert_eq!(run(&mut third, &[close("c"), sync()]).await, "3ZI");
+                assert_eq!(run(&mut third, &[close_statement("c"), sync()]).await, "3ZI");
                 assert_eq!(run(&mut third, &msgs).await, "12DCZI", "the retry works");
             } else {
                 assert_eq!(r, "12DCZI", "prepared afresh after the DDL");
             }
             // The first client's own statement predates the type: Postgres
             // would fail it too; after Close + Parse it works.
-            assert_eq!(run(&mut first, &[close("c"), sync()]).await, "3ZI");
+            assert_eq!(run(&mut first, &[close_statement("c"), sync()]).await, "3ZI");
             let r = run(&mut first, &[parse("c", text), bind("c", &["green"]), execute(), sync()]).await;
             assert_eq!(r, "12DCZI", "behind weir's back: {behind_weirs_back}");
         }
@@ -171,7 +140,7 @@ async fn alter_table_changes_the_result_type_between_two_clients() {
                 // A client whose statement predates the ALTER gets this from
                 // Postgres; this one gets it once, then never again.
                 assert_eq!(r, "1E[0A000]ZI");
-                assert_eq!(run(&mut second, &[close("q"), sync()]).await, "3ZI");
+                assert_eq!(run(&mut second, &[close_statement("q"), sync()]).await, "3ZI");
                 assert_eq!(run(&mut second, &msgs).await, "12DCZI", "the retry after Close + Parse works");
             } else {
                 assert_eq!(r, "12DCZI", "behind weir's back: {behind_weirs_back}");
@@ -199,7 +168,7 @@ async fn statement_errors_are_the_ones_a_backend_gives() {
             vec![parse("s1", "select * from no_such_table"), sync()],
             // The unnamed statement is re-parsed freely.
             vec![parse("", "select 1"), parse("", "select 2"), bind("", &[]), execute(), sync()],
-            vec![close("s1"), parse("s1", "select 3"), bind("s1", &[]), execute(), sync()],
+            vec![close_statement("s1"), parse("s1", "select 3"), bind("s1", &[]), execute(), sync()],
             // Two Parses of one new name in a batch.
             vec![parse("s2", "select 1"), parse("s2", "select 1"), sync()],
             vec![bind("s2", &[]), execute(), sync()],

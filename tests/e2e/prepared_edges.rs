@@ -12,48 +12,17 @@
 use std::net::SocketAddr;
 
 use bytes::Bytes;
-use weir::protocol::tags::{backend as be, frontend as fe};
-use weir_e2e::raw::{query, tagged, Raw};
+use weir::protocol::tags::backend as be;
+use weir_e2e::extended::{bind, describe_statement, execute, parse, sync};
+use weir_e2e::raw::{query, Raw};
 use weir_e2e::{Harness, Opts, TRUST_USER};
 
 async fn harness(general: &str) -> Harness {
     Harness::start(Opts { pool_size: 1, auth_type: "trust", general: general.into(), ..Opts::default() }).await
 }
 
-fn direct_addr(h: &Harness) -> SocketAddr {
-    format!("127.0.0.1:{}", h.pg.port()).parse().unwrap()
-}
-
 async fn login(addr: SocketAddr, extra: &[(&str, &str)]) -> Raw {
     Raw::login(addr, TRUST_USER, "", extra).await.expect("raw login")
-}
-
-fn parse(name: &str, q: &str) -> Vec<u8> {
-    tagged(fe::PARSE, &[name.as_bytes(), b"\0", q.as_bytes(), b"\0\0\0"].concat())
-}
-
-/// A Bind of `stmt` to the unnamed portal, with text parameters.
-fn bind(stmt: &str, params: &[&str]) -> Vec<u8> {
-    let mut body = [b"\0", stmt.as_bytes(), b"\0\0\0"].concat();
-    body.extend_from_slice(&(params.len() as u16).to_be_bytes());
-    for p in params {
-        body.extend_from_slice(&(p.len() as i32).to_be_bytes());
-        body.extend_from_slice(p.as_bytes());
-    }
-    body.extend_from_slice(b"\0\0");
-    tagged(fe::BIND, &body)
-}
-
-fn describe(stmt: &str) -> Vec<u8> {
-    tagged(fe::DESCRIBE, &[b"S", stmt.as_bytes(), b"\0"].concat())
-}
-
-fn execute() -> Vec<u8> {
-    tagged(fe::EXECUTE, b"\0\0\0\0\0")
-}
-
-fn sync() -> Vec<u8> {
-    tagged(fe::SYNC, b"")
 }
 
 /// One client's messages, written at once, and how many ReadyForQuery
@@ -90,7 +59,7 @@ async fn run(addr: SocketAddr, startup: &[&[(&str, &str)]], steps: &[Step]) -> V
 
 /// Runs `steps` directly and through weir; every step must get the same replies.
 async fn same_as_postgres(h: &Harness, startup: &[&[(&str, &str)]], steps: &[Step], what: &str) {
-    let want = run(direct_addr(h), startup, steps).await;
+    let want = run(h.pg_addr(), startup, steps).await;
     let got = run(h.addr(), startup, steps).await;
     for (i, (w, g)) in want.iter().zip(&got).enumerate() {
         let tags = |r: &[(char, Bytes)]| r.iter().map(|m| m.0).collect::<String>();
@@ -111,8 +80,9 @@ async fn named_statements_resolve_names_under_their_clients_search_path() {
          grant select on public.t, sa.t, sb.t to public;",
     );
     let q = "select v from t where k = $1";
-    let round =
-        |c: usize, name: &str| step(c, vec![parse(name, q), describe(name), bind(name, &["1"]), execute(), sync()], 1);
+    let round = |c: usize, name: &str| {
+        step(c, vec![parse(name, q), describe_statement(name), bind(name, &["1"]), execute(), sync()], 1)
+    };
     let steps = vec![
         round(0, "s1"),
         round(1, "s1"),
@@ -172,7 +142,7 @@ async fn a_failed_hot_parse_leaves_no_unnamed_statement() {
         step(0, [named("f", "select 1/0"), vec![parse("", q)], run_it()].concat(), 2),
         step(0, named("r", "rollback"), 1),
         step(0, run_it(), 1),
-        step(0, vec![describe("")], 0),
+        step(0, vec![describe_statement("")], 0),
         step(0, vec![sync()], 1),
         // And it works again once parsed.
         step(0, [vec![parse("", q)], run_it()].concat(), 1),

@@ -8,52 +8,16 @@
 use std::net::SocketAddr;
 
 use bytes::Bytes;
-use weir::protocol::tags::frontend as fe;
-use weir_e2e::raw::{query, tagged, Raw};
+use weir_e2e::extended::{bind, close_statement, describe_statement, execute, parse, sync};
+use weir_e2e::raw::{query, Raw};
 use weir_e2e::{connect, Harness, Opts, TRUST_PASS, TRUST_USER};
 
 async fn harness(pool_size: u32, general: &str) -> Harness {
     Harness::start(Opts { pool_size, auth_type: "trust", general: general.into(), ..Opts::default() }).await
 }
 
-fn direct_addr(h: &Harness) -> SocketAddr {
-    format!("127.0.0.1:{}", h.pg.port()).parse().unwrap()
-}
-
 async fn login(addr: SocketAddr, extra: &[(&str, &str)]) -> Raw {
     Raw::login(addr, TRUST_USER, "", extra).await.expect("raw login")
-}
-
-fn parse(q: &str) -> Vec<u8> {
-    tagged(fe::PARSE, &[b"\0", q.as_bytes(), b"\0\0\0"].concat())
-}
-
-/// A Bind of the unnamed statement to the unnamed portal, with text parameters.
-fn bind(params: &[&str]) -> Vec<u8> {
-    let mut body = b"\0\0\0\0".to_vec();
-    body.extend_from_slice(&(params.len() as u16).to_be_bytes());
-    for p in params {
-        body.extend_from_slice(&(p.len() as i32).to_be_bytes());
-        body.extend_from_slice(p.as_bytes());
-    }
-    body.extend_from_slice(b"\0\0");
-    tagged(fe::BIND, &body)
-}
-
-fn describe_statement() -> Vec<u8> {
-    tagged(fe::DESCRIBE, b"S\0")
-}
-
-fn close_statement() -> Vec<u8> {
-    tagged(fe::CLOSE, b"S\0")
-}
-
-fn execute() -> Vec<u8> {
-    tagged(fe::EXECUTE, b"\0\0\0\0\0")
-}
-
-fn sync() -> Vec<u8> {
-    tagged(fe::SYNC, b"")
 }
 
 /// Every reply up to the next ReadyForQuery, as (tag, body).
@@ -71,29 +35,29 @@ fn value(replies: &[(char, Bytes)]) -> String {
 /// The steps both targets run, in order, each up to its ReadyForQuery.
 fn script() -> Vec<Vec<Vec<u8>>> {
     let q = "select $1::int4 + 1 as n, 'x'::text as t";
-    let round = vec![parse(q), describe_statement(), bind(&["41"]), execute(), sync()];
+    let round = vec![parse("", q), describe_statement(""), bind("", &["41"]), execute(), sync()];
     vec![
         round.clone(),
         round.clone(),
         round.clone(),
         // Bound again without a Parse, after a Sync.
-        vec![bind(&["1"]), execute(), sync()],
+        vec![bind("", &["1"]), execute(), sync()],
         // The wrong parameter count: an error naming the unnamed statement.
-        vec![parse(q), bind(&[]), execute(), sync()],
+        vec![parse("", q), bind("", &[]), execute(), sync()],
         // A Parse that fails leaves no unnamed statement behind it.
         round.clone(),
-        vec![parse("selec 1"), sync()],
-        vec![bind(&["1"]), execute(), sync()],
+        vec![parse("", "selec 1"), sync()],
+        vec![bind("", &["1"]), execute(), sync()],
         // A simple query drops the unnamed statement, and so does Close.
         round.clone(),
         vec![query("select 1")],
-        vec![bind(&["1"]), execute(), sync()],
+        vec![bind("", &["1"]), execute(), sync()],
         round.clone(),
-        vec![close_statement(), bind(&["1"]), execute(), sync()],
+        vec![close_statement(""), bind("", &["1"]), execute(), sync()],
         // A Parse skipped after an error leaves the one before it.
         round.clone(),
-        vec![bind(&["x"]), execute(), parse("select 2"), sync()],
-        vec![bind(&["2"]), execute(), sync()],
+        vec![bind("", &["x"]), execute(), parse("", "select 2"), sync()],
+        vec![bind("", &["2"]), execute(), sync()],
         round,
     ]
 }
@@ -111,7 +75,7 @@ async fn run(addr: SocketAddr) -> Vec<Vec<(char, Bytes)>> {
 async fn hot_unnamed_statements_answer_as_postgres_does() {
     for after in [1, 2] {
         let h = harness(1, &format!("prepare_unnamed_after = {after}\n")).await;
-        let want = run(direct_addr(&h)).await;
+        let want = run(h.pg_addr()).await;
         let got = run(h.addr()).await;
         for (i, (w, g)) in want.iter().zip(&got).enumerate() {
             assert_eq!(w, g, "prepare_unnamed_after = {after}, step {i}: Postgres, then weir");
@@ -127,12 +91,12 @@ async fn an_unnamed_statement_bound_after_a_sync_works_on_another_server() {
     for (after, works) in [(2, true), (1, true), (0, false)] {
         let h = harness(2, &format!("prepare_unnamed_after = {after}\n")).await;
         let mut a = login(h.addr(), &[]).await;
-        let first = send(&mut a, &[parse("select pg_backend_pid()"), bind(&[]), execute(), sync()]).await;
+        let first = send(&mut a, &[parse("", "select pg_backend_pid()"), bind("", &[]), execute(), sync()]).await;
         // b holds the server a just used (the idle stack is LIFO), so a's
         // next transaction runs on the other one.
         let b = connect(&h.url(TRUST_USER, TRUST_PASS)).await.unwrap();
         b.batch_execute("begin; select 1").await.unwrap();
-        let second = send(&mut a, &[bind(&[]), execute(), sync()]).await;
+        let second = send(&mut a, &[bind("", &[]), execute(), sync()]).await;
         b.batch_execute("commit").await.unwrap();
         if works {
             assert_ne!(value(&first), value(&second), "prepare_unnamed_after = {after}: another server");
@@ -152,7 +116,7 @@ async fn a_client_with_its_own_search_path_gets_its_own_tables() {
          create table other.sp (v text); insert into other.sp values ('other'); \
          grant select on public.sp, other.sp to public;",
     );
-    let round = [parse("select v from sp"), bind(&[]), execute(), sync()];
+    let round = [parse("", "select v from sp"), bind("", &[]), execute(), sync()];
     let mut plain = login(h.addr(), &[]).await;
     let mut own = login(h.addr(), &[("search_path", "other, public")]).await;
     let mut setter = login(h.addr(), &[]).await;
@@ -184,10 +148,10 @@ async fn a_skewed_parameter_gets_the_rows_postgres_gives() {
     );
     let q = "select count(*), min(k), max(k) from skew where k = $1";
     let steps: Vec<&str> = ["1", "200", "300", "400", "500", "600", "700", "1", "800", "1", "19900", "1"].into();
-    let mut direct = login(direct_addr(&h), &[]).await;
+    let mut direct = login(h.pg_addr(), &[]).await;
     let mut through = login(h.addr(), &[]).await;
     for k in steps {
-        let round = [parse(q), bind(&[k]), execute(), sync()];
+        let round = [parse("", q), bind("", &[k]), execute(), sync()];
         let want = send(&mut direct, &round).await;
         assert_eq!(send(&mut through, &round).await, want, "k = {k}");
     }

@@ -151,9 +151,10 @@ async fn long_key_cancels(mode: &'static str) {
     }
     c.send(&weir_e2e::raw::query("select pg_sleep(20)")).await.unwrap();
     let running = "select count(*) from pg_stat_activity where query = 'select pg_sleep(20)' and state = 'active'";
-    assert!(weir_e2e::eventually(LIMIT, || h.psql(running).trim() == "1").await, "pg_sleep never started");
+    h.until_running("select pg_sleep(20)").await;
     cancel(h.addr(), pid, &key[..4]).await;
     cancel(h.addr(), pid, &[key.as_slice(), &[0; 4]].concat()).await;
+    // A window in which a wrongly keyed cancel must not land.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(h.psql(running).trim(), "1", "{mode}: a wrong key cancels nothing");
     cancel(h.addr(), pid, &key).await;

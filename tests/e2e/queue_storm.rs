@@ -88,7 +88,7 @@ async fn a_storm_of_departing_queued_clients_costs_nothing() {
         });
         (Instant::now(), holders)
     });
-    let busy = weir_e2e::eventually(Duration::from_secs(5), || h.pool().snapshot().active == POOL).await;
+    let busy = weir_e2e::eventually(weir_e2e::WAIT_LIMIT, || h.pool().snapshot().active == POOL).await;
     assert!(busy, "the holders never took every server: {:?}", h.pool().snapshot());
     let raws = queue_clients(&h).await;
     until_waiting(&h, QUEUED as u32).await;

@@ -244,6 +244,7 @@ async fn a_client_gone_during_login_costs_no_server_work() {
         }
         c.reset();
     }
+    // A window in which no pool or backend may appear for them.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
         h.weir().shared().pools.get(APP_DB, MD5_USER).is_none(),

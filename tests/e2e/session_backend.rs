@@ -46,7 +46,7 @@ async fn backend_key_data_carries_the_servers_pid_and_cancels_still_work() {
 
     // A cancel with that key reaches weir, which forwards it with the server's key.
     raw.send_query("select pg_sleep(20)").await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    h.until_running("select pg_sleep(20)").await;
     queue_raw::cancel(h.addr(), raw.key()).await.unwrap();
     let reply = tokio::time::timeout(LIMIT, raw.reply()).await.unwrap().unwrap();
     assert_eq!(reply.code(), Some("57014"), "{reply:?}");
@@ -89,8 +89,9 @@ async fn cancel_token_cancels_through_weir() {
     let h = session_harness().await;
     let client = weir_e2e::connect(&h.url(TRUST_USER, TRUST_PASS)).await.unwrap();
     let token = client.cancel_token();
+    let direct = h.direct().await;
     let canceller = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        weir_e2e::until_running(&direct, "select pg_sleep(20)", 1).await;
         token.cancel_query(NoTls).await
     });
     let err = tokio::time::timeout(LIMIT, client.simple_query("select pg_sleep(20)")).await.unwrap().unwrap_err();
@@ -133,6 +134,9 @@ async fn a_login_waits_for_its_server_within_query_wait_timeout() {
         let url = url.clone();
         async move { weir_e2e::connect(&url).await }
     });
+    let pool = h.pool_for(TRUST_USER);
+    weir_e2e::wait_for("the second login to queue", || async { pool.snapshot().waiting == 1 }).await;
+    // The scenario: queued for longer than client_login_timeout (1 s).
     tokio::time::sleep(Duration::from_millis(1500)).await;
     drop(a);
     let b = tokio::time::timeout(LIMIT, waiting).await.unwrap().unwrap().expect("logged in once the server was free");

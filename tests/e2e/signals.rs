@@ -27,7 +27,10 @@ async fn sigusr1_holds_a_query_until_sigusr2() {
     w.signal("USR1");
     assert!(logged(&w, "SIGUSR1: paused").await, "PAUSE completed; log:\n{}", w.logs());
     let query = tokio::spawn(async move { client.simple_query("select 42").await.map(|m| m.len()) });
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let queued = || async { w.pool_row(SCRAM_USER).await["cl_waiting"] == "1" };
+    weir_e2e::wait_for("the query to queue while paused", queued).await;
+    // A window in which the paused weir must not run it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!query.is_finished(), "the query ran while weir was paused");
 
     w.signal("USR2");
@@ -49,7 +52,7 @@ async fn sigint_lets_a_running_transaction_commit_then_exits_0() {
         busy.batch_execute("commit").await
     });
     let sleeping = "select count(*) from pg_stat_activity where query = 'select pg_sleep(1.5)'";
-    assert!(eventually(Duration::from_secs(5), || pg.psql("app", sleeping).unwrap().trim() == "1").await);
+    assert!(eventually(weir_e2e::WAIT_LIMIT, || pg.psql("app", sleeping).unwrap().trim() == "1").await);
 
     w.signal("INT");
     assert!(logged(&w, "SIGINT: draining").await, "{}", w.logs());

@@ -364,8 +364,9 @@ async fn server_tls_cancels_go_over_tls() {
     h.weir().reload(cfg).expect("reload towards the forwarder");
     let c = tokio::time::timeout(LIMIT, weir_e2e::connect(&h.url(TRUST_USER, TRUST_PASS))).await.unwrap().unwrap();
     let token = c.cancel_token();
+    let direct = h.direct().await;
     let canceller = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        weir_e2e::until_running(&direct, "select pg_sleep(20)", 1).await;
         token.cancel_query(tokio_postgres::NoTls).await
     });
     let err = tokio::time::timeout(LIMIT, c.simple_query("select pg_sleep(20)")).await.unwrap().unwrap_err();

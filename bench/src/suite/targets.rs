@@ -7,7 +7,6 @@
 
 mod doorman;
 
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -20,7 +19,6 @@ use super::procstat;
 
 pub const POOL_SIZE: u32 = 20;
 const MAX_CLIENT_CONN: u32 = 30_000;
-const START_LIMIT: Duration = Duration::from_secs(15);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -152,24 +150,12 @@ impl Target {
         Ok(t)
     }
 
+    /// Waits until the target's port accepts (see `listening::wait_listening`).
     fn wait_listening(&mut self) -> anyhow::Result<()> {
-        let end = Instant::now() + START_LIMIT;
-        loop {
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                // PgBouncer writes its pidfile right after binding.
-                std::thread::sleep(Duration::from_millis(100));
-                return Ok(());
-            }
-            if let Some(child) = &mut self.child {
-                if let Some(status) = child.try_wait()? {
-                    bail!("{} exited at start ({status}):\n{}", self.kind.label(), self.log_tail());
-                }
-            }
-            if Instant::now() > end {
-                bail!("{} did not listen within {START_LIMIT:?}:\n{}", self.kind.label(), self.log_tail());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let (Some(child), Some(log)) = (&mut self.child, &self.log) else {
+            bail!("{} has no process to wait for", self.kind.label())
+        };
+        crate::listening::wait_listening(child, self.port, self.kind.label(), log)
     }
 
     pub fn log_tail(&self) -> String {

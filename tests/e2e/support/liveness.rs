@@ -58,6 +58,24 @@ pub async fn backend_pids(direct: &Client, user: &str) -> HashSet<i32> {
         .collect()
 }
 
+/// Waits until Postgres runs a statement containing `needle` (state
+/// active, on a backend other than `direct`'s own); returns that backend's pid.
+pub async fn running_like(direct: &Client, needle: &str) -> i32 {
+    let sql = format!(
+        "select coalesce(min(pid), 0) from pg_stat_activity \
+         where state = 'active' and query like '%{needle}%' and pid <> pg_backend_pid()"
+    );
+    let end = tokio::time::Instant::now() + crate::WAIT_LIMIT;
+    loop {
+        let pid: i32 = one(direct, &sql).await.expect("pg_stat_activity").parse().expect("a pid");
+        if pid != 0 {
+            return pid;
+        }
+        assert!(tokio::time::Instant::now() < end, "waited {:?} for a backend running {needle:?}", crate::WAIT_LIMIT);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Terminates every backend of `user` and waits until each has exited.
 pub async fn terminate_all(direct: &Client, user: &str) -> usize {
     let sql = format!(

@@ -2,6 +2,7 @@
 //! and weir running in-process in front of them, plus client helpers.
 //! Every test builds its own `Harness`; dropping it tears everything down.
 
+pub mod extended;
 pub mod liveness;
 pub mod migrated;
 pub mod pgbouncer;
@@ -97,6 +98,11 @@ impl Harness {
         format!("postgres://{user}:{password}@{}/{APP_DB}", self.addr())
     }
 
+    /// Postgres's own address, for raw clients that compare weir with it.
+    pub fn pg_addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.pg.port()))
+    }
+
     /// A libpq-style connection string straight to Postgres.
     pub fn direct_url(&self, user: &str, password: &str) -> String {
         format!("postgres://{user}:{password}@127.0.0.1:{}/{APP_DB}", self.pg.port())
@@ -109,9 +115,12 @@ impl Harness {
 
     /// A tokio-postgres client straight to Postgres as the superuser.
     pub async fn direct(&self) -> Client {
-        connect(&format!("postgres://postgres@127.0.0.1:{}/{APP_DB}", self.pg.port()))
-            .await
-            .expect("connect to postgres")
+        direct_client(&self.pg).await
+    }
+
+    /// Waits until Postgres runs exactly `sql` (see `until_running`).
+    pub async fn until_running(&self, sql: &str) {
+        until_running(&self.direct().await, sql, 1).await
     }
 
     /// Runs SQL as the superuser through psql, straight to Postgres.
@@ -221,6 +230,42 @@ pub async fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// How long a test waits for a state it needs before failing: generous, so a
+/// loaded machine only makes the test slower, never red.
+pub const WAIT_LIMIT: Duration = Duration::from_secs(30);
+
+/// Polls the async check `f` every 20 ms until it returns true; panics,
+/// naming `what`, after `WAIT_LIMIT`.
+pub async fn wait_for<F, Fut>(what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let end = tokio::time::Instant::now() + WAIT_LIMIT;
+    while !f().await {
+        assert!(tokio::time::Instant::now() < end, "waited {WAIT_LIMIT:?} for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A tokio-postgres client straight to `pg`'s `app` as the superuser.
+pub async fn direct_client(pg: &PgServer) -> Client {
+    connect(&format!("postgres://postgres@127.0.0.1:{}/{APP_DB}", pg.port())).await.expect("connect to postgres")
+}
+
+/// How many backends Postgres shows running exactly `sql` (state active),
+/// asked over `direct`, a connection straight to Postgres.
+pub async fn running(direct: &Client, sql: &str) -> i64 {
+    let q = "select count(*) from pg_stat_activity where query = $1 and state = 'active'";
+    direct.query_one(q, &[&sql]).await.expect("pg_stat_activity").get(0)
+}
+
+/// Waits until at least `n` backends run exactly `sql`: the query has
+/// reached Postgres and is executing (so a cancel or a kill now lands on it).
+pub async fn until_running(direct: &Client, sql: &str, n: i64) {
+    wait_for(&format!("{n} backend(s) running {sql:?}"), || async { running(direct, sql).await >= n }).await
 }
 
 /// The SQLSTATE of a tokio-postgres error, if the server (or weir) sent one.

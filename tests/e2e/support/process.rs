@@ -127,6 +127,13 @@ impl WeirProcess {
         self.psql(ADMIN_USER, ADMIN_PASS, "weir", sql).await
     }
 
+    /// The SHOW POOLS row of `app` for `user`, as column -> value.
+    pub async fn pool_row(&self, user: &str) -> std::collections::HashMap<String, String> {
+        let out = self.admin("SHOW POOLS").await.expect("SHOW POOLS");
+        let row = rows(&out).into_iter().find(|r| r["database"] == APP_DB && r["user"] == user);
+        row.unwrap_or_else(|| panic!("no SHOW POOLS row for {user}: {out}"))
+    }
+
     /// GET `path` on the metrics port: (status code, body, time taken).
     pub fn http_get(&self, path: &str) -> (u16, String, Duration) {
         http_get(self.metrics_port, path)
