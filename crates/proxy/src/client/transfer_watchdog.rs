@@ -108,6 +108,9 @@ pub(crate) struct Watchdog<'a> {
     /// Probes that found the server alive during this silence: the next
     /// one waits `silence` x 2^n (`MAX_SILENCE_BACKOFF` at most).
     alive_probes: u8,
+    /// That wait, kept as `alive_probes` changes rather than worked out at
+    /// each poll.
+    silence_limit: Option<Duration>,
     probe: Option<Probe>,
     /// Idle-in-transaction clock: since the client last sent anything.
     idle_since: Option<Instant>,
@@ -140,6 +143,7 @@ impl<'a> Watchdog<'a> {
             silent_since: None,
             heard: false,
             alive_probes: 0,
+            silence_limit: spec.watch.silence,
             probe: None,
             idle_since: None,
             stalled_since: None,
@@ -190,7 +194,10 @@ impl<'a> Watchdog<'a> {
             };
             self.silent_since = Some(since);
             self.probe = None;
-            self.alive_probes = 0;
+            if self.alive_probes != 0 {
+                self.alive_probes = 0;
+                self.silence_limit = self.watch.silence;
+            }
         }
         self.heard = false;
         let idle_in_tx = client_quiet && conv.is_quiet() && conv.status() != status::IDLE;
@@ -281,7 +288,7 @@ impl<'a> Watchdog<'a> {
                 _ => {}
             }
         }
-        if let (Some(since), Some(limit)) = (self.silent_since, self.silence_limit()) {
+        if let (Some(since), Some(limit)) = (self.silent_since, self.silence_limit) {
             if self.probe.is_none() && now >= since + limit {
                 crate::span::client_event!(
                     info,
@@ -331,6 +338,7 @@ impl<'a> Watchdog<'a> {
                 crate::span::client_event!(debug, pid = self.cancel.pid, "silent server is still working");
                 self.silent_since = Some(Instant::now());
                 self.alive_probes = (self.alive_probes + 1).min(MAX_SILENCE_BACKOFF);
+                self.silence_limit = self.watch.silence.map(|s| s * (1u32 << self.alive_probes));
                 None
             }
             Verdict::Dead(why) => {
@@ -340,25 +348,30 @@ impl<'a> Watchdog<'a> {
         }
     }
 
+    /// The nearest deadline of the clocks that run (usually the silence
+    /// clock alone: one addition).
     fn next_deadline(&self) -> Option<Instant> {
-        let query = match (self.query_since, self.watch.query_timeout, self.cancelled_at) {
-            (Some(_), _, Some(at)) => Some(at + self.watch.cancel_grace),
-            (Some(since), Some(limit), None) => Some(since + limit),
-            _ => None,
+        let mut next = None;
+        let mut consider = |at: Instant| {
+            if next.is_none_or(|n| at < n) {
+                next = Some(at);
+            }
         };
-        let silence = match (self.silent_since, self.silence_limit(), &self.probe) {
-            (Some(since), Some(limit), None) => Some(since + limit),
-            _ => None,
-        };
-        let idle = self.idle_since.zip(self.watch.idle_transaction).map(|(s, l)| s + l);
-        let stall = self.stall_pending().map(|s| s + STALL_LIMIT);
-        [query, silence, idle, stall].into_iter().flatten().min()
-    }
-
-    /// The silence that calls for the next probe: `server_check_silence`,
-    /// doubled for each probe that found this silence a working query.
-    fn silence_limit(&self) -> Option<Duration> {
-        self.watch.silence.map(|s| s * (1u32 << self.alive_probes))
+        if let (Some(since), Some(limit), None) = (self.silent_since, self.silence_limit, &self.probe) {
+            consider(since + limit);
+        }
+        match (self.query_since, self.watch.query_timeout, self.cancelled_at) {
+            (Some(_), _, Some(at)) => consider(at + self.watch.cancel_grace),
+            (Some(since), Some(limit), None) => consider(since + limit),
+            _ => {}
+        }
+        if let (Some(since), Some(limit)) = (self.idle_since, self.watch.idle_transaction) {
+            consider(since + limit);
+        }
+        if let Some(since) = self.stall_pending() {
+            consider(since + STALL_LIMIT);
+        }
+        next
     }
 
     /// Points the timer at `next` unless it already fires at or before it
@@ -403,7 +416,7 @@ mod tests {
         let mut w = Watchdog::new(&spec, &cancel, &mut timer);
         let limits: Vec<u64> = (0..6)
             .map(|_| {
-                let s = w.silence_limit().unwrap().as_secs();
+                let s = w.silence_limit.unwrap().as_secs();
                 w.judge(Verdict::Alive);
                 s
             })

@@ -47,9 +47,47 @@ const REPORTED: &[&str] = &[
 
 /// Classifies the start of a query's text (`text` may be cut short, and
 /// ends at its first NUL).
+///
+/// This runs on every query. Almost every query starts with a word that is
+/// none of the keywords below, and then only its `_` and `;` matter: one
+/// search finds them (`scan_marks`), and the text is looked at for its NUL
+/// only where a mark gives a verdict.
 pub(super) fn classify(text: &[u8]) -> Sql {
     let text = &text[..text.len().min(INSPECT_LIMIT)];
-    let text = &text[..memchr::memchr(0, text).unwrap_or(text.len())];
+    // A word found past the NUL (in a comment that would end there) is a
+    // word the cut text does not have: it reads no word there, and neither
+    // leads anywhere unless this one is a keyword.
+    if is_keyword(Words { s: text }.bare()) {
+        return classify_cut(until_nul(text));
+    }
+    scan_marks(text)
+}
+
+/// The text up to its first NUL.
+fn until_nul(text: &[u8]) -> &[u8] {
+    &text[..memchr::memchr(0, text).unwrap_or(text.len())]
+}
+
+/// One of the first words `classify_cut` looks further at.
+fn is_keyword(word: &[u8]) -> bool {
+    let keyword: &[u8] = match (word.len(), word.first().map(|b| b.to_ascii_lowercase())) {
+        (2, Some(b'd')) => b"do",
+        (3, Some(b's')) => b"set",
+        (4, Some(b'd')) => b"drop",
+        (5, Some(b'a')) => b"alter",
+        (5, Some(b'r')) => b"reset",
+        (6, Some(b'c')) => b"create",
+        (6, Some(b'l')) => b"listen",
+        (7, Some(b'p')) => b"prepare",
+        (7, Some(b'd')) => return word.eq_ignore_ascii_case(b"declare") || word.eq_ignore_ascii_case(b"discard"),
+        (10, Some(b'd')) => b"deallocate",
+        _ => return false,
+    };
+    word.eq_ignore_ascii_case(keyword)
+}
+
+/// `classify` of a text that ends at its first NUL (none is left in it).
+fn classify_cut(text: &[u8]) -> Sql {
     let mut w = Words { s: text };
     // Compared in place, not lowercased into a buffer: this runs on every
     // query, and almost every query starts with some other word.
@@ -88,6 +126,60 @@ pub(super) fn classify(text: &[u8]) -> Sql {
     kind
 }
 
+/// `scan_rest` of the text up to its first NUL, from a text not yet cut
+/// there. A mark that means nothing needs no look for the NUL: only one
+/// that gives a verdict is checked to come before it. The look behind and
+/// ahead of an `_` compares fixed words with no NUL in them, which a NUL in
+/// their place fails as the cut would; reading on past `set_config` or
+/// after a `;` is done on the cut text.
+fn scan_marks(text: &[u8]) -> Sql {
+    let mut found = Sql::Other;
+    for at in memchr::memchr2_iter(b'_', b';', text) {
+        let kind = if text[at] == b';' { after_semicolon(&text[at + 1..]) } else { at_underscore(text, at) };
+        if kind == Sql::Other {
+            continue;
+        }
+        if text[..at].contains(&0) {
+            // The text ended before this mark, and before every later one.
+            break;
+        }
+        if let Sql::Pins(_) = kind {
+            return kind;
+        }
+        found = kind;
+    }
+    found
+}
+
+/// What an `_` may be part of: a session advisory lock or a `set_config`
+/// call, whose `_` is followed by an `l` or a `c` (a test that rules out
+/// almost every other `_` in one comparison).
+fn at_underscore(text: &[u8], at: usize) -> Sql {
+    match text.get(at + 1).map(u8::to_ascii_lowercase) {
+        Some(b'l') if takes_session_advisory_lock(text, at) => Sql::Pins("session advisory lock"),
+        Some(b'c') if names_set_config(text, at) => calls_set_config(until_nul(text), at),
+        _ => Sql::Other,
+    }
+}
+
+/// What follows a `;` (in a text not yet cut at its NUL): a SET or RESET.
+fn after_semicolon(rest: &[u8]) -> Sql {
+    // As for the first word in `classify`: only a SET or RESET leads on.
+    let next = Words { s: rest }.bare();
+    if !next.eq_ignore_ascii_case(b"set") && !next.eq_ignore_ascii_case(b"reset") {
+        return Sql::Other;
+    }
+    let mut w = Words { s: until_nul(rest) };
+    let next = w.bare();
+    if next.eq_ignore_ascii_case(b"set") {
+        set(&mut w)
+    } else if next.eq_ignore_ascii_case(b"reset") {
+        reset(&mut w)
+    } else {
+        Sql::Other
+    }
+}
+
 /// What the rest of a query's text holds: a session advisory lock, a
 /// `set_config` call, or a later statement that is a SET or RESET. One pass
 /// over the bytes that can start these (`_`, `;`), usually one or two.
@@ -123,10 +215,10 @@ fn scan_rest(text: &[u8]) -> Sql {
 /// weir cannot read pins (Postgres lists no custom settings to read back).
 fn calls_set_config(text: &[u8], underscore: usize) -> Sql {
     const CALL: &[u8] = b"set_config";
-    let Some(i) = underscore.checked_sub(3) else { return Sql::Other };
-    if i + CALL.len() > text.len() || !text[i..i + CALL.len()].eq_ignore_ascii_case(CALL) {
+    if !names_set_config(text, underscore) {
         return Sql::Other;
     }
+    let i = underscore - 3;
     let mut w = Words { s: &text[i + CALL.len()..] };
     w.skip_space();
     let Some(rest) = w.s.strip_prefix(b"(") else { return Sql::Other };
@@ -137,6 +229,14 @@ fn calls_set_config(text: &[u8], underscore: usize) -> Sql {
         Some(end) if !lit[..end].contains(&b'.') => Sql::SessionSet,
         _ => Sql::Pins("set_config of a custom parameter"),
     }
+}
+
+/// `set_config` around the underscore at `underscore`.
+fn names_set_config(text: &[u8], underscore: usize) -> bool {
+    const CALL: &[u8] = b"set_config";
+    underscore >= 3
+        && underscore - 3 + CALL.len() <= text.len()
+        && text[underscore - 3..][..CALL.len()].eq_ignore_ascii_case(CALL)
 }
 
 /// `pg_advisory_lock…` or `pg_try_advisory_lock…` (not the `_xact_` forms,
@@ -243,6 +343,19 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
         && hay.windows(needle.len()).any(|w| w[0].to_ascii_lowercase() == first && w.eq_ignore_ascii_case(needle))
 }
 
+/// The bytes of a bare word: ASCII letters, digits and `_` (a table, as
+/// the first word of every query is read).
+const WORD_BYTE: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut c = 0;
+    while c < 256 {
+        let b = c as u8;
+        t[c] = b.is_ascii_alphanumeric() || b == b'_';
+        c += 1;
+    }
+    t
+};
+
 /// Words of SQL text, skipping whitespace and comments.
 struct Words<'a> {
     s: &'a [u8],
@@ -275,7 +388,7 @@ impl<'a> Words<'a> {
     /// The next bare word as written (empty when none).
     fn bare(&mut self) -> &'a [u8] {
         self.skip_space();
-        let n = self.s.iter().take_while(|c| c.is_ascii_alphanumeric() || **c == b'_').count();
+        let n = self.s.iter().position(|&c| !WORD_BYTE[usize::from(c)]).unwrap_or(self.s.len());
         let (w, rest) = self.s.split_at(n);
         self.s = rest;
         w
@@ -325,130 +438,4 @@ impl<'a> Words<'a> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The text ends at its first NUL: whatever follows (a Parse's
-    /// parameter types, or garbage) never changes the verdict, wherever
-    /// the NUL falls, including inside words, comments and literals.
-    #[test]
-    fn a_nul_ends_the_text_wherever_it_falls() {
-        let queries: &[&[u8]] = &[
-            b"SELECT abalance FROM pgbench_accounts WHERE aid = 12345;",
-            b"select pg_advisory_lock(1)",
-            b"select pg_try_advisory_lock(1); select 1",
-            b"select pg_advisory_xact_lock(1)",
-            b"select set_config('work_mem', '1MB', false)",
-            b"select set_config('a.b', '1', false)",
-            b"select 1; set work_mem = 1",
-            b"select 1; /* c */ reset all",
-            b"/* c */ set search_path = x",
-            b"-- c\nlisten x",
-            b"deallocate s1",
-            b"create temp table t (a int)",
-            b"declare c cursor with hold for select 1",
-        ];
-        let tails: &[&[u8]] = &[b"", b"; set work_mem = 2", b"'; select pg_advisory_lock(1) */ set x = 1", b"\n(x"];
-        for q in queries {
-            for cut in 0..=q.len() {
-                for tail in tails {
-                    let text = [&q[..cut], b"\0", tail].concat();
-                    assert_eq!(classify(&text), classify(&q[..cut]), "{:?}", String::from_utf8_lossy(&text));
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn deallocate_forms() {
-        assert_eq!(classify(b"DEALLOCATE s1"), Sql::Deallocate(b"s1".to_vec()));
-        assert_eq!(classify(b"  deallocate prepare \"My\"\"S\" ; "), Sql::Deallocate(b"My\"S".to_vec()));
-        assert_eq!(classify(b"deallocate S1;"), Sql::Deallocate(b"s1".to_vec()));
-        assert_eq!(classify(b"DEALLOCATE ALL"), Sql::DropsAll);
-        assert_eq!(classify(b"deallocate \"all\""), Sql::Deallocate(b"all".to_vec()));
-        assert_eq!(classify(b"discard all"), Sql::DropsAll);
-        assert_eq!(classify(b"deallocate s1; select 1"), Sql::Other);
-        assert_eq!(classify(b"deallocate \"unterminated"), Sql::Other);
-        assert_eq!(classify(b"discard plans"), Sql::Other);
-    }
-
-    #[test]
-    fn session_features_pin() {
-        assert_eq!(classify(b"LISTEN chan"), Sql::Pins("LISTEN"));
-        assert_eq!(classify(b"/* c */ -- x\n listen chan"), Sql::Pins("LISTEN"));
-        assert_eq!(classify(b"select pg_advisory_lock(1)"), Sql::Pins("session advisory lock"));
-        assert_eq!(classify(b"SELECT PG_TRY_ADVISORY_LOCK_SHARED(1)"), Sql::Pins("session advisory lock"));
-        assert_eq!(classify(b"select pg_advisory_xact_lock(1)"), Sql::Other);
-        assert_eq!(classify(b"select pg_advisory_unlock(1), x_advisory_lock(2)"), Sql::Other);
-        assert_eq!(classify(b"pg_advisory_lock"), Sql::Pins("session advisory lock"));
-        assert_eq!(classify(b"select 1 -- pg_try_advisory_lock"), Sql::Pins("session advisory lock"));
-        assert_eq!(classify(b"declare c cursor with hold for select 1"), Sql::Pins("DECLARE ... WITH HOLD"));
-        assert_eq!(classify(b"declare c cursor for select 1"), Sql::Other);
-        assert_eq!(classify(b"create temp table t (a int)"), Sql::Pins("temporary table"));
-        assert_eq!(classify(b"create local temporary table t (a int)"), Sql::Pins("temporary table"));
-        assert_eq!(classify(b"create temp table t (a int) on commit drop"), Sql::Other);
-        assert_eq!(classify(b"create table t (a int)"), Sql::Other);
-        assert_eq!(classify(b"prepare p as select 1"), Sql::Pins("SQL PREPARE"));
-    }
-
-    #[test]
-    fn session_set_of_unreported_parameters_is_flagged() {
-        assert_eq!(classify(b"SET search_path = a"), Sql::SessionSet);
-        assert_eq!(classify(b"set session work_mem to '1MB'"), Sql::SessionSet);
-        assert_eq!(classify(b"set \"statement_timeout\" to 5"), Sql::SessionSet);
-        assert_eq!(classify(b"set session characteristics as transaction read only"), Sql::SessionSet);
-        assert_eq!(classify(b"set local work_mem to '1MB'"), Sql::Other);
-        assert_eq!(classify(b"set transaction isolation level serializable"), Sql::Other);
-        assert_eq!(classify(b"SET TIME ZONE 'UTC'"), Sql::Other);
-        assert_eq!(classify(b"set application_name = 'x'"), Sql::Other);
-        assert_eq!(classify(b"set DateStyle = ISO"), Sql::Other);
-        assert_eq!(classify(b"RESET ALL"), Sql::SessionSet);
-        assert_eq!(classify(b"reset statement_timeout"), Sql::SessionSet);
-        assert_eq!(classify(b"reset application_name"), Sql::Other);
-        assert_eq!(classify(b"reset myapp.x"), Sql::Other);
-        assert_eq!(classify(b"do $$ begin perform 1; end $$"), Sql::SessionSet);
-        assert_eq!(classify(b"begin; set lock_timeout = 1; commit"), Sql::SessionSet);
-        assert_eq!(classify(b"begin; set local lock_timeout = 1; commit"), Sql::Other);
-    }
-
-    #[test]
-    fn set_config_is_read_back_or_pins() {
-        assert_eq!(classify(b"select set_config('statement_timeout', '1s', false)"), Sql::SessionSet);
-        assert_eq!(classify(b"SELECT pg_catalog.SET_CONFIG ( 'work_mem','1MB',false)"), Sql::SessionSet);
-        assert_eq!(
-            classify(b"select set_config('app.user', '1', false)"),
-            Sql::Pins("set_config of a custom parameter")
-        );
-        assert_eq!(classify(b"select set_config($1, $2, false)"), Sql::Pins("set_config of a name weir cannot read"));
-        assert_eq!(classify(b"select my_set_configs()"), Sql::Other);
-        assert_eq!(classify(b"select reset_config"), Sql::Other);
-    }
-
-    #[test]
-    fn what_weir_cannot_follow_pins() {
-        assert_eq!(classify(b"SET ROLE other"), Sql::Pins("SET ROLE"));
-        assert_eq!(classify(b"set session authorization bob"), Sql::Pins("SET SESSION AUTHORIZATION"));
-        assert_eq!(classify(b"set session role bob"), Sql::Pins("SET ROLE"));
-        assert_eq!(classify(b"set myapp.tenant = '7'"), Sql::Pins("SET of a custom parameter"));
-        assert_eq!(classify(b"set \"myapp.tenant\" = '7'"), Sql::Pins("SET of a custom parameter"));
-        assert_eq!(classify(b"select 1; set myapp.tenant = '7'"), Sql::Pins("SET of a custom parameter"));
-    }
-
-    #[test]
-    fn ddl_is_flagged() {
-        assert_eq!(classify(b"DROP TYPE mood"), Sql::Ddl);
-        assert_eq!(classify(b" alter table t alter column a type text"), Sql::Ddl);
-        assert_eq!(classify(b"dropped"), Sql::Other);
-        assert_eq!(classify(b"create type mood as enum ('a')"), Sql::Other);
-    }
-
-    #[test]
-    fn odd_input_is_harmless() {
-        assert_eq!(classify(b""), Sql::Other);
-        assert_eq!(classify(b"/* unterminated"), Sql::Other);
-        assert_eq!(classify(b"set"), Sql::Other);
-        assert_eq!(classify(&[0xff, 0xfe, b' ', b'x']), Sql::Other);
-        let long = [b"select 1 ".as_slice(), &vec![b' '; 2000], b"pg_advisory_lock(1)"].concat();
-        assert_eq!(classify(&long), Sql::Other, "only the head is inspected");
-    }
-}
+mod tests;
