@@ -193,11 +193,17 @@ struct Queues {
     recent: Vec<unnamed::Seen>,
     /// prepare_unnamed_after for this client (0: off).
     hot: u32,
-    /// What the client's unnamed statement is, besides weir's statement
-    /// in `statements` (`unnamed.rs`).
+    /// The client's unnamed statement as weir's statement, kept apart
+    /// from the named ones in `ClientStatements::statements` (it changes
+    /// with every unnamed Parse).
+    unnamed_stmt: Option<Arc<Statement>>,
+    /// What the client's unnamed statement is, besides `unnamed_stmt`
+    /// (`unnamed.rs`).
     unnamed: unnamed::Unnamed,
     /// How the client's settings resolve names (`ClientStatements::scope`).
     scope: u64,
+    /// The small buffer outbound edits that shrink are made in (`Rewrite::spare`).
+    spare: BytesMut,
 }
 
 /// `ClientStatements::lease`: a statement sent during this lease may have
@@ -407,9 +413,7 @@ impl ClientStatements {
                 }
             }
             Expect::FakeParse { client, stmt } => self.forget_if_same(&client, &stmt),
-            Expect::FakeClose { client, stmt } | Expect::FakeDeallocate { client, stmt } => {
-                self.statements.entry(client).or_insert(stmt);
-            }
+            Expect::FakeClose { client, stmt } | Expect::FakeDeallocate { client, stmt } => self.keep(client, stmt),
             Expect::Close { evicted: Some(w), .. } => server.mark_uncertain(w),
             Expect::Unnamed { prior, was } => self.restore_unnamed(prior, was),
             _ => {}
@@ -421,11 +425,22 @@ impl ClientStatements {
     /// first); one that was skipped gets its old one back from the
     /// `Expect::Unnamed` before it, undone next.
     fn forget_if_same(&mut self, name: &[u8], stmt: &Arc<Statement>) {
-        if self.statements.get(name).is_some_and(|s| Arc::ptr_eq(s, stmt)) {
-            self.statements.remove(name);
-            if name.is_empty() {
+        if name.is_empty() {
+            if self.q.unnamed_stmt.as_ref().is_some_and(|s| Arc::ptr_eq(s, stmt)) {
+                self.q.unnamed_stmt = None;
                 self.q.unnamed = unnamed::Unnamed::Gone;
             }
+        } else if self.statements.get(name).is_some_and(|s| Arc::ptr_eq(s, stmt)) {
+            self.statements.remove(name);
+        }
+    }
+
+    /// The client holds `stmt` under `name` again, unless it holds another.
+    fn keep(&mut self, name: Vec<u8>, stmt: Arc<Statement>) {
+        if name.is_empty() {
+            self.q.unnamed_stmt.get_or_insert(stmt);
+        } else {
+            self.statements.entry(name).or_insert(stmt);
         }
     }
 }
@@ -440,11 +455,25 @@ struct Rewrite {
     /// Room the edited copy is made with, at least (so that it can take the
     /// place of a read buffer of that capacity without growing).
     room: usize,
+    /// A small buffer, kept from one batch to the next, for an edit whose
+    /// first splice shrinks the bytes (a Parse weir answers, dropped): the
+    /// edited bytes are then likely to fit where the source bytes were,
+    /// and are written back there, so no buffer of `room` is made. None:
+    /// every edit is made in a copy of `room`.
+    spare: Option<BytesMut>,
+    /// `out` is the spare buffer.
+    in_spare: bool,
 }
 
 impl Rewrite {
     /// Replaces `len` source bytes at `at` (at or after earlier splices) with `with`.
     fn splice(&mut self, src: &[u8], at: usize, len: usize, with: &[u8]) {
+        if self.out.is_none() && with.len() < len {
+            if let Some(spare) = self.spare.take() {
+                self.out = Some(spare);
+                self.in_spare = true;
+            }
+        }
         self.splice_with(src, at, len, |out| out.extend_from_slice(with));
     }
 
