@@ -202,8 +202,6 @@ struct Queues {
     unnamed: unnamed::Unnamed,
     /// How the client's settings resolve names (`ClientStatements::scope`).
     scope: u64,
-    /// The small buffer outbound edits that shrink are made in (`Rewrite::spare`).
-    spare: BytesMut,
 }
 
 /// `ClientStatements::lease`: a statement sent during this lease may have
@@ -455,24 +453,44 @@ struct Rewrite {
     /// Room the edited copy is made with, at least (so that it can take the
     /// place of a read buffer of that capacity without growing).
     room: usize,
-    /// A small buffer, kept from one batch to the next, for an edit whose
-    /// first splice shrinks the bytes (a Parse weir answers, dropped): the
-    /// edited bytes are then likely to fit where the source bytes were,
-    /// and are written back there, so no buffer of `room` is made. None:
-    /// every edit is made in a copy of `room`.
-    spare: Option<BytesMut>,
-    /// `out` is the spare buffer.
+    /// `out` is the thread's spare buffer (`SPARE`): the first splice shrank
+    /// the bytes (a Parse weir answers, dropped), so the edited bytes are
+    /// likely to fit where the source bytes were, and are written back
+    /// there, with no buffer of `room` made. Only where the caller returns
+    /// it (`outbound`); else `out` is a copy of `room`.
     in_spare: bool,
+    /// The caller returns the spare buffer (`take_spare`).
+    spare_ok: bool,
+}
+
+/// The spare buffer is dropped when an edit made it larger than this.
+const MAX_SPARE: usize = 1024;
+
+thread_local! {
+    /// A small buffer, one per worker thread, kept from one edit to the
+    /// next (`Rewrite::in_spare`): taken and returned within one call.
+    static SPARE: std::cell::Cell<BytesMut> = std::cell::Cell::new(BytesMut::new());
+}
+
+/// The thread's spare buffer, empty.
+fn take_spare() -> BytesMut {
+    SPARE.with(std::cell::Cell::take)
+}
+
+/// Returns the spare buffer for the next edit, unless it grew large.
+fn return_spare(mut spare: BytesMut) {
+    if spare.capacity() <= MAX_SPARE {
+        spare.clear();
+        SPARE.with(|s| s.set(spare));
+    }
 }
 
 impl Rewrite {
     /// Replaces `len` source bytes at `at` (at or after earlier splices) with `with`.
     fn splice(&mut self, src: &[u8], at: usize, len: usize, with: &[u8]) {
-        if self.out.is_none() && with.len() < len {
-            if let Some(spare) = self.spare.take() {
-                self.out = Some(spare);
-                self.in_spare = true;
-            }
+        if self.out.is_none() && with.len() < len && self.spare_ok {
+            self.out = Some(take_spare());
+            self.in_spare = true;
         }
         self.splice_with(src, at, len, |out| out.extend_from_slice(with));
     }

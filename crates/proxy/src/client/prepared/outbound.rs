@@ -10,7 +10,7 @@ use std::sync::Arc;
 use bytes::{Buf, BytesMut};
 
 use super::sql::{classify, Sql, INSPECT_LIMIT};
-use super::{ClientStatements, Expect, Rewrite, Statement, RAN_DDL, SKIPPING, TOUCHED_SETTINGS};
+use super::{return_spare, ClientStatements, Expect, Rewrite, Statement, RAN_DDL, SKIPPING, TOUCHED_SETTINGS};
 use crate::protocol::{
     extended::{self, TARGET_STATEMENT},
     peek_header,
@@ -29,10 +29,6 @@ pub const HOLD_FOR_TEST: &[u8] = b"/* weir test: hold */";
 /// Named Parse messages up to this size are tracked (they must fit in the
 /// client buffer whole); a longer one passes through and pins the session.
 pub const MAX_TRACKED_PARSE: usize = 128 * 1024;
-
-/// The spare buffer a client keeps between batches (`Rewrite::spare`) is
-/// dropped when an edit made it larger than this.
-const MAX_SPARE: usize = 1024;
 
 /// What to do with the message at hand.
 pub(super) enum Step {
@@ -89,8 +85,7 @@ impl ClientStatements {
         if self.pass_remaining > 0 {
             return Ok(src.len());
         }
-        let spare = self.tracking.then(|| std::mem::take(&mut self.q.spare));
-        let mut rw = Rewrite { room: client_in.capacity(), spare, ..Rewrite::default() };
+        let mut rw = Rewrite { room: client_in.capacity(), spare_ok: true, ..Rewrite::default() };
         // Untracked, `expect` is empty and `owed` becomes it, entry for entry.
         let queued = if self.tracking { self.q.expect.len() } else { self.q.owed.len() };
         // Whether the server is in COPY IN when the message at hand reaches it.
@@ -135,49 +130,7 @@ impl ClientStatements {
                 self.set_skipping(on);
             }
         }
-        Ok(self.finish(client_in, rw, at))
-    }
-
-    /// Puts the edited bytes in `client_in`; returns how many leading bytes
-    /// are ready to send (`at` of the source's, as edited).
-    fn finish(&mut self, client_in: &mut BytesMut, mut rw: Rewrite, at: usize) -> usize {
-        let Some(out) = rw.out.take() else {
-            self.keep_spare(rw.spare);
-            return at;
-        };
-        if let Some(start) = rw.copied.checked_sub(out.len()) {
-            // The edited bytes fit in the span of source bytes they stand
-            // for (a Parse weir answers was dropped): written over its end,
-            // and the buffer starts there; the bytes after stay in place.
-            client_in[start..rw.copied].copy_from_slice(&out);
-            client_in.advance(start);
-            self.keep_spare(if rw.in_spare { Some(out) } else { rw.spare });
-            return at - start;
-        }
-        let mut out = if rw.in_spare {
-            let mut copy = BytesMut::with_capacity(rw.room.max(out.len() + (client_in.len() - rw.copied)));
-            copy.extend_from_slice(&out);
-            self.keep_spare(Some(out));
-            copy
-        } else {
-            self.keep_spare(rw.spare);
-            out
-        };
-        let ready = out.len() + (at - rw.copied);
-        out.extend_from_slice(&client_in[rw.copied..]);
-        if out.capacity() < client_in.capacity() {
-            out.reserve(client_in.capacity() - out.len());
-        }
-        *client_in = out;
-        ready
-    }
-
-    /// Keeps the spare buffer for the next batch, unless it grew large.
-    fn keep_spare(&mut self, spare: Option<BytesMut>) {
-        if let Some(mut spare) = spare.filter(|s| s.capacity() <= MAX_SPARE) {
-            spare.clear();
-            self.q.spare = spare;
-        }
+        Ok(finish(client_in, rw, at))
     }
 
     /// The server skips what was just queued, up to the next Sync: an
@@ -552,6 +505,38 @@ impl ClientStatements {
             self.q.expect.push_back(Expect::Close { pass: false, evicted: Some(old) });
         }
     }
+}
+
+/// Puts the edited bytes in `client_in`; returns how many leading bytes
+/// are ready to send (`at` of the source's, as edited).
+fn finish(client_in: &mut BytesMut, mut rw: Rewrite, at: usize) -> usize {
+    let Some(out) = rw.out.take() else { return at };
+    if let Some(start) = rw.copied.checked_sub(out.len()) {
+        // The edited bytes fit in the span of source bytes they stand
+        // for (a Parse weir answers was dropped): written over its end,
+        // and the buffer starts there; the bytes after stay in place.
+        client_in[start..rw.copied].copy_from_slice(&out);
+        client_in.advance(start);
+        if rw.in_spare {
+            return_spare(out);
+        }
+        return at - start;
+    }
+    let mut out = if rw.in_spare {
+        let mut copy = BytesMut::with_capacity(rw.room.max(out.len() + (client_in.len() - rw.copied)));
+        copy.extend_from_slice(&out);
+        return_spare(out);
+        copy
+    } else {
+        out
+    };
+    let ready = out.len() + (at - rw.copied);
+    out.extend_from_slice(&client_in[rw.copied..]);
+    if out.capacity() < client_in.capacity() {
+        out.reserve(client_in.capacity() - out.len());
+    }
+    *client_in = out;
+    ready
 }
 
 /// What the server owes for a client message passed on as it is (None:
