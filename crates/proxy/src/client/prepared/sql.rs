@@ -169,12 +169,16 @@ fn after_semicolon(rest: &[u8]) -> Sql {
     if !next.eq_ignore_ascii_case(b"set") && !next.eq_ignore_ascii_case(b"reset") {
         return Sql::Other;
     }
-    let mut w = Words { s: until_nul(rest) };
+    set_or_reset(&mut Words { s: until_nul(rest) })
+}
+
+/// A statement that starts at `w`: a SET or RESET, or else `Other`.
+fn set_or_reset(w: &mut Words<'_>) -> Sql {
     let next = w.bare();
     if next.eq_ignore_ascii_case(b"set") {
-        set(&mut w)
+        set(w)
     } else if next.eq_ignore_ascii_case(b"reset") {
-        reset(&mut w)
+        reset(w)
     } else {
         Sql::Other
     }
@@ -187,15 +191,7 @@ fn scan_rest(text: &[u8]) -> Sql {
     let mut found = Sql::Other;
     for at in memchr::memchr2_iter(b'_', b';', text) {
         let kind = if text[at] == b';' {
-            let mut w = Words { s: &text[at + 1..] };
-            let next = w.bare();
-            if next.eq_ignore_ascii_case(b"set") {
-                set(&mut w)
-            } else if next.eq_ignore_ascii_case(b"reset") {
-                reset(&mut w)
-            } else {
-                Sql::Other
-            }
+            set_or_reset(&mut Words { s: &text[at + 1..] })
         } else if takes_session_advisory_lock(text, at) {
             Sql::Pins("session advisory lock")
         } else {
