@@ -31,6 +31,12 @@ pub struct ServerStatements {
     rolled_back: bool,
     tick: u64,
     lease: u64,
+    /// The name last held or inserted, as the caller named it, while its
+    /// entry is the most recently used and marked with this lease: held
+    /// again (the Bind after its Parse), it needs no look-up. Keeping the
+    /// caller's `Arc` keeps its address its own, so the same pointer is
+    /// the same name.
+    last: Option<Arc<str>>,
     /// The number of statements, for SHOW SERVERS.
     shown: SharedCount,
 }
@@ -39,6 +45,7 @@ impl ServerStatements {
     /// Starts a new lease: statements used from now on are protected from eviction.
     pub fn begin_lease(&mut self) {
         self.lease += 1;
+        self.last = None;
     }
 
     /// `name` is being prepared, maybe inside a transaction.
@@ -98,15 +105,19 @@ impl ServerStatements {
     }
 
     /// Marks a prepared statement as just used.
-    pub fn touch(&mut self, name: &str) {
+    pub fn touch(&mut self, name: &Arc<str>) {
         self.hold(name);
     }
 
     /// Whether the statement is prepared (or being prepared) on the server;
-    /// if so, marks it as just used. One look-up; none of the LRU order
-    /// changes when it is already the most recently used.
-    pub fn hold(&mut self, name: &str) -> bool {
-        let Some(e) = self.entries.get_mut(name) else { return false };
+    /// if so, marks it as just used. One look-up, none for the name last
+    /// held (`last`); none of the LRU order changes when it is already the
+    /// most recently used.
+    pub fn hold(&mut self, name: &Arc<str>) -> bool {
+        if self.last.as_ref().is_some_and(|last| Arc::ptr_eq(last, name)) {
+            return true;
+        }
+        let Some(e) = self.entries.get_mut(&**name) else { return false };
         e.lease = self.lease;
         if e.tick != self.tick {
             self.tick += 1;
@@ -115,6 +126,7 @@ impl ServerStatements {
                 self.by_age.insert(self.tick, key);
             }
         }
+        self.last = Some(name.clone());
         true
     }
 
@@ -139,6 +151,7 @@ impl ServerStatements {
         }
         self.tick += 1;
         self.by_age.insert(self.tick, name.clone());
+        self.last = Some(name.clone());
         self.entries.insert(name, Entry { tick: self.tick, lease: self.lease });
         evicted
     }
@@ -147,6 +160,7 @@ impl ServerStatements {
     /// skipped it after an error): it is not known to exist, and stays
     /// uncertain if it was (a Close of it was skipped too).
     pub fn remove(&mut self, name: &str) {
+        self.last = None;
         if let Some(e) = self.entries.remove(name) {
             self.by_age.remove(&e.tick);
         }
@@ -154,6 +168,7 @@ impl ServerStatements {
 
     /// The statement may or may not exist any more.
     pub fn mark_uncertain(&mut self, name: Arc<str>) {
+        self.last = None;
         if let Some(e) = self.entries.remove(&name) {
             self.by_age.remove(&e.tick);
         }
@@ -163,6 +178,7 @@ impl ServerStatements {
     /// Every known statement may have been deallocated (DEALLOCATE ALL,
     /// DISCARD ALL sent by a client, whose outcome weir does not wait for).
     pub fn mark_all_uncertain(&mut self) {
+        self.last = None;
         self.by_age.clear();
         let names: Vec<_> = self.entries.drain().map(|(k, _)| k).collect();
         self.maybe.extend(names);
@@ -177,6 +193,7 @@ impl ServerStatements {
     pub fn clear(&mut self) {
         self.provisional.clear();
         self.rolled_back = false;
+        self.last = None;
         self.entries.clear();
         self.by_age.clear();
         self.maybe.clear();
@@ -238,7 +255,7 @@ mod tests {
         assert!(s.insert(n("a"), 2).is_empty());
         assert!(s.insert(n("b"), 2).is_empty());
         s.begin_lease();
-        s.touch("a");
+        s.touch(&n("a"));
         assert_eq!(s.insert(n("c"), 2), vec![n("b")]);
         assert!(s.contains("a") && s.contains("c") && !s.contains("b"));
         assert_eq!(s.len(), 2);
@@ -250,17 +267,37 @@ mod tests {
         s.begin_lease();
         s.insert(n("weir_0123456789abcdef01234567"), 2);
         s.insert(n("weir_76543210fedcba9876543210"), 2);
-        assert!(s.hold("weir_76543210fedcba9876543210"), "already the newest");
-        assert!(s.hold("weir_76543210fedcba9876543210"));
-        assert!(!s.hold("weir_ffffffffffffffffffffffff"));
+        assert!(s.hold(&n("weir_76543210fedcba9876543210")), "already the newest");
+        assert!(s.hold(&n("weir_76543210fedcba9876543210")));
+        assert!(!s.hold(&n("weir_ffffffffffffffffffffffff")));
         s.begin_lease();
-        assert!(s.hold("weir_76543210fedcba9876543210"), "used in this lease, not evicted");
+        assert!(s.hold(&n("weir_76543210fedcba9876543210")), "used in this lease, not evicted");
         assert_eq!(s.insert(n("c"), 2), vec![n("weir_0123456789abcdef01234567")]);
         assert!(s.insert(n("d"), 2).is_empty(), "both held in this lease: kept over the limit");
         assert_eq!(s.len(), 3);
         s.begin_lease();
-        assert!(s.hold("c"));
+        assert!(s.hold(&n("c")));
         assert_eq!(s.insert(n("e"), 2), vec![n("weir_76543210fedcba9876543210"), n("d")]);
+    }
+
+    #[test]
+    fn holding_the_same_name_again_answers_as_a_look_up_would() {
+        let mut s = ServerStatements::default();
+        s.begin_lease();
+        let a = n("a");
+        s.insert(a.clone(), 2);
+        assert!(s.hold(&a) && s.hold(&a));
+        s.remove("a");
+        assert!(!s.hold(&a), "removed");
+        s.insert(a.clone(), 2);
+        s.mark_uncertain(n("a"));
+        assert!(!s.hold(&a), "uncertain");
+        s.insert(a.clone(), 1);
+        s.begin_lease();
+        assert!(s.hold(&a) && s.hold(&a));
+        assert!(s.insert(n("b"), 1).is_empty(), "held in this lease: kept over the limit");
+        s.mark_all_uncertain();
+        assert!(!s.hold(&a), "every statement uncertain");
     }
 
     #[test]

@@ -140,7 +140,7 @@ impl ClientStatements {
                     if self.status == status::FAILED {
                         let msg = "current transaction is aborted, commands ignored until end of transaction block";
                         messages::error_response(out, Severity::Error, sqlstate::IN_FAILED_SQL_TRANSACTION, msg);
-                        self.statements.entry(client).or_insert(stmt);
+                        self.keep(client, stmt);
                     } else {
                         extended::command_complete(out, "DEALLOCATE");
                     }
@@ -314,8 +314,13 @@ impl ClientStatements {
         let body = msg.get(HEADER_LEN..)?;
         memchr::memmem::find(body, b"weir_")?;
         let named = |s: &Arc<Statement>| memchr::memmem::find(body, s.weir.as_bytes()).is_some();
-        let (client, stmt) = (self.statements.iter().find(|(_, s)| Arc::ptr_eq(s, failed) && named(s)))
-            .or_else(|| self.statements.iter().find(|(_, s)| named(s)))?;
+        // The unnamed statement first, then the named ones in name order.
+        let all = || {
+            let unnamed = self.q.unnamed_stmt.iter().map(|s| (super::unnamed::UNNAMED, s));
+            unnamed.chain(self.statements.iter().map(|(k, s)| (k.as_slice(), s)))
+        };
+        let (client, stmt) =
+            all().find(|(_, s)| Arc::ptr_eq(s, failed) && named(s)).or_else(|| all().find(|(_, s)| named(s)))?;
         Some(renamed(msg, stmt.weir.as_bytes(), client))
     }
 }

@@ -193,8 +193,12 @@ struct Queues {
     recent: Vec<unnamed::Seen>,
     /// prepare_unnamed_after for this client (0: off).
     hot: u32,
-    /// What the client's unnamed statement is, besides weir's statement
-    /// in `statements` (`unnamed.rs`).
+    /// The client's unnamed statement as weir's statement, kept apart
+    /// from the named ones in `ClientStatements::statements` (it changes
+    /// with every unnamed Parse).
+    unnamed_stmt: Option<Arc<Statement>>,
+    /// What the client's unnamed statement is, besides `unnamed_stmt`
+    /// (`unnamed.rs`).
     unnamed: unnamed::Unnamed,
     /// How the client's settings resolve names (`ClientStatements::scope`).
     scope: u64,
@@ -407,9 +411,7 @@ impl ClientStatements {
                 }
             }
             Expect::FakeParse { client, stmt } => self.forget_if_same(&client, &stmt),
-            Expect::FakeClose { client, stmt } | Expect::FakeDeallocate { client, stmt } => {
-                self.statements.entry(client).or_insert(stmt);
-            }
+            Expect::FakeClose { client, stmt } | Expect::FakeDeallocate { client, stmt } => self.keep(client, stmt),
             Expect::Close { evicted: Some(w), .. } => server.mark_uncertain(w),
             Expect::Unnamed { prior, was } => self.restore_unnamed(prior, was),
             _ => {}
@@ -421,11 +423,22 @@ impl ClientStatements {
     /// first); one that was skipped gets its old one back from the
     /// `Expect::Unnamed` before it, undone next.
     fn forget_if_same(&mut self, name: &[u8], stmt: &Arc<Statement>) {
-        if self.statements.get(name).is_some_and(|s| Arc::ptr_eq(s, stmt)) {
-            self.statements.remove(name);
-            if name.is_empty() {
+        if name.is_empty() {
+            if self.q.unnamed_stmt.as_ref().is_some_and(|s| Arc::ptr_eq(s, stmt)) {
+                self.q.unnamed_stmt = None;
                 self.q.unnamed = unnamed::Unnamed::Gone;
             }
+        } else if self.statements.get(name).is_some_and(|s| Arc::ptr_eq(s, stmt)) {
+            self.statements.remove(name);
+        }
+    }
+
+    /// The client holds `stmt` under `name` again, unless it holds another.
+    fn keep(&mut self, name: Vec<u8>, stmt: Arc<Statement>) {
+        if name.is_empty() {
+            self.q.unnamed_stmt.get_or_insert(stmt);
+        } else {
+            self.statements.entry(name).or_insert(stmt);
         }
     }
 }
@@ -440,11 +453,45 @@ struct Rewrite {
     /// Room the edited copy is made with, at least (so that it can take the
     /// place of a read buffer of that capacity without growing).
     room: usize,
+    /// `out` is the thread's spare buffer (`SPARE`): the first splice shrank
+    /// the bytes (a Parse weir answers, dropped), so the edited bytes are
+    /// likely to fit where the source bytes were, and are written back
+    /// there, with no buffer of `room` made. Only where the caller returns
+    /// it (`outbound`); else `out` is a copy of `room`.
+    in_spare: bool,
+    /// The caller returns the spare buffer (`take_spare`).
+    spare_ok: bool,
+}
+
+/// The spare buffer is dropped when an edit made it larger than this.
+const MAX_SPARE: usize = 1024;
+
+thread_local! {
+    /// A small buffer, one per worker thread, kept from one edit to the
+    /// next (`Rewrite::in_spare`): taken and returned within one call.
+    static SPARE: std::cell::Cell<BytesMut> = std::cell::Cell::new(BytesMut::new());
+}
+
+/// The thread's spare buffer, empty.
+fn take_spare() -> BytesMut {
+    SPARE.with(std::cell::Cell::take)
+}
+
+/// Returns the spare buffer for the next edit, unless it grew large.
+fn return_spare(mut spare: BytesMut) {
+    if spare.capacity() <= MAX_SPARE {
+        spare.clear();
+        SPARE.with(|s| s.set(spare));
+    }
 }
 
 impl Rewrite {
     /// Replaces `len` source bytes at `at` (at or after earlier splices) with `with`.
     fn splice(&mut self, src: &[u8], at: usize, len: usize, with: &[u8]) {
+        if self.out.is_none() && with.len() < len && self.spare_ok {
+            self.out = Some(take_spare());
+            self.in_spare = true;
+        }
         self.splice_with(src, at, len, |out| out.extend_from_slice(with));
     }
 

@@ -7,10 +7,10 @@
 use std::collections::btree_map::Entry;
 use std::sync::Arc;
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 
 use super::sql::{classify, Sql, INSPECT_LIMIT};
-use super::{ClientStatements, Expect, Rewrite, Statement, RAN_DDL, SKIPPING, TOUCHED_SETTINGS};
+use super::{return_spare, ClientStatements, Expect, Rewrite, Statement, RAN_DDL, SKIPPING, TOUCHED_SETTINGS};
 use crate::protocol::{
     extended::{self, TARGET_STATEMENT},
     peek_header,
@@ -80,12 +80,12 @@ impl ClientStatements {
             return Ok(client_in.len());
         }
         let src: &[u8] = client_in;
-        let mut rw = Rewrite { room: client_in.capacity(), ..Rewrite::default() };
         let mut at = (self.pass_remaining as usize).min(src.len());
         self.pass_remaining -= at as u32;
         if self.pass_remaining > 0 {
             return Ok(src.len());
         }
+        let mut rw = Rewrite { room: client_in.capacity(), spare_ok: true, ..Rewrite::default() };
         // Untracked, `expect` is empty and `owed` becomes it, entry for entry.
         let queued = if self.tracking { self.q.expect.len() } else { self.q.owed.len() };
         // Whether the server is in COPY IN when the message at hand reaches it.
@@ -130,14 +130,7 @@ impl ClientStatements {
                 self.set_skipping(on);
             }
         }
-        let Some(mut out) = rw.out.take() else { return Ok(at) };
-        let ready = out.len() + (at - rw.copied);
-        out.extend_from_slice(&src[rw.copied..]);
-        if out.capacity() < client_in.capacity() {
-            out.reserve(client_in.capacity() - out.len());
-        }
-        *client_in = out;
-        Ok(ready)
+        Ok(finish(client_in, rw, at))
     }
 
     /// The server skips what was just queued, up to the next Sync: an
@@ -422,6 +415,7 @@ impl ClientStatements {
                 self.lease |= TOUCHED_SETTINGS;
                 self.unshare_unnamed();
                 self.statements.clear();
+                self.q.unnamed_stmt = None;
                 server.mark_all_uncertain();
             }
             Sql::Ddl => self.saw_ddl(),
@@ -511,6 +505,38 @@ impl ClientStatements {
             self.q.expect.push_back(Expect::Close { pass: false, evicted: Some(old) });
         }
     }
+}
+
+/// Puts the edited bytes in `client_in`; returns how many leading bytes
+/// are ready to send (`at` of the source's, as edited).
+fn finish(client_in: &mut BytesMut, mut rw: Rewrite, at: usize) -> usize {
+    let Some(out) = rw.out.take() else { return at };
+    if let Some(start) = rw.copied.checked_sub(out.len()) {
+        // The edited bytes fit in the span of source bytes they stand
+        // for (a Parse weir answers was dropped): written over its end,
+        // and the buffer starts there; the bytes after stay in place.
+        client_in[start..rw.copied].copy_from_slice(&out);
+        client_in.advance(start);
+        if rw.in_spare {
+            return_spare(out);
+        }
+        return at - start;
+    }
+    let mut out = if rw.in_spare {
+        let mut copy = BytesMut::with_capacity(rw.room.max(out.len() + (client_in.len() - rw.copied)));
+        copy.extend_from_slice(&out);
+        return_spare(out);
+        copy
+    } else {
+        out
+    };
+    let ready = out.len() + (at - rw.copied);
+    out.extend_from_slice(&client_in[rw.copied..]);
+    if out.capacity() < client_in.capacity() {
+        out.reserve(client_in.capacity() - out.len());
+    }
+    *client_in = out;
+    ready
 }
 
 /// What the server owes for a client message passed on as it is (None:

@@ -147,7 +147,7 @@ impl Sim {
     }
 
     fn weir(&self, client: &str) -> String {
-        self.stage.statements.get(client.as_bytes()).map(|s| s.weir.to_string()).unwrap()
+        self.stage.managed(client.as_bytes()).map(|s| s.weir.to_string()).unwrap()
     }
 }
 

@@ -1,7 +1,7 @@
 //! The client's unnamed statement (a Parse with an empty name) in
 //! transaction mode. Postgres keeps it until the next unnamed Parse or
-//! simple query; weir keeps the client's view of it in the statement map
-//! under the empty name, as one of:
+//! simple query; weir keeps the client's view of it beside its named
+//! statements (`Queues::unnamed_stmt`), as one of:
 //!
 //! * weir's statement for its text (`weir_<hash>`, shared like named ones):
 //!   when the client has parsed that text `prepare_unnamed_after` times
@@ -43,14 +43,14 @@ use crate::server::statements::ServerStatements;
 /// Unnamed statement texts a client keeps count of, most recent first.
 const RECENT: usize = 16;
 
-/// The client's map key for its unnamed statement.
-const UNNAMED: &[u8] = b"";
+/// The unnamed statement's name.
+pub(super) const UNNAMED: &[u8] = b"";
 
-/// What the client's unnamed statement is, when not weir's statement in
-/// the client's map.
+/// What the client's unnamed statement is, when not weir's statement
+/// (`Queues::unnamed_stmt`).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Unnamed {
-    /// weir's statement in the map if there is one, else unknown (the
+    /// weir's statement if there is one, else unknown (the
     /// server's own unnamed statement is used).
     #[default]
     Held,
@@ -81,8 +81,8 @@ impl ClientStatements {
     /// The client's statement behind `name` as weir names it on servers;
     /// None for the server's own unnamed statement of this lease.
     pub(super) fn managed(&self, name: &[u8]) -> Option<Arc<Statement>> {
-        if name.is_empty() && self.q.unnamed == Unnamed::Raw {
-            return None;
+        if name.is_empty() {
+            return if self.q.unnamed == Unnamed::Raw { None } else { self.q.unnamed_stmt.clone() };
         }
         self.statements.get(name).cloned()
     }
@@ -92,7 +92,7 @@ impl ClientStatements {
     /// the server answers 26000 as Postgres would (its own unnamed
     /// statement may be another client's). Nothing is owed to the client.
     pub(super) fn close_if_gone(&mut self, name: &[u8], src: &[u8], at: usize, rw: &mut Rewrite) {
-        if name.is_empty() && self.q.unnamed == Unnamed::Gone && !self.statements.contains_key(UNNAMED) {
+        if name.is_empty() && self.q.unnamed == Unnamed::Gone && self.q.unnamed_stmt.is_none() {
             let mut close = BytesMut::new();
             extended::target(&mut close, fe::CLOSE, TARGET_STATEMENT, "");
             rw.splice(src, at, 0, &close);
@@ -103,7 +103,7 @@ impl ClientStatements {
     /// A simple query or Close drops the client's unnamed statement; if it
     /// is skipped, the unnamed statement is as it was.
     pub(super) fn drop_unnamed(&mut self) {
-        let prior = self.statements.remove(UNNAMED);
+        let prior = self.q.unnamed_stmt.take();
         let was = std::mem::replace(&mut self.q.unnamed, Unnamed::Gone);
         if prior.is_some() || was != Unnamed::Gone {
             self.q.expect.push_back(Expect::Unnamed { prior, was });
@@ -112,10 +112,7 @@ impl ClientStatements {
 
     /// Undoes a skipped unnamed Parse or simple query.
     pub(super) fn restore_unnamed(&mut self, prior: Option<Arc<Statement>>, was: Unnamed) {
-        match prior {
-            Some(p) => self.statements.insert(UNNAMED.to_vec(), p),
-            None => self.statements.remove(UNNAMED),
-        };
+        self.q.unnamed_stmt = prior;
         self.q.unnamed = was;
     }
 
@@ -139,26 +136,29 @@ impl ClientStatements {
         let body = m.body();
         // Postgres drops the unnamed statement before it parses the new
         // one; if this Parse is skipped, the old one stays.
-        let prior = self.statements.remove(UNNAMED);
+        let prior = self.q.unnamed_stmt.take();
         let was = std::mem::replace(&mut self.q.unnamed, Unnamed::Raw);
         self.q.expect.push_back(Expect::Unnamed { prior, was });
         let plain = self.q.hot > 0 && m.whole() && m.total <= MAX_TRACKED_PARSE && self.status != status::FAILED;
-        let Some((stmt, hot)) = plain.then(|| self.sighting(body, server)).flatten() else {
+        let Some((stmt, hot)) = plain.then(|| self.sighting(body)).flatten() else {
             self.look_at(&body[1..], server);
             self.q.expect.push_back(Expect::Parse { pass: true, weir: None, client: None });
             return Ok(next_or_stream(m));
         };
-        self.statements.insert(UNNAMED.to_vec(), stmt.clone());
+        self.q.unnamed_stmt = Some(stmt.clone());
         let client = Some((UNNAMED.to_vec(), stmt.clone()));
-        let held = hot && server.contains(&stmt.weir);
-        if !hot || (held && self.outcome_pending()) {
+        // One look-up: whether the server holds it, marked as just used
+        // unless the server's own answer is wanted.
+        let pending = self.outcome_pending();
+        let held = if pending { server.contains(&stmt.weir) } else { server.hold(&stmt.weir) };
+        let hot = hot || held;
+        if !hot || (held && pending) {
             // The server's own answer, whatever the transaction's state.
             self.q.expect.push_back(Expect::Parse { pass: true, weir: None, client });
             return Ok(Step::Next);
         }
         self.q.unnamed = Unnamed::Held;
         if held {
-            server.hold(&stmt.weir);
             self.metrics.record_unnamed_hit();
             rw.splice(src, m.at, m.total, &[]);
             self.q.expect.push_back(Expect::FakeParse { client: UNNAMED.to_vec(), stmt });
@@ -171,11 +171,12 @@ impl ClientStatements {
     }
 
     /// Counts a sighting of the unnamed Parse `body`: weir's statement for
-    /// it, and whether it is hot (parsed often enough lately, or already on
-    /// this server). None for a text that is not plain `Sql::Other` (only
-    /// such texts are counted, so a counted one is not classified again),
-    /// or a malformed body (the server answers it).
-    fn sighting(&mut self, body: &[u8], server: &ServerStatements) -> Option<(Arc<Statement>, bool)> {
+    /// it, and whether it is hot by count (parsed often enough lately; it
+    /// is hot too when already on this server, which the caller asks).
+    /// None for a text that is not plain `Sql::Other` (only such texts are
+    /// counted, so a counted one is not classified again), or a malformed
+    /// body (the server answers it).
+    fn sighting(&mut self, body: &[u8]) -> Option<(Arc<Statement>, bool)> {
         let text = &body[1..];
         let epoch = self.metrics.statements_epoch();
         // Always 0 while unnamed statements are shared (`unshare_unnamed`).
@@ -205,7 +206,6 @@ impl ClientStatements {
             seen.stmt = Arc::new(Statement::new(p.query, p.param_types, epoch, scope));
             seen.epoch = epoch;
         }
-        let hot = count >= self.q.hot || server.contains(&seen.stmt.weir);
-        Some((seen.stmt.clone(), hot))
+        Some((seen.stmt.clone(), count >= self.q.hot))
     }
 }

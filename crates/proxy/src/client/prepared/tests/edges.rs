@@ -67,3 +67,26 @@ fn after_a_failed_unnamed_parse_a_bind_gets_the_servers_26000() {
     let weir = s.weir("");
     assert_eq!(read_bind_head(&msg(fe::BIND, &f[2].1)).unwrap().unwrap().statement, weir.as_bytes());
 }
+
+/// A held unnamed Parse is cut from the batch, and the Bind names weir's
+/// statement: the same bytes whether the edited head fits where the Parse
+/// was (a long text) or not (a short one), and the bytes of a message not
+/// yet whole stay behind, as they came.
+#[test]
+fn a_held_unnamed_parse_is_cut_whether_or_not_the_edit_fits_in_its_place() {
+    let mut s = Sim::new(20);
+    s.stage.prepare_unnamed_after(1);
+    let long = "select aid, bid, abalance, filler from pgbench_accounts where aid = $1";
+    let partial = &execute()[..3];
+    for text in [long, "select 1", long, "select 1"] {
+        s.sent(&[parse("", text), bind(""), execute(), sync()].concat());
+        let weir = s.weir("");
+        let replies = [reply(be::BIND_COMPLETE), reply(be::COMMAND_COMPLETE), rfq(b'I')].concat();
+        s.recv(&[&reply(be::PARSE_COMPLETE)[..], &replies].concat());
+        let batch = [parse("", text), bind(""), execute(), sync(), partial.to_vec()].concat();
+        let (sent, rest) = s.send(&batch);
+        assert_eq!(sent, [bind(&weir), execute(), sync()].concat(), "{text}");
+        assert_eq!(rest, partial, "{text}");
+        assert_eq!(tags(&s.recv(&replies)), "12CZ", "{text}");
+    }
+}
