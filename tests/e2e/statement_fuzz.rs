@@ -61,6 +61,11 @@ const REGRESSIONS: &[&str] = &[
     // Two names of one statement of weir's (the same text): an error on a
     // Bind of one names that one.
     "2:P_=0;Ps3=5;Ps1=5 | 2:Ps3=1 | 2:Bp1=s3;Ps1=3;S | 2:P_=4;B_=s3;B_=s4;CSs4;CSs2;P_=7;S",
+    // An error on a Bind of a name that a Close or an unnamed Parse after
+    // it, skipped, would have dropped: the client's name as it was.
+    "0:CSs4;Ps3=0;Ps4=3;S | 2:Q7 | 0:F;DSs4;Bp1=s2;B_=s4;F | 0:P_=0;E_/0;Ps4=1;P_=0;S | \
+     0:Bp1=s4;B_=s3;CSs4;Ps4=3;B_=s2;DP_;F",
+    "0:P_=3 | 0:P_=3 | 0:Bp1=_!;P_=1;S",
 ];
 
 /// One message as compared: its tag and its body with inherent differences masked.

@@ -223,6 +223,7 @@ impl ClientStatements {
             _ => b"",
         };
         let mut fate = Fate::Pass;
+        let mut failed = None;
         match self.q.expect.front() {
             None | Some(Expect::Query) | Some(Expect::Sync) => return fate,
             Some(Expect::DupParse { client, old, .. })
@@ -231,15 +232,19 @@ impl ClientStatements {
                 fate = Fate::Replace(renamed(msg, old.as_bytes(), client));
             }
             Some(Expect::Bind { managed: Some(stmt) } | Expect::Describe { managed: Some(stmt) }) => {
-                let stmt = stmt.clone();
+                failed = Some(stmt.clone());
                 if is_stale(code) {
                     self.invalidate();
                 }
-                fate = self.client_names(msg, &stmt).map_or(Fate::Pass, Fate::Replace);
             }
             _ => {}
         }
+        // Skipped Closes and Parses are undone first: the names are the
+        // client's as they were when the failing message was sent.
         self.skip_to_sync(server);
+        if let Some(stmt) = failed {
+            fate = self.client_names(msg, &stmt).map_or(Fate::Pass, Fate::Replace);
+        }
         fate
     }
 

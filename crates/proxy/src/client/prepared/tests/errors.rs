@@ -146,3 +146,20 @@ fn ddl_starts_a_new_generation() {
     s.sent(&[parse("t", "select 1"), sync()].concat());
     assert_ne!(s.weir("t"), held);
 }
+
+#[test]
+fn an_error_on_a_bind_names_the_clients_statement_closed_after_it() {
+    let mut s = Sim::new(20);
+    s.sent(&[parse("s1", "select 1"), sync()].concat());
+    s.recv(&[reply(be::PARSE_COMPLETE), rfq(b'I')].concat());
+    let held = s.weir("s1");
+    let sent = s.sent(&[bind("s1"), target(fe::CLOSE, b'S', "s1"), sync()].concat());
+    assert_eq!(tags(&sent), "BS", "the Close is answered by weir");
+    let text = format!("bind message supplies 1 parameters, but prepared statement \"{held}\" requires 0");
+    let seen = s.recv(&[error_with("08P01", &text), rfq(b'I')].concat());
+    assert_eq!(tags(&seen), "EZ", "the skipped Close gets no reply");
+    let (code, text) = error_of(&frames(&seen)[0].1);
+    let want = "bind message supplies 1 parameters, but prepared statement \"s1\" requires 0";
+    assert_eq!((code.as_str(), text.as_str()), ("08P01", want));
+    assert_eq!(s.weir("s1"), held, "the skipped Close leaves the statement");
+}
