@@ -10,13 +10,14 @@
 use std::time::Duration;
 
 use weir_e2e::raw::{query, tagged, Raw};
-use weir_e2e::{bounded, Harness, Opts, TRUST_PASS, TRUST_USER};
+use weir_e2e::{bounded, Harness, Opts, TRUST_PASS, TRUST_USER, WAIT_LIMIT};
 
 /// The deterministic core of that: a Query then a Terminate, the socket
 /// left open. Postgres reads the Terminate only once the query is done, so
 /// it does not close for the query's length; weir cancels the query at once
 /// (the server goes back) but likewise leaves the close to the client for a
-/// while. An early FIN from weir fails this.
+/// while. An early FIN from weir fails this. Each side runs its own query
+/// text, long enough to outlast a loaded machine, so the two are told apart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminate_mid_query_leaves_the_close_to_the_client() {
     bounded(120, async {
@@ -26,16 +27,27 @@ async fn terminate_mid_query_leaves_the_close_to_the_client() {
             for (who, addr) in [("postgres", pg_addr), ("weir", h.addr())] {
                 let mut c =
                     Raw::login(addr, TRUST_USER, TRUST_PASS, &[]).await.unwrap().with_limit(Duration::from_millis(400));
-                let mut both = query("select pg_sleep(2)");
+                let mut both = query(&sleeper(who));
                 both.extend_from_slice(&tagged(weir::protocol::tags::frontend::TERMINATE, b""));
                 c.send(&both).await.unwrap();
                 assert!(!c.closed_by_weir().await, "{mode}: {who} closed within 400 ms of the Terminate");
             }
-            let running =
-                "select count(*) from pg_stat_activity where query = 'select pg_sleep(2)' and state = 'active'";
-            // Postgres's own session still sleeps; weir's was cancelled.
-            assert!(weir_e2e::eventually(Duration::from_secs(1), || h.psql(running).trim() == "1").await, "{mode}");
+            let active = |who: &str| {
+                let sql = format!(
+                    "select count(*) from pg_stat_activity where query = '{}' and state = 'active'",
+                    sleeper(who).replace('\'', "''")
+                );
+                h.psql(&sql).trim().to_string()
+            };
+            // weir's query was cancelled; Postgres's own session still sleeps.
+            assert!(weir_e2e::eventually(WAIT_LIMIT, || active("weir") == "0").await, "{mode}: weir's query runs on");
+            assert_eq!(active("postgres"), "1", "{mode}: the direct session's query");
         }
     })
     .await
+}
+
+/// The query each side runs: a sleep no test run outlasts, named for the side.
+fn sleeper(who: &str) -> String {
+    format!("select pg_sleep(60), '{who}'")
 }
