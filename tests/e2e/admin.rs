@@ -238,9 +238,13 @@ async fn reconnect_closes_servers_once_released_and_wait_close_waits_for_them() 
     let before = backend_pids(&pg);
     assert!(!before.is_empty());
 
-    // One server is in use through RECONNECT; the idle ones close at once.
-    let running = tokio::spawn(async move { busy.simple_query("select pg_sleep(1)").await.map(|_| busy) });
-    assert!(eventually(weir_e2e::WAIT_LIMIT, || sleep_running(&pg)).await, "the pg_sleep(1) is running");
+    // One server is in use through RECONNECT and SHOW SERVERS (each an admin
+    // login, slow on a loaded machine); the idle ones close at once.
+    let running = tokio::spawn(async move { busy.simple_query("select pg_sleep(4)").await.map(|_| busy) });
+    assert!(
+        eventually(weir_e2e::WAIT_LIMIT, || query_running(&pg, "select pg_sleep(4)")).await,
+        "the pg_sleep(4) is running"
+    );
     let out = w.admin("RECONNECT app").await.unwrap();
     assert!(out.contains("RECONNECT"), "{out}");
     let servers = rows(&w.admin("SHOW SERVERS").await.unwrap());
@@ -322,8 +326,13 @@ async fn set_changes_a_reloadable_setting_and_refuses_the_rest_and_suspend() {
 
 /// True when Postgres shows exactly one active `select pg_sleep(1)`.
 fn sleep_running(pg: &PgServer) -> bool {
-    let sql = "select count(*) from pg_stat_activity where query = 'select pg_sleep(1)' and state = 'active'";
-    pg.psql("app", sql).unwrap().trim() == "1"
+    query_running(pg, "select pg_sleep(1)")
+}
+
+/// True when Postgres shows exactly one active query of this text.
+fn query_running(pg: &PgServer, text: &str) -> bool {
+    let sql = format!("select count(*) from pg_stat_activity where query = '{text}' and state = 'active'");
+    pg.psql("app", &sql).unwrap().trim() == "1"
 }
 
 /// A client that leaves while its query runs: weir cancels the query and
