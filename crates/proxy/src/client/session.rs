@@ -17,6 +17,7 @@ use super::error::ClientError;
 use super::prepared::ClientStatements;
 use super::stream::ClientStream;
 use super::transfer::{self, ClientSide, Ended};
+use super::transfer_watchdog::AlarmTimer;
 use crate::cancel_keys::Registration;
 use crate::config::PoolMode;
 use crate::login::{Budget, LoggedIn};
@@ -60,6 +61,8 @@ pub struct Session<'a> {
     pub(crate) listed: Option<crate::state::client_list::ClientGuard>,
     /// Session mode: the server taken at login, for the first request.
     pub(crate) held: Option<Box<Lease>>,
+    /// The transfer watchdog's timer, kept from one request to the next.
+    alarm: Box<AlarmTimer>,
 }
 
 /// How a wait between requests ended.
@@ -105,6 +108,7 @@ impl<'a> Session<'a> {
             prepared,
             listed: None,
             held: None,
+            alarm: Box::default(),
         }
     }
 
@@ -352,6 +356,7 @@ impl<'a> Session<'a> {
                 prepared: &mut self.prepared,
             },
             conn,
+            &mut self.alarm,
             !session_mode,
         )
         .await;
