@@ -139,7 +139,8 @@ impl<'a> Session<'a> {
             return self.refused(e).await;
         }
         // One clock reading for the request's start: its place in SHOW
-        // CLIENTS and, when it must queue, its wait.
+        // CLIENTS, the idle server's checkout and, when it must queue, its
+        // wait.
         let arrived = Instant::now();
         self.reg.slot.set_waiting(arrived);
         // The common case, with nothing awaited: a server is idle and ready.
@@ -148,12 +149,7 @@ impl<'a> Session<'a> {
         // adds no bytes there (920 either way, see app/footprint.rs), where
         // a box of its own was one more allocation, a 624-byte copy and one
         // more cold line per queued request.
-        let held = self.held.take().map(|l| {
-            let mut lease = *l;
-            lease.restamp(Instant::now());
-            lease
-        });
-        let outcome = match held.or_else(|| self.pool.try_checkout()) {
+        let outcome = match self.ready_server(arrived) {
             Some(lease) => Wait::Got(lease),
             None => self.wait_for_server(arrived).await,
         };
@@ -171,6 +167,19 @@ impl<'a> Session<'a> {
             Wait::Failed(e) => return self.refused(e).await,
         };
         self.serve(lease).await
+    }
+
+    /// The server a request gets with nothing awaited, taken at `arrived`:
+    /// the one held since login (session mode), or an idle one.
+    fn ready_server(&mut self, arrived: Instant) -> Option<Lease> {
+        match self.held.take() {
+            Some(held) => {
+                let mut lease = *held;
+                lease.restamp(arrived);
+                Some(lease)
+            }
+            None => self.pool.try_checkout_at(arrived),
+        }
     }
 
     /// Answers a query the pool gave no server (or admission refused): the
