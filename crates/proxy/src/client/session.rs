@@ -17,6 +17,7 @@ use super::error::ClientError;
 use super::prepared::ClientStatements;
 use super::stream::ClientStream;
 use super::transfer::{self, ClientSide, Ended};
+use super::transfer_watchdog::AlarmTimer;
 use crate::cancel_keys::Registration;
 use crate::config::PoolMode;
 use crate::login::{Budget, LoggedIn};
@@ -60,6 +61,8 @@ pub struct Session<'a> {
     pub(crate) listed: Option<crate::state::client_list::ClientGuard>,
     /// Session mode: the server taken at login, for the first request.
     pub(crate) held: Option<Box<Lease>>,
+    /// The transfer watchdog's timer, kept from one request to the next.
+    alarm: Box<AlarmTimer>,
 }
 
 /// How a wait between requests ended.
@@ -105,6 +108,7 @@ impl<'a> Session<'a> {
             prepared,
             listed: None,
             held: None,
+            alarm: Box::default(),
         }
     }
 
@@ -135,7 +139,8 @@ impl<'a> Session<'a> {
             return self.refused(e).await;
         }
         // One clock reading for the request's start: its place in SHOW
-        // CLIENTS and, when it must queue, its wait.
+        // CLIENTS, the idle server's checkout and, when it must queue, its
+        // wait.
         let arrived = Instant::now();
         self.reg.slot.set_waiting(arrived);
         // The common case, with nothing awaited: a server is idle and ready.
@@ -144,12 +149,7 @@ impl<'a> Session<'a> {
         // adds no bytes there (920 either way, see app/footprint.rs), where
         // a box of its own was one more allocation, a 624-byte copy and one
         // more cold line per queued request.
-        let held = self.held.take().map(|l| {
-            let mut lease = *l;
-            lease.restamp(Instant::now());
-            lease
-        });
-        let outcome = match held.or_else(|| self.pool.try_checkout()) {
+        let outcome = match self.ready_server(arrived) {
             Some(lease) => Wait::Got(lease),
             None => self.wait_for_server(arrived).await,
         };
@@ -167,6 +167,19 @@ impl<'a> Session<'a> {
             Wait::Failed(e) => return self.refused(e).await,
         };
         self.serve(lease).await
+    }
+
+    /// The server a request gets with nothing awaited, taken at `arrived`:
+    /// the one held since login (session mode), or an idle one.
+    fn ready_server(&mut self, arrived: Instant) -> Option<Lease> {
+        match self.held.take() {
+            Some(held) => {
+                let mut lease = *held;
+                lease.restamp(arrived);
+                Some(lease)
+            }
+            None => self.pool.try_checkout_at(arrived),
+        }
     }
 
     /// Answers a query the pool gave no server (or admission refused): the
@@ -352,6 +365,7 @@ impl<'a> Session<'a> {
                 prepared: &mut self.prepared,
             },
             conn,
+            &mut self.alarm,
             !session_mode,
         )
         .await;

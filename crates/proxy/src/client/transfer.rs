@@ -18,7 +18,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use super::error::ClientError;
 use super::prepared::ClientStatements;
 use super::stream::ClientStream;
-use super::transfer_watchdog::{Watchdog, WatchdogError};
+use super::transfer_watchdog::{AlarmTimer, Watchdog, WatchdogError};
 use crate::params::ParamMap;
 use crate::server::{ServerConn, ServerSide};
 
@@ -62,29 +62,32 @@ pub(crate) fn run<'a>(
     client: &'a mut ClientStream,
     side: ClientSide<'a>,
     server: &'a mut ServerConn,
+    alarm: &'a mut AlarmTimer,
     release: bool,
 ) -> impl std::future::Future<Output = Result<Ended, ClientError>> + 'a {
     match client {
         ClientStream::Plain(tcp) => {
             let (reader, writer) = tcp.split();
-            Either::Left(forward(reader, writer, side, server, release))
+            Either::Left(forward(reader, writer, side, server, alarm, release))
         }
         ClientStream::Unix(unix) => {
             let (reader, writer) = unix.split();
-            Either::Right(Either::Left(forward(reader, writer, side, server, release)))
+            Either::Right(Either::Left(forward(reader, writer, side, server, alarm, release)))
         }
         other => {
             let (reader, writer) = tokio::io::split(other);
-            Either::Right(Either::Right(forward(reader, writer, side, server, release)))
+            Either::Right(Either::Right(forward(reader, writer, side, server, alarm, release)))
         }
     }
 }
 
+/// `alarm`: the client's watchdog timer.
 async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
     mut cr: CR,
     mut cw: CW,
     mut side: ClientSide<'_>,
     server: &mut ServerConn,
+    alarm: &mut AlarmTimer,
     release: bool,
 ) -> Result<Ended, ClientError> {
     let metrics = server.metrics().clone();
@@ -96,7 +99,7 @@ async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
     // The parts are used in place, not bound to locals of their own: each
     // local held across an await is another slot in a request's future.
     let mut s = server.parts();
-    let mut wd = Watchdog::new(s.spec, s.cancel, s.alarm);
+    let mut wd = Watchdog::new(s.spec, s.cancel, alarm);
     let (mut sr, mut sw) = s.stream.split();
     loop {
         // A statement of its own: the `?`'s temporary would otherwise stay

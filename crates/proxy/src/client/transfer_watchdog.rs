@@ -35,22 +35,26 @@
 //!   after `STALL_LIMIT` it is logged (warn, with the session's state) once
 //!   per stall and counted (`weir_stalled_pipelines_total`).
 //!
-//! Timers cost nothing on the byte path: the timer lives with the server
-//! connection (`AlarmTimer`) and is moved only to an earlier deadline; the
-//! clock is read when the timer fires, when a conversation starts owing, and
-//! when a clock restarts, never per poll.
+//! Timers cost nothing on the byte path: the timer lives with the client
+//! (`AlarmTimer`, one per session) and is moved only to an earlier deadline;
+//! the clock is read when the timer fires, when a conversation starts owing,
+//! and when a clock restarts, never per poll. As the timer stays with one
+//! task, it is polled only after it was set or fired: in between it is
+//! registered with the very waker a poll would give it.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use weir_metrics::CloseReason;
 
 use crate::protocol::{sqlstate, tags::status, SqlState};
 use crate::server::cancel::CancelTarget;
-use crate::server::probe::{self, AlarmTimer, Verdict, Watch};
+use tokio::time::Sleep;
+
+use crate::server::probe::{self, Verdict, Watch};
 use crate::server::{forward_cancel, ConnectSpec, Conversation};
 
 /// Why the watchdog ended a conversation.
@@ -92,6 +96,56 @@ impl WatchdogError {
 }
 
 type Probe = Pin<Box<dyn Future<Output = Verdict> + Send>>;
+
+/// The watchdog's timer, kept with its client from one conversation to the
+/// next (whatever server each one runs on), so a transaction costs no timer
+/// allocation, registration or removal: the watchdog only moves it to an
+/// earlier deadline, and otherwise lets it fire early and re-arms it then.
+/// One that fires between conversations only wakes its client's task for
+/// nothing.
+#[derive(Debug, Default)]
+pub(crate) struct AlarmTimer {
+    sleep: Option<Pin<Box<Sleep>>>,
+    /// When `sleep` is set to fire; None once it has fired.
+    at: Option<Instant>,
+    /// The waker `sleep` holds: the one it was polled with since it was
+    /// last set. None when it must be polled (set anew, or fired).
+    waker: Option<Waker>,
+}
+
+impl AlarmTimer {
+    /// True when the timer fired. Polls it only when it does not yet hold
+    /// this task's waker; otherwise it will wake this task when it fires,
+    /// and until then it reads as not elapsed.
+    fn poll_fired(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(sleep) = self.sleep.as_mut() else { return false };
+        let registered = self.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker()));
+        if registered && !sleep.is_elapsed() {
+            return false;
+        }
+        // A task out of its budget gets Pending before the timer is reached.
+        let reached = tokio::task::coop::has_budget_remaining();
+        if sleep.as_mut().poll(cx).is_ready() {
+            self.at = None;
+            self.waker = None;
+            return true;
+        }
+        if !registered && reached {
+            self.waker = Some(cx.waker().clone());
+        }
+        false
+    }
+
+    /// Sets the timer to fire at `at`.
+    fn set(&mut self, at: Instant) {
+        self.at = Some(at);
+        self.waker = None;
+        match self.sleep.as_mut() {
+            Some(t) => t.as_mut().reset(at.into()),
+            None => self.sleep = Some(Box::pin(tokio::time::sleep_until(at.into()))),
+        }
+    }
+}
 
 /// The clocks of one conversation (one call of `transfer::run`).
 pub(crate) struct Watchdog<'a> {
@@ -258,14 +312,9 @@ impl<'a> Watchdog<'a> {
                     }
                 }
             }
-            let fired = match (self.timer.sleep.as_mut(), next) {
-                (Some(t), Some(_)) => t.as_mut().poll(cx).is_ready(),
-                _ => false,
-            };
-            if !fired {
+            if next.is_none() || !self.timer.poll_fired(cx) {
                 return Poll::Pending;
             }
-            self.timer.at = None;
             if let Some(e) = self.check(Instant::now()) {
                 return Poll::Ready(e);
             }
@@ -382,11 +431,7 @@ impl<'a> Watchdog<'a> {
         if self.timer.at.is_some_and(|t| t <= at) {
             return;
         }
-        self.timer.at = Some(at);
-        match self.timer.sleep.as_mut() {
-            Some(t) => t.as_mut().reset(at.into()),
-            None => self.timer.sleep = Some(Box::pin(tokio::time::sleep_until(at.into()))),
-        }
+        self.timer.set(at);
     }
 }
 
@@ -422,6 +467,33 @@ mod tests {
             })
             .collect();
         assert_eq!(limits, vec![5, 10, 20, 40, 80, 80]);
+    }
+
+    /// Polled once after it is set, looked at (not polled) in between, the
+    /// timer still wakes its task when it fires, also after it was moved to
+    /// an earlier deadline. A timer that lost its waker hangs here.
+    #[tokio::test]
+    async fn a_timer_polled_once_wakes_its_task_when_it_fires() {
+        let mut timer = AlarmTimer::default();
+        timer.set(Instant::now() + Duration::from_secs(3600));
+        let mut polls = 0;
+        let fired = std::future::poll_fn(|cx| {
+            polls += 1;
+            if polls == 3 {
+                timer.set(Instant::now() + Duration::from_millis(20));
+            }
+            if timer.poll_fired(cx) {
+                return Poll::Ready(());
+            }
+            // Polls 2, 4 and 5 find the timer registered with this task.
+            if polls < 5 {
+                assert!(timer.waker.is_some(), "poll {polls} registered the timer");
+                cx.waker().wake_by_ref();
+            }
+            Poll::Pending
+        });
+        tokio::time::timeout(Duration::from_secs(60), fired).await.expect("the timer woke its task");
+        assert!(timer.at.is_none() && timer.waker.is_none(), "a fired timer is polled again once set");
     }
 
     #[test]

@@ -218,15 +218,14 @@ impl Pool {
     /// The fast path of a checkout: a healthy idle server that needs no
     /// server_check_query, taken under one short lock with nothing awaited.
     /// None: nothing idle, a check is due, or the top server is unusable;
-    /// `acquire` deals with those (and the queue).
-    pub fn try_checkout(self: &Arc<Self>) -> Option<Lease> {
+    /// `acquire` deals with those (and the queue). `now`: the caller's clock
+    /// reading, taken just before (the lease counts as taken then).
+    pub fn try_checkout_at(self: &Arc<Self>, now: Instant) -> Option<Lease> {
         let mut st = self.state.lock();
         if st.paused {
             return None;
         }
-        // Nothing idle (every request at a full pool): no clock reading.
         let last_used = st.idle.last()?.last_used;
-        let now = Instant::now();
         if st.check_due(last_used, now) {
             return None;
         }

@@ -15,7 +15,7 @@ use weir_metrics::{CloseReason, ConnAddr, ConnectFailure, ConnectRefusal, PoolMe
 use super::cancel::{CancelAddr, CancelGate, CancelTarget};
 use super::conversation::Conversation;
 use super::handshake::{login, LoginError, LoginParams};
-use super::probe::{AlarmTimer, Watch};
+use super::probe::Watch;
 use super::socket::{self, Liveness};
 use super::statements::ServerStatements;
 use super::stream::ServerStream;
@@ -204,8 +204,6 @@ pub struct ServerConn {
     pub(crate) broken: Option<CloseReason>,
     /// weir's prepared statements on this server (transaction mode).
     pub(crate) statements: ServerStatements,
-    /// The watchdog's timer for conversations on this connection.
-    pub(crate) alarm: AlarmTimer,
     guard: ServerConnGuard,
 }
 
@@ -216,7 +214,6 @@ pub struct ConnParts<'a> {
     pub stream: &'a mut ServerStream,
     pub spec: &'a Arc<ConnectSpec>,
     pub cancel: &'a CancelTarget,
-    pub alarm: &'a mut AlarmTimer,
     pub side: ServerSide<'a>,
 }
 
@@ -265,7 +262,6 @@ impl ServerConn {
             stream: &mut self.stream,
             spec: &self.spec,
             cancel: &self.cancel,
-            alarm: &mut self.alarm,
             side: ServerSide {
                 unread: &mut self.rbuf,
                 conv: &mut self.conv,
@@ -386,7 +382,6 @@ async fn connect_plain(spec: Arc<ConnectSpec>, metrics: &Arc<PoolMetrics>) -> Re
         spec,
         broken: None,
         statements,
-        alarm: AlarmTimer::default(),
         guard,
     })
 }

@@ -41,13 +41,11 @@
 //! taken as dead, without another attempt, for `server_connect_timeout`.
 
 use parking_lot::Mutex;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
-use tokio::time::Sleep;
 
 use super::conn::{open, ConnectError, ConnectSpec};
 use super::handshake::LoginError;
@@ -63,18 +61,6 @@ static PROBES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_PR
 
 /// Addresses whose last probe could not connect: (host, port, when, why).
 static DEAD_PATHS: Mutex<Vec<(String, u16, Instant, String)>> = Mutex::new(Vec::new());
-
-/// The watchdog's timer, kept with its server connection from one
-/// conversation to the next, so a transaction costs no timer allocation,
-/// registration or removal: the watchdog only moves it to an earlier
-/// deadline, and otherwise lets it fire early and re-arms it then. One that
-/// fires after its conversation has ended only wakes a task for nothing.
-#[derive(Debug, Default)]
-pub struct AlarmTimer {
-    pub sleep: Option<Pin<Box<Sleep>>>,
-    /// When `sleep` is set to fire; None once it has fired.
-    pub at: Option<Instant>,
-}
 
 /// Watchdog settings for conversations on a server connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -121,7 +121,15 @@ impl Owed {
 
     /// Pops what the server messages in `src[at..]` answer (headers only).
     /// Returns the bytes of a message cut off at the end, still to come.
-    pub fn observe(&mut self, src: &[u8], mut at: usize, seen: &mut Observed) -> u32 {
+    pub fn observe(&mut self, src: &[u8], at: usize, seen: &mut Observed) -> u32 {
+        if self.awaits_ready_only() {
+            return self.observe_ready(src, at, seen);
+        }
+        self.observe_any(src, at, seen)
+    }
+
+    /// `observe` for any queue.
+    fn observe_any(&mut self, src: &[u8], mut at: usize, seen: &mut Observed) -> u32 {
         while let Ok(Some((tag, total))) = peek_header(&src[at..], MAX_SERVER_MESSAGE) {
             let front = self.front();
             match tag {
@@ -145,6 +153,37 @@ impl Owed {
                     self.through_sync(front);
                 }
                 _ => {}
+            }
+            let avail = src.len() - at;
+            if avail < total {
+                // A message length is an i32: the rest fits.
+                return (total - avail) as u32;
+            }
+            at += total;
+        }
+        0
+    }
+
+    /// Every kind queued is answered by a ReadyForQuery alone (simple
+    /// Queries and Syncs; none at all counts too): no other reply moves
+    /// the queue, nor starts the skipping an error does.
+    #[inline]
+    fn awaits_ready_only(&self) -> bool {
+        self.spill.is_empty() && (0..self.n).all(|i| matches!(((self.inline >> (4 * i)) & 0xf) as u8, QUERY | SYNC))
+    }
+
+    /// `observe` for a queue that `awaits_ready_only`: each ReadyForQuery
+    /// pops the head (what `through_sync` does with a Query or Sync there,
+    /// and nothing on an empty queue) and gives its status.
+    fn observe_ready(&mut self, src: &[u8], mut at: usize, seen: &mut Observed) -> u32 {
+        while let Ok(Some((tag, total))) = peek_header(&src[at..], MAX_SERVER_MESSAGE) {
+            if tag == be::READY_FOR_QUERY {
+                if let Some(&s) = src.get(at + HEADER_LEN).filter(|_| total > HEADER_LEN) {
+                    seen.status = Some(s);
+                }
+                if self.n > 0 {
+                    self.pop_front();
+                }
             }
             let avail = src.len() - at;
             if avail < total {
@@ -276,6 +315,45 @@ mod tests {
             })
             .collect();
         assert_eq!(kinds, "ESPBDESPBDESQ");
+    }
+
+    /// The walk for queues of Queries and Syncs leaves the queue, the status
+    /// and the cut-off rest exactly as the walk for any queue does.
+    #[test]
+    fn queries_and_syncs_alone_are_observed_as_any_queue_is() {
+        let row = [
+            reply(be::ROW_DESCRIPTION, b"\0\0"),
+            reply(be::DATA_ROW, b"\0\x01\0\0\0\x011"),
+            reply(be::COMMAND_COMPLETE, b"SELECT 1\0"),
+        ]
+        .concat();
+        let streams = [
+            [row.clone(), reply(be::READY_FOR_QUERY, b"I")].concat(),
+            [row.clone(), reply(be::READY_FOR_QUERY, b"T"), row.clone(), reply(be::READY_FOR_QUERY, b"E")].concat(),
+            [reply(be::ERROR_RESPONSE, b"C42601\0\0"), reply(be::READY_FOR_QUERY, b"I")].concat(),
+            [reply(be::COPY_IN_RESPONSE, b"\0\0\0"), reply(be::PARSE_COMPLETE, b""), reply(be::CLOSE_COMPLETE, b"")]
+                .concat(),
+            [row.clone(), reply(be::READY_FOR_QUERY, b"I"), reply(be::READY_FOR_QUERY, b"I")].concat(),
+            [row.clone(), reply(be::READY_FOR_QUERY, b"I")[..5].to_vec()].concat(),
+            row[..9].to_vec(),
+        ];
+        let queues: [&[u8]; 5] = [&[], &[fe::QUERY], &[fe::QUERY, fe::QUERY], &[fe::SYNC, fe::QUERY], &[fe::SYNC; 17]];
+        for queue in queues {
+            for stream in &streams {
+                let (mut fast, mut any) = (Owed::default(), Owed::default());
+                sent(&mut fast, queue);
+                sent(&mut any, queue);
+                assert_eq!(fast.awaits_ready_only(), queue.len() <= INLINE as usize);
+                let (mut seen_fast, mut seen_any) = (Observed::default(), Observed::default());
+                let rest = (fast.observe(stream, 0, &mut seen_fast), any.observe_any(stream, 0, &mut seen_any));
+                assert_eq!(rest.0, rest.1);
+                assert_eq!((seen_fast.status, seen_fast.skipping), (seen_any.status, seen_any.skipping));
+                let (mut a, mut b) = (VecDeque::new(), VecDeque::new());
+                fast.materialise(&mut a);
+                any.materialise(&mut b);
+                assert_eq!(format!("{a:?}"), format!("{b:?}"), "queue {queue:?}");
+            }
+        }
     }
 
     #[test]
