@@ -386,15 +386,12 @@ impl<'a> Session<'a> {
                 Ok(true)
             }
             Ended::ClientGone => {
-                let in_flight = lease.conn().conv.query_in_flight();
-                if in_flight {
+                if lease.conn().conv.query_in_flight() {
                     self.pool.metrics.record_dropped_query(DropReason::ClientGone);
-                }
-                // The server goes back now (the pool cancels what runs).
-                drop(lease);
-                if in_flight {
                     // Boxed: rare, and kept out of every request's future.
-                    Box::pin(crate::login::stream::await_client_close(self.client)).await;
+                    Box::pin(left_mid_query(self.client, lease)).await;
+                } else {
+                    drop(lease);
                 }
                 Ok(false)
             }
@@ -480,5 +477,37 @@ impl<'a> Session<'a> {
             return Ok(false);
         }
         Err(ClientError::ServerLost)
+    }
+}
+
+/// A client left while its query was in flight (Terminate, or EOF).
+/// Postgres reads a Terminate once it has answered all that came before it
+/// and closes then, so weir closes its end when the server has answered
+/// (`settle`, no cancel), unless the client closes first or
+/// `await_client_close`'s linger ends; only then does the server go back
+/// (the pool cancels what still runs). A query the client cancelled, or a
+/// batch the server already answered, so closes at once, as with Postgres.
+async fn left_mid_query(client: &mut ClientStream, mut lease: Lease) {
+    let settles = lease.conn().can_settle();
+    let answered = async {
+        match settles {
+            true => lease.conn_mut().settle().await,
+            false => std::future::pending().await,
+        }
+    };
+    let settled = tokio::select! {
+        biased;
+        () = crate::login::stream::await_client_close(client) => None,
+        r = answered => Some(r),
+    };
+    match settled {
+        Some(Ok(())) => {
+            // weir's FIN goes before the server does: what the next client
+            // on it runs comes after this client saw the close.
+            let _ = client.shutdown().now_or_never();
+            drop(lease);
+        }
+        Some(Err(reason)) => lease.close(reason),
+        None => drop(lease),
     }
 }

@@ -185,12 +185,13 @@ pub(crate) async fn close_after_error(socket: &mut ClientStream) {
 const CLIENT_CLOSE_LINGER: Duration = Duration::from_secs(1);
 
 /// After a client left mid-query (Terminate, or EOF): waits, briefly, for
-/// its own close before weir closes. Postgres reads a Terminate only once the
-/// running query is done, so a client that sends Terminate and then closes
-/// (libpq's PQfinish) never sees the server's FIN in between; one from weir
-/// would wake a wait on the socket that the client is closing (psycopg then
+/// its own close, unless the server answers first (see the session's
+/// `left_mid_query`). Postgres reads a Terminate only once the running
+/// query is done, so a client that sends Terminate and then closes (libpq's
+/// PQfinish) never sees the server's FIN in between; one from weir would
+/// wake a wait on the socket that the client is closing (psycopg then
 /// reports "connection pointer is NULL" instead of "connection socket
-/// closed"). Bytes still sent are dropped.
+/// closed"). Bytes still sent are dropped. Cancel-safe (reads only).
 pub(crate) async fn await_client_close(socket: &mut ClientStream) {
     drain(socket, &mut [0u8; 1024], CLIENT_CLOSE_LINGER).await;
 }

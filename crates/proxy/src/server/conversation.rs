@@ -110,6 +110,11 @@ impl Conversation {
             && self.from_server_partial == 0
     }
 
+    /// No client message is half sent and no COPY IN is open.
+    pub fn is_whole(&self) -> bool {
+        self.to_server_partial == 0 && !self.copy_in
+    }
+
     /// A query the server has not answered yet is running or queued there.
     pub fn query_in_flight(&self) -> bool {
         self.pending_rfq > 0 || self.in_batch || self.to_server_partial > 0

@@ -51,6 +51,32 @@ impl ServerConn {
         }
     }
 
+    /// True when the client left no message half sent and no COPY open:
+    /// all it sent stands whole on the server (see `settle`).
+    pub(crate) fn can_settle(&self) -> bool {
+        self.conv.is_whole()
+    }
+
+    /// Waits, with no cancel, for the server to answer all its client sent
+    /// before leaving: that is when Postgres, serving the client itself,
+    /// would read the client's Terminate and close. A batch left open gets
+    /// its Sync (Postgres would read the Terminate right after the batch's
+    /// last message; the Sync's ReadyForQuery comes just then); the
+    /// server's replies are read and dropped until it owes nothing. Only
+    /// for a connection that `can_settle`. Cancel-safe: dropped during the
+    /// Sync's write, the connection stays marked broken (the pool closes
+    /// it); dropped while reading, recovery carries on from there.
+    pub(crate) async fn settle(&mut self) -> Result<(), CloseReason> {
+        let mut out = BytesMut::new();
+        self.conv.finish_client_side(&mut out, 0);
+        if !out.is_empty() {
+            let was = self.broken.replace(CloseReason::ResetFailed);
+            write(self, &out).await?;
+            self.broken = was;
+        }
+        drain(self).await
+    }
+
     /// The reset query ran: RESET ALL in it dropped what weir had SET, and
     /// DISCARD ALL / DEALLOCATE ALL may have dropped weir's statements.
     fn forget_session_state(&mut self) {
