@@ -30,6 +30,10 @@ enum Doing {
     /// Parse, Bind, Execute of a `pg_sleep(30)` INSERT with no Sync yet:
     /// running, in an open extended-protocol batch.
     ExecuteWithoutSync,
+    /// Parse, Bind, Execute of a quick INSERT and a Flush, its
+    /// CommandComplete read, no Sync: done but not committed. Postgres rolls
+    /// it back when the client goes, so weir's closing Sync must not commit it.
+    ExecutedWithoutSync,
     /// A result of about 1 GB is on its way and the client reads none of it:
     /// its socket and weir's buffers fill, and the backend waits to send more.
     StreamingUnread,
@@ -73,6 +77,18 @@ async fn vanish_in(pool_mode: &'static str, in_tx: bool, doing: Doing, leave: Le
 async fn start(raw: &mut Raw, direct: &tokio_postgres::Client, pid: i32, doing: Doing) {
     let sleeper = "insert into ledger(id) select 2 from pg_sleep(30)";
     match doing {
+        Doing::ExecutedWithoutSync => {
+            let mut batch = execute_without_sync("insert into ledger(id) values (5)");
+            batch.extend_from_slice(&raw::tagged(weir::protocol::tags::frontend::FLUSH, b""));
+            raw.send(&batch).await.unwrap();
+            loop {
+                let (tag, body) = raw.read_msg().await.unwrap();
+                assert_ne!(tag, weir::protocol::tags::backend::ERROR_RESPONSE, "{:?}", raw::error_fields(&body));
+                if tag == weir::protocol::tags::backend::COMMAND_COMPLETE {
+                    break;
+                }
+            }
+        }
         Doing::Sleeping | Doing::ExecuteWithoutSync => {
             if matches!(doing, Doing::Sleeping) {
                 raw.send_query(sleeper).await.unwrap();
@@ -160,6 +176,18 @@ async fn reset_mid_query_inside_a_transaction() {
 async fn terminate_mid_query_inside_a_transaction() {
     let _alone = weir_e2e::serial().await;
     vanish(true, Doing::Sleeping, Leave::Terminate).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminate_after_an_unsynced_insert_keeps_nothing() {
+    let _alone = weir_e2e::serial().await;
+    vanish(false, Doing::ExecutedWithoutSync, Leave::Terminate).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_after_an_unsynced_insert_keeps_nothing() {
+    let _alone = weir_e2e::serial().await;
+    vanish(false, Doing::ExecutedWithoutSync, Leave::Reset).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

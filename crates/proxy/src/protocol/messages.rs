@@ -117,6 +117,18 @@ pub fn sync(buf: &mut BytesMut) {
     buf.put_slice(&[super::tags::frontend::SYNC, 0, 0, 0, 4]);
 }
 
+/// A frontend Close of a kind that does not exist: Postgres answers it with
+/// an ERROR (08P01, "invalid CLOSE message subtype"), and the next Sync then
+/// rolls back what the batch did instead of committing it. weir sends it to
+/// end a batch whose client left before its Sync, as Postgres, reading that
+/// client's Terminate or end of input, would roll it back.
+pub fn failing_close(buf: &mut BytesMut) {
+    buf.put_slice(&[super::tags::frontend::CLOSE, 0, 0, 0, 6, INVALID_CLOSE_KIND, 0]);
+}
+
+/// The kind byte of `failing_close`: neither 'S' (statement) nor 'P' (portal).
+const INVALID_CLOSE_KIND: u8 = b'X';
+
 /// A frontend Terminate message.
 pub fn terminate(buf: &mut BytesMut) {
     buf.put_slice(&[super::tags::frontend::TERMINATE, 0, 0, 0, 4]);

@@ -156,8 +156,9 @@ impl Conversation {
     }
 
     /// What puts the client→server stream back on a message boundary and
-    /// out of any batch or COPY, without ever making a fragment runnable:
-    /// filler for a half-sent message, CopyFail, Sync, appended to `out`
+    /// out of any batch or COPY, without ever making a fragment runnable or
+    /// committing an unsynced Execute: filler for a half-sent message,
+    /// CopyFail, a failing Close before the Sync, appended to `out`
     /// and noted as sent. False (nothing written) when the half-sent rest is
     /// longer than `max_filler`: closing the connection costs less.
     pub(crate) fn finish_client_side(&mut self, out: &mut BytesMut, max_filler: usize) -> bool {
@@ -175,6 +176,11 @@ impl Conversation {
             self.note_client(fe::COPY_FAIL);
         }
         if self.in_batch {
+            if self.syncs_after_execute == Some(0) {
+                // An Execute since the last Sync: its work must not commit.
+                messages::failing_close(out);
+                self.note_client(fe::CLOSE);
+            }
             messages::sync(out);
             self.note_client(fe::SYNC);
         }
@@ -387,6 +393,29 @@ mod tests {
         assert!(second.settled);
         assert!(!c.is_clean(), "inside a transaction");
         assert!(c.is_quiet());
+    }
+
+    #[test]
+    fn an_unsynced_execute_is_failed_before_the_closing_sync() {
+        let mut c = Conversation::default();
+        let mut batch = msg(fe::PARSE, b"\0insert into t values (1)\0\0\0");
+        batch.extend(msg(fe::BIND, b"\0\0\0\0\0\0\0\0"));
+        batch.extend(msg(fe::EXECUTE, b"\0\0\0\0\0"));
+        c.scan_client(&batch, 1 << 20).unwrap();
+        let mut out = BytesMut::new();
+        assert!(c.finish_client_side(&mut out, 0));
+        let mut want = BytesMut::new();
+        messages::failing_close(&mut want);
+        messages::sync(&mut want);
+        assert_eq!(out, want, "a failing Close, then the Sync");
+        assert_eq!(c.pending_rfq, 1);
+
+        // Without an Execute there is nothing to roll back: only the Sync.
+        let mut c = Conversation::default();
+        c.scan_client(&msg(fe::PARSE, b"\0select 1\0\0\0"), 1 << 20).unwrap();
+        let mut out = BytesMut::new();
+        assert!(c.finish_client_side(&mut out, 0));
+        assert_eq!(&out[..], &[fe::SYNC, 0, 0, 0, 4]);
     }
 
     #[test]
