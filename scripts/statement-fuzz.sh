@@ -5,12 +5,16 @@
 # weir in session and transaction mode. A failing case is shrunk and printed
 # in the case text; add it to REGRESSIONS in the test.
 #
-#   scripts/statement-fuzz.sh [CASES] [SEED]
+# FROM skips the cases numbered below it (CASES counts from 0 all the same):
+# `scripts/statement-fuzz.sh 145 11 144` runs case 144 of seed 11 alone.
+#
+#   scripts/statement-fuzz.sh [CASES] [SEED] [FROM]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cases=${1:-1000}
 seed=${2:-$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}
-echo "statement fuzzer: $cases cases, seed $seed"
+from=${3:-0}
+echo "statement fuzzer: $cases cases, seed $seed, from case $from"
 cargo build --workspace --bins --locked
-WEIR_BIN="$PWD/target/debug/weir" WEIR_FUZZ_CASES=$cases WEIR_FUZZ_SEED=$seed \
+WEIR_BIN="$PWD/target/debug/weir" WEIR_FUZZ_CASES=$cases WEIR_FUZZ_SEED=$seed WEIR_FUZZ_FROM=$from \
     cargo test --workspace --test e2e --locked -- statement_fuzz:: --nocapture

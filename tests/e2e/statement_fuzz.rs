@@ -10,7 +10,9 @@
 //! Cases come from a fixed seed; a failing case is shrunk (steps, then
 //! ops, removed while it still fails) and printed in the case text
 //! (`case.rs`), which `REGRESSIONS` keeps. `WEIR_FUZZ_CASES` and
-//! `WEIR_FUZZ_SEED` set the run's size and seed (scripts/statement-fuzz.sh).
+//! `WEIR_FUZZ_SEED` set the run's size and seed (scripts/statement-fuzz.sh);
+//! `WEIR_FUZZ_FROM` skips the cases before that number (one case of a
+//! seed runs alone with `WEIR_FUZZ_FROM=n WEIR_FUZZ_CASES=n+1`).
 
 mod case;
 
@@ -300,7 +302,7 @@ fn opts(mode: &'static str, prepare_unnamed_after: u32) -> Opts {
     }
 }
 
-async fn fuzz(seed: u64, cases: u64) {
+async fn fuzz(seed: u64, cases: u64, from: u64) {
     let bench = Bench::start().await;
     let mut failures = Vec::new();
     for text in REGRESSIONS {
@@ -314,6 +316,9 @@ async fn fuzz(seed: u64, cases: u64) {
     for n in 0..cases {
         let case = generate(&mut rng, CLIENTS, STEPS);
         assert!(valid(&case), "generated case breaks the rules: {case}");
+        if n < from {
+            continue;
+        }
         if let Some((t, diff)) = bench.check(&case).await {
             let (small, small_diff) = bench.shrink(case.clone(), t).await;
             let small_diff = if small_diff.is_empty() { diff.clone() } else { small_diff };
@@ -332,5 +337,6 @@ async fn fuzz(seed: u64, cases: u64) {
 async fn weir_answers_as_postgres_does() {
     let seed = std::env::var("WEIR_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(CI_SEED);
     let cases = std::env::var("WEIR_FUZZ_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(CI_CASES);
-    fuzz(seed, cases).await;
+    let from = std::env::var("WEIR_FUZZ_FROM").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    fuzz(seed, cases, from).await;
 }
