@@ -319,3 +319,38 @@ async fn recovery_that_cannot_finish_closes_the_server_with_its_reason() {
     assert_ne!(next_pid, pid, "a fresh server replaced the one that could not be recovered");
     assert!(ledger_ids(&direct).await.is_empty());
 }
+
+/// A client that sends a query and goes at once: weir's cancel can reach the
+/// backend before the query's bytes do, and Postgres ignores a cancel while
+/// it waits for a query. Here the relay holds the server connection's bytes
+/// until that cancel has come and gone; the query then starts and must still
+/// be cancelled, the server kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_that_overtakes_its_query_is_sent_again() {
+    let _alone = weir_e2e::serial().await;
+    let h = Harness::start(Opts { relay: true, ..trust_opts(1) }).await;
+    let direct = create_ledger(&h).await;
+    let mut raw = super::raw_login(&h, SCRAM_USER, &[]).await.unwrap();
+    let pid: i32 = raw.query("select pg_backend_pid()").await.unwrap().scalar().unwrap().parse().unwrap();
+    let relay = h.relay.as_ref().unwrap();
+    let before = relay.connections_accepted();
+    relay.freeze_existing();
+    raw.send_query("insert into ledger(id) select 6 from pg_sleep(30)").await.unwrap();
+    // weir took a server for it (so it has read the query) before the reset.
+    assert!(weir_e2e::eventually(weir_e2e::WAIT_LIMIT, || h.pool().snapshot().active == 1).await);
+    raw.reset();
+    // weir's first cancel passes the relay (a new connection) and is done.
+    let cancelled = weir_e2e::eventually(weir_e2e::WAIT_LIMIT, || {
+        relay.connections_accepted() > before && relay.connections_open() == 1
+    });
+    assert!(cancelled.await, "weir's cancel never came: {relay:?}");
+    relay.thaw();
+    // Idle again after the query came (idle before it, too).
+    let (idle, seen) = backends_until(&direct, weir_e2e::WAIT_LIMIT, |b| {
+        b.len() == 1 && b[0].0 == pid && b[0].1 == "idle" && b[0].3 != "select pg_backend_pid()"
+    })
+    .await;
+    assert!(idle, "backend {pid} not idle after its query: {seen:?}");
+    assert_eq!(h.pool().metrics.closed_total(), 0, "the server was kept");
+    server_kept(&h, &direct, pid, Doing::Sleeping).await;
+}

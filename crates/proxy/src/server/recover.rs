@@ -15,6 +15,10 @@ use crate::protocol::tags::status;
 /// How long weir waits for Postgres to take a cancel request.
 const CANCEL_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How long recovery waits for a cancelled query to end before it sends the
+/// cancel again.
+const RECANCEL_AFTER: Duration = Duration::from_millis(500);
+
 /// The most filler weir writes to complete a message its client left half
 /// sent; a longer rest closes the connection instead (and bounds the memory).
 const MAX_FILLER: usize = 16 << 20;
@@ -32,6 +36,7 @@ impl ServerConn {
         self.finish_client_side().await?;
         if self.conv.owed() > 0 {
             let _ = forward_cancel(self.cancel.clone(), CANCEL_TIMEOUT).await;
+            self.drain_cancelling().await?;
         }
         drain(self).await?;
         if self.conv.status() != status::IDLE {
@@ -48,6 +53,36 @@ impl ServerConn {
             Ok(())
         } else {
             Err(CloseReason::ResetFailed)
+        }
+    }
+
+    /// Drains, cancelling again each `RECANCEL_AFTER` while the server still
+    /// owes an answer: Postgres ignores a cancel that reaches a backend still
+    /// waiting for its query's bytes (they can trail the cancel, which goes
+    /// on a connection of its own), and the query would then run its full
+    /// length. A cancel once sent is always finished, never dropped, so the
+    /// gate keeps counting it.
+    async fn drain_cancelling(&mut self) -> Result<(), CloseReason> {
+        let target = self.cancel.clone();
+        let drained = drain(self);
+        tokio::pin!(drained);
+        loop {
+            tokio::select! {
+                r = &mut drained => return r,
+                () = tokio::time::sleep(RECANCEL_AFTER) => {}
+            }
+            let again = forward_cancel(target.clone(), CANCEL_TIMEOUT);
+            tokio::pin!(again);
+            let mut result = None;
+            loop {
+                tokio::select! {
+                    r = &mut drained, if result.is_none() => result = Some(r),
+                    _ = &mut again => break,
+                }
+            }
+            if let Some(r) = result {
+                return r;
+            }
         }
     }
 
