@@ -194,7 +194,7 @@ async fn a_released_connection_goes_to_the_held_back_user_at_once() {
             let w = waiter.2.clone();
             let query = tokio::spawn(async move { one(&w, "select 'served'").await });
             let pool = h.pool_for(waiter.0);
-            let queued = eventually(Duration::from_secs(5), || pool.snapshot().waiting == 1).await;
+            let queued = eventually(weir_e2e::WAIT_LIMIT, || pool.snapshot().waiting == 1).await;
             assert!(queued, "round {round}: the waiter never queued: {:?}", pool.snapshot());
             let released = Instant::now();
             holder.1[0].batch_execute("commit").await.unwrap();
@@ -215,7 +215,7 @@ async fn mass_termination_of_idle_servers_is_invisible() {
     exclusive(60, async {
         let h = Harness::start(opts(10, "min_pool_size = 10")).await;
         let clients: Vec<_> = clients(&h.url(SCRAM_USER, SCRAM_PASS), 10).await.into_iter().map(Arc::new).collect();
-        assert!(eventually(Duration::from_secs(5), || h.pool().snapshot().idle == 10).await, "min_pool_size warm");
+        assert!(eventually(weir_e2e::WAIT_LIMIT, || h.pool().snapshot().idle == 10).await, "min_pool_size warm");
         let direct = h.direct().await;
         let old = backend_pids(&direct, SCRAM_USER).await;
         assert_eq!(terminate_all(&direct, SCRAM_USER).await, 10);
@@ -244,9 +244,9 @@ async fn mass_termination_of_busy_servers_hits_only_their_clients() {
     exclusive(60, async {
         let h = Harness::start(opts(10, "min_pool_size = 10")).await;
         let clients: Vec<_> = clients(&h.url(SCRAM_USER, SCRAM_PASS), 10).await.into_iter().map(Arc::new).collect();
-        assert!(eventually(Duration::from_secs(5), || h.pool().snapshot().idle == 10).await);
+        assert!(eventually(weir_e2e::WAIT_LIMIT, || h.pool().snapshot().idle == 10).await);
         let busy = run_each(clients[..5].iter().cloned(), "select pg_sleep(5)");
-        assert!(eventually(Duration::from_secs(5), || h.pool().snapshot().active == 5).await);
+        assert!(eventually(weir_e2e::WAIT_LIMIT, || h.pool().snapshot().active == 5).await);
         let direct = h.direct().await;
         let old = backend_pids(&direct, SCRAM_USER).await;
         assert_eq!(terminate_all(&direct, SCRAM_USER).await, 10);

@@ -62,7 +62,7 @@ async fn a_dead_path_under_many_queries_costs_a_few_probes() {
         let clients = clients(&h.url(SCRAM_USER, SCRAM_PASS), 10).await;
         let t0 = Instant::now();
         let queries = run_each(clients.into_iter().map(Box::new), "select pg_sleep(5)");
-        assert!(eventually(Duration::from_secs(5), || h.pool().snapshot().active == 10).await);
+        assert!(eventually(weir_e2e::WAIT_LIMIT, || h.pool().snapshot().active == 10).await);
         running(&h, "pg_sleep(5)").await;
         let before = relay.connections_accepted();
         relay.freeze();

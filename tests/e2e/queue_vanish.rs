@@ -80,15 +80,13 @@ async fn start(raw: &mut Raw, direct: &tokio_postgres::Client, pid: i32, doing: 
                 raw.send(&execute_without_sync(sleeper)).await.unwrap();
             }
             let (running, seen) =
-                backends_until(direct, Duration::from_secs(10), |b| b.iter().any(|r| r.0 == pid && r.1 == "active"))
-                    .await;
+                backends_until(direct, weir_e2e::WAIT_LIMIT, |b| b.iter().any(|r| r.0 == pid && r.1 == "active")).await;
             assert!(running, "the query never started: {seen:?}");
         }
         Doing::StreamingUnread => {
             raw.send_query("select repeat('x', 1000) from generate_series(1, 1000000)").await.unwrap();
             let (running, seen) =
-                backends_until(direct, Duration::from_secs(10), |b| b.iter().any(|r| r.0 == pid && r.1 == "active"))
-                    .await;
+                backends_until(direct, weir_e2e::WAIT_LIMIT, |b| b.iter().any(|r| r.0 == pid && r.1 == "active")).await;
             assert!(running, "the query never started: {seen:?}");
         }
         Doing::HalfShortMessage => {
@@ -210,7 +208,7 @@ async fn a_driver_connection_closed_mid_query_costs_nothing() {
     c.batch_execute("begin; insert into ledger(id) values (1)").await.unwrap();
     let running = tokio::spawn(async move { c.simple_query("select pg_sleep(30)").await.map(|_| ()) });
     let (started, seen) =
-        backends_until(&direct, Duration::from_secs(10), |b| b.iter().any(|r| r.0 == pid && r.1 == "active")).await;
+        backends_until(&direct, weir_e2e::WAIT_LIMIT, |b| b.iter().any(|r| r.0 == pid && r.1 == "active")).await;
     assert!(started, "{seen:?}");
     driver.abort();
     assert!(running.await.unwrap().is_err(), "the query cannot finish without its connection");
@@ -274,7 +272,7 @@ async fn recovery_that_cannot_finish_closes_the_server_with_its_reason() {
     raw.send_query("insert into ledger(id) select 5 from pg_sleep(30)").await.unwrap();
     let pid: i32 = pid.parse().unwrap();
     let (running, seen) =
-        backends_until(&direct, Duration::from_secs(10), |b| b.iter().any(|r| r.0 == pid && r.1 == "active")).await;
+        backends_until(&direct, weir_e2e::WAIT_LIMIT, |b| b.iter().any(|r| r.0 == pid && r.1 == "active")).await;
     assert!(running, "{seen:?}");
     h.relay.as_ref().unwrap().freeze_existing();
     let left = Instant::now();
