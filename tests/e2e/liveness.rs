@@ -83,11 +83,18 @@ async fn reserve_opens_after_reserve_pool_timeout() {
         let h = Harness::start(opts(2, "reserve_pool_size = 2\nreserve_pool_timeout = \"400ms\"")).await;
         let clients = clients(&h.url(SCRAM_USER, SCRAM_PASS), 4).await;
         let t0 = Instant::now();
-        let tasks = run_each(clients.into_iter().map(Box::new), "select pg_sleep(1.5)");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        let early = h.pool().snapshot();
-        assert_eq!(early.active, 2, "only pool_size before reserve_pool_timeout: {early:?}");
-        assert!(eventually(Duration::from_millis(700), || h.pool().snapshot().active == 4).await, "reserve used");
+        // Sleeps long enough that the queued two still wait when the reserve
+        // opens on a loaded machine.
+        let tasks = run_each(clients.into_iter().map(Box::new), "select pg_sleep(4)");
+        // The queued state is seen before the reserve opens (weir would
+        // skip it if it used the reserve at once), and the reserve comes no
+        // sooner than reserve_pool_timeout after t0, which is before they queued.
+        let queued = eventually(weir_e2e::WAIT_LIMIT, || {
+            let s = h.pool().snapshot();
+            s.active == 2 && s.waiting == 2
+        });
+        assert!(queued.await, "only pool_size before reserve_pool_timeout: {:?}", h.pool().snapshot());
+        assert!(eventually(weir_e2e::WAIT_LIMIT, || h.pool().snapshot().active == 4).await, "reserve used");
         let reserve_at = t0.elapsed();
         assert!(reserve_at >= Duration::from_millis(400), "not before reserve_pool_timeout: {reserve_at:?}");
         for t in tasks {
