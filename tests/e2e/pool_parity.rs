@@ -212,6 +212,18 @@ async fn the_silence_probe_opens_no_session_beyond_a_full_pool() {
         let h = Harness::start(Opts { pool_size: 2, general: general.into(), ..Opts::default() }).await;
         let sessions = || h.pg.count_log_lines(&format!("connection authorized: user={SCRAM_USER}"));
         let before = sessions();
+        // The pool is full before the long queries start: otherwise, on a
+        // loaded machine, a probe may run while the second server is not open
+        // yet (room in the pool), and that server is then a third login.
+        let warm = futures_util::future::join_all((0..2).map(|_| h.client())).await;
+        for c in &warm {
+            c.batch_execute("begin; select 1").await.expect("each warm client holds a server");
+        }
+        for c in &warm {
+            c.batch_execute("commit").await.unwrap();
+        }
+        drop(warm);
+        assert_eq!(sessions() - before, 2, "the pool's two servers");
         let busy = sleepers(&h, APP_DB, SCRAM_USER, SCRAM_PASS, 2, 2.0);
         for r in futures_util::future::join_all(busy).await {
             assert_eq!(r.unwrap(), Ok(()), "a working query is never killed by the probe");
