@@ -26,6 +26,17 @@ fn with<'a>(extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
     POOL.iter().chain(extra).copied().collect()
 }
 
+/// True once `m` shows the 100 transactions (300 queries) of the load
+/// below. The exporter may show them a moment after the clients have their
+/// answers (a loaded machine makes that moment longer), so the test waits
+/// for them before checking each.
+fn load_counted(m: &str) -> bool {
+    metric(m, "weir_transactions_total", POOL) >= 100.0
+        && metric(m, "weir_queries_total", POOL) >= 300.0
+        && metric(m, "weir_transaction_duration_seconds_count", POOL) >= 100.0
+        && metric(m, "weir_client_wait_duration_seconds_count", POOL) >= 100.0
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_move_under_load_and_count_server_closes_by_reason() {
     let _alone = weir_e2e::serial().await;
@@ -49,6 +60,7 @@ async fn metrics_move_under_load_and_count_server_closes_by_reason() {
     });
     futures_util::future::join_all(work).await;
 
+    eventually(weir_e2e::WAIT_LIMIT, || load_counted(&w.metrics())).await;
     let m = w.metrics();
     assert!(metric(&m, "weir_transactions_total", POOL) >= 100.0, "transactions");
     assert!(metric(&m, "weir_queries_total", POOL) >= 300.0, "queries: {}", metric(&m, "weir_queries_total", POOL));
