@@ -128,10 +128,10 @@ async fn pause_holds_new_queries_and_resume_releases_them() {
 
     // PAUSE waits for the running query to finish, then returns.
     let running = tokio::spawn(async move {
-        busy.simple_query("select pg_sleep(1)").await.unwrap();
+        busy.simple_query(SLEEP).await.unwrap();
         (Instant::now(), busy)
     });
-    assert!(eventually(weir_e2e::WAIT_LIMIT, || sleep_running(&pg)).await, "the pg_sleep(1) is running");
+    until_sleep_runs(&pg).await;
     w.admin("PAUSE app").await.unwrap();
     let paused_at = Instant::now();
     let (finished_at, _busy) = running.await.unwrap();
@@ -238,13 +238,9 @@ async fn reconnect_closes_servers_once_released_and_wait_close_waits_for_them() 
     let before = backend_pids(&pg);
     assert!(!before.is_empty());
 
-    // One server is in use through RECONNECT and SHOW SERVERS (each an admin
-    // login, slow on a loaded machine); the idle ones close at once.
-    let running = tokio::spawn(async move { busy.simple_query("select pg_sleep(4)").await.map(|_| busy) });
-    assert!(
-        eventually(weir_e2e::WAIT_LIMIT, || query_running(&pg, "select pg_sleep(4)")).await,
-        "the pg_sleep(4) is running"
-    );
+    // One server is in use through RECONNECT; the idle ones close at once.
+    let running = tokio::spawn(async move { busy.simple_query(SLEEP).await.map(|_| busy) });
+    until_sleep_runs(&pg).await;
     let out = w.admin("RECONNECT app").await.unwrap();
     assert!(out.contains("RECONNECT"), "{out}");
     let servers = rows(&w.admin("SHOW SERVERS").await.unwrap());
@@ -324,15 +320,13 @@ async fn set_changes_a_reloadable_setting_and_refuses_the_rest_and_suspend() {
     c.simple_query("select 2").await.expect("clients go on");
 }
 
-/// True when Postgres shows exactly one active `select pg_sleep(1)`.
-fn sleep_running(pg: &PgServer) -> bool {
-    query_running(pg, "select pg_sleep(1)")
-}
+/// The query a test keeps running while it works the console: long enough
+/// that a loaded machine still finds it running after a few psql calls.
+const SLEEP: &str = "select pg_sleep(5)";
 
-/// True when Postgres shows exactly one active query of this text.
-fn query_running(pg: &PgServer, text: &str) -> bool {
-    let sql = format!("select count(*) from pg_stat_activity where query = '{text}' and state = 'active'");
-    pg.psql("app", &sql).unwrap().trim() == "1"
+/// Waits until Postgres runs `SLEEP`.
+async fn until_sleep_runs(pg: &PgServer) {
+    weir_e2e::until_running(&weir_e2e::direct_client(pg).await, SLEEP, 1).await
 }
 
 /// A client that leaves while its query runs: weir cancels the query and
@@ -359,12 +353,14 @@ async fn a_server_waiting_for_its_cancel_is_being_canceled() {
     client.send(&raw::query("select pg_sleep(30)")).await.unwrap();
     let sql = "select count(*) from pg_stat_activity where query = 'select pg_sleep(30)' and state = 'active'";
     let sleeping = || h.pg.psql(APP_DB, sql).is_ok_and(|o| o.trim() == "1");
-    assert!(eventually(Duration::from_secs(10), sleeping).await, "the pg_sleep(30) is running");
+    assert!(eventually(weir_e2e::WAIT_LIMIT, sleeping).await, "the pg_sleep(30) is running");
 
     h.relay.as_ref().unwrap().set_connect_delay(Duration::from_millis(1500));
     client.reset();
+    // The state lasts the cancel's delayed connect (1.5 s): poll until then.
     let mut seen = None;
-    for _ in 0..200 {
+    let end = Instant::now() + weir_e2e::WAIT_LIMIT;
+    while Instant::now() < end {
         let row = pools_row().await;
         if row.0 == "1" {
             seen = Some(row);
@@ -381,5 +377,5 @@ async fn a_server_waiting_for_its_cancel_is_being_canceled() {
         row.0 == "0" && row.2 == "1"
     };
     weir_e2e::wait_for("the canceled server to go back to the pool", back).await;
-    assert!(eventually(Duration::from_secs(10), || !sleeping()).await, "the query was canceled");
+    assert!(eventually(weir_e2e::WAIT_LIMIT, || !sleeping()).await, "the query was canceled");
 }

@@ -59,7 +59,7 @@ async fn commit_all(holders: &[Client]) {
 
 async fn until_waiting(h: &Harness, n: u32) {
     let pool = h.pool();
-    let ok = weir_e2e::eventually(Duration::from_secs(10), || pool.snapshot().waiting == n).await;
+    let ok = weir_e2e::eventually(weir_e2e::WAIT_LIMIT, || pool.snapshot().waiting == n).await;
     assert!(ok, "expected {n} waiters, pool is {:?}", pool.snapshot());
 }
 

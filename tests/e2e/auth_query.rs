@@ -132,7 +132,9 @@ async fn expired_user_is_an_auth_failure() {
 
 #[tokio::test]
 async fn cached_verifier_is_reused_until_its_ttl() {
-    let h = with_auth_query("scram-sha-256", "2s").await;
+    // A TTL long enough that a loaded machine's logins and psql calls stay
+    // within it.
+    let h = with_auth_query("scram-sha-256", "6s").await;
     h.psql("create role aq_cache login password 'old_pass'");
     assert_eq!(select_one(&h.url("aq_cache", "old_pass")).await.unwrap(), 1);
     h.psql("alter role aq_cache password 'new_pass'");
@@ -141,7 +143,7 @@ async fn cached_verifier_is_reused_until_its_ttl() {
     assert_eq!(select_one(&h.url("aq_cache", "old_pass")).await.expect("cached verifier"), 1);
     let e = select_one(&h.url("aq_cache", "new_pass")).await.unwrap_err();
     assert_eq!(sqlstate(&e).as_deref(), Some("28P01"), "{e}");
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    tokio::time::sleep(Duration::from_millis(6500)).await;
     assert_eq!(select_one(&h.url("aq_cache", "new_pass")).await.expect("new verifier after the TTL"), 1);
     let e = select_one(&h.url("aq_cache", "old_pass")).await.unwrap_err();
     assert_eq!(sqlstate(&e).as_deref(), Some("28P01"), "{e}");

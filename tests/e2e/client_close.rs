@@ -17,11 +17,13 @@ use weir_e2e::extended::{describe_statement, parse};
 use weir_e2e::raw::{query, startup, tagged, Raw};
 use weir_e2e::{bounded, Harness, Opts, APP_DB, TRUST_PASS, TRUST_USER, WAIT_LIMIT};
 
-/// The deterministic core of that: a Query then a Terminate, the socket
-/// left open. Postgres reads the Terminate only once the query is done, so
-/// it does not close for the query's length; weir likewise leaves the close
-/// to the client for a while, then cancels the query (the server goes back). An early FIN from weir fails this. Each side runs its own query
-/// text, long enough to outlast a loaded machine, so the two are told apart.
+/// The deterministic core of that: a Terminate while a query runs, the
+/// socket left open. Postgres reads the Terminate only once the query is
+/// done, so it does not close for the query's length; weir likewise leaves
+/// the close to the client for a while, then cancels the query (the server
+/// goes back). An early FIN from weir fails this. Each side runs its own
+/// query text, long enough to outlast a loaded machine, so the two are told
+/// apart. The Terminate goes once the query runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminate_mid_query_leaves_the_close_to_the_client() {
     bounded(120, async {
@@ -31,9 +33,9 @@ async fn terminate_mid_query_leaves_the_close_to_the_client() {
             for (who, addr) in [("postgres", pg_addr), ("weir", h.addr())] {
                 let mut c =
                     Raw::login(addr, TRUST_USER, TRUST_PASS, &[]).await.unwrap().with_limit(Duration::from_millis(400));
-                let mut both = query(&sleeper(who));
-                both.extend_from_slice(&tagged(weir::protocol::tags::frontend::TERMINATE, b""));
-                c.send(&both).await.unwrap();
+                c.send(&query(&sleeper(who))).await.unwrap();
+                h.until_running(&sleeper(who)).await;
+                c.send(&tagged(weir::protocol::tags::frontend::TERMINATE, b"")).await.unwrap();
                 assert!(!c.closed_by_weir().await, "{mode}: {who} closed within 400 ms of the Terminate");
             }
             let active = |who: &str| {

@@ -8,7 +8,7 @@
 //! stats_period.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use weir_e2e::pgbouncer::{describe, Described, PgBouncer};
 use weir_e2e::process::{rows, WeirProcess, ADMIN_PASS, ADMIN_USER};
@@ -223,11 +223,16 @@ async fn bytes_query_time_and_waits_are_counted() {
 
     // A client queued behind the only server shows its wait.
     let busy = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
-    let holder = tokio::spawn(async move { c.simple_query("select pg_sleep(3)").await.map(|_| c) });
-    weir_e2e::until_running(&weir_e2e::direct_client(&pg).await, "select pg_sleep(3)", 1).await;
+    // The holder's query runs until the wait was seen, then is cancelled: a
+    // short sleep could end first on a loaded machine.
+    let hold = "select pg_sleep(60)";
+    let holder = tokio::spawn(async move { c.simple_query(hold).await.map(|_| c) });
+    let direct = weir_e2e::direct_client(&pg).await;
+    weir_e2e::until_running(&direct, hold, 1).await;
     let queued = tokio::spawn(async move { busy.simple_query("select 2").await.map(|_| busy) });
     let mut waited = None;
-    for _ in 0..40 {
+    let end = Instant::now() + weir_e2e::WAIT_LIMIT;
+    while Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(50)).await;
         let clients = rows(&w.admin("SHOW CLIENTS").await.unwrap());
         if let Some(r) = clients.iter().find(|r| r["state"] == "waiting" && r["database"] == "app") {
@@ -241,7 +246,12 @@ async fn bytes_query_time_and_waits_are_counted() {
     let waited = waited.expect("a waiting client with its wait so far");
     assert_eq!(waited["close_needed"], "0");
     assert!(!waited["request_time"].is_empty(), "{waited:?}");
-    holder.await.unwrap().unwrap();
+    direct
+        .simple_query(&format!("select pg_cancel_backend(pid) from pg_stat_activity where query = '{hold}'"))
+        .await
+        .unwrap();
+    let e = holder.await.unwrap().expect_err("the holder's query was cancelled");
+    assert_eq!(weir_e2e::sqlstate(&e).as_deref(), Some("57014"), "{e}");
     queued.await.unwrap().unwrap();
     let stats = app_row(&w, "SHOW STATS").await;
     assert!(num(&stats, "total_wait_time") > 0, "{stats:?}");

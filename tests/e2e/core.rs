@@ -345,8 +345,9 @@ async fn cancel_running_pg_sleep() {
         let (result, cancelled_at) = tokio::join!(sleeping, cancel);
         let e = result.expect_err("the sleep was cancelled");
         assert_eq!(sqlstate(&e).as_deref(), Some("57014"), "{e}");
-        assert!(cancelled_at.elapsed() < Duration::from_secs(3), "cancel took {:?}", cancelled_at.elapsed());
-        assert!(started.elapsed() < Duration::from_secs(15));
+        // Far below the sleep's 30 s, with room for a loaded machine.
+        assert!(cancelled_at.elapsed() < Duration::from_secs(10), "cancel took {:?}", cancelled_at.elapsed());
+        assert!(started.elapsed() < Duration::from_secs(25));
         assert_eq!(one_text(&c, "select 'after cancel'").await, "after cancel");
         // A cancel with a key nobody has is ignored, harmlessly.
         let bogus = weir::protocol::messages::cancel_request(12345, 67890);

@@ -137,7 +137,7 @@ async fn oversized_startup_packet_is_refused() {
 /// and closed, within about a second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_client_is_closed_by_client_login_timeout() {
-    bounded(60, async {
+    bounded(120, async {
         let h = trust_harness("client_login_timeout = \"300ms\"").await;
         let started = Instant::now();
         let mut silent = connect(&h).await;
@@ -145,17 +145,20 @@ async fn silent_client_is_closed_by_client_login_timeout() {
         let took = started.elapsed();
         assert_eq!(f.code, "08P01", "{f:?}");
         assert!(f.message_text().contains("client_login_timeout"), "{f:?}");
-        assert!(took >= Duration::from_millis(250) && took < Duration::from_millis(1500), "closed after {took:?}");
+        // Without the timeout the client would wait forever: the upper bound
+        // leaves a loaded machine room.
+        assert!(took >= Duration::from_millis(250) && took < Duration::from_secs(5), "closed after {took:?}");
 
         // Halfway through a login counts too: startup sent, password never.
-        let h = Harness::start(Opts { general: "client_login_timeout = \"300ms\"".into(), ..Default::default() }).await;
+        let opts = Opts { general: "client_login_timeout = \"300ms\"".into(), ..Default::default() };
+        let h = Harness::start_with(h.pg.clone(), opts).await;
         let started = Instant::now();
         let mut half = connect(&h).await;
         half.send(&startup(&user_params())).await.unwrap();
         let (tag, _) = half.next().await.unwrap();
         assert_eq!(tag, be::AUTHENTICATION, "asked for a password");
         half.expect_fatal().await;
-        assert!(started.elapsed() < Duration::from_millis(1500), "closed after {:?}", started.elapsed());
+        assert!(started.elapsed() < Duration::from_secs(5), "closed after {:?}", started.elapsed());
     })
     .await
 }

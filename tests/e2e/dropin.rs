@@ -6,7 +6,6 @@
 //! and psql connects over the socket there.
 
 use std::path::Path;
-use std::time::Duration;
 
 use weir_e2e::migrated::MigratedWeir;
 use weir_e2e::process::{psql_at, psql_over_socket, rows};
@@ -54,9 +53,12 @@ async fn migrated_pgbouncer_ini_serves_fallback_forced_user_users_and_auth_query
         let weir = MigratedWeir::start(&pg, &dir, |t| t).await;
 
         // An unlisted database reaches Postgres under its own name.
-        let db = one(&weir.url(SCRAM_USER, SCRAM_PASS, "postgres"), "select current_database()::text").await;
+        // The client stays while the metrics are read (autodb_idle_timeout is 1 s).
+        let fallback = connect(&weir.url(SCRAM_USER, SCRAM_PASS, "postgres")).await.expect("fallback login");
+        let db: String = fallback.query_one("select current_database()::text", &[]).await.unwrap().get(0);
         assert_eq!(db, "postgres");
         assert!(weir.metrics().contains("database=\"postgres\""), "the fallback pool has series");
+        drop(fallback);
 
         // The forced-user database runs as its user, whoever the client is.
         let user = one(&weir.url(MD5_USER, MD5_PASS, "forced"), "select current_user::text").await;
@@ -76,8 +78,11 @@ async fn migrated_pgbouncer_ini_serves_fallback_forced_user_users_and_auth_query
         };
         assert_eq!(sqlstate(&wrong).as_deref(), Some("28P01"), "{wrong}");
 
-        // The [users] entry: md5_user's pools are session pools of 3.
-        let _ = one(&weir.url(MD5_USER, MD5_PASS, APP_DB), "select current_user::text").await;
+        // The [users] entry: md5_user's pools are session pools of 3. The
+        // client stays while SHOW POOLS runs: an idle fallback pool goes
+        // after autodb_idle_timeout (1 s), and psql can take longer.
+        let md5 = connect(&weir.url(MD5_USER, MD5_PASS, APP_DB)).await.expect("md5_user logs in");
+        md5.simple_query("select 1").await.expect("md5_user's query");
         let pools = psql_at(weir.port, "admin", "admin_pass", "pgbouncer", "SHOW POOLS").await.expect("SHOW POOLS");
         let pools = rows(&pools);
         let md5_pool =
@@ -85,13 +90,14 @@ async fn migrated_pgbouncer_ini_serves_fallback_forced_user_users_and_auth_query
         assert_eq!(md5_pool["pool_mode"], "session", "{md5_pool:?}");
         let forced_pool = pools.iter().find(|r| r["database"] == "forced");
         assert_eq!(forced_pool.map(|r| r["user"].as_str()), Some(TRUST_USER), "the forced user's pool: {pools:?}");
+        drop(md5);
 
         // An admin user only Postgres knows logs in to the console through auth_query.
         let version = psql_at(weir.port, "admin_pg", "admin_pg_pass", "pgbouncer", "SHOW VERSION").await;
         assert!(version.is_ok(), "{version:?}");
 
         // Unused for autodb_idle_timeout, the fallback pool goes, with its series.
-        let gone = eventually(Duration::from_secs(20), || !weir.metrics().contains("database=\"postgres\"")).await;
+        let gone = eventually(weir_e2e::WAIT_LIMIT, || !weir.metrics().contains("database=\"postgres\"")).await;
         assert!(gone, "the idle fallback pool's series are still exported:\n{}", weir.metrics());
         let logged =
             eventually(weir_e2e::WAIT_LIMIT, || weir.logs().contains("removed an idle fallback-database pool")).await;

@@ -74,9 +74,10 @@ async fn a_first_login_refused_for_the_limit_waits_for_room() {
     assert!(!login.is_finished(), "the login waits while the role is at its limit");
     drop(holder);
     let released = Instant::now();
-    let served = tokio::time::timeout(Duration::from_secs(5), login).await.expect("served in time").unwrap();
+    let served = tokio::time::timeout(weir_e2e::WAIT_LIMIT, login).await.expect("served in time").unwrap();
     let served = served.expect("the waiting login is served once there is room");
-    assert!(served.duration_since(released) < Duration::from_secs(2), "back-off stays short");
+    // Short: well within query_wait_timeout (10 s), with room for a loaded machine.
+    assert!(served.duration_since(released) < Duration::from_secs(5), "back-off stays short");
     let text = w.metrics();
     assert!(metric(&text, "weir_server_connect_refused_total", &[("reason", "role_limit")]) >= 1.0, "{text}");
 }

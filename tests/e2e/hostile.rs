@@ -104,7 +104,8 @@ async fn truncated_and_slow_logins_are_bounded() {
         let got = stuck.outcome().await;
         assert_code("truncated startup, then silence", &got, "08P01");
         assert!(got_message(&got).contains("client_login_timeout"), "{got:?}");
-        assert!(started.elapsed() < Duration::from_secs(3), "cut off after {:?}", started.elapsed());
+        // It would wait forever without the timeout; the bound leaves a loaded machine room.
+        assert!(started.elapsed() < Duration::from_secs(10), "cut off after {:?}", started.elapsed());
 
         // Slow-loris: one byte per second, many at once; each is cut off
         // at client_login_timeout, not when it finishes.
@@ -131,7 +132,8 @@ async fn truncated_and_slow_logins_are_bounded() {
             let got = l.await.unwrap();
             assert_code("slow-loris", &got, "08P01");
         }
-        assert!(started.elapsed() < Duration::from_secs(4), "slow-loris clients lasted {:?}", started.elapsed());
+        // Far below a whole login at a byte a second (over 30 s).
+        assert!(started.elapsed() < Duration::from_secs(10), "slow-loris clients lasted {:?}", started.elapsed());
         before.unharmed(&h).await;
     })
     .await
@@ -185,7 +187,7 @@ async fn malformed_messages_after_login() {
         }
         let pool = h.pool();
         assert!(
-            weir_e2e::eventually(Duration::from_secs(10), || pool.snapshot().recovering == 0).await,
+            weir_e2e::eventually(weir_e2e::WAIT_LIMIT, || pool.snapshot().recovering == 0).await,
             "recovery of the half-sent query ends"
         );
         assert_eq!(h.psql("select count(*) from never_run"), "0", "a query cut short ran");

@@ -226,7 +226,8 @@ async fn malicious_servers_harm_only_their_own_clients() {
         let mut probe = [0u8; 1];
         let stray = tokio::time::timeout(Duration::from_millis(700), c.s.peek(&mut probe)).await;
         assert!(stray.is_err(), "nothing unprompted reached the client");
-        assert!(pool.metrics.closed(CloseReason::ServerClosed) >= 2, "each stray-talking connection was closed");
+        let closed = weir_e2e::eventually(weir_e2e::WAIT_LIMIT, || pool.metrics.closed(CloseReason::ServerClosed) >= 2);
+        assert!(closed.await, "each stray-talking connection was closed");
 
         before.unharmed(&h).await;
     })

@@ -83,11 +83,18 @@ async fn reserve_opens_after_reserve_pool_timeout() {
         let h = Harness::start(opts(2, "reserve_pool_size = 2\nreserve_pool_timeout = \"400ms\"")).await;
         let clients = clients(&h.url(SCRAM_USER, SCRAM_PASS), 4).await;
         let t0 = Instant::now();
-        let tasks = run_each(clients.into_iter().map(Box::new), "select pg_sleep(1.5)");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        let early = h.pool().snapshot();
-        assert_eq!(early.active, 2, "only pool_size before reserve_pool_timeout: {early:?}");
-        assert!(eventually(Duration::from_millis(700), || h.pool().snapshot().active == 4).await, "reserve used");
+        // Sleeps long enough that the queued two still wait when the reserve
+        // opens on a loaded machine.
+        let tasks = run_each(clients.into_iter().map(Box::new), "select pg_sleep(4)");
+        // The queued state is seen before the reserve opens (weir would
+        // skip it if it used the reserve at once), and the reserve comes no
+        // sooner than reserve_pool_timeout after t0, which is before they queued.
+        let queued = eventually(weir_e2e::WAIT_LIMIT, || {
+            let s = h.pool().snapshot();
+            s.active == 2 && s.waiting == 2
+        });
+        assert!(queued.await, "only pool_size before reserve_pool_timeout: {:?}", h.pool().snapshot());
+        assert!(eventually(weir_e2e::WAIT_LIMIT, || h.pool().snapshot().active == 4).await, "reserve used");
         let reserve_at = t0.elapsed();
         assert!(reserve_at >= Duration::from_millis(400), "not before reserve_pool_timeout: {reserve_at:?}");
         for t in tasks {
@@ -194,7 +201,7 @@ async fn a_released_connection_goes_to_the_held_back_user_at_once() {
             let w = waiter.2.clone();
             let query = tokio::spawn(async move { one(&w, "select 'served'").await });
             let pool = h.pool_for(waiter.0);
-            let queued = eventually(Duration::from_secs(5), || pool.snapshot().waiting == 1).await;
+            let queued = eventually(weir_e2e::WAIT_LIMIT, || pool.snapshot().waiting == 1).await;
             assert!(queued, "round {round}: the waiter never queued: {:?}", pool.snapshot());
             let released = Instant::now();
             holder.1[0].batch_execute("commit").await.unwrap();
@@ -215,7 +222,7 @@ async fn mass_termination_of_idle_servers_is_invisible() {
     exclusive(60, async {
         let h = Harness::start(opts(10, "min_pool_size = 10")).await;
         let clients: Vec<_> = clients(&h.url(SCRAM_USER, SCRAM_PASS), 10).await.into_iter().map(Arc::new).collect();
-        assert!(eventually(Duration::from_secs(5), || h.pool().snapshot().idle == 10).await, "min_pool_size warm");
+        assert!(eventually(weir_e2e::WAIT_LIMIT, || h.pool().snapshot().idle == 10).await, "min_pool_size warm");
         let direct = h.direct().await;
         let old = backend_pids(&direct, SCRAM_USER).await;
         assert_eq!(terminate_all(&direct, SCRAM_USER).await, 10);
@@ -244,9 +251,9 @@ async fn mass_termination_of_busy_servers_hits_only_their_clients() {
     exclusive(60, async {
         let h = Harness::start(opts(10, "min_pool_size = 10")).await;
         let clients: Vec<_> = clients(&h.url(SCRAM_USER, SCRAM_PASS), 10).await.into_iter().map(Arc::new).collect();
-        assert!(eventually(Duration::from_secs(5), || h.pool().snapshot().idle == 10).await);
+        assert!(eventually(weir_e2e::WAIT_LIMIT, || h.pool().snapshot().idle == 10).await);
         let busy = run_each(clients[..5].iter().cloned(), "select pg_sleep(5)");
-        assert!(eventually(Duration::from_secs(5), || h.pool().snapshot().active == 5).await);
+        assert!(eventually(weir_e2e::WAIT_LIMIT, || h.pool().snapshot().active == 5).await);
         let direct = h.direct().await;
         let old = backend_pids(&direct, SCRAM_USER).await;
         assert_eq!(terminate_all(&direct, SCRAM_USER).await, 10);

@@ -7,6 +7,7 @@
 
 use std::time::{Duration, Instant};
 
+use tokio_postgres::Client;
 use weir_e2e::liveness::{
     clients, connect_within, describe, direct_db_url, exclusive, harness_with_direct_db, one, pid, run_each,
     running_like, watched_client,
@@ -18,9 +19,11 @@ fn relayed(pool_size: u32, general: &str) -> Opts {
     Opts { pool_size, relay: true, general: general.into(), ..Default::default() }
 }
 
-/// Waits until Postgres shows `needle` running for some backend.
-async fn running(h: &Harness, needle: &str) {
-    running_like(&h.direct().await, needle).await;
+/// Waits until Postgres shows `needle` running for some backend, asked over
+/// `direct`, opened before the query starts: a login to Postgres on a loaded
+/// machine can outlast the short windows these tests have.
+async fn running(direct: &Client, needle: &str) {
+    running_like(direct, needle).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -32,16 +35,18 @@ async fn frozen_path_with_a_query_in_flight_fails_only_that_client() {
         let c = h.client().await;
         let other = weir_e2e::connect(&direct_db_url(&h)).await.expect("other pool");
         pid(&other).await.unwrap();
+        let direct = h.direct().await;
         let t0 = Instant::now();
         let q = tokio::spawn(async move { c.simple_query("select pg_sleep(3)").await.map(|_| ()) });
-        running(&h, "pg_sleep(3)").await;
+        running(&direct, "pg_sleep(3)").await;
         relay.freeze();
         let e = q.await.unwrap().expect_err("a frozen path ends in an error");
         let took = t0.elapsed();
         println!("frozen path: error after {took:?}: {}", describe(&e));
         assert_eq!(sqlstate(&e).as_deref(), Some("08006"), "{e}");
-        // Bound: silence (1 s) + probe connect (1 s), plus slack.
-        assert!(took >= Duration::from_secs(1) && took < Duration::from_millis(2800), "{took:?}");
+        // Bound: silence (1 s) + probe connect (1 s), plus slack for a loaded
+        // machine; without the watchdog the query would hang.
+        assert!(took >= Duration::from_secs(1) && took < Duration::from_secs(4), "{took:?}");
         for _ in 0..3 {
             pid(&other).await.expect("another pool is unaffected");
         }
@@ -60,11 +65,12 @@ async fn a_dead_path_under_many_queries_costs_a_few_probes() {
         let h = Harness::start(relayed(10, general)).await;
         let relay = h.relay.as_ref().unwrap();
         let clients = clients(&h.url(SCRAM_USER, SCRAM_PASS), 10).await;
-        let t0 = Instant::now();
         let queries = run_each(clients.into_iter().map(Box::new), "select pg_sleep(5)");
-        assert!(eventually(Duration::from_secs(5), || h.pool().snapshot().active == 10).await);
-        running(&h, "pg_sleep(5)").await;
+        assert!(eventually(weir_e2e::WAIT_LIMIT, || h.pool().snapshot().active == 10).await);
+        running(&h.direct().await, "pg_sleep(5)").await;
         let before = relay.connections_accepted();
+        // Timed from the freeze: reaching it (ten queries running) is not the bound.
+        let t0 = Instant::now();
         relay.freeze();
         for q in queries {
             let e = q.await.unwrap().expect_err("every query on the dead path fails");
@@ -87,9 +93,10 @@ async fn lost_answer_on_a_frozen_connection_is_detected_by_the_probe() {
         let h = Harness::start(relayed(3, "server_check_silence = \"1s\"")).await;
         let relay = h.relay.as_ref().unwrap();
         let c = h.client().await;
+        let direct = h.direct().await;
         let t0 = Instant::now();
         let q = tokio::spawn(async move { c.simple_query("select pg_sleep(0.5)").await.map(|_| ()) });
-        running(&h, "pg_sleep(0.5)").await;
+        running(&direct, "pg_sleep(0.5)").await;
         // Old connections die silently; new ones get through (a NAT that lost its mappings).
         relay.freeze_existing();
         let other =
@@ -99,7 +106,9 @@ async fn lost_answer_on_a_frozen_connection_is_detected_by_the_probe() {
         let took = t0.elapsed();
         println!("lost answer: error after {took:?}: {}", describe(&e));
         assert_eq!(sqlstate(&e).as_deref(), Some("08006"), "{e}");
-        assert!(took < Duration::from_millis(2500), "{took:?}");
+        // Sleep (0.5 s) + silence (1 s) + probe, with slack for a loaded
+        // machine; without the probe the client would wait forever.
+        assert!(took < Duration::from_secs(4), "{took:?}");
         let fresh = h.client().await;
         pid(&fresh).await.expect("a replacement opens over the new path");
         assert_eq!(h.pool().metrics.closed(CloseReason::Unresponsive), 1);
@@ -136,7 +145,8 @@ async fn frozen_idle_connection_is_replaced_after_server_check() {
         let took = t0.elapsed();
         println!("frozen idle connection: served by a fresh one after {took:?}");
         assert_ne!(new, old, "served by a fresh connection");
-        assert!(took < Duration::from_millis(1500), "within server_check_timeout + connect time: {took:?}");
+        // Far below the 5 s that would mean a hang, with room for a loaded machine.
+        assert!(took < Duration::from_secs(3), "within server_check_timeout + connect time: {took:?}");
         assert_eq!(h.pool().metrics.closed(CloseReason::CheckFailed), 1);
         relay.thaw();
     })
@@ -156,7 +166,8 @@ async fn query_timeout_cancels_the_query_and_keeps_the_connection() {
         let took = t0.elapsed();
         println!("query_timeout: {took:?}: {}", describe(&e));
         assert_eq!(sqlstate(&e).as_deref(), Some("57014"), "{e}");
-        assert!(took >= Duration::from_millis(500) && took < Duration::from_millis(1500), "{took:?}");
+        // At query_timeout, not at the sleep's end (5 s); slack for a loaded machine.
+        assert!(took >= Duration::from_millis(500) && took < Duration::from_secs(3), "{took:?}");
         assert_eq!(pid(&c).await.expect("the client keeps its connection"), before, "and the server is kept");
         // A transaction's statements each get their own clock.
         for sql in ["begin", "select pg_sleep(0.3)", "select pg_sleep(0.3)", "commit"] {
@@ -175,20 +186,23 @@ async fn query_timeout_on_a_frozen_path_closes_the_server() {
         let relay = h.relay.as_ref().unwrap();
         let c = h.client().await;
         pid(&c).await.unwrap();
+        let direct = h.direct().await;
         let t0 = Instant::now();
         let q = tokio::spawn(async move { c.simple_query("select pg_sleep(2)").await.map(|_| ()) });
-        running(&h, "pg_sleep(2)").await;
+        running(&direct, "pg_sleep(2)").await;
         relay.freeze();
         let e = q.await.unwrap().expect_err("frozen");
         let took = t0.elapsed();
         println!("query_timeout on a frozen path: {took:?}: {}", describe(&e));
         assert_eq!(sqlstate(&e).as_deref(), Some("08006"), "{e}");
         assert!(describe(&e).contains("query_timeout"), "{}", describe(&e));
+        // Without query_timeout the frozen query would hang; the upper bound
+        // leaves a loaded machine room.
         assert!(
-            took >= Duration::from_millis(1000) && took < Duration::from_millis(2000),
+            took >= Duration::from_millis(1000) && took < Duration::from_secs(3),
             "query_timeout + grace: {took:?}"
         );
-        assert!(eventually(Duration::from_secs(1), || h.pool().metrics.closed(CloseReason::QueryTimeout) == 1).await);
+        assert!(eventually(weir_e2e::WAIT_LIMIT, || h.pool().metrics.closed(CloseReason::QueryTimeout) == 1).await);
         relay.thaw();
         let fresh = h.client().await;
         pid(&fresh).await.expect("a replacement serves");
@@ -225,7 +239,8 @@ async fn idle_transaction_timeout_disconnects_the_client_and_keeps_the_server() 
         let e = end.expect_err("closed with an error");
         println!("idle in transaction: {took:?}: {}", describe(&e));
         assert_eq!(sqlstate(&e).as_deref(), Some("25P03"), "{e}");
-        assert!(took >= Duration::from_millis(450) && took < Duration::from_millis(1500), "{took:?}");
+        // At idle_transaction_timeout, with slack for a loaded machine (the wait is bounded at 5 s).
+        assert!(took >= Duration::from_millis(450) && took < Duration::from_secs(3), "{took:?}");
         let next = weir_e2e::connect(&url).await.unwrap();
         assert_eq!(pid(&next).await.unwrap(), server, "the server was rolled back and kept");
         assert_eq!(

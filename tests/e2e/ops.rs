@@ -26,6 +26,17 @@ fn with<'a>(extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
     POOL.iter().chain(extra).copied().collect()
 }
 
+/// True once `m` shows the 100 transactions (300 queries) of the load
+/// below. The exporter may show them a moment after the clients have their
+/// answers (a loaded machine makes that moment longer), so the test waits
+/// for them before checking each.
+fn load_counted(m: &str) -> bool {
+    metric(m, "weir_transactions_total", POOL) >= 100.0
+        && metric(m, "weir_queries_total", POOL) >= 300.0
+        && metric(m, "weir_transaction_duration_seconds_count", POOL) >= 100.0
+        && metric(m, "weir_client_wait_duration_seconds_count", POOL) >= 100.0
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_move_under_load_and_count_server_closes_by_reason() {
     let _alone = weir_e2e::serial().await;
@@ -49,6 +60,7 @@ async fn metrics_move_under_load_and_count_server_closes_by_reason() {
     });
     futures_util::future::join_all(work).await;
 
+    eventually(weir_e2e::WAIT_LIMIT, || load_counted(&w.metrics())).await;
     let m = w.metrics();
     assert!(metric(&m, "weir_transactions_total", POOL) >= 100.0, "transactions");
     assert!(metric(&m, "weir_queries_total", POOL) >= 300.0, "queries: {}", metric(&m, "weir_queries_total", POOL));
@@ -313,14 +325,16 @@ async fn sigterm_lets_a_running_transaction_finish_then_exits() {
     let idle = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
     idle.simple_query("select 1").await.unwrap();
     busy.batch_execute("begin").await.unwrap();
+    // The transaction runs through the whole drain check: a loaded machine
+    // makes the checks below slow, and a shorter sleep could end first.
     let txn = tokio::spawn(async move {
-        busy.simple_query("select pg_sleep(1)").await?;
+        busy.simple_query("select pg_sleep(4)").await?;
         busy.simple_query("insert into drain_check values (1)").await?;
         busy.batch_execute("commit").await
     });
     assert!(
         eventually(weir_e2e::WAIT_LIMIT, || pg
-            .psql("app", "select count(*) from pg_stat_activity where query = 'select pg_sleep(1)'")
+            .psql("app", "select count(*) from pg_stat_activity where query = 'select pg_sleep(4)'")
             .unwrap()
             .trim()
             == "1")
@@ -329,9 +343,9 @@ async fn sigterm_lets_a_running_transaction_finish_then_exits() {
 
     w.signal("TERM");
     // Not ready, not accepting; the idle client is told and let go.
-    assert!(eventually(Duration::from_secs(2), || w.http_get("/readyz").0 == 503).await, "/readyz turns 503");
+    assert!(eventually(weir_e2e::WAIT_LIMIT, || w.http_get("/readyz").0 == 503).await, "/readyz turns 503");
     assert!(
-        eventually(Duration::from_secs(2), || TcpStream::connect(("127.0.0.1", w.port)).is_err()).await,
+        eventually(weir_e2e::WAIT_LIMIT, || TcpStream::connect(("127.0.0.1", w.port)).is_err()).await,
         "listener closed"
     );
     let e = idle.simple_query("select 1").await.unwrap_err();

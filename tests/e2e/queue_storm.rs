@@ -15,7 +15,8 @@ use weir_e2e::raw::Raw;
 
 const POOL: u32 = 20;
 const QUEUED: usize = 300;
-const SLEEP_SECS: u32 = 4;
+/// What the holders run while the storm happens (cancelled afterwards).
+const HOLD: &str = "select pg_sleep(120)";
 
 /// (sessions, sessions_abandoned) of database `app` from pg_stat_database,
 /// read over a connection to another database so the reading adds nothing.
@@ -81,10 +82,13 @@ async fn a_storm_of_departing_queued_clients_costs_nothing() {
     let logins_before = logins_of(&h, SCRAM_USER);
     let sessions_before = session_counters(&h);
 
+    // The holders sleep until the storm is over and checked, then are
+    // cancelled: a short sleep could end while 300 clients log in on a
+    // loaded machine, and the queued INSERTs would rightly run.
     let sleeping = tokio::spawn(async move {
-        let sql = format!("select pg_sleep({SLEEP_SECS})");
-        join_all(holders.iter().map(|c| c.simple_query(&sql))).await.into_iter().for_each(|r| {
-            r.unwrap();
+        join_all(holders.iter().map(|c| c.simple_query(HOLD))).await.into_iter().for_each(|r| {
+            let e = r.expect_err("the holders' sleeps are cancelled");
+            assert_eq!(weir_e2e::sqlstate(&e).as_deref(), Some("57014"), "{e}");
         });
         (Instant::now(), holders)
     });
@@ -95,17 +99,19 @@ async fn a_storm_of_departing_queued_clients_costs_nothing() {
 
     let leaving = Instant::now();
     leave_all(&h, raws).await;
-    let emptied = weir_e2e::eventually(Duration::from_secs(1), || h.pool().snapshot().waiting == 0).await;
+    // Seen while every server is still busy: the sleeps end only below.
+    let emptied = weir_e2e::eventually(weir_e2e::WAIT_LIMIT, || h.pool().snapshot().waiting == 0).await;
     assert!(emptied, "the queue still holds departed clients: {:?}", h.pool().snapshot());
     eprintln!("300 departures seen by weir within {:?}", leaving.elapsed());
     assert!(!sleeping.is_finished(), "the storm must happen while the pool is busy");
 
+    let cancel = format!("select count(pg_cancel_backend(pid)) from pg_stat_activity where query = '{HOLD}'");
+    direct.simple_query(&cancel).await.unwrap();
     let (woke, _holders) = sleeping.await.unwrap();
-    let (settled, seen) = backends_until(&direct, Duration::from_secs(1), |b| {
-        b.len() == POOL as usize && b.iter().all(|r| r.1 == "idle")
-    })
-    .await;
-    assert!(settled, "servers not all idle within 1 s of the sleeps ending: {seen:?}");
+    let (settled, seen) =
+        backends_until(&direct, weir_e2e::WAIT_LIMIT, |b| b.len() == POOL as usize && b.iter().all(|r| r.1 == "idle"))
+            .await;
+    assert!(settled, "servers not all idle after the sleeps ended: {seen:?}");
     eprintln!("all {POOL} backends idle {:?} after the sleeps ended", woke.elapsed());
     let after: BTreeSet<i32> = seen.iter().map(|r| r.0).collect();
     assert_eq!(after, pids, "the same backends, none replaced");

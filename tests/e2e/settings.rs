@@ -207,7 +207,7 @@ async fn a_custom_parameter_pins_its_client_and_stays_with_it() {
     assert_eq!(h.pool().metrics.pinned(), 1, "weir cannot read custom settings back: it pins");
     drop(a);
     let pool = h.pool();
-    assert!(weir_e2e::eventually(std::time::Duration::from_secs(5), || pool.snapshot().active == 0).await);
+    assert!(weir_e2e::eventually(weir_e2e::WAIT_LIMIT, || pool.snapshot().active == 0).await);
     let mut b = login(&h).await;
     let theirs = run(&mut b, "select coalesce(current_setting('myapp.tenant', true), '')").await;
     assert_eq!(theirs.as_deref(), Some(""), "reset before another client got the server");

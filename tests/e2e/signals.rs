@@ -47,11 +47,12 @@ async fn sigint_lets_a_running_transaction_commit_then_exits_0() {
     let busy = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
     busy.batch_execute("begin").await.unwrap();
     busy.simple_query("insert into sigint_check values (1)").await.unwrap();
+    // Long enough to still run when SIGINT arrives on a loaded machine.
     let txn = tokio::spawn(async move {
-        busy.simple_query("select pg_sleep(1.5)").await?;
+        busy.simple_query("select pg_sleep(4)").await?;
         busy.batch_execute("commit").await
     });
-    let sleeping = "select count(*) from pg_stat_activity where query = 'select pg_sleep(1.5)'";
+    let sleeping = "select count(*) from pg_stat_activity where query = 'select pg_sleep(4)'";
     assert!(eventually(weir_e2e::WAIT_LIMIT, || pg.psql("app", sleeping).unwrap().trim() == "1").await);
 
     w.signal("INT");

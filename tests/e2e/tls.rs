@@ -179,7 +179,7 @@ async fn direct_tls_and_a_cancel_inside_tls() {
         s.send_query("select pg_sleep(60)").await.unwrap();
         // Let the query reach Postgres, then cancel it over a second TLS session.
         assert!(
-            weir_e2e::eventually(Duration::from_secs(5), || h
+            weir_e2e::eventually(weir_e2e::WAIT_LIMIT, || h
                 .psql("select count(*) from pg_stat_activity where query = 'select pg_sleep(60)'")
                 == "1")
             .await
