@@ -48,7 +48,8 @@ async fn refill_is_parallel_and_bounded() {
         let stop = Arc::new(AtomicBool::new(false));
         let peak = sample_peak(&h, MD5_USER, stop.clone());
         let t0 = Instant::now();
-        let tasks = run_each(clients.into_iter().map(Box::new), "select pg_sleep(1.5)");
+        // The queries outlast the refill, on a loaded machine too.
+        let tasks = run_each(clients.into_iter().map(Box::new), "select pg_sleep(4)");
         let all_open = eventually(Duration::from_secs(5), || h.pool_for(MD5_USER).snapshot().active == 50).await;
         let took = t0.elapsed();
         for t in tasks {
@@ -60,7 +61,9 @@ async fn refill_is_parallel_and_bounded() {
             "50 servers busy after {took:?}; peak connecting {}; peak backends {peak}",
             relay.max_concurrent_connecting()
         );
-        assert!(all_open && took < Duration::from_secs(1), "50 connections took {took:?} at 100 ms per handshake");
+        // One at a time takes 5 s; 8 at a time about 0.7 s. The bound leaves a
+        // loaded machine room and still fails a serial refill.
+        assert!(all_open && took < Duration::from_millis(2500), "50 connections took {took:?} at 100 ms per handshake");
         assert!(
             relay.max_concurrent_connecting() <= 8,
             "at most server_connect_concurrency in login: {}",
