@@ -68,6 +68,11 @@ const REGRESSIONS: &[&str] = &[
     "0:CSs4;Ps3=0;Ps4=3;S | 2:Q7 | 0:F;DSs4;Bp1=s2;B_=s4;F | 0:P_=0;E_/0;Ps4=1;P_=0;S | \
      0:Bp1=s4;B_=s3;CSs4;Ps4=3;B_=s2;DP_;F",
     "0:P_=3 | 0:P_=3 | 0:Bp1=_!;P_=1;S",
+    // In a failed transaction, a Bind with the wrong parameter count of a
+    // statement the server lacks (evicted): Postgres's 08P01 for the count,
+    // not the 25P02 of weir's Parse before it.
+    "1:Ps1=5;Bp1=s3;S | 1:Ps4=0;Ps2=4;Bp1=s1;Ps3=3;Ps4=3;Ps1=1;Ps4=2;S | 1:Q0 | 1:Ps3=8;S | \
+     1:F;B_=s1;CP_;E_/1;B_=s2;S",
 ];
 
 /// One message as compared: its tag and its body with inherent differences masked.

@@ -224,12 +224,20 @@ impl ClientStatements {
         };
         let mut fate = Fate::Pass;
         let mut failed = None;
+        // Postgres's own answer in place of the server's (`bind_check`).
+        let mut own = None;
         match self.q.expect.front() {
             None | Some(Expect::Query) | Some(Expect::Sync) => return fate,
             Some(Expect::DupParse { client, old, .. })
                 if code == sqlstate::DUPLICATE_PREPARED_STATEMENT.code().as_bytes() =>
             {
                 fate = Fate::Replace(renamed(msg, old.as_bytes(), client));
+            }
+            Some(Expect::Parse { pass: false, refused: Some(refusal), .. }) if refuses_first(msg, code) => {
+                if let Some(Expect::Bind { managed: Some(stmt) }) = self.q.expect.get(1) {
+                    own = Some(refusal.error(&stmt.weir));
+                    failed = Some(stmt.clone());
+                }
             }
             Some(Expect::Bind { managed: Some(stmt) } | Expect::Describe { managed: Some(stmt) }) => {
                 failed = Some(stmt.clone());
@@ -243,7 +251,8 @@ impl ClientStatements {
         // client's as they were when the failing message was sent.
         self.skip_to_sync(server);
         if let Some(stmt) = failed {
-            fate = self.client_names(msg, &stmt).map_or(Fate::Pass, Fate::Replace);
+            let renamed = self.client_names(own.as_deref().unwrap_or(msg), &stmt);
+            fate = renamed.or(own).map_or(Fate::Pass, Fate::Replace);
         }
         fate
     }
@@ -345,6 +354,14 @@ fn is_stale(code: &[u8]) -> bool {
     [sqlstate::INTERNAL_ERROR, sqlstate::FEATURE_NOT_SUPPORTED, sqlstate::INVALID_SQL_STATEMENT_NAME]
         .iter()
         .any(|s| s.code().as_bytes() == code)
+}
+
+/// Whether Postgres, holding the statement weir's Parse failed to prepare
+/// (with `code`) before the client's Bind, would have refused the Bind's
+/// parameters first: for any error about the statement or the transaction,
+/// not for a cancel, a shutdown or a FATAL one, which is the session's.
+fn refuses_first(msg: &[u8], code: &[u8]) -> bool {
+    !code.starts_with(b"57") && !messages::error_is_fatal(&msg[HEADER_LEN.min(msg.len())..]).unwrap_or(true)
 }
 
 /// The length field of a whole message (it counts itself, not the tag).

@@ -30,6 +30,9 @@
 //!   client parses again (or its server already holds) is weir's statement
 //!   for that text, prepared once per server; any other is remembered so
 //!   that a Bind of it after the lease ends works on the next server;
+//! * a Bind of a statement weir prepares first, in a failed transaction:
+//!   Postgres's own refusal of its parameters (`bind_check.rs`), not the
+//!   25P02 weir's Parse gets;
 //! * pinning: a client that used LISTEN, a session advisory lock, WITH HOLD
 //!   cursors, SQL PREPARE or temporary tables keeps its server connection.
 //!
@@ -42,6 +45,7 @@
 //! CloseComplete, DEALLOCATE's answer) queue behind every reply still owed,
 //! and weir never holds a client message back waiting for the server.
 
+mod bind_check;
 mod inbound;
 mod outbound;
 mod owed;
@@ -111,11 +115,13 @@ impl Statement {
 enum Expect {
     /// A Parse sent to the server. `pass`: the client sent it and gets its
     /// ParseComplete. `weir`: the server-side name it prepares. `client`:
-    /// the client's statement it stands for.
+    /// the client's statement it stands for. `refused`: weir's Parse
+    /// before the client's Bind that Postgres would refuse so (`bind_check`).
     Parse {
         pass: bool,
         weir: Option<Arc<str>>,
         client: Option<(Vec<u8>, Arc<Statement>)>,
+        refused: Option<bind_check::Refusal>,
     },
     /// `managed`: the client's statement it names, one of weir's.
     Bind {

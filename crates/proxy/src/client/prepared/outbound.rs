@@ -247,7 +247,7 @@ impl ClientStatements {
             }
             self.named_set(name, &m.body()[name.len() + 1..]);
             self.look_at(&m.body()[name.len() + 1..], server);
-            self.q.expect.push_back(Expect::Parse { pass: true, weir: None, client: None });
+            self.q.expect.push_back(Expect::Parse { pass: true, weir: None, client: None, refused: None });
             return Ok(next_or_stream(m));
         }
         if !m.whole() {
@@ -255,11 +255,11 @@ impl ClientStatements {
                 return Ok(Step::Wait);
             }
             self.pin("prepared statement text over 128 KiB");
-            self.q.expect.push_back(Expect::Parse { pass: true, weir: None, client: None });
+            self.q.expect.push_back(Expect::Parse { pass: true, weir: None, client: None, refused: None });
             return Ok(Step::Stream);
         }
         let Ok(p) = extended::read_parse(m.body()) else {
-            self.q.expect.push_back(Expect::Parse { pass: true, weir: None, client: None });
+            self.q.expect.push_back(Expect::Parse { pass: true, weir: None, client: None, refused: None });
             return Ok(Step::Next);
         };
         self.look_at(p.query, server);
@@ -286,7 +286,12 @@ impl ClientStatements {
                 let mut unnamed = BytesMut::new();
                 extended::parse(&mut unnamed, "", p.query, p.param_types);
                 rw.splice(src, m.at, m.total, &unnamed);
-                self.q.expect.push_back(Expect::Parse { pass: true, weir: None, client: Some((name, stmt)) });
+                self.q.expect.push_back(Expect::Parse {
+                    pass: true,
+                    weir: None,
+                    client: Some((name, stmt)),
+                    refused: None,
+                });
                 return Ok(Step::Next);
             }
             rw.splice(src, m.at, m.total, &[]);
@@ -333,7 +338,9 @@ impl ClientStatements {
             self.lease |= TOUCHED_SETTINGS;
             self.unshare_unnamed();
         }
-        self.ensure(&stmt, src, m.at, server, rw);
+        if !server.hold(&stmt.weir) {
+            self.prepare_for_bind(&stmt, m, head.rest_at, src, server, rw);
+        }
         rw.splice_with(src, m.at, head.rest_at, |out| extended::bind_head(out, m.total, &head, &stmt.weir));
         Ok(self.pass(m, Expect::Bind { managed: Some(stmt) }))
     }
@@ -484,7 +491,7 @@ impl ClientStatements {
         self.metrics.record_server_parse();
         let pass = client.is_some();
         server.add_provisional(stmt.weir.clone());
-        self.q.expect.push_back(Expect::Parse { pass, weir: Some(stmt.weir.clone()), client });
+        self.q.expect.push_back(Expect::Parse { pass, weir: Some(stmt.weir.clone()), client, refused: None });
         out
     }
 
@@ -543,7 +550,7 @@ fn finish(client_in: &mut BytesMut, mut rw: Rewrite, at: usize) -> usize {
 /// nothing, or nothing weir needs to follow).
 fn owed_for(tag: u8, copy_in: &mut bool) -> Option<Expect> {
     Some(match tag {
-        fe::PARSE => Expect::Parse { pass: true, weir: None, client: None },
+        fe::PARSE => Expect::Parse { pass: true, weir: None, client: None, refused: None },
         fe::BIND => Expect::Bind { managed: None },
         fe::DESCRIBE => Expect::Describe { managed: None },
         fe::CLOSE => Expect::Close { pass: true, evicted: None },

@@ -242,7 +242,7 @@ impl Owed {
     /// The full queue's entries for these, in order; leaves this empty.
     pub fn materialise(&mut self, into: &mut VecDeque<Expect>) {
         into.extend(self.kinds().drain(..).map(|k| match k {
-            PARSE => Expect::Parse { pass: true, weir: None, client: None },
+            PARSE => Expect::Parse { pass: true, weir: None, client: None, refused: None },
             BIND => Expect::Bind { managed: None },
             DESCRIBE => Expect::Describe { managed: None },
             CLOSE => Expect::Close { pass: true, evicted: None },

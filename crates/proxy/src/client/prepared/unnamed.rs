@@ -142,7 +142,7 @@ impl ClientStatements {
         let plain = self.q.hot > 0 && m.whole() && m.total <= MAX_TRACKED_PARSE && self.status != status::FAILED;
         let Some((stmt, hot)) = plain.then(|| self.sighting(body)).flatten() else {
             self.look_at(&body[1..], server);
-            self.q.expect.push_back(Expect::Parse { pass: true, weir: None, client: None });
+            self.q.expect.push_back(Expect::Parse { pass: true, weir: None, client: None, refused: None });
             return Ok(next_or_stream(m));
         };
         self.q.unnamed_stmt = Some(stmt.clone());
@@ -154,7 +154,7 @@ impl ClientStatements {
         let hot = hot || held;
         if !hot || (held && pending) {
             // The server's own answer, whatever the transaction's state.
-            self.q.expect.push_back(Expect::Parse { pass: true, weir: None, client });
+            self.q.expect.push_back(Expect::Parse { pass: true, weir: None, client, refused: None });
             return Ok(Step::Next);
         }
         self.q.unnamed = Unnamed::Held;

@@ -163,3 +163,34 @@ fn an_error_on_a_bind_names_the_clients_statement_closed_after_it() {
     assert_eq!((code.as_str(), text.as_str()), ("08P01", want));
     assert_eq!(s.weir("s1"), held, "the skipped Close leaves the statement");
 }
+
+/// A Bind of `stmt` with one parameter value.
+fn bind_one(stmt: &str) -> Vec<u8> {
+    msg(fe::BIND, &[b"\0", stmt.as_bytes(), b"\0\0\0\0\x01\0\0\0\x017\0\0"].concat())
+}
+
+#[test]
+fn a_bind_postgres_refuses_for_its_count_gets_that_not_the_25p02_of_weirs_parse() {
+    let mut s = Sim::new(20);
+    s.sent(&[parse("s1", "select 1"), parse("s2", "select $1::int"), sync()].concat());
+    s.recv(&[reply(be::PARSE_COMPLETE), reply(be::PARSE_COMPLETE), rfq(b'T')].concat());
+    s.switch_server(ServerStatements::default());
+    let aborted = || [error_with("25P02", "current transaction is aborted"), rfq(b'E')].concat();
+    // The transaction failed before the Bind: the server refuses weir's Parse.
+    let sent = s.sent(&[bind_one("s1"), execute(), sync()].concat());
+    assert_eq!(tags(&sent), "PBES", "prepared first on this server");
+    let seen = s.recv(&aborted());
+    assert_eq!(tags(&seen), "EZ");
+    let (code, text) = error_of(&frames(&seen)[0].1);
+    let want = "bind message supplies 1 parameters, but prepared statement \"s1\" requires 0";
+    assert_eq!((code.as_str(), text.as_str()), ("08P01", want), "Postgres checks the count first");
+    // The right count: Postgres's own 25P02.
+    s.sent(&[bind("s1"), execute(), sync()].concat());
+    let seen = s.recv(&aborted());
+    assert_eq!(error_of(&frames(&seen)[0].1).0, "25P02");
+    // A text with a `$`: weir does not know its count, the server's answer stands.
+    s.sent(&[bind("s2"), execute(), sync()].concat());
+    let seen = s.recv(&aborted());
+    assert_eq!(error_of(&frames(&seen)[0].1).0, "25P02");
+    assert!(s.stage.statements.contains_key(&b"s1"[..]) && s.server.is_empty());
+}
