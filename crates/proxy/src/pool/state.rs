@@ -78,6 +78,8 @@ pub struct PoolSnapshot {
     pub idle: u32,
     pub active: u32,
     pub connecting: u32,
+    /// Being cleaned up after a dirty client, or running the fleet's query
+    /// (`fleet_share`) between transactions: PgBouncer's sv_tested.
     pub recovering: u32,
     pub waiting: u32,
     pub maxwait: Duration,
@@ -261,7 +263,7 @@ impl State {
             idle: self.idle.len() as u32,
             active: self.active,
             connecting: self.connecting,
-            recovering: self.recovering,
+            recovering: self.recovering + self.fleet.busy,
             waiting: self.waiters.len() as u32,
             maxwait: self.maxwait(),
             paused: self.paused,
@@ -311,5 +313,16 @@ mod tests {
         assert!(st.next_waiter(now).is_none());
         let left: Vec<u64> = st.waiters.iter().map(|w| w.id).collect();
         assert_eq!(left, vec![expired], "the expired waiter stays for its own timeout to answer; the gone one went");
+    }
+
+    #[test]
+    fn a_server_running_the_fleet_query_is_counted_as_tested() {
+        let mut st = state();
+        st.recovering = 1;
+        st.fleet.busy = 1;
+        let s = st.snapshot();
+        assert_eq!(s.recovering, 2, "the fleet query's server is held, not gone");
+        assert_eq!(st.total(), 2);
+        assert!(!s.is_unused());
     }
 }

@@ -140,12 +140,27 @@ impl Pool {
         None
     }
 
-    /// This pool's figures for its announcement, and one more demand sample.
-    fn fleet_member(st: &mut State) -> Member {
+    /// The servers this pool holds, and the servers its clients would use now.
+    fn fleet_load(st: &State) -> (u32, u32) {
         let held = st.idle.len() as u32 + st.active + st.recovering + st.fleet.busy;
         let capacity = st.capacity();
         let waiting = st.live_waiters_up_to(capacity as usize) as u32;
-        let now = (st.active + st.recovering + waiting).min(capacity);
+        (held, (st.active + st.recovering + waiting).min(capacity))
+    }
+
+    /// `me` brought up to now without a demand sample: the servers held now,
+    /// and a want no lower than the demand now. A round may wait for its
+    /// server and its query under load; clients that arrived meanwhile
+    /// count at once (a pool whose load is just arriving is not announced,
+    /// nor judged, on the one client its round began with).
+    fn fleet_refresh(st: &State, me: Member) -> Member {
+        let (held, now) = Self::fleet_load(st);
+        Member { want: me.want.max(now), held, ..me }
+    }
+
+    /// This pool's figures for its announcement, and one more demand sample.
+    fn fleet_member(st: &mut State) -> Member {
+        let (held, now) = Self::fleet_load(st);
         let f = &mut st.fleet;
         f.demand[f.sample % SAMPLES] = now;
         f.sample += 1;
@@ -192,6 +207,7 @@ async fn tick(pool: Arc<Pool>) -> Duration {
         return SLOW;
     }
     let Some(mut conn) = take_server(&pool).await else { return FAST };
+    let me = Pool::fleet_refresh(&pool.state.lock(), me);
     let mut cols: Vec<Option<String>> = Vec::new();
     let ran = tokio::time::timeout(
         limit,
@@ -220,7 +236,8 @@ async fn tick(pool: Arc<Pool>) -> Duration {
     pool.hand_over(&mut st, conn, now);
     let refusals = pool.metrics.connect_refusals_total();
     let refused = std::mem::replace(&mut st.fleet.refusals_seen, refusals) != refusals;
-    let verdict = share::judge(&reading, me);
+    // Judged on the demand now, with the servers held as the reading counted them.
+    let verdict = share::judge(&reading, Member { held: me.held, ..Pool::fleet_refresh(&st, me) });
     apply(&pool, &mut st, verdict, refused, now)
 }
 
@@ -389,6 +406,40 @@ mod tests {
         assert_eq!(next_period(true, false, false), FAST);
         assert_eq!(next_period(false, true, false), SLOW, "below the limit an instance just connects");
         assert_eq!(next_period(false, false, true), FAST);
+    }
+
+    fn state() -> State {
+        let cfg = crate::config::Config::from_toml(
+            "[weir]\nauth_type = \"trust\"\n[databases.app]\nfleet_share = true\n",
+            std::path::Path::new("."),
+        )
+        .unwrap();
+        let key = super::super::PoolKey { database: "app".into(), user: "u".into() };
+        State::new(super::super::PoolOptions::from_config(&cfg, &key, crate::auth::Credentials::None).unwrap())
+    }
+
+    #[test]
+    fn a_round_announces_and_is_judged_on_the_clients_that_came_while_it_waited() {
+        let mut st = state();
+        st.active = 1;
+        let me = Pool::fleet_member(&mut st);
+        assert_eq!((me.want, me.held), (1, 1), "one client when the round began");
+        // While the round waits for its server and its query, clients queue.
+        let count = Arc::new(super::super::QueueCount::default());
+        let far = Instant::now() + Duration::from_secs(60);
+        let mut rxs = Vec::new();
+        for _ in 0..5 {
+            let (tx, rx) = oneshot::channel();
+            rxs.push(rx);
+            st.push_waiter(tx, Instant::now(), far, count.join(0).unwrap());
+        }
+        st.fleet.busy = 1;
+        let fresh = Pool::fleet_refresh(&st, me);
+        assert_eq!((fresh.id, fresh.want, fresh.held), (me.id, 6, 2), "the demand now, the servers now");
+        assert_eq!(st.fleet.sample, 1, "no extra demand sample: the window keeps its length");
+        st.waiters.clear();
+        st.active = 0;
+        assert_eq!(Pool::fleet_refresh(&st, fresh).want, 6, "a dip does not lower the announced want");
     }
 
     #[test]
