@@ -273,18 +273,22 @@ impl State {
     }
 }
 
+/// A pool's state for unit tests: database `app` with the keys `db_keys`
+/// (TOML lines of its `[databases.app]` table), user `u`, trust auth.
+#[cfg(test)]
+pub(super) fn test_state(db_keys: &str) -> State {
+    let toml = format!("[weir]\nauth_type = \"trust\"\n[databases.app]\n{db_keys}");
+    let cfg = crate::config::Config::from_toml(&toml, std::path::Path::new(".")).unwrap();
+    let key = super::PoolKey { database: "app".into(), user: "u".into() };
+    State::new(PoolOptions::from_config(&cfg, &key, crate::auth::Credentials::None).unwrap())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn state() -> State {
-        let cfg = crate::config::Config::from_toml(
-            "[weir]\nauth_type = \"trust\"\n[databases.app]\n",
-            std::path::Path::new("."),
-        )
-        .unwrap();
-        let key = super::super::PoolKey { database: "app".into(), user: "u".into() };
-        State::new(PoolOptions::from_config(&cfg, &key, crate::auth::Credentials::None).unwrap())
+        test_state("")
     }
 
     #[test]

@@ -409,13 +409,7 @@ mod tests {
     }
 
     fn state() -> State {
-        let cfg = crate::config::Config::from_toml(
-            "[weir]\nauth_type = \"trust\"\n[databases.app]\nfleet_share = true\n",
-            std::path::Path::new("."),
-        )
-        .unwrap();
-        let key = super::super::PoolKey { database: "app".into(), user: "u".into() };
-        State::new(super::super::PoolOptions::from_config(&cfg, &key, crate::auth::Credentials::None).unwrap())
+        super::super::state::test_state("fleet_share = true\n")
     }
 
     #[test]
