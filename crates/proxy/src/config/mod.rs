@@ -389,6 +389,11 @@ pub struct PoolSettings {
     pub startup_params: Vec<(String, String)>,
 }
 
+/// A config file named `*.ini` is a pgbouncer.ini.
+pub fn is_pgbouncer_ini(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e.eq_ignore_ascii_case("ini"))
+}
+
 /// The name of the fallback database entry.
 pub const FALLBACK_DATABASE: &str = "*";
 
@@ -407,9 +412,24 @@ impl Config {
         Ok(cfg)
     }
 
-    /// Reads, parses and validates a config file.
+    /// Reads, parses and validates a config file: a weir.toml, or a
+    /// pgbouncer.ini (a name ending in `.ini`), converted as `weir
+    /// migrate-config` does each time it is read, so a RELOAD of an edited
+    /// ini applies it as PgBouncer would. An ini's relative paths are taken
+    /// from the working directory, as PgBouncer takes them; a weir.toml's
+    /// from its own folder.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read(path.to_path_buf(), e.to_string()))?;
+        if is_pgbouncer_ini(path) {
+            let m = migrate::from_pgbouncer_ini(&text);
+            if let Some(bad) = m.errors.first() {
+                return Err(ConfigError::Invalid { key: path.display().to_string(), why: bad.clone() });
+            }
+            for w in &m.warnings {
+                tracing::warn!("{}: {w}", path.display());
+            }
+            return Config::from_toml(&m.toml, Path::new(""));
+        }
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
         Config::from_toml(&text, &base)
     }

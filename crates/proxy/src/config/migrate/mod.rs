@@ -18,7 +18,12 @@ use super::General;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Migration {
     pub toml: String,
+    /// Settings not carried over (no weir equivalent, or weir's nearest used).
     pub warnings: Vec<String>,
+    /// Values PgBouncer itself refuses (a word where a number belongs): also
+    /// in `warnings`; weir run on the ini refuses it (a RELOAD fails) as
+    /// PgBouncer does.
+    pub errors: Vec<String>,
 }
 
 /// PgBouncer keys measured in seconds that weir stores as durations.
@@ -144,6 +149,7 @@ struct Mapper {
     databases: Vec<(String, Vec<(String, String)>)>,
     users: Vec<(String, Vec<(String, String)>)>,
     warnings: Vec<String>,
+    errors: Vec<String>,
 }
 
 impl Mapper {
@@ -186,6 +192,9 @@ impl Mapper {
             _ => Err(unsupported(key)),
         };
         if let Err(why) = result {
+            if is_invalid_value(&why) {
+                self.errors.push(format!("line {line}: {key} = {value}: {why}"));
+            }
             self.warn(line, format!("{key} = {value}: {why}"));
         }
     }
@@ -353,7 +362,8 @@ impl Mapper {
             self.warnings
                 .push("auth_file is not set: weir needs one unless auth_type = \"trust\" or \"any\"; add it".into());
         }
-        Migration { toml: with_differences(self.render()), warnings: self.warnings }
+        let toml = with_differences(self.render());
+        Migration { toml, warnings: self.warnings, errors: self.errors }
     }
 
     fn render(&self) -> String {
@@ -446,6 +456,12 @@ fn conninfo(s: &str) -> Vec<(String, String)> {
         }
         out.push((key, value));
     }
+}
+
+/// The reasons `int`, `boolean` and `duration` give for a value of the wrong
+/// kind (PgBouncer refuses these), as against a setting weir lacks.
+fn is_invalid_value(why: &str) -> bool {
+    ["not a whole number", "not a boolean", "not a number", "not a valid duration"].iter().any(|p| why.starts_with(p))
 }
 
 fn int(v: &str) -> Result<String, String> {
