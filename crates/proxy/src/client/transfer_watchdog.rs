@@ -29,6 +29,11 @@
 //!   disconnected with 25P03, like PgBouncer does; the server is not lost:
 //!   the lease goes back through recovery, which rolls it back.
 //!
+//! * **transaction_timeout** (off by default). A client whose transaction
+//!   (status T or E) has been open this long, working or idle, is
+//!   disconnected with 25P04, Postgres 17's code for its own
+//!   transaction_timeout; the server is recovered as above.
+//!
 //! * **the stall guard** (always on). weir holds whole client messages back
 //!   while the server owes no ReadyForQuery: the server waits for the client,
 //!   the client for weir, and no timeout above runs. That is a bug in weir;
@@ -70,6 +75,8 @@ pub enum WatchdogError {
     Unresponsive { silence: Duration, why: String },
     #[error("idle transaction timeout: the transaction was left open and idle for more than {}", humantime::format_duration(*.0))]
     IdleTransaction(Duration),
+    #[error("transaction timeout: the transaction was open for more than {}", humantime::format_duration(*.0))]
+    Transaction(Duration),
     /// Not an end: the stall guard found a stall (logged; the transfer
     /// counts it and goes on).
     #[error("pipeline stalled inside weir")]
@@ -81,6 +88,7 @@ impl WatchdogError {
         match self {
             WatchdogError::QueryTimeout { .. } | WatchdogError::Unresponsive { .. } => sqlstate::CONNECTION_FAILURE,
             WatchdogError::IdleTransaction(_) => sqlstate::IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
+            WatchdogError::Transaction(_) => sqlstate::TRANSACTION_TIMEOUT,
             WatchdogError::Stalled => sqlstate::INTERNAL_ERROR,
         }
     }
@@ -90,7 +98,7 @@ impl WatchdogError {
         match self {
             WatchdogError::QueryTimeout { .. } => Some(CloseReason::QueryTimeout),
             WatchdogError::Unresponsive { .. } => Some(CloseReason::Unresponsive),
-            WatchdogError::IdleTransaction(_) | WatchdogError::Stalled => None,
+            WatchdogError::IdleTransaction(_) | WatchdogError::Transaction(_) | WatchdogError::Stalled => None,
         }
     }
 }
@@ -168,6 +176,9 @@ pub(crate) struct Watchdog<'a> {
     probe: Option<Probe>,
     /// Idle-in-transaction clock: since the client last sent anything.
     idle_since: Option<Instant>,
+    /// Transaction clock: since the transaction began (as this
+    /// conversation first saw it open).
+    xact_since: Option<Instant>,
     /// Stall clock: since weir began holding client messages while the
     /// server owed nothing.
     stalled_since: Option<Instant>,
@@ -200,6 +211,7 @@ impl<'a> Watchdog<'a> {
             silence_limit: spec.watch.silence,
             probe: None,
             idle_since: None,
+            xact_since: None,
             stalled_since: None,
             stall: 0,
             timer,
@@ -254,6 +266,11 @@ impl<'a> Watchdog<'a> {
             }
         }
         self.heard = false;
+        if conv.status() == status::IDLE {
+            self.xact_since = None;
+        } else if self.xact_since.is_none() && self.watch.transaction.is_some() {
+            self.xact_since = Some(Instant::now());
+        }
         let idle_in_tx = client_quiet && conv.is_quiet() && conv.status() != status::IDLE;
         if !idle_in_tx {
             self.idle_since = None;
@@ -288,6 +305,7 @@ impl<'a> Watchdog<'a> {
         self.query_since.is_some()
             || self.silent_since.is_some()
             || self.idle_since.is_some()
+            || self.xact_since.is_some()
             || self.stall_pending().is_some()
     }
 
@@ -353,6 +371,11 @@ impl<'a> Watchdog<'a> {
                 return Some(WatchdogError::IdleTransaction(limit));
             }
         }
+        if let (Some(since), Some(limit)) = (self.xact_since, self.watch.transaction) {
+            if now >= since + limit {
+                return Some(WatchdogError::Transaction(limit));
+            }
+        }
         if let Some(since) = self.stall_pending() {
             if now >= since + STALL_LIMIT {
                 return Some(self.report_stall(now - since));
@@ -415,6 +438,9 @@ impl<'a> Watchdog<'a> {
             _ => {}
         }
         if let (Some(since), Some(limit)) = (self.idle_since, self.watch.idle_transaction) {
+            consider(since + limit);
+        }
+        if let (Some(since), Some(limit)) = (self.xact_since, self.watch.transaction) {
             consider(since + limit);
         }
         if let Some(since) = self.stall_pending() {

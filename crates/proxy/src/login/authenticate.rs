@@ -18,10 +18,11 @@ use crate::state::Shared;
 
 /// Whom `trust` admits: the auth_file's users when there is an auth_file
 /// (PgBouncer's rule), anyone when there is none.
-pub(super) fn trust_names(cfg: &Config) -> crate::auth::TrustNames {
+pub(super) fn trust_names(cfg: &Config, found_by_auth_query: bool) -> crate::auth::TrustNames {
     match cfg.weir.auth_file {
-        Some(_) => crate::auth::TrustNames::Listed,
-        None => crate::auth::TrustNames::Any,
+        // A user auth_query found is as known as one the auth_file names.
+        Some(_) if !found_by_auth_query => crate::auth::TrustNames::Listed,
+        _ => crate::auth::TrustNames::Any,
     }
 }
 
@@ -55,19 +56,19 @@ pub(super) async fn authenticate_pooled(
     // other is asked for its password like an unknown user (PgBouncer's
     // order), and told "no such database" only if it knows the password.
     let known = cfg.database(&req.database).is_some();
-    let secret = match users.get(&req.user) {
+    let (secret, queried) = match users.get(&req.user) {
         None if known && !cfg.auth_user(&req.database).is_empty() => {
             looked_up = auth_query(shared, cfg, req).await?;
-            looked_up.as_ref()
+            (looked_up.as_ref().and_then(Option::as_ref), looked_up.is_some())
         }
-        found => found,
+        found => (found, false),
     };
     let method = auth_method(shared, cfg, peer, socket.is_tls(), req)?;
     if method == AuthType::Any && cfg.forced_user(&req.database).is_none() {
         tracing::error!("auth_type=any requires forced user");
         return Err(ClientError::BouncerConfig);
     }
-    let trust = trust_names(cfg);
+    let trust = trust_names(cfg, queried);
     let authed = crate::auth::authenticate(socket, buf, method, &req.user, secret, trust).await?;
     let mut credentials = crate::auth::server_credentials(secret, &authed);
     // The names move into the key: nothing after this reads them from `req`.
@@ -90,7 +91,7 @@ pub(super) async fn auth_query(
     shared: &Shared,
     cfg: &Config,
     req: &Request,
-) -> Result<Option<crate::auth::Secret>, ClientError> {
+) -> Result<Option<crate::auth::query::Found>, ClientError> {
     let deadline = Instant::now() + cfg.weir.client_login_timeout;
     let users = shared.users.load();
     let fetch = |database, auth_user, credentials| {

@@ -5,9 +5,16 @@
 use std::time::{Duration, Instant};
 
 use super::Session;
+use tokio::io::AsyncWriteExt;
+
 use crate::pool::{Lease, PoolError};
+use crate::protocol::messages::{self, Severity};
+use crate::protocol::sqlstate;
 use crate::protocol::{scan_frames, tags::frontend as fe};
 use crate::wire;
+
+/// The NOTICE query_wait_notify sends (PgBouncer's words).
+const QUEUED_NOTICE: &str = "No server connection available in postgres backend, client being queued";
 
 /// While queued, read at most this much more from the client (to see it leave).
 const WAIT_READ_LIMIT: usize = 1 << 20;
@@ -84,6 +91,11 @@ impl Session<'_> {
         let (slot, pool) = (&self.reg.slot, &self.pool);
         let acquire = pool.acquire_with(arrived, deadline);
         tokio::pin!(acquire);
+        // query_wait_notify: a NOTICE once the wait has lasted that long
+        // (boxed: only a wait has it, and it is not part of other states).
+        let notify_after = pool.query_wait_notify();
+        let mut notify =
+            (!notify_after.is_zero()).then(|| Box::pin(tokio::time::sleep_until((arrived + notify_after).into())));
         // Biased: a cancel that came in the same instant a server freed up
         // wins, and the server goes on to the next waiter. A departure in
         // that instant wins too, through `settle`'s last look at the socket
@@ -98,6 +110,14 @@ impl Session<'_> {
                     Ok(lease) => Wait::Got(lease),
                     Err(e) => Wait::Failed(e),
                 },
+                () = async { notify.as_mut().expect("guarded").await }, if notify.is_some() => {
+                    notify = None;
+                    let mut out = bytes::BytesMut::new();
+                    messages::error_response(&mut out, Severity::Notice, sqlstate::SUCCESSFUL_COMPLETION, QUEUED_NOTICE);
+                    if self.client.write_all(&out).await.is_err() {
+                        break Wait::Gone;
+                    }
+                }
                 r = wire::fill(self.client, &mut self.client_in), if self.client_in.len() < WAIT_READ_LIMIT => {
                     if let Ok(n) = r {
                         pool.metrics.record_received(n);

@@ -39,13 +39,16 @@ const SECONDS: &[&str] = &[
     "query_wait_timeout",
     "query_timeout",
     "idle_transaction_timeout",
+    "transaction_timeout",
+    "query_wait_notify",
+    "client_idle_timeout",
     "autodb_idle_timeout",
     "tcp_keepidle",
     "tcp_keepintvl",
 ];
 
 /// Keys where PgBouncer's `0` means "off" and weir's optional key is left unset.
-const ZERO_IS_UNSET: &[&str] = &["query_timeout", "idle_transaction_timeout", "tcp_user_timeout"];
+const ZERO_IS_UNSET: &[&str] = &["query_timeout", "idle_transaction_timeout", "transaction_timeout", "tcp_user_timeout"];
 
 /// Keys where PgBouncer's `0` means "off" (or "OS default") and weir has no
 /// such setting: weir's default is kept, with the reason.
@@ -281,8 +284,14 @@ impl Mapper {
         let mut out = Vec::new();
         for (k, v) in conninfo(value) {
             let kv = match k.as_str() {
-                "pool_size" | "max_user_connections" => int(&v).map(|n| (k.clone(), n)),
+                "pool_size" | "reserve_pool_size" | "max_user_connections" | "max_user_client_connections" => {
+                    int(&v).map(|n| (k.clone(), n))
+                }
                 "pool_mode" => pool_mode_value(&v).map(|m| (k.clone(), m)),
+                "query_timeout" | "idle_transaction_timeout" | "client_idle_timeout" | "transaction_timeout" => v
+                    .parse::<f64>()
+                    .map_err(|_| "not a number of seconds".to_string())
+                    .map(|n| (k.clone(), quoted(&seconds(n)))),
                 _ => Err("not supported per user by weir".into()),
             };
             match kv {
@@ -312,10 +321,13 @@ impl Mapper {
         match k {
             "host" if v.contains(',') => Err("weir connects to one host per database".into()),
             "host" => kv("host", quoted(v)),
-            "port" | "pool_size" | "min_pool_size" | "max_db_connections" => kv(k, int(v)?),
+            "port" | "pool_size" | "min_pool_size" | "max_db_connections" | "max_db_client_connections" => {
+                kv(k, int(v)?)
+            }
             "reserve_pool" | "reserve_pool_size" => kv("reserve_pool_size", int(v)?),
             "pool_mode" => kv("pool_mode", pool_mode_value(v)?),
-            "dbname" | "user" | "password" | "auth_user" | "connect_query" | "application_name" | "client_encoding"
+            "server_lifetime" => kv(k, quoted(&seconds(v.parse::<f64>().map_err(|_| "not a number of seconds")?))),
+            "dbname" | "user" | "password" | "auth_user" | "auth_dbname" | "connect_query" | "application_name" | "client_encoding"
             | "datestyle" | "timezone" => kv(k, quoted(v)),
             _ => Err("not supported per database by weir".into()),
         }
