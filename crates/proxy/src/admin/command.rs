@@ -157,7 +157,10 @@ pub const SYNOPSIS: &[(&str, &str)] = &[
     ("DISABLE db", "refuse new clients of db"),
     ("ENABLE db", "accept new clients of db again"),
     ("RECONNECT [db]", "close each server connection once it is released"),
-    ("KILL [db]", "disconnect the database's (or every database's) clients, close its servers; it stays paused until RESUME"),
+    (
+        "KILL [db]",
+        "disconnect the database's (or every database's) clients, close its servers; it stays paused until RESUME",
+    ),
     ("KILL_CLIENT id", "disconnect one client (the id of SHOW CLIENTS)"),
     ("SUSPEND", "refused: weir has no online restart"),
     ("SHUTDOWN", "drain and exit, as on SIGTERM"),
@@ -255,7 +258,11 @@ fn identifier(word: &str) -> String {
 }
 
 fn usage(verb: &str, why: &str) -> ParseError {
-    let synopsis = SYNOPSIS.iter().find(|(s, _)| *s == verb || s.starts_with(&format!("{verb} "))).map(|(s, _)| *s).unwrap_or(verb);
+    let synopsis = SYNOPSIS
+        .iter()
+        .find(|(s, _)| *s == verb || s.starts_with(&format!("{verb} ")))
+        .map(|(s, _)| *s)
+        .unwrap_or(verb);
     ParseError(format!("{verb} {why} (usage: {synopsis})"))
 }
 

@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use weir_metrics::CloseReason;
 
+use super::command::Shutdown;
 use super::Notices;
 use crate::config::PoolMode;
 use crate::protocol::{sqlstate, SqlState};
-use super::command::Shutdown;
 use crate::state::{quiesce, Shared, StopMode};
 
 /// A command that was refused or failed, with the SQLSTATE to report.
@@ -100,7 +100,8 @@ pub async fn kill(shared: &Arc<Shared>, db: Option<&str>) -> Outcome {
     let resume = db.map_or("RESUME".to_owned(), |d| format!("RESUME {d}"));
     let mut notices = vec![notice(format!("disconnected {n} client(s) of {name}; it stays paused until {resume}"))];
     if !quiesce(&pools, CloseReason::Admin, Some(settle)).await {
-        notices.push((sqlstate::WARNING, format!("some server connections of {name} were still busy after {settle:?}")));
+        notices
+            .push((sqlstate::WARNING, format!("some server connections of {name} were still busy after {settle:?}")));
     }
     Ok(notices)
 }

@@ -388,9 +388,10 @@ fn databases(shared: &Arc<Shared>) -> ResultSet {
         rs.push(row);
     }
     // The console, as PgBouncer lists its own virtual database.
-    let mut console = vec![text("pgbouncer"), None, int(cfg.weir.listen_addr.port()), text("pgbouncer")];
-    console.extend([text("pgbouncer"), int(2u8), int(0u8), int(0u8), int(0u8), text("statement"), int(0u8), int(0u8)]);
-    console.extend(clients("pgbouncer"));
+    let name = crate::login::CONSOLE_DATABASE;
+    let mut console = vec![text(name), None, int(cfg.weir.listen_addr.port()), text(name)];
+    console.extend([text(name), int(2u8), int(0u8), int(0u8), int(0u8), text("statement"), int(0u8), int(0u8)]);
+    console.extend(clients(name));
     console.extend([int(0u8), int(0u8), None]);
     rs.push(console);
     rs

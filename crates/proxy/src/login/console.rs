@@ -25,6 +25,9 @@ use crate::state::Shared;
 /// Database names that reach the console instead of a pool.
 pub const CONSOLE_DATABASES: &[&str] = &["weir", "pgbouncer"];
 
+/// The console's name in SHOW DATABASES and in the client counts.
+pub const CONSOLE_DATABASE: &str = "pgbouncer";
+
 /// Whether clients asking for `database` get the console.
 pub fn is_console_db(database: &str) -> bool {
     CONSOLE_DATABASES.contains(&database)

@@ -24,7 +24,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::time::Sleep;
 use weir_metrics::{ClientResult, ConnAddr};
 
-pub use console::{is_console_db, Console, Role};
+pub use console::{is_console_db, Console, Role, CONSOLE_DATABASE};
 pub use error::ClientError;
 pub use pooled::{Budget, LoggedIn, Pooled};
 pub(crate) use stream::fatal_and_close;
@@ -131,9 +131,13 @@ pub async fn log_in(socket: &mut ClientStream, peer: ConnAddr, shared: &Arc<Shar
 /// startup packet on, as PgBouncer counts it; refuses it over either. An
 /// admin user on the console is counted but never refused.
 fn count_client(shared: &Arc<Shared>, cfg: &Config, req: &startup::Request) -> Result<CapGuard, ClientError> {
-    let exempt = is_console_db(&req.database) && cfg.weir.admin_users.iter().any(|u| *u == req.user);
-    let caps = Caps { database: cfg.db_client_cap(&req.database), user: cfg.user_client_cap(&req.user), exempt };
-    shared.caps.admit(&req.database, &req.user, caps).map_err(|exceeded| {
+    let console = is_console_db(&req.database);
+    // The console's clients count under PgBouncer's name for it, whichever
+    // name they asked for.
+    let database = if console { CONSOLE_DATABASE } else { req.database.as_str() };
+    let exempt = console && cfg.weir.admin_users.iter().any(|u| *u == req.user);
+    let caps = Caps { database: cfg.db_client_cap(database), user: cfg.user_client_cap(&req.user), exempt };
+    shared.caps.admit(database, &req.user, caps).map_err(|exceeded| {
         tracing::info!("refusing client: {}", exceeded.key());
         let result = Err::<(), _>(ClientError::ClientCap(exceeded));
         count_login(shared, &result);

@@ -469,6 +469,20 @@ impl Pool {
         self.want_connects(&mut st);
     }
 
+    /// A change of how servers are reached (server TLS): the cached login
+    /// error and the back-off are forgotten, so the next client tries the
+    /// new settings at once (PgBouncer's), and every connection open now
+    /// closes once released, as after RECONNECT.
+    pub fn new_server_settings(self: &Arc<Self>) {
+        {
+            let mut st = self.state.lock();
+            st.rejected = None;
+            st.retry_at = None;
+            st.failures = 0;
+        }
+        self.reconnect();
+    }
+
     /// RECONNECT: every connection open now closes once released (idle ones
     /// at once); new ones replace them as needed.
     pub fn reconnect(self: &Arc<Self>) {

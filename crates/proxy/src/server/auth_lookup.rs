@@ -42,7 +42,8 @@ pub(crate) async fn run(conn: &mut ServerConn, sql: &str, user: &str) -> Result<
         match frame.tag {
             be::DATA_ROW if !seen_row => {
                 seen_row = true;
-                result = Ok(Some(second_column(frame.body()).ok_or(AuthQueryError::Query("malformed DataRow".into()))?));
+                result =
+                    Ok(Some(second_column(frame.body()).ok_or(AuthQueryError::Query("malformed DataRow".into()))?));
             }
             be::ERROR_RESPONSE => {
                 let f = messages::parse_error_fields(frame.body()).map_err(|e| AuthQueryError::Query(e.to_string()))?;

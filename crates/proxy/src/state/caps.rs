@@ -59,12 +59,7 @@ pub(crate) struct Caps {
 impl ClientCaps {
     /// Counts a new client of `database` and `user`; refuses it when that
     /// takes either count over its limit (the client is then not counted).
-    pub(crate) fn admit(
-        self: &Arc<Self>,
-        database: &str,
-        user: &str,
-        caps: Caps,
-    ) -> Result<CapGuard, CapExceeded> {
+    pub(crate) fn admit(self: &Arc<Self>, database: &str, user: &str, caps: Caps) -> Result<CapGuard, CapExceeded> {
         let mut c = self.counts.lock();
         let db_count = c.databases.get(database).copied().unwrap_or(0) + 1;
         let user_count = c.users.get(user).copied().unwrap_or(0) + 1;

@@ -217,7 +217,8 @@ impl ClientList {
         };
         // Each pool's limit (its user's own, or `[weir]`'s), read once per pool.
         let mut limits: HashMap<*const Pool, std::time::Duration> = HashMap::new();
-        let mut limit = |pool: &Arc<Pool>| *limits.entry(Arc::as_ptr(pool)).or_insert_with(|| pool.client_idle_timeout());
+        let mut limit =
+            |pool: &Arc<Pool>| *limits.entry(Arc::as_ptr(pool)).or_insert_with(|| pool.client_idle_timeout());
         let doomed: Vec<_> = self
             .all()
             .into_iter()

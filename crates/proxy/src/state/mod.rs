@@ -310,7 +310,19 @@ impl Shared {
         self.users.store(Arc::new(users));
         self.hba.store(hba);
         self.client_tls.store(client_tls);
+        let server_tls = |g: &crate::config::General| {
+            (
+                g.server_tls_sslmode,
+                g.server_tls_ca_file.clone(),
+                g.server_tls_cert_file.clone(),
+                g.server_tls_key_file.clone(),
+            )
+        };
+        let tls_changed = server_tls(&cfg.weir) != server_tls(&old.weir);
         self.pools.reconfigure(&cfg);
+        if tls_changed {
+            self.pools.all().iter().for_each(|p| p.new_server_settings());
+        }
         crate::verbosity::set(cfg.weir.verbose);
         self.config.store(cfg);
         self.open_forced_pools();

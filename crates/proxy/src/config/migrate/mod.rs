@@ -48,7 +48,8 @@ const SECONDS: &[&str] = &[
 ];
 
 /// Keys where PgBouncer's `0` means "off" and weir's optional key is left unset.
-const ZERO_IS_UNSET: &[&str] = &["query_timeout", "idle_transaction_timeout", "transaction_timeout", "tcp_user_timeout"];
+const ZERO_IS_UNSET: &[&str] =
+    &["query_timeout", "idle_transaction_timeout", "transaction_timeout", "tcp_user_timeout"];
 
 /// Keys where PgBouncer's `0` means "off" (or "OS default") and weir has no
 /// such setting: weir's default is kept, with the reason.
@@ -327,8 +328,8 @@ impl Mapper {
             "reserve_pool" | "reserve_pool_size" => kv("reserve_pool_size", int(v)?),
             "pool_mode" => kv("pool_mode", pool_mode_value(v)?),
             "server_lifetime" => kv(k, quoted(&seconds(v.parse::<f64>().map_err(|_| "not a number of seconds")?))),
-            "dbname" | "user" | "password" | "auth_user" | "auth_dbname" | "connect_query" | "application_name" | "client_encoding"
-            | "datestyle" | "timezone" => kv(k, quoted(v)),
+            "dbname" | "user" | "password" | "auth_user" | "auth_dbname" | "connect_query" | "application_name"
+            | "client_encoding" | "datestyle" | "timezone" => kv(k, quoted(v)),
             _ => Err("not supported per database by weir".into()),
         }
     }

@@ -124,12 +124,7 @@ fn pgbouncer_default_pool_mode_is_kept() {
 fn each_setting_that_cannot_move_is_warned_about() {
     let m = from_pgbouncer_ini(SAMPLE);
     let warned = |needle: &str| m.warnings.iter().any(|w| w.contains(needle));
-    for needle in [
-        "server_idle_timeout",
-        "server_tls_protocols",
-        "logfile",
-        "frobnicate",
-    ] {
+    for needle in ["server_idle_timeout", "server_tls_protocols", "logfile", "frobnicate"] {
         assert!(warned(needle), "no warning about {needle}: {:#?}", m.warnings);
     }
     assert!(!warned("max_db_client_connections") && !warned("[users] reporter"), "{:#?}", m.warnings);
