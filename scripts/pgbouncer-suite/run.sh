@@ -103,7 +103,21 @@ export TMPDIR=$work/t
 # pytest's own temp dirs hold the Unix sockets, whose paths must stay short.
 basetemp=$(mktemp -d /tmp/wps.XXXXXX)
 ((EUID != 0)) || chown postgres "$basetemp"
-$keep || trap 'rm -rf "$work" "$basetemp"' EXIT
+# At the end, any weir the suite left running (a test that failed before it
+# stopped its own) is stopped, found by the pid files the launcher writes.
+stop_leftovers() {
+    local f pid
+    while IFS= read -r f; do
+        pid=$(cat "$f" 2>/dev/null) || continue
+        [[ -n $pid ]] && grep -qs -- "$basetemp" "/proc/$pid/cmdline" && kill -QUIT "$pid" 2>/dev/null
+    done < <(find "$basetemp" -name '*.weir.pid' 2>/dev/null)
+    true
+}
+if $keep; then
+    trap stop_leftovers EXIT
+else
+    trap 'stop_leftovers; rm -rf "$work" "$basetemp"' EXIT
+fi
 "${as_user[@]}" "$venv/bin/python" -m pytest -p no:cacheprovider -n "${WEIR_SUITE_JOBS:-2}" --junitxml="$report" -q -rN --tb=native --basetemp="$basetemp" \
     -o asyncio_default_fixture_loop_scope=function "${args[@]}"
 set -e

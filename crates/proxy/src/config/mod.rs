@@ -79,14 +79,16 @@ impl ClientTlsMode {
     }
 }
 
-/// TLS towards Postgres (PgBouncer's `server_tls_sslmode`): `prefer` uses TLS
-/// when the server offers it, `require` insists on it (certificate not
+/// TLS towards Postgres (PgBouncer's `server_tls_sslmode`): `allow` connects
+/// without TLS (libpq's first try; weir makes no second one with TLS),
+/// `prefer` uses TLS when the server offers it, `require` insists on it (certificate not
 /// checked), `verify-ca` checks the chain against `server_tls_ca_file`,
 /// `verify-full` also the database's `host` against the certificate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ServerTlsMode {
     Disable,
+    Allow,
     Prefer,
     Require,
     VerifyCa,
@@ -97,6 +99,7 @@ impl ServerTlsMode {
     pub fn as_str(self) -> &'static str {
         match self {
             ServerTlsMode::Disable => "disable",
+            ServerTlsMode::Allow => "allow",
             ServerTlsMode::Prefer => "prefer",
             ServerTlsMode::Require => "require",
             ServerTlsMode::VerifyCa => "verify-ca",
@@ -363,6 +366,8 @@ pub struct Database {
     /// The database auth_query runs in for clients of this one (over
     /// `[weir]` auth_dbname).
     pub auth_dbname: Option<String>,
+    /// The auth_query for clients of this database (over `[weir]`'s).
+    pub auth_query: Option<String>,
     /// Run once on each new server connection, after login.
     pub connect_query: Option<String>,
     /// Sent in the server's startup packet, as the server's default.

@@ -63,6 +63,12 @@ impl Config {
         own.or(Some(self.weir.auth_dbname.as_str())).filter(|d| !d.is_empty())
     }
 
+    /// The auth_query for clients of database `name`: its own, else `[weir]`'s.
+    pub fn auth_query(&self, name: &str) -> &str {
+        let own = self.database(name).and_then(|(db, _)| db.auth_query.as_deref());
+        own.unwrap_or(&self.weir.auth_query)
+    }
+
     /// The auth_query user for clients of database `name` (empty: none).
     pub fn auth_user(&self, name: &str) -> &str {
         let own = self.database(name).and_then(|(db, _)| db.auth_user.as_deref());

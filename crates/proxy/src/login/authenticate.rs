@@ -92,17 +92,39 @@ pub(super) async fn auth_query(
     cfg: &Config,
     req: &Request,
 ) -> Result<Option<crate::auth::query::Found>, ClientError> {
+    check_auth_dbname(shared, cfg, &req.database)?;
     let deadline = Instant::now() + cfg.weir.client_login_timeout;
     let users = shared.users.load();
+    let sql = cfg.auth_query(&req.database);
     let fetch = |database, auth_user, credentials| {
-        run_auth_query(shared, cfg, PoolKey { database, user: auth_user }, credentials, &req.user, deadline)
+        let key = PoolKey { database, user: auth_user };
+        run_auth_query(shared, cfg, key, credentials, (sql, &req.user), deadline)
     };
     crate::auth::query::lookup(&shared.auth_query_cache, &users, cfg, &req.database, &req.user, fetch).await.map_err(
         |e| {
             tracing::warn!(error = %e, "auth_query failed");
-            ClientError::Auth(crate::auth::AuthError::Refused(e.to_string()))
+            match e {
+                // The config's fault, not the client's (PgBouncer's words).
+                AuthQueryError::Query(_) | AuthQueryError::UnknownDatabase(_) => ClientError::BouncerConfig,
+                e => ClientError::Auth(crate::auth::AuthError::Refused(e.to_string())),
+            }
         },
     )
+}
+
+/// The auth_dbname of `database`'s clients must be a database weir serves
+/// (the fallback database counts) and not DISABLEd (PgBouncer's words).
+fn check_auth_dbname(shared: &Shared, cfg: &Config, database: &str) -> Result<(), ClientError> {
+    let Some(auth_db) = cfg.auth_dbname(database) else { return Ok(()) };
+    if super::is_console_db(auth_db) || cfg.database(auth_db).is_none() {
+        tracing::error!("authentication database \"{auth_db}\" is not configured");
+        return Err(ClientError::BouncerConfig);
+    }
+    if shared.admin.is_disabled(auth_db) {
+        let msg = format!("authentication database \"{auth_db}\" is disabled");
+        return Err(ClientError::Auth(crate::auth::AuthError::Refused(msg)));
+    }
+    Ok(())
 }
 
 /// Runs auth_query for `user` on a server of the pool `key` (auth_user's), by `deadline`;
@@ -112,13 +134,12 @@ async fn run_auth_query(
     cfg: &Config,
     key: PoolKey,
     credentials: Credentials,
-    user: &str,
+    (sql, user): (&str, &str),
     deadline: Instant,
 ) -> Result<crate::auth::query::Answer, AuthQueryError> {
     let pool = shared.pool_for(cfg, &key, credentials).ok_or(AuthQueryError::UnknownDatabase(key.database))?;
     let no_server = |why: String| AuthQueryError::NoServer { user: key.user.clone(), why };
     let mut lease = pool.acquire(deadline).await.map_err(|e| no_server(e.to_string()))?;
-    let sql = &cfg.weir.auth_query;
     let answer = tokio::time::timeout_at(deadline.into(), crate::server::auth_lookup::run(lease.conn_mut(), sql, user));
     match answer.await {
         Ok(Ok(a)) => Ok(a),

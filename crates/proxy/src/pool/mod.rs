@@ -474,6 +474,11 @@ impl Pool {
     /// new settings at once (PgBouncer's), and every connection open now
     /// closes once released, as after RECONNECT.
     pub fn new_server_settings(self: &Arc<Self>) {
+        tracing::info!(
+            "{}/{}: server TLS settings changed: closing each obsolete connection once released",
+            self.key.database,
+            self.key.user
+        );
         {
             let mut st = self.state.lock();
             st.rejected = None;

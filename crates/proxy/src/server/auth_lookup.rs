@@ -26,7 +26,9 @@ pub(crate) async fn run(conn: &mut ServerConn, sql: &str, user: &str) -> Result<
         buf.extend_from_slice(v.as_bytes());
         Ok(IsNull::No)
     };
-    frontend::bind("", "", [0i16], [user], param, [0i16], &mut out).map_err(|e| match e {
+    // A query without `$1` gets no parameter (PgBouncer runs it as written).
+    let params: &[&str] = if sql.contains("$1") { &[user] } else { &[] };
+    frontend::bind("", "", [0i16], params.iter().copied(), param, [0i16], &mut out).map_err(|e| match e {
         frontend::BindError::Conversion(e) => AuthQueryError::Query(e.to_string()),
         frontend::BindError::Serialization(e) => bad(e),
     })?;

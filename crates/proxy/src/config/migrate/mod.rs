@@ -96,7 +96,22 @@ enum IniLine {
 fn parse_ini(text: &str) -> Vec<IniLine> {
     let mut section = String::new();
     let mut out = Vec::new();
+    // A line ending in `\` goes on on the next one (PgBouncer's continuation).
+    let mut lines: Vec<(usize, String)> = Vec::new();
+    let mut continues = false;
     for (i, raw) in text.lines().enumerate() {
+        let (body, more) = match raw.trim_end().strip_suffix('\\') {
+            Some(b) => (b, true),
+            None => (raw, false),
+        };
+        match lines.last_mut() {
+            Some((_, joined)) if continues => joined.push_str(body),
+            _ => lines.push((i, body.to_owned())),
+        }
+        continues = more;
+    }
+    for (i, raw) in &lines {
+        let (i, raw) = (*i, raw.as_str());
         let line = strip_comment(raw).trim();
         if line.is_empty() {
             continue;
@@ -328,8 +343,8 @@ impl Mapper {
             "reserve_pool" | "reserve_pool_size" => kv("reserve_pool_size", int(v)?),
             "pool_mode" => kv("pool_mode", pool_mode_value(v)?),
             "server_lifetime" => kv(k, quoted(&seconds(v.parse::<f64>().map_err(|_| "not a number of seconds")?))),
-            "dbname" | "user" | "password" | "auth_user" | "auth_dbname" | "connect_query" | "application_name"
-            | "client_encoding" | "datestyle" | "timezone" => kv(k, quoted(v)),
+            "dbname" | "user" | "password" | "auth_user" | "auth_dbname" | "auth_query" | "connect_query"
+            | "application_name" | "client_encoding" | "datestyle" | "timezone" => kv(k, quoted(v)),
             _ => Err("not supported per database by weir".into()),
         }
     }
