@@ -118,7 +118,7 @@ fn pools(shared: &Arc<Shared>) -> ResultSet {
     // sv_active_cancel: cancels being forwarded to servers that clients hold.
     let mut cancels: HashMap<(&str, &str), usize> = HashMap::new();
     for c in &clients {
-        *cancels.entry((c.database(), c.user())).or_default() += c.cancels_in_flight();
+        *cancels.entry((c.database(), c.pool_user())).or_default() += c.cancels_in_flight();
     }
     for pool in shared.pools.all() {
         let s = pool.snapshot();

@@ -135,13 +135,12 @@ fn count_client(shared: &Arc<Shared>, cfg: &Config, req: &startup::Request) -> R
     // The console's clients count under PgBouncer's name for it, whichever
     // name they asked for.
     let database = if console { CONSOLE_DATABASE } else { req.database.as_str() };
-    let exempt = console && cfg.weir.admin_users.iter().any(|u| *u == req.user);
+    let exempt = console && cfg.weir.admin_users.contains(&req.user);
     let caps = Caps { database: cfg.db_client_cap(database), user: cfg.user_client_cap(&req.user), exempt };
     shared.caps.admit(database, &req.user, caps).map_err(|exceeded| {
         tracing::info!("refusing client: {}", exceeded.key());
-        let result = Err::<(), _>(ClientError::ClientCap(exceeded));
-        count_login(shared, &result);
-        result.unwrap_err()
+        shared.cancels.metrics.record_client_connection(ClientResult::Refused);
+        ClientError::ClientCap(exceeded)
     })
 }
 

@@ -92,6 +92,13 @@ impl ClientCaps {
     }
 }
 
+impl CapGuard {
+    /// The user name the client is counted under (the one it logged in as).
+    pub(crate) fn user(&self) -> &str {
+        &self.user
+    }
+}
+
 impl Drop for CapGuard {
     fn drop(&mut self) {
         let mut guard = self.caps.counts.lock();

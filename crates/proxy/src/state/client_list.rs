@@ -53,11 +53,18 @@ pub(crate) struct ClientEntry {
     slot: Option<Arc<CancelSlot>>,
     /// Its place in the per-database and per-user client counts, given
     /// back when the entry goes.
-    _counted: Option<super::caps::CapGuard>,
+    counted_as: Option<super::caps::CapGuard>,
 }
 
 impl ClientEntry {
+    /// The user the client logged in as (a forced user's pool is keyed on
+    /// the forced user; SHOW CLIENTS names the client's own, as PgBouncer).
     pub(crate) fn user(&self) -> &str {
+        self.counted_as.as_ref().map_or(&self.owner.key().user, |c| c.user())
+    }
+
+    /// The user of the client's pool (a forced user, if its database has one).
+    pub(crate) fn pool_user(&self) -> &str {
         &self.owner.key().user
     }
 
@@ -175,7 +182,7 @@ impl ClientList {
             connected_at: SystemTime::now(),
             key_pid: c.key_pid,
             slot: c.slot,
-            _counted: c.counted,
+            counted_as: c.counted,
         });
         self.clients.lock().insert(id, entry.clone());
         ClientGuard { entry }

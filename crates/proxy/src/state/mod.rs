@@ -299,7 +299,8 @@ impl Shared {
         keep("unix_socket_dir, unix_socket_mode or unix_socket_group", unix_changed);
         keep("log_format", cfg.weir.log_format != old.weir.log_format);
         keep("worker_threads", cfg.weir.worker_threads != old.weir.worker_threads);
-        keep("metrics.listen_addr", cfg.metrics_endpoint() != old.metrics_endpoint());
+        let metrics = |m: &crate::config::MetricsSection| (m.listen_addr, m.enabled);
+        keep("metrics.listen_addr", metrics(&cfg.metrics) != metrics(&old.metrics));
         cfg.weir.listen_addr = old.weir.listen_addr.clone();
         cfg.weir.unix_socket_dir = old.weir.unix_socket_dir.clone();
         cfg.weir.unix_socket_mode = old.weir.unix_socket_mode.clone();
