@@ -55,7 +55,6 @@ const ZERO_IS_UNSET: &[&str] =
 /// such setting: weir's default is kept, with the reason.
 const ZERO_KEEPS_DEFAULT: &[(&str, &str)] = &[
     ("server_idle_timeout", "weir always closes idle servers eventually"),
-    ("server_lifetime", "weir does not use a server connection only once"),
     ("client_login_timeout", "weir always bounds the login"),
     ("query_wait_timeout", "weir always bounds the wait for a server"),
     ("server_connect_timeout", "weir always bounds the connect"),
