@@ -38,14 +38,14 @@ fn notice(text: impl Into<String>) -> (SqlState, String) {
 }
 
 /// A database name must be configured (or have a pool) to be paused or
-/// killed (PgBouncer's words and SQLSTATE, 08P01, as for its console's
-/// other refusals).
+/// killed (PgBouncer's words; Postgres's SQLSTATE for an unknown database,
+/// where PgBouncer sends 08P01).
 fn known(shared: &Shared, db: &str) -> Result<(), AdminError> {
     let configured = shared.config.load().databases.contains_key(db);
     if configured || shared.pools.all().iter().any(|p| p.key.database == db) {
         Ok(())
     } else {
-        Err(AdminError::new(sqlstate::PROTOCOL_VIOLATION, format!("no such database: {db}")))
+        Err(AdminError::new(sqlstate::INVALID_CATALOG_NAME, format!("no such database: {db}")))
     }
 }
 

@@ -188,7 +188,7 @@ pub(super) const CONNECTION_COLUMNS: &[(&str, Kind)] = &[
     ("tls", Text),
     ("application_name", Text),
     ("prepared_statements", Int4),
-    ("id", Int),
+    ("id", Int4),
 ];
 
 /// One connection's cells under `CONNECTION_COLUMNS`.
