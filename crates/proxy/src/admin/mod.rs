@@ -87,6 +87,7 @@ impl Console<'_> {
     async fn query(&mut self, frame: &Frame, out: &mut BytesMut) -> Result<(), ClientError> {
         let mut body = frame.body();
         let sql = read_cstr(&mut body)?.to_owned();
+        self.shared.admin.count_query();
         match command::parse(&sql) {
             Ok(cmds) if cmds.is_empty() => result::empty_query(out),
             Ok(cmds) => {

@@ -47,14 +47,6 @@ const DIFFERENCES: &[Difference] = &[
                PgBouncer's texts, where PgBouncer sends 08P01",
     },
     Difference {
-        applies: |c| {
-            set(c, |g| g.idle_transaction_timeout, |u| u.idle_transaction_timeout)
-                || set(c, |g| g.transaction_timeout, |u| u.transaction_timeout)
-        },
-        note: "idle_transaction_timeout and transaction_timeout close the client with Postgres's SQLSTATEs \
-               (25P03, 25P04), where PgBouncer sends 08P01",
-    },
-    Difference {
         applies: always,
         note: "SIGTERM and SHUTDOWN drain: idle clients are told at once and transactions finish within \
                shutdown_timeout (PgBouncer's SIGTERM waits for every client; SHUTDOWN WAIT_FOR_CLIENTS does that)",

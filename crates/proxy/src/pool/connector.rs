@@ -30,7 +30,7 @@ use rand::Rng;
 
 use super::evict::Cap;
 use super::state::State;
-use super::{Handed, Pool, PoolError};
+use super::{Handed, Lease, Pool, PoolError};
 use crate::params::ParamMap;
 use crate::server::{self, ConnectError, CountSlot, ServerConn};
 
@@ -220,17 +220,24 @@ impl Pool {
     /// connected opens a server to learn them, and the login waits for it
     /// within its budget, as any waiter (connect errors are retried with
     /// back-off meanwhile; a login Postgres refuses fails it at once).
-    /// Shared, not copied: every login reads them.
-    pub async fn server_params(self: &Arc<Self>, deadline: Instant) -> Result<Arc<ParamMap>, PoolError> {
+    /// With `keep` (a session login, which takes a server next anyway) the
+    /// server that was opened for them is handed back with them, so the
+    /// login costs one server assignment, not two. Shared, not copied:
+    /// every login reads them.
+    pub async fn server_params(
+        self: &Arc<Self>,
+        deadline: Instant,
+        keep: bool,
+    ) -> Result<(Arc<ParamMap>, Option<Lease>), PoolError> {
         if let Some(p) = self.state.lock().server_params.clone() {
-            return Ok(p);
+            return Ok((p, None));
         }
         let lease = self.acquire(deadline).await?;
         let params = Arc::new(lease.conn().params.clone());
         // Bound first: a lock guard in the tail expression would outlive
         // `lease`, whose drop takes the same lock.
         let shared = self.state.lock().server_params.get_or_insert(params).clone();
-        Ok(shared)
+        Ok((shared, keep.then_some(lease)))
     }
 }
 
