@@ -93,7 +93,10 @@ impl Console<'_> {
             Ok(cmds) => {
                 for cmd in cmds {
                     if let Err(e) = self.command(&cmd, out).await? {
-                        tracing::info!(command = ?cmd, error = %e, "admin command refused");
+                        match e.logged {
+                            true => tracing::info!(command = ?cmd, "admin command refused"),
+                            false => tracing::info!(command = ?cmd, error = %e, "admin command refused"),
+                        }
                         messages::error_response(out, Severity::Error, e.code, &e.message);
                         break;
                     }

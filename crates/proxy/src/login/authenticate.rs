@@ -116,7 +116,11 @@ pub(super) async fn auth_query(
 /// (the fallback database counts) and not DISABLEd (PgBouncer's words).
 fn check_auth_dbname(shared: &Shared, cfg: &Config, database: &str) -> Result<(), ClientError> {
     let Some(auth_db) = cfg.auth_dbname(database) else { return Ok(()) };
-    if super::is_console_db(auth_db) || cfg.database(auth_db).is_none() {
+    if super::is_console_db(auth_db) {
+        tracing::error!("cannot use the reserved \"{auth_db}\" database as an auth_dbname");
+        return Err(ClientError::BouncerConfig);
+    }
+    if cfg.database(auth_db).is_none() {
         tracing::error!("authentication database \"{auth_db}\" is not configured");
         return Err(ClientError::BouncerConfig);
     }

@@ -177,6 +177,21 @@ impl Pool {
         self.want_connects(&mut st);
     }
 
+    /// A server that logged in is idle, or lent and not marked by RECONNECT
+    /// (one that is marks closes as it comes back: PgBouncer counts it out
+    /// as its pool is dirty).
+    fn has_usable_server(&self, st: &State) -> bool {
+        if !st.idle.is_empty() {
+            return true;
+        }
+        if st.active == 0 && st.recovering == 0 {
+            return false;
+        }
+        let Some(mark) = st.reconnect_before else { return true };
+        let wall = std::time::SystemTime::now() - mark.elapsed();
+        self.metrics.live_servers().iter().any(|s| s.connected_at >= wall)
+    }
+
     /// Postgres refused a connect with 53300: count it by the limit it named
     /// and back off (with jitter, so a fleet of weirs does not retry in step).
     /// Waiters are not failed, nor is a login waiting for a first server:
@@ -201,14 +216,15 @@ impl Pool {
 
     /// Postgres refused the pool's login (PgBouncer's
     /// kill_pool_logins_server_error): the clients waiting now get its
-    /// SQLSTATE and message at once, unless the pool still has a server that
-    /// logged in earlier; the next attempt waits server_login_retry, and
-    /// until then a client that finds no server is failed with the cached
-    /// error (`State::login_failing`).
+    /// SQLSTATE and message at once, unless the pool still has a usable
+    /// server that logged in earlier; the next attempt waits
+    /// server_login_retry, and until then a client that finds no server is
+    /// failed with the cached error (`State::login_failing`).
     fn login_rejected(&self, st: &mut State, code: crate::protocol::SqlState, message: String) {
         tracing::warn!(database = %self.key.database, user = %self.key.user, sqlstate = code.code(), "server login failed: FATAL {message}");
+        tracing::info!("S: {}/{} closing because: {message} (age=0s)", self.key.database, self.key.user);
         st.retry_at = Some(Instant::now() + st.opts.login_retry_max);
-        if st.idle.is_empty() && st.active == 0 && st.recovering == 0 {
+        if !self.has_usable_server(st) {
             while let Some(w) = st.waiters.pop_front() {
                 let _ = w.tx.send(Handed::Rejected(code, message.clone()));
             }
