@@ -26,6 +26,11 @@ pub(crate) enum AuthQueryError {
     UnknownDatabase(String),
     #[error("auth_query: no server connection for auth_user \"{user}\": {why}")]
     NoServer { user: String, why: String },
+    /// Postgres refused auth_user's login: the client gets Postgres's
+    /// SQLSTATE and message, as the pool's own waiters do, and the name of
+    /// the auth_user whose login it was.
+    #[error("{message} (auth_user \"{user}\")")]
+    Rejected { user: String, code: crate::protocol::SqlState, message: String },
     #[error("auth_query failed: {0}")]
     Query(String),
     #[error("auth_query: the server connection failed")]

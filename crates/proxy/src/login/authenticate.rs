@@ -106,6 +106,9 @@ pub(super) async fn auth_query(
             match e {
                 // The config's fault, not the client's (PgBouncer's words).
                 AuthQueryError::Query(_) | AuthQueryError::UnknownDatabase(_) => ClientError::BouncerConfig,
+                AuthQueryError::Rejected { code, .. } => {
+                    ClientError::NoServer(crate::pool::PoolError::LoginRejected { code, message: e.to_string() })
+                }
                 e => ClientError::Auth(crate::auth::AuthError::Refused(e.to_string())),
             }
         },
@@ -143,7 +146,12 @@ async fn run_auth_query(
 ) -> Result<crate::auth::query::Answer, AuthQueryError> {
     let pool = shared.pool_for(cfg, &key, credentials).ok_or(AuthQueryError::UnknownDatabase(key.database))?;
     let no_server = |why: String| AuthQueryError::NoServer { user: key.user.clone(), why };
-    let mut lease = pool.acquire(deadline).await.map_err(|e| no_server(e.to_string()))?;
+    let mut lease = pool.acquire(deadline).await.map_err(|e| match e {
+        crate::pool::PoolError::LoginRejected { code, message } => {
+            AuthQueryError::Rejected { user: key.user.clone(), code, message }
+        }
+        e => no_server(e.to_string()),
+    })?;
     let answer = tokio::time::timeout_at(deadline.into(), crate::server::auth_lookup::run(lease.conn_mut(), sql, user));
     match answer.await {
         Ok(Ok(a)) => Ok(a),
