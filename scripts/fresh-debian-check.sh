@@ -99,6 +99,13 @@ rm -rf "$root"
 echo "== copying the base to $root"
 cp -a "$base" "$root"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# The host's own certificate authorities: where the registries are reached
+# through a proxy with a CA of its own, every machine there trusts it, and so
+# must the chroot (the base has none of them).
+if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+    cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
+    chroot "$root" update-ca-certificates >/dev/null
+fi
 mount -t proc proc "$root/proc"
 mount --rbind /sys "$root/sys" && mount --make-rslave "$root/sys"
 mount --rbind /dev "$root/dev" && mount --make-rslave "$root/dev"
@@ -127,12 +134,16 @@ first-test)
     ;;
 all) cmd="CI=true bash .ci/run" ;;
 esac
+# A clean environment, but for the host's certificate settings (as above).
+run_env=(HOME=/root TERM=dumb LANG=C.UTF-8 RUSTUP_HOME=/opt/rustup CARGO_HOME=/root/.cargo
+    PATH=/root/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin)
+for var in SSL_CERT_FILE SSL_CERT_DIR NODE_EXTRA_CA_CERTS PIP_CERT REQUESTS_CA_BUNDLE CURL_CA_BUNDLE; do
+    if [ -n "${!var:-}" ]; then run_env+=("$var=${!var}"); fi
+done
 echo "== in the chroot: $cmd"
 started=$(date +%s)
 set +e
-chroot "$root" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 \
-    PATH=/root/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    RUSTUP_HOME=/opt/rustup CARGO_HOME=/root/.cargo \
+chroot "$root" /usr/bin/env -i "${run_env[@]}" \
     /bin/bash -c "cd /src && $cmd" </dev/null 2>&1 | tee "$dir/run.log"
 status=${PIPESTATUS[0]}
 set -e
