@@ -16,10 +16,6 @@ use weir_e2e::{harness, Harness, SCRAM_PASS, SCRAM_USER};
 /// How long one program may take in all.
 const LIMIT: Duration = Duration::from_secs(300);
 
-/// The repro runs on one server: the statement psycopg auto-prepares is
-/// then already prepared (by an earlier run) on the server weir lends. The
-/// pipeline checks hold two connections at once.
-
 /// Runs tests/drivers/python/psycopg_pipeline.py with `args`; returns its
 /// exit status and output.
 async fn program(h: &Harness, args: &[&str]) -> (bool, String) {
@@ -42,6 +38,8 @@ async fn program(h: &Harness, args: &[&str]) -> (bool, String) {
 }
 
 async fn repro(mode: &'static str, runs: u32) {
+    // One server: the statement psycopg auto-prepares is then already
+    // prepared (by an earlier run) on the server weir lends.
     let h = harness(1, mode, "md5", "").await;
     let (ok, out) = program(&h, &["repro", &runs.to_string()]).await;
     println!("{mode}: {}", out.lines().last().unwrap_or_default());
@@ -49,6 +47,7 @@ async fn repro(mode: &'static str, runs: u32) {
 }
 
 async fn suite(mode: &'static str) {
+    // The pipeline checks hold two connections at once.
     let h = harness(2, mode, "md5", "").await;
     let (ok, out) = program(&h, &["suite"]).await;
     assert!(ok, "{mode}: psycopg pipeline checks failed:\n{out}");
