@@ -17,17 +17,25 @@
 #   --until  install-deps: stop after scripts/install-deps.sh;
 #            first-test:   stop after fmt, clippy and the first test binary;
 #            all:          the whole of .ci/run (default).
+#   --again  keep the last run's chroot (what install-deps installed, cargo's
+#            downloads, the clone's target/) and only take HEAD afresh: for
+#            checking a fix quickly, not a fresh machine any more.
 # Environment: DEBIAN_MIRROR (default http://deb.debian.org/debian).
 # The run's output is in DIR/run.log as well as on stdout.
 set -euo pipefail
 
 until_step=all
+again=0
 dir=/var/tmp/weir-fresh-debian
 while [ $# -gt 0 ]; do
     case "$1" in
     --until)
         until_step="$2"
         shift 2
+        ;;
+    --again)
+        again=1
+        shift
         ;;
     -h | --help)
         sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
@@ -95,9 +103,16 @@ fi
 #    file systems.
 unmount_all
 mounted_below "$root" && die "$root still has mounts below it; unmount them first"
-rm -rf "$root"
-echo "== copying the base to $root"
-cp -a "$base" "$root"
+if [ "$again" = 1 ] && [ -d "$root/src" ]; then
+    echo "== reusing $root (--again)"
+    rm -rf "$root/target.kept"
+    if [ -d "$root/src/target" ]; then mv "$root/src/target" "$root/target.kept"; fi
+    rm -rf "$root/src"
+else
+    rm -rf "$root"
+    echo "== copying the base to $root"
+    cp -a "$base" "$root"
+fi
 cp /etc/resolv.conf "$root/etc/resolv.conf"
 # The host's own certificate authorities: where the registries are reached
 # through a proxy with a CA of its own, every machine there trusts it, and so
@@ -122,6 +137,7 @@ done
 # 4. A clean clone of this checkout's HEAD (committed work only).
 echo "== cloning $(git -C "$repo" rev-parse --short HEAD) into /src"
 git clone -q --no-hardlinks "$repo" "$root/src"
+if [ -d "$root/target.kept" ]; then mv "$root/target.kept" "$root/src/target"; fi
 
 case "$until_step" in
 install-deps) cmd="bash scripts/install-deps.sh" ;;
