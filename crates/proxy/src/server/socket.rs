@@ -1,5 +1,8 @@
 //! Socket options: TCP_NODELAY, keepalive and TCP_USER_TIMEOUT, so that a
 //! silently dropped path is detected in seconds rather than Linux's ~15 min.
+//! Client sockets get the keepalive only (`keepalive`): TCP_USER_TIMEOUT
+//! would also end a live client that reads slowly (its window closed for
+//! longer than the timeout), which Postgres never does.
 
 use std::time::Duration;
 
@@ -31,14 +34,22 @@ impl Liveness {
 /// Applies NODELAY, keepalive and TCP_USER_TIMEOUT to a server socket.
 pub(crate) fn apply(stream: &TcpStream, l: &Liveness) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
-    let sock = SockRef::from(stream);
-    if l.keepalive {
-        let ka = TcpKeepalive::new().with_time(l.keepidle).with_interval(l.keepintvl).with_retries(l.keepcnt);
-        sock.set_tcp_keepalive(&ka)?;
-    }
+    keepalive(stream, l)?;
     #[cfg(any(target_os = "linux", target_os = "android"))]
     if let Some(t) = l.user_timeout {
-        sock.set_tcp_user_timeout(Some(t))?;
+        SockRef::from(stream).set_tcp_user_timeout(Some(t))?;
+    }
+    Ok(())
+}
+
+/// Applies the keepalive settings (if on) to a socket, a server's or a
+/// client's: a peer whose path died while the connection sat quiet (an idle
+/// client, one idle in a transaction or silent mid-COPY, an idle server) is
+/// found after `keepidle + keepintvl * keepcnt`.
+pub(crate) fn keepalive(stream: &TcpStream, l: &Liveness) -> std::io::Result<()> {
+    if l.keepalive {
+        let ka = TcpKeepalive::new().with_time(l.keepidle).with_interval(l.keepintvl).with_retries(l.keepcnt);
+        SockRef::from(stream).set_tcp_keepalive(&ka)?;
     }
     Ok(())
 }
