@@ -158,6 +158,30 @@ async fn a_server_that_dies_while_its_client_does_not_read_gives_its_place_back(
     .await;
 }
 
+/// auth_query whose server falls silent mid-lookup: the login ends at
+/// client_login_timeout (default 10 s) with an error, not never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_query_on_a_silent_server_ends_at_the_login_timeout() {
+    bounded(180, async {
+        let general = "auth_user = \"weir_auth\"\n".to_owned();
+        let h = Harness::start(Opts { relay: true, general, ..Default::default() }).await;
+        h.psql("create role weir_auth superuser login password 'weir_auth_pass'");
+        let users = weir::auth::UserList::parse("\"weir_auth\" \"weir_auth_pass\"\n").expect("a userlist");
+        h.weir().shared().users.store(std::sync::Arc::new(users));
+        let first = connect(&h.url(MD5_USER, MD5_PASS)).await.expect("a login through auth_query");
+        pid(&first).await.expect("served");
+        h.relay.as_ref().unwrap().freeze();
+        let t0 = Instant::now();
+        let e = within("a login whose auth_query server is silent", connect(&h.url(SCRAM_USER, SCRAM_PASS)))
+            .await
+            .expect_err("the lookup never answers");
+        println!("auth_query on a silent server: {} after {:?}", describe(&e), t0.elapsed());
+        assert!(e.as_db_error().is_some(), "weir says why: {e}");
+        h.relay.as_ref().unwrap().thaw();
+    })
+    .await;
+}
+
 /// weir (pool of 2), a client holding a server in an open transaction (a
 /// PAUSE waits for it), and a console client.
 async fn holder_and_console() -> (Harness, Client, Client) {
@@ -285,35 +309,102 @@ async fn client_connections_have_keepalive() {
     .await;
 }
 
+/// A COPY FROM STDIN through the relay that `cut` breaks after its first
+/// row; then rows until the client gets an error, which it returns.
+async fn copy_in_until_error(h: &Harness, cut: impl FnOnce(&Relay)) -> tokio_postgres::Error {
+    h.psql("create table hangs_copy_in (t text); grant all on hangs_copy_in to public");
+    let c = h.client().await;
+    let sink = c.copy_in("copy hangs_copy_in from stdin").await.expect("COPY starts");
+    futures_util::pin_mut!(sink);
+    sink.send(Bytes::from_static(b"before the cut\n")).await.expect("a row");
+    cut(h.relay.as_ref().unwrap());
+    let chunk = Bytes::from("x".repeat(1023) + "\n").repeat(64);
+    let t0 = Instant::now();
+    let e = within("COPY rows over a broken path", async {
+        loop {
+            if let Err(e) = sink.send(Bytes::from(chunk.clone())).await {
+                return e;
+            }
+        }
+    })
+    .await;
+    println!("COPY IN over a broken path: {} after {:?}", describe(&e), t0.elapsed());
+    e
+}
+
 /// COPY FROM STDIN into a server whose path freezes: weir's writes stop
-/// going through, and TCP_USER_TIMEOUT (on by default) ends them; the client
-/// gets an error instead of blocking on its COPY forever.
+/// going through, the silence probe (on by default) finds the path dead, and
+/// the client gets an error instead of blocking on its COPY forever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn copy_in_to_a_frozen_server_ends_in_an_error() {
     bounded(180, async {
         let h = Harness::start(Opts { pool_size: 2, relay: true, ..Default::default() }).await;
-        h.psql("create table hangs_copy_in (t text); grant all on hangs_copy_in to public");
-        let c = h.client().await;
-        let sink = c.copy_in("copy hangs_copy_in from stdin").await.expect("COPY starts");
-        futures_util::pin_mut!(sink);
-        sink.send(Bytes::from_static(b"before the freeze\n")).await.expect("a row");
-        h.relay.as_ref().unwrap().freeze();
-        let chunk = Bytes::from("x".repeat(1023) + "\n").repeat(64);
-        let t0 = Instant::now();
-        let stuck = within("COPY rows into a frozen server", async {
-            loop {
-                if let Err(e) = sink.send(Bytes::from(chunk.clone())).await {
-                    return e;
-                }
-            }
-        })
-        .await;
-        println!("COPY IN into a frozen server: {} after {:?}", describe(&stuck), t0.elapsed());
+        copy_in_until_error(&h, Relay::freeze).await;
         assert!(
-            eventually(WAIT_LIMIT, || h.pool().metrics.closed_total() == 1).await,
+            eventually(WAIT_LIMIT, || h.pool().metrics.closed(CloseReason::Unresponsive) == 1).await,
             "the server whose path froze is closed"
         );
         h.relay.as_ref().unwrap().thaw();
+    })
+    .await;
+}
+
+/// COPY FROM STDIN on a connection whose path dies while new ones still get
+/// through (a NAT that lost its mappings): the probe logs in and finds the
+/// backend waiting to read bytes that never reach it, and the client gets
+/// an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copy_in_whose_path_dies_while_new_ones_work_ends_in_an_error() {
+    bounded(180, async {
+        let h = Harness::start(Opts { pool_size: 2, relay: true, ..Default::default() }).await;
+        copy_in_until_error(&h, Relay::freeze_existing).await;
+        assert!(
+            eventually(WAIT_LIMIT, || h.pool().metrics.closed(CloseReason::Unresponsive) == 1).await,
+            "the probe found the backend cut off from its bytes"
+        );
+        h.relay.as_ref().unwrap().thaw();
+    })
+    .await;
+}
+
+/// A client that pipelines more than every buffer holds behind a query that
+/// runs longer than a TCP_USER_TIMEOUT would allow: the backend reads
+/// nothing meanwhile, and weir leaves it alone (the probe finds it working),
+/// as Postgres alone would, and the answers come.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipeline_behind_a_long_query_is_not_cut_off() {
+    bounded(180, async {
+        use tokio::io::AsyncWriteExt;
+        let h = Harness::start(Opts { pool_size: 1, ..Default::default() }).await;
+        let mut raw = Raw::login(h.addr(), MD5_USER, MD5_PASS, &[]).await.expect("login");
+        raw.send_query("select pg_sleep(12)").await.expect("send the long query");
+        let mut one = bytes::BytesMut::new();
+        weir::protocol::messages::query(&mut one, "select 1");
+        // 40 x 1.4 MB of queries: far more than the buffers on the way hold.
+        let chunk = one.repeat(100_000);
+        let (mut rd, mut wr) = tokio::io::split(raw.s);
+        let writer = tokio::spawn(async move {
+            for _ in 0..40 {
+                if wr.write_all(&chunk).await.is_err() {
+                    return;
+                }
+            }
+        });
+        // The long query's answer, then those of the first 100,000 queries
+        // behind it: one ReadyForQuery each.
+        let mut buf = bytes::BytesMut::with_capacity(1 << 16);
+        let mut ready = 0;
+        while ready < 100_001 {
+            let frame = within("the pipeline's answers", weir::wire::read_frame(&mut rd, &mut buf, 1 << 20))
+                .await
+                .expect("an answer, not a closed connection");
+            assert_ne!(frame.tag, weir::protocol::tags::backend::ERROR_RESPONSE, "no error");
+            if frame.tag == weir::protocol::tags::backend::READY_FOR_QUERY {
+                ready += 1;
+            }
+        }
+        writer.abort();
+        assert_eq!(h.pool_for(MD5_USER).metrics.closed_total(), 0, "the server was never cut off");
     })
     .await;
 }

@@ -110,9 +110,10 @@ async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
             Next::End(ended) => return Ok(ended),
             Next::ClientGone => return Ok(client_gone(&mut sw, &flow.to_server).await),
         }
-        let client_quiet = flow.to_server.is_empty() && !flow.terminating;
+        let unsent = !flow.to_server.is_empty();
+        let client_quiet = !unsent && !flow.terminating;
         let held = client_quiet && holds_whole_message(side.unread, side.max_message);
-        wd.update(s.side.conv, s.side.unread.len() < HIGH_WATER, client_quiet, flow.query_started, held);
+        wd.update(s.side.conv, s.side.unread.len() < HIGH_WATER, unsent, client_quiet, flow.query_started, held);
         tokio::select! {
             biased;
             r = sw.write(&flow.to_server), if !flow.to_server.is_empty() => match r {
@@ -120,6 +121,8 @@ async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
                     flow.to_server.advance(n);
                     metrics.record_server_sent(n);
                     flow.query_started.get_or_insert_with(std::time::Instant::now);
+                    // Its socket had been full: the server took bytes, it is alive.
+                    wd.heard();
                 }
                 Err(_) => return Ok(Ended::ServerGone { told: flow.told }),
             },
