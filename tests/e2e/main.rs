@@ -30,6 +30,7 @@ mod listen;
 mod liveness;
 mod liveness_watchdog;
 mod ops;
+mod pgbouncer125;
 mod pgbouncer_corpus;
 mod pgbouncer_login;
 mod pipeline;

@@ -2,6 +2,7 @@
 //! and weir running in-process in front of them, plus client helpers.
 //! Every test builds its own `Harness`; dropping it tears everything down.
 
+pub mod console;
 pub mod extended;
 pub mod liveness;
 pub mod migrated;

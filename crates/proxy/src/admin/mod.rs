@@ -131,10 +131,13 @@ impl Console<'_> {
                 Some(done) => done,
                 None => control::pause_cancelled(&shared, db.as_deref()),
             },
-            Command::Kill(db) => self.watching(control::kill(&shared, db)).await?.unwrap_or_else(control::cancelled),
+            Command::Kill(db) => {
+                self.watching(control::kill(&shared, db.as_deref())).await?.unwrap_or_else(control::cancelled)
+            }
+            Command::KillClient(id) => control::kill_client(&shared, id),
             Command::Resume(db) => control::resume(&shared, db.as_deref()),
             Command::Reload => control::reload(&shared),
-            Command::Shutdown => control::shutdown(&shared),
+            Command::Shutdown(mode) => control::shutdown(&shared, *mode),
             Command::Set { key, value } => set::set(&shared, key, value),
             Command::Reconnect(db) => control::reconnect(&shared, db.as_deref()),
             Command::WaitClose(db) => {

@@ -162,6 +162,8 @@ impl<'a> Session<'a> {
                 self.refuse_request(sqlstate::QUERY_CANCELED, CANCELED_MESSAGE).await?;
                 return Ok(true);
             }
+            // SHUTDOWN WAIT_FOR_SERVERS: no new transaction; the client goes.
+            Wait::Failed(PoolError::ShuttingDown) => return Err(ClientError::NoServer(PoolError::ShuttingDown)),
             Wait::Failed(e) => return self.refused(e).await,
         };
         self.serve(lease).await

@@ -99,6 +99,7 @@ pub(crate) const RESTART_KEYS: &[&str] = &[
     "log_format",
     "worker_threads",
     "metrics.listen_addr",
+    "metrics.enabled",
 ];
 
 /// Every `[weir]` and `[metrics]` key with its live value and default.
@@ -129,7 +130,7 @@ mod tests {
     fn field_names_come_from_the_derive() {
         assert!(general_keys().contains(&"listen_addr"));
         assert!(general_keys().contains(&"query_wait_timeout"));
-        assert_eq!(metrics_keys(), &["listen_addr"]);
+        assert_eq!(metrics_keys(), &["listen_addr", "enabled"]);
         assert!(database_keys().contains(&"pool_size"));
         assert!(!field_names::<Config>().contains(&"base_dir"), "skipped fields are not keys");
     }

@@ -70,6 +70,8 @@ pub(super) struct State {
     pub reconnect_before: Option<Instant>,
     /// The pool's part in a fleet of weirs sharing one budget (`fleet`).
     pub fleet: super::fleet::Fleet,
+    /// SHUTDOWN WAIT_FOR_SERVERS: no server is lent again.
+    stopping: bool,
 }
 
 /// Counters for SHOW POOLS and tests.
@@ -98,6 +100,19 @@ impl PoolSnapshot {
 }
 
 impl State {
+    /// Lends no server from now on (SHUTDOWN WAIT_FOR_SERVERS): the pool
+    /// is paused for good and its waiters are let go (they learn it from
+    /// `is_stopping`).
+    pub(super) fn stop_lending(&mut self) {
+        self.paused = true;
+        self.stopping = true;
+        self.waiters.clear();
+    }
+
+    pub(super) fn is_stopping(&self) -> bool {
+        self.stopping
+    }
+
     pub(super) fn new(opts: PoolOptions) -> Self {
         State {
             opts,
@@ -111,6 +126,7 @@ impl State {
             recovering: 0,
             probing: 0,
             paused: false,
+            stopping: false,
             failures: 0,
             refusals: 0,
             retry_at: None,
