@@ -21,6 +21,7 @@ mod dropin;
 mod encoding;
 mod fleet;
 mod fleet_share;
+mod hangs;
 mod hba;
 mod hostile;
 mod hostile_flood;

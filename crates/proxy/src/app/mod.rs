@@ -24,7 +24,7 @@ use weir_metrics::{ClientResult, ConnAddr};
 use crate::config::Config;
 use crate::login::{ClientError, ClientStream};
 use crate::protocol::messages::{self, Severity};
-pub use crate::state::{load_hba, load_users, quiesce, ReloadError, Shared, StartError};
+pub use crate::state::{load_hba, load_users, quiesce, Quiesced, ReloadError, Shared, StartError};
 pub use connection::serve;
 pub use listen::group_id;
 use listen::Listener;
@@ -170,7 +170,17 @@ async fn accept_loop(listener: Listener, shared: Arc<Shared>) {
                 continue;
             }
         };
-        let max = shared.config.load().weir.max_client_conn as usize;
+        let cfg = shared.config.load();
+        // Keepalive: a client whose path dies while it sits quiet (idle, or
+        // holding a server mid-transaction) is found in seconds.
+        if let Some(tcp) = socket.tcp() {
+            let liveness = crate::server::socket::Liveness::from_config(&cfg.weir);
+            if let Err(e) = crate::server::socket::keepalive(tcp, &liveness) {
+                tracing::debug!(%peer, error = %e, "could not set keepalive on a client socket");
+            }
+        }
+        let max = cfg.weir.max_client_conn as usize;
+        drop(cfg);
         if shared.clients.fetch_add(1, Ordering::AcqRel) >= max {
             shared.clients.fetch_sub(1, Ordering::AcqRel);
             shared.cancels.metrics.record_client_connection(ClientResult::Refused);

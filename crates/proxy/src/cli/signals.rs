@@ -108,7 +108,7 @@ fn pause(shared: &Arc<Shared>) {
     tokio::spawn(async move {
         match weir::admin::control::pause(&shared, None).await {
             Ok(_) => tracing::info!("SIGUSR1: paused; SIGUSR2 resumes"),
-            Err(e) => tracing::warn!(error = %e, "SIGUSR1: PAUSE failed"),
+            Err(e) => tracing::warn!(error = %e, "SIGUSR1: PAUSE did not complete"),
         }
     });
 }

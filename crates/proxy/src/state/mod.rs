@@ -351,7 +351,7 @@ impl Shared {
             let _ = tokio::time::timeout(Duration::from_secs(2), self.tracker.wait()).await;
         }
         let settle = cfg.weir.server_reset_timeout.max(cfg.weir.server_connect_timeout) + Duration::from_millis(500);
-        if !quiesce(&self.pools.all(), CloseReason::Shutdown, Some(settle)).await {
+        if quiesce(&self.pools.all(), CloseReason::Shutdown, Some(settle)).await != Quiesced::Closed {
             tracing::warn!("some server connections were still busy when the drain ended");
         }
         tracing::info!("drained");
@@ -370,24 +370,39 @@ impl Shared {
     }
 }
 
+/// How a `quiesce` ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quiesced {
+    /// No server of the pools is lent, being recovered or connecting.
+    Closed,
+    /// The limit passed first.
+    TimedOut,
+    /// A pool was resumed meanwhile (RESUME, SIGUSR2): the wait is over, and
+    /// the servers that come back now stay.
+    Resumed,
+}
+
 /// Pauses `pools` and closes their server connections with `reason` as they
-/// become idle, until none is lent, being recovered or connecting, or until
-/// `limit` (None: no limit). Returns true when they all closed. Cancel-safe.
-pub async fn quiesce(pools: &[Arc<Pool>], reason: CloseReason, limit: Option<Duration>) -> bool {
+/// become idle, until none is lent, being recovered or connecting, until
+/// `limit` (None: no limit), or until one of them is resumed. Cancel-safe.
+pub async fn quiesce(pools: &[Arc<Pool>], reason: CloseReason, limit: Option<Duration>) -> Quiesced {
     pools.iter().for_each(|p| p.pause());
     let deadline = limit.map(|l| tokio::time::Instant::now() + l);
     loop {
         let mut busy = false;
         for pool in pools {
-            pool.close_idle(reason);
             let s = pool.snapshot();
+            if !s.paused {
+                return Quiesced::Resumed;
+            }
+            pool.close_idle(reason);
             busy |= s.active + s.recovering + s.connecting > 0;
         }
         if !busy {
-            return true;
+            return Quiesced::Closed;
         }
         if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
-            return false;
+            return Quiesced::TimedOut;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
