@@ -39,6 +39,7 @@ mod prepared_edges;
 mod prepared_unnamed;
 mod protocol32;
 mod queue;
+mod replication;
 mod session_backend;
 mod settings;
 mod signals;

@@ -72,13 +72,17 @@ label_enum! {
         PoolShrink => "pool_shrink",
         /// Idle, and closed to make room under `max_db_connections` for
         /// another user's pool of the same database that had clients waiting
-        /// (PgBouncer evicts the same way).
+        /// (PgBouncer evicts the same way), or under `pool_size` for a
+        /// replication client's own connection.
         Evicted => "evicted",
         /// Above this weir's share of the connection budget a fleet of weirs
         /// shares, while the fleet is at its limit (`fleet_share`).
         FleetShare => "fleet_share",
         /// The server violated the wire protocol.
         ProtocolError => "protocol_error",
+        /// A replication connection ended with its client: the server is the
+        /// client's alone, never pooled, and closes when the client leaves.
+        ReplicationEnded => "replication_ended",
         /// Closed by a code path that gave no reason: a
         /// [`ServerConnGuard`](crate::ServerConnGuard) was dropped without
         /// `close()` or `set_reason()`. Non-zero values indicate a weir bug or a

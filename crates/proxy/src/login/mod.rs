@@ -1,8 +1,10 @@
 //! A client's login, from its first byte to what its connection becomes:
 //! the startup packet (`startup`: TLS, cancel requests, the protocol
 //! version, the startup parameters), authentication (`authenticate`), the
-//! console's login (`console`) or a pooled client's (`pooled`: its pool,
-//! parameters, cancel key and wait budget), the greeting (`greet`), and the
+//! console's login (`console`), a pooled client's (`pooled`: its pool,
+//! parameters, cancel key and wait budget) or a replication client's
+//! (`replicating`: its pool, its server's startup parameters, its greeting
+//! once that server is open), the greeting (`greet`), and the
 //! login's count and the client's listing. One entry, [`log_in`], bounded by
 //! one timer (client_login_timeout); `app` hands what it returns to `admin`
 //! or `client`. Also the client's connection (`stream`) and the error every
@@ -13,6 +15,7 @@ pub mod console;
 pub mod error;
 mod greet;
 pub mod pooled;
+pub mod replicating;
 pub mod startup;
 pub mod stream;
 
@@ -27,6 +30,7 @@ use weir_metrics::{ClientResult, ConnAddr};
 pub use console::{is_console_db, Console, Role};
 pub use error::ClientError;
 pub use pooled::{Budget, LoggedIn, Pooled};
+pub use replicating::Replicating;
 pub(crate) use stream::fatal_and_close;
 pub use stream::ClientStream;
 
@@ -44,6 +48,9 @@ pub enum Login {
     Console(Console),
     /// A pooled session.
     Pooled(Pooled),
+    /// A replication client, authenticated: `crate::replication` opens its
+    /// own server, greets it and relays.
+    Replication(Replicating),
     /// Nothing more: the login told the client why it ends (a user the
     /// console refuses).
     Ended,
@@ -96,6 +103,9 @@ pub async fn log_in(socket: &mut ClientStream, peer: ConnAddr, shared: &Arc<Shar
     span.record("user", req.user.as_str());
     span.record("db", req.database.as_str());
     let start = Start { req, minor, peer };
+    if start.req.replication.is_some() {
+        return replication_login(socket, buf, shared, cfg, start, timer).await;
+    }
     if is_console_db(&start.req.database) {
         let admitted =
             within_login_timeout(timer, Box::pin(console::admit(socket, &mut buf, shared, cfg, &start))).await;
@@ -111,6 +121,32 @@ pub async fn log_in(socket: &mut ClientStream, peer: ConnAddr, shared: &Arc<Shar
     };
     let local = socket.local_addr(&peer);
     pooled::finish_pooled(greeted, buf, shared, cfg, peer, local).map(Login::Pooled)
+}
+
+/// A replication client's login up to its pool, by the login timer; a
+/// failure is counted here (a success once greeted, `replicating::finish`).
+async fn replication_login(
+    socket: &mut ClientStream,
+    mut buf: BytesMut,
+    shared: &Arc<Shared>,
+    cfg: &Arc<crate::config::Config>,
+    start: Start,
+    timer: Pin<&mut Sleep>,
+) -> Result<Login, ClientError> {
+    if is_console_db(&start.req.database) {
+        let refused =
+            Err(ClientError::BadStartupParameter("the admin console takes no replication connections".into()));
+        count_login::<Login>(shared, &refused);
+        return refused;
+    }
+    let settled =
+        within_login_timeout(timer, Box::pin(replicating::settle(socket, &mut buf, shared, cfg, start))).await;
+    if settled.is_err() {
+        count_login(shared, &settled);
+    }
+    let mut replicating = settled?;
+    replicating.buf = buf;
+    Ok(Login::Replication(replicating))
 }
 
 /// Counts a login attempt in weir_client_connections_total by its result.

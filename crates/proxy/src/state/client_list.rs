@@ -15,6 +15,7 @@ use weir_metrics::{ClientState, ConnAddr};
 
 use crate::cancel_keys::CancelSlot;
 use crate::pool::{Pool, PoolKey, Pools};
+use crate::protocol::replication::Replication;
 
 /// Whose client it is: a pool's (its database and user are the pool's), or
 /// the admin console's (boxed: the rare case, and every entry has the size
@@ -52,6 +53,8 @@ pub(crate) struct ClientEntry {
     /// The client's cancel slot, which also holds its KILL/drain switch
     /// (None for console clients).
     slot: Option<Arc<CancelSlot>>,
+    /// A replication client (its server is its own, never pooled).
+    pub replication: Replication,
 }
 
 impl ClientEntry {
@@ -120,6 +123,7 @@ pub(crate) struct NewClient {
     pub application_name: String,
     pub key_pid: i32,
     pub slot: Option<Arc<CancelSlot>>,
+    pub replication: Replication,
 }
 
 /// Pooled clients of one (database, user) by where they stand.
@@ -171,6 +175,7 @@ impl ClientList {
             connected_at: SystemTime::now(),
             key_pid: c.key_pid,
             slot: c.slot,
+            replication: c.replication,
         });
         self.clients.lock().insert(id, entry.clone());
         ClientGuard { entry }
@@ -295,6 +300,7 @@ mod tests {
             application_name: String::new(),
             key_pid: 1,
             slot,
+            replication: Replication::None,
         }
     }
 
