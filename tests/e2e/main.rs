@@ -29,6 +29,7 @@ mod listen;
 mod liveness;
 mod liveness_watchdog;
 mod ops;
+mod peers;
 mod pgbouncer_corpus;
 mod pgbouncer_login;
 mod pipeline;

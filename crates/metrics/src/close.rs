@@ -151,8 +151,12 @@ label_enum! {
         Forwarded => "forwarded",
         /// Handled inside weir (e.g. the client was only waiting).
         AnsweredLocally => "answered_locally",
-        /// The key matched no known client.
+        /// The key matched no known client (or named a peer weir does not
+        /// know, or one it may not forward to again).
         Unknown => "unknown",
+        /// Sent on to the peer that minted the key (another weir, or a
+        /// PgBouncer, behind the same address).
+        Peer => "peer",
     }
 }
 

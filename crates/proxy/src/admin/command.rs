@@ -66,6 +66,9 @@ pub enum Command {
     Reload,
     Kill(String),
     Shutdown,
+    /// SHUTDOWN WAIT_FOR_CLIENTS: stop accepting; exit once every client
+    /// has left.
+    ShutdownWaitForClients,
     /// SET key = value: a setting a reload may change.
     Set {
         key: String,
@@ -97,7 +100,7 @@ impl Command {
             Command::Resume(_) => "RESUME",
             Command::Reload => "RELOAD",
             Command::Kill(_) => "KILL",
-            Command::Shutdown => "SHUTDOWN",
+            Command::Shutdown | Command::ShutdownWaitForClients => "SHUTDOWN",
             Command::Set { .. } => "SET",
             Command::Reconnect(_) => "RECONNECT",
             Command::Disable(_) => "DISABLE",
@@ -141,7 +144,8 @@ pub const SYNOPSIS: &[(&str, &str)] = &[
     ("RECONNECT [db]", "close each server connection once it is released"),
     ("KILL db", "disconnect the database's clients, close its servers; it stays paused until RESUME"),
     ("SUSPEND", "refused: weir has no online restart"),
-    ("SHUTDOWN", "drain and exit, as on SIGTERM"),
+    ("SHUTDOWN", "drain and exit, as on SIGINT"),
+    ("SHUTDOWN WAIT_FOR_CLIENTS", "stop accepting; exit once every client has left (a rolling restart)"),
     ("WAIT_CLOSE [db]", "wait until the server connections RECONNECT marked have closed"),
 ];
 
@@ -182,6 +186,9 @@ fn parse_one(stmt: &str) -> Result<Command, ParseError> {
         "KILL" => Ok(Command::Kill(needs_db(args)?)),
         "RELOAD" if args.is_empty() => Ok(Command::Reload),
         "SHUTDOWN" if args.is_empty() => Ok(Command::Shutdown),
+        "SHUTDOWN" if matches!(args, [a] if a.eq_ignore_ascii_case("WAIT_FOR_CLIENTS")) => {
+            Ok(Command::ShutdownWaitForClients)
+        }
         "RELOAD" | "SHUTDOWN" | "SUSPEND" => Err(usage(&verb, "takes no arguments")),
         _ => Err(ParseError(format!("unknown command \"{stmt}\"; {}", commands_hint()))),
     }
@@ -251,6 +258,8 @@ mod tests {
         assert_eq!(parse("RESUME \"My\"\"Db\"").unwrap(), vec![Command::Resume(Some("My\"Db".into()))]);
         assert_eq!(parse("kill app").unwrap(), vec![Command::Kill("app".into())]);
         assert_eq!(parse("reload; shutdown").unwrap(), vec![Command::Reload, Command::Shutdown]);
+        assert_eq!(parse("shutdown wait_for_clients").unwrap(), vec![Command::ShutdownWaitForClients]);
+        assert!(parse("shutdown now").is_err());
         assert_eq!(parse(" ; ").unwrap(), vec![]);
         assert_eq!(parse("show stats_averages").unwrap(), vec![Command::Show(Show::StatsAverages)]);
         let set = |k: &str, v: &str| Command::Set { key: k.into(), value: v.into() };

@@ -1,5 +1,5 @@
 //! The console commands that change weir: PAUSE, RESUME, KILL, RELOAD,
-//! SHUTDOWN, RECONNECT, WAIT_CLOSE, DISABLE, ENABLE and SUSPEND (refused),
+//! SHUTDOWN [WAIT_FOR_CLIENTS], RECONNECT, WAIT_CLOSE, DISABLE, ENABLE and SUSPEND (refused),
 //! with PgBouncer's semantics (SET is in `set.rs`). PAUSE holds new transactions and
 //! returns once the servers in use are released (they are then closed, as
 //! PgBouncer does before a database restart); RESUME releases the held
@@ -112,12 +112,20 @@ pub fn reload(shared: &Arc<Shared>) -> Outcome {
     }
 }
 
-/// SHUTDOWN: drain as on SIGTERM. The console client itself is told to go
+/// SHUTDOWN: drain as on SIGINT. The console client itself is told to go
 /// right after this command completes.
 pub fn shutdown(shared: &Arc<Shared>) -> Outcome {
     let shared = shared.clone();
     tokio::spawn(async move { shared.drain().await });
     Ok(vec![notice("weir is draining: no new clients; running transactions may finish")])
+}
+
+/// SHUTDOWN WAIT_FOR_CLIENTS: stop accepting, keep every client, exit once
+/// the last has left (this console client too).
+pub fn shutdown_wait_for_clients(shared: &Arc<Shared>) -> Outcome {
+    let shared = shared.clone();
+    tokio::spawn(async move { shared.wait_for_clients().await });
+    Ok(vec![notice("weir accepts no new clients and exits once every client has left")])
 }
 
 /// The pools of `db` (every pool for None), which must be known.

@@ -130,6 +130,7 @@ impl Console<'_> {
             Command::Resume(db) => control::resume(&shared, db.as_deref()),
             Command::Reload => control::reload(&shared),
             Command::Shutdown => control::shutdown(&shared),
+            Command::ShutdownWaitForClients => control::shutdown_wait_for_clients(&shared),
             Command::Set { key, value } => set::set(&shared, key, value),
             Command::Reconnect(db) => control::reconnect(&shared, db.as_deref()),
             Command::WaitClose(db) => self.watching(control::wait_close(&shared, db.as_deref())).await?,

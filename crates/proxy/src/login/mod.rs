@@ -64,11 +64,13 @@ pub struct Cancel {
 }
 
 impl Cancel {
-    /// Cancels the query of the client holding this key, if any. Held open
-    /// until the cancel has reached Postgres (at most the forward's own 5 s
-    /// limit), then closed, as Postgres answers.
+    /// Cancels the query of the client holding this key, if any, or sends
+    /// the request on to the peer that minted the key. Held open until the
+    /// cancel has reached Postgres (or the peer has closed its end; at most
+    /// the forward's own 5 s limit), then closed, as Postgres answers.
     pub async fn forward(self, shared: &Shared) {
-        if let (_, Some(forwarding)) = shared.cancels.cancel(self.pid, &self.key) {
+        let cfg = shared.config.load();
+        if let Some(forwarding) = shared.cancels.route(&cfg, self.pid, &self.key) {
             let _ = forwarding.await;
         }
     }
@@ -102,6 +104,13 @@ pub async fn log_in(socket: &mut ClientStream, peer: ConnAddr, shared: &Arc<Shar
     let span = tracing::Span::current();
     span.record("user", req.user.as_str());
     span.record("db", req.database.as_str());
+    if shared.stop_accepting.is_cancelled() && !is_console_db(&req.database) {
+        // Waiting for its clients to leave: the Unix socket still takes
+        // cancel requests and the console, no new client.
+        let refused = Err(ClientError::ShuttingDown);
+        count_login::<Login>(shared, &refused);
+        return refused;
+    }
     let start = Start { req, minor, peer };
     if start.req.replication.is_some() {
         return replication_login(socket, buf, shared, cfg, start, timer).await;

@@ -6,6 +6,7 @@
 
 pub(crate) mod client_list;
 pub(crate) mod disabled;
+mod shutdown;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -47,6 +48,9 @@ pub struct Shared {
     pub shutdown: crate::signal::Signal,
     /// Cancelled when the drain (or a stop) is complete.
     pub(crate) stopped: CancellationToken,
+    /// Cancelled when weir stops accepting but keeps its clients
+    /// (SHUTDOWN WAIT_FOR_CLIENTS, `shutdown.rs`).
+    pub stop_accepting: CancellationToken,
     /// Every client task (and the accept loop).
     pub(crate) tracker: TaskTracker,
     config_path: Mutex<Option<PathBuf>>,
@@ -133,6 +137,7 @@ impl Shared {
     }
 
     pub fn new(cfg: Config, users: UserList) -> Shared {
+        let cancels = CancelKeys::for_peer(cfg.weir.peer_id);
         Shared {
             config: ConfigCell::new(cfg),
             users: ArcSwap::from_pointee(users),
@@ -140,11 +145,12 @@ impl Shared {
             client_tls: ArcSwapOption::empty(),
             pools: Pools::new(),
             auth_query_cache: Default::default(),
-            cancels: CancelKeys::new(),
+            cancels,
             clients: AtomicUsize::new(0),
             client_list: ClientList::new(),
             shutdown: crate::signal::Signal::new(),
             stopped: CancellationToken::new(),
+            stop_accepting: CancellationToken::new(),
             tracker: TaskTracker::new(),
             config_path: Mutex::new(None),
             paused: Mutex::new(Paused::default()),
@@ -266,6 +272,11 @@ impl Shared {
         keep("log_format", cfg.weir.log_format != old.weir.log_format);
         keep("worker_threads", cfg.weir.worker_threads != old.weir.worker_threads);
         keep("metrics.listen_addr", cfg.metrics.listen_addr != old.metrics.listen_addr);
+        // The keys handed out carry the peer id: it cannot change under them.
+        keep("peer_id", cfg.weir.peer_id != old.weir.peer_id);
+        keep("so_reuseport", cfg.weir.so_reuseport != old.weir.so_reuseport);
+        cfg.weir.peer_id = old.weir.peer_id;
+        cfg.weir.so_reuseport = old.weir.so_reuseport;
         cfg.weir.listen_addr = old.weir.listen_addr.clone();
         cfg.weir.unix_socket_dir = old.weir.unix_socket_dir.clone();
         cfg.weir.unix_socket_mode = old.weir.unix_socket_mode.clone();
