@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use weir::app::Shared;
 use weir::{Config, Weir};
-use weir_e2e::process::WeirProcess;
+use weir_e2e::process::{rows, WeirProcess};
 use weir_e2e::raw::Raw;
 use weir_e2e::{bounded, wait_for, PgOptions, PgServer, SCRAM_PASS, SCRAM_USER, WAIT_LIMIT};
 use weir_metrics::CancelOutcome;
@@ -242,7 +242,14 @@ async fn a_rolling_restart_keeps_clients_and_their_cancels() {
 async fn sigterm_waits_for_clients_when_asked() {
     bounded(240, async {
         let pg = tokio::task::spawn_blocking(|| PgServer::start(PgOptions::default())).await.unwrap().unwrap();
-        let mut w = WeirProcess::start(&pg, "sigterm = \"wait_for_clients\"", "").await;
+        let general = "sigterm = \"wait_for_clients\"\npeer_id = 1\n[peers.1]\nhost = \"/nowhere\"\n\
+                       [peers.2]\nhost = \"10.0.0.2\"\npool_size = 3\n";
+        let mut w = WeirProcess::start(&pg, general, "").await;
+        let peers = rows(&w.admin("SHOW PEERS").await.unwrap());
+        assert_eq!(peers.len(), 1, "its own entry is not a peer: {peers:?}");
+        let peer = &peers[0];
+        let shown = [&peer["peer_id"], &peer["host"], &peer["port"], &peer["pool_size"]].map(String::as_str);
+        assert_eq!(shown, ["2", "10.0.0.2", "6432", "3"]);
         let addr = SocketAddr::from(([127, 0, 0, 1], w.port));
         let mut client = Raw::login(addr, SCRAM_USER, SCRAM_PASS, &[]).await.unwrap();
         w.signal("TERM");

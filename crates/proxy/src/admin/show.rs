@@ -46,8 +46,8 @@ pub fn show(what: Show, shared: &Arc<Shared>) -> ResultSet {
         Show::DnsZones => show_more::dns_zones(),
         Show::Fds => show_more::fds(),
         Show::State => show_more::state(shared),
-        Show::Peers => show_more::peers(),
-        Show::PeerPools => show_more::peer_pools(),
+        Show::Peers => show_more::peers(shared),
+        Show::PeerPools => show_more::peer_pools(shared),
         Show::Version => version(),
         Show::Help => help(),
     }

@@ -306,6 +306,12 @@ impl CancelKeys {
         }
     }
 
+    /// The peers cancels went to: (peer id, forwards under way, waiting for
+    /// their turn under the peer's pool_size), for SHOW PEER_POOLS.
+    pub fn peer_forwards(&self) -> Vec<(u16, usize, usize)> {
+        self.peers.shown()
+    }
+
     /// Handles a CancelRequest as it came: for this weir's own key, `cancel`;
     /// for another peer's, sends it on to that peer (`[peers]` in `cfg`);
     /// else drops it. The handle, if any, is the forward's.

@@ -7,6 +7,7 @@
 //! `pool_size` at once per peer and `FORWARD_LIMIT` each.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -74,20 +75,62 @@ pub(super) fn route(own: u16, pid: i32, key: &[u8]) -> Route {
     Route::Peer { id, key }
 }
 
-/// One gate per peer: its pool_size of forwards at once.
+/// One peer's gate: its pool_size of forwards at once, and how many are
+/// under way and waiting (SHOW PEER_POOLS).
+#[derive(Debug)]
+struct Gate {
+    size: u32,
+    turns: Semaphore,
+    active: AtomicUsize,
+    waiting: AtomicUsize,
+}
+
+/// Counts one forward under `count` while it lives.
+struct Counted<'a>(&'a AtomicUsize);
+
+impl<'a> Counted<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Counted(count)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The peers' gates, made at a peer's first forward.
 #[derive(Debug, Default)]
-pub(super) struct PeerGates(Mutex<HashMap<u16, (u32, Arc<Semaphore>)>>);
+pub(super) struct PeerGates(Mutex<HashMap<u16, Arc<Gate>>>);
 
 impl PeerGates {
     /// The gate of peer `id` with `size` places (a changed size, after a
     /// reload, gets a new gate).
-    fn gate(&self, id: u16, size: u32) -> Arc<Semaphore> {
+    fn gate(&self, id: u16, size: u32) -> Arc<Gate> {
         let mut gates = self.0.lock();
-        let entry = gates.entry(id).or_insert_with(|| (size, Arc::new(Semaphore::new(size as usize))));
-        if entry.0 != size {
-            *entry = (size, Arc::new(Semaphore::new(size as usize)));
+        let new = || {
+            let turns = Semaphore::new(size as usize);
+            Arc::new(Gate { size, turns, active: AtomicUsize::new(0), waiting: AtomicUsize::new(0) })
+        };
+        let gate = gates.entry(id).or_insert_with(new);
+        if gate.size != size {
+            *gate = new();
         }
-        entry.1.clone()
+        gate.clone()
+    }
+
+    /// Per peer forwarded to so far: (id, forwards under way, waiting for
+    /// their turn), by id.
+    pub(super) fn shown(&self) -> Vec<(u16, usize, usize)> {
+        let gates = self.0.lock();
+        let mut rows: Vec<_> = gates
+            .iter()
+            .map(|(id, g)| (*id, g.active.load(Ordering::Relaxed), g.waiting.load(Ordering::Relaxed)))
+            .collect();
+        rows.sort_unstable();
+        rows
     }
 
     /// Sends the CancelRequest (`pid`, `key`) to `peer` in a task of its
@@ -105,7 +148,10 @@ impl PeerGates {
         let (host, port) = (peer.host.clone(), peer.port);
         tokio::spawn(async move {
             let sent = tokio::time::timeout(FORWARD_LIMIT, async {
-                let _turn = gate.acquire_owned().await.map_err(std::io::Error::other)?;
+                let waiting = Counted::new(&gate.waiting);
+                let _turn = gate.turns.acquire().await.map_err(std::io::Error::other)?;
+                drop(waiting);
+                let _active = Counted::new(&gate.active);
                 send(&host, port, pid, &key).await
             });
             match sent.await {
