@@ -30,6 +30,7 @@ mod liveness;
 mod liveness_watchdog;
 mod ops;
 mod peers;
+mod pgbouncer125;
 mod pgbouncer_corpus;
 mod pgbouncer_login;
 mod pipeline;

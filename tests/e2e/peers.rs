@@ -18,7 +18,7 @@ use weir::app::Shared;
 use weir::{Config, Weir};
 use weir_e2e::process::{rows, WeirProcess};
 use weir_e2e::raw::Raw;
-use weir_e2e::{bounded, wait_for, PgOptions, PgServer, SCRAM_PASS, SCRAM_USER, WAIT_LIMIT};
+use weir_e2e::{bounded, wait_for, PgServer, SCRAM_PASS, SCRAM_USER, WAIT_LIMIT};
 use weir_metrics::CancelOutcome;
 
 const SLEEP: &str = "select pg_sleep(60)";
@@ -124,7 +124,7 @@ async fn expect_cancelled(raw: &mut Raw) {
 /// running query is cancelled, wherever its client is; then cancels
 /// through the shared port, which the kernel gives to any of them.
 async fn cancels_reach_home(n: usize) {
-    let pg = tokio::task::spawn_blocking(|| PgServer::start(PgOptions::default())).await.unwrap().unwrap();
+    let pg = weir_e2e::pg().await;
     let g = Group::start(&pg, n, others).await;
     let direct = weir_e2e::direct_client(&pg).await;
     let mut landed = vec![0; n + 1];
@@ -166,7 +166,7 @@ async fn three_weirs_on_one_port_cancel_from_any() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stranger_key_is_dropped_and_a_loop_ends() {
     bounded(240, async {
-        let pg = tokio::task::spawn_blocking(|| PgServer::start(PgOptions::default())).await.unwrap().unwrap();
+        let pg = weir_e2e::pg().await;
         // Peer 3 is nobody: weir 1 says it is weir 2, weir 2 says it is weir 1.
         let g = Group::start(&pg, 2, |dirs, port, i| {
             let other = 3 - i;
@@ -196,7 +196,7 @@ async fn a_stranger_key_is_dropped_and_a_loop_ends() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_restart_keeps_clients_and_their_cancels() {
     bounded(240, async {
-        let pg = tokio::task::spawn_blocking(|| PgServer::start(PgOptions::default())).await.unwrap().unwrap();
+        let pg = weir_e2e::pg().await;
         let direct = weir_e2e::direct_client(&pg).await;
         // Weir 1 alone on the port: its client lands there.
         let [port] = weir_testkit::free_ports();
@@ -241,7 +241,7 @@ async fn a_rolling_restart_keeps_clients_and_their_cancels() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_waits_for_clients_when_asked() {
     bounded(240, async {
-        let pg = tokio::task::spawn_blocking(|| PgServer::start(PgOptions::default())).await.unwrap().unwrap();
+        let pg = weir_e2e::pg().await;
         let general = "sigterm = \"wait_for_clients\"\npeer_id = 1\n[peers.1]\nhost = \"/nowhere\"\n\
                        [peers.2]\nhost = \"10.0.0.2\"\npool_size = 3\n";
         let mut w = WeirProcess::start(&pg, general, "").await;

@@ -22,13 +22,12 @@ use weir_e2e::{
 
 /// A Postgres ready for replication.
 async fn replicating_pg() -> Arc<PgServer> {
-    let opts = PgOptions { replication: true, ..PgOptions::default() };
-    Arc::new(tokio::task::spawn_blocking(move || PgServer::start(opts)).await.unwrap().expect("start postgres"))
+    Arc::new(weir_e2e::pg_with(PgOptions { replication: true, ..PgOptions::default() }).await)
 }
 
 /// weir in front of `pg`, with `[databases.replication]` for the physical
 /// tools (they name that database), scram_user allowed to replicate.
-async fn harness(pg: Arc<PgServer>, opts: Opts) -> Harness {
+async fn weir_for_replication(pg: Arc<PgServer>, opts: Opts) -> Harness {
     let port = pg.port();
     let database = format!("{}\n[databases.replication]\nhost = \"127.0.0.1\"\nport = {port}\n", opts.database);
     let h = Harness::start_with(pg, Opts { database, ..opts }).await;
@@ -72,7 +71,7 @@ async fn no_walsender_left(h: &Harness) {
 async fn pg_basebackup_and_pg_receivewal_through_weir() {
     bounded(300, async {
         let pg = replicating_pg().await;
-        let h = harness(pg.clone(), Opts::default()).await;
+        let h = weir_for_replication(pg.clone(), Opts::default()).await;
         let backup = temp_dir("basebackup");
         let out = tool(&pg, "pg_basebackup")
             .arg("-d")
@@ -121,7 +120,7 @@ async fn a_subscription_through_weir_replicates_rows_between_two_postgres() {
     bounded(300, async {
         let publisher = replicating_pg().await;
         let subscriber = replicating_pg().await;
-        let h = harness(publisher.clone(), Opts::default()).await;
+        let h = weir_for_replication(publisher.clone(), Opts::default()).await;
         h.psql("create table items(id int primary key, note text)");
         h.psql(&format!("grant select on items to {SCRAM_USER}; insert into items values (1, 'before')"));
         h.psql("create publication weir_pub for table items");
@@ -151,7 +150,7 @@ async fn a_subscription_through_weir_replicates_rows_between_two_postgres() {
 async fn pg_recvlogical_with_test_decoding() {
     bounded(240, async {
         let pg = replicating_pg().await;
-        let h = harness(pg.clone(), Opts::default()).await;
+        let h = weir_for_replication(pg.clone(), Opts::default()).await;
         h.psql("create table decoded(a int)");
         h.psql("select pg_create_logical_replication_slot('weir_decoding', 'test_decoding')");
         let mut recv = tool(&pg, "pg_recvlogical")
@@ -187,7 +186,7 @@ async fn psql_conninfo(h: &Harness, conninfo: &str, sql: &str) -> Result<String,
 async fn sql_and_startup_parameters_on_walsenders() {
     bounded(240, async {
         let pg = replicating_pg().await;
-        let h = harness(pg, Opts::default()).await;
+        let h = weir_for_replication(pg, Opts::default()).await;
         let logical =
             format!("dbname={APP_DB} replication=database application_name=abc options='-c enable_seqscan=off'");
         assert!(psql_conninfo(&h, &logical, "SHOW enable_seqscan").await.unwrap().contains("off"), "options, whole");
@@ -235,7 +234,7 @@ fn alive(h: &Harness, pid: i32) -> bool {
 async fn a_client_and_its_server_end_together() {
     bounded(240, async {
         let pg = replicating_pg().await;
-        let h = harness(pg, Opts { relay: true, ..Opts::default() }).await;
+        let h = weir_for_replication(pg, Opts { relay: true, ..Opts::default() }).await;
         // The client leaves with a reset: its server goes at once.
         let (raw, pid) = raw_walsender(&h, "database").await;
         assert!(alive(&h, pid));
@@ -267,7 +266,7 @@ async fn replication_clients_count_under_pool_size() {
     bounded(240, async {
         let pg = replicating_pg().await;
         let general = "query_wait_timeout = \"3s\"".to_owned();
-        let h = harness(pg, Opts { pool_size: 2, general, ..Opts::default() }).await;
+        let h = weir_for_replication(pg, Opts { pool_size: 2, general, ..Opts::default() }).await;
         // Two idle servers fill the pool.
         let (a, b) = (h.client().await, h.client().await);
         let (ra, rb) = tokio::join!(a.simple_query("select pg_sleep(0.2)"), b.simple_query("select pg_sleep(0.2)"));
@@ -318,7 +317,7 @@ async fn hba_replication_lines_and_a_login_postgres_refuses() {
         )
         .unwrap();
         let general = format!("auth_hba_file = \"{}\"", hba.display());
-        let h = harness(pg, Opts { auth_type: "hba", general, ..Opts::default() }).await;
+        let h = weir_for_replication(pg, Opts { auth_type: "hba", general, ..Opts::default() }).await;
         // Physical: only the `replication` lines.
         let (mut ok, _) = raw_walsender(&h, "true").await;
         assert!(ok.query("IDENTIFY_SYSTEM").await.unwrap().error.is_none());
@@ -343,7 +342,7 @@ async fn hba_replication_lines_and_a_login_postgres_refuses() {
 async fn show_and_the_gauge_count_them_apart_and_kill_ends_them() {
     bounded(240, async {
         let pg = replicating_pg().await;
-        let h = harness(pg, Opts::default()).await;
+        let h = weir_for_replication(pg, Opts::default()).await;
         let (mut raw, pid) = raw_walsender(&h, "database").await;
         let admin = |sql: &'static str| psql_at(h.addr().port(), ADMIN_USER, ADMIN_PASS, "weir", sql);
         let clients = rows(&admin("SHOW CLIENTS").await.unwrap());

@@ -1,5 +1,5 @@
 //! The console commands that change weir: PAUSE, RESUME, KILL, RELOAD,
-//! SHUTDOWN [WAIT_FOR_CLIENTS], RECONNECT, WAIT_CLOSE, DISABLE, ENABLE and SUSPEND (refused),
+//! SHUTDOWN, RECONNECT, WAIT_CLOSE, DISABLE, ENABLE and SUSPEND (refused),
 //! with PgBouncer's semantics (SET is in `set.rs`). PAUSE holds new transactions and
 //! returns once the servers in use are released (they are then closed, as
 //! PgBouncer does before a database restart); RESUME releases the held
@@ -11,10 +11,11 @@ use std::time::Duration;
 
 use weir_metrics::CloseReason;
 
+use super::command::Shutdown;
 use super::Notices;
 use crate::config::PoolMode;
 use crate::protocol::{sqlstate, SqlState};
-use crate::state::{quiesce, Shared};
+use crate::state::{quiesce, Shared, StopMode};
 
 /// A command that was refused or failed, with the SQLSTATE to report.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -36,7 +37,9 @@ fn notice(text: impl Into<String>) -> (SqlState, String) {
     (sqlstate::SUCCESSFUL_COMPLETION, text.into())
 }
 
-/// A database name must be configured (or have a pool) to be paused or killed.
+/// A database name must be configured (or have a pool) to be paused or
+/// killed (PgBouncer's words; Postgres's SQLSTATE for an unknown database,
+/// where PgBouncer sends 08P01).
 fn known(shared: &Shared, db: &str) -> Result<(), AdminError> {
     let configured = shared.config.load().databases.contains_key(db);
     if configured || shared.pools.all().iter().any(|p| p.key.database == db) {
@@ -63,8 +66,11 @@ pub async fn pause(shared: &Arc<Shared>, db: Option<&str>) -> Outcome {
     Ok(vec![notice(format!("paused {}; RESUME releases it", db.unwrap_or("all databases")))])
 }
 
-/// RESUME [db].
+/// RESUME [db]; refused during SHUTDOWN WAIT_FOR_* (PgBouncer's words).
 pub fn resume(shared: &Arc<Shared>, db: Option<&str>) -> Outcome {
+    if shared.is_stopping() {
+        return Err(AdminError::new(sqlstate::PROTOCOL_VIOLATION, "pooler is shutting down"));
+    }
     if let Some(db) = db {
         known(shared, db)?;
         if shared.paused_databases().iter().any(|d| d == "*") {
@@ -77,20 +83,40 @@ pub fn resume(shared: &Arc<Shared>, db: Option<&str>) -> Outcome {
     Ok(Vec::new())
 }
 
-/// KILL db: its clients are disconnected at once (a running query is
-/// cancelled and its server recovered), then its servers are closed.
-pub async fn kill(shared: &Arc<Shared>, db: &str) -> Outcome {
-    known(shared, db)?;
-    let pools = shared.set_paused(Some(db), true);
-    let n = shared.client_list.kill_database(Some(db), "terminating connection due to administrator command (KILL)");
-    tracing::info!(database = db, clients = n, "KILL");
+/// KILL [db]: the database's clients (every database's without a name;
+/// the console's are not touched) are disconnected at once (a running
+/// query is cancelled and its server recovered), then its servers are
+/// closed; it stays paused until RESUME.
+pub async fn kill(shared: &Arc<Shared>, db: Option<&str>) -> Outcome {
+    if let Some(db) = db {
+        known(shared, db)?;
+    }
+    let pools = shared.set_paused(db, true);
+    let n = shared.client_list.kill_database(db, "terminating connection due to administrator command (KILL)");
+    let name = db.unwrap_or("every database");
+    tracing::info!(database = db.unwrap_or("*"), clients = n, "KILL");
     let cfg = shared.config.load();
     let settle = cfg.weir.server_reset_timeout.max(cfg.weir.server_connect_timeout) + Duration::from_secs(1);
-    let mut notices = vec![notice(format!("disconnected {n} client(s) of {db}; {db} stays paused until RESUME {db}"))];
+    let resume = db.map_or("RESUME".to_owned(), |d| format!("RESUME {d}"));
+    let mut notices = vec![notice(format!("disconnected {n} client(s) of {name}; it stays paused until {resume}"))];
     if !quiesce(&pools, CloseReason::Admin, Some(settle)).await {
-        notices.push((sqlstate::WARNING, format!("some server connections of {db} were still busy after {settle:?}")));
+        notices
+            .push((sqlstate::WARNING, format!("some server connections of {name} were still busy after {settle:?}")));
     }
     Ok(notices)
+}
+
+/// KILL_CLIENT id: disconnects the client with that id (SHOW CLIENTS' `id`;
+/// PgBouncer's words when there is none).
+pub fn kill_client(shared: &Arc<Shared>, id: &str) -> Outcome {
+    let Ok(id) = id.parse::<u64>() else {
+        return Err(AdminError::new(sqlstate::PROTOCOL_VIOLATION, "invalid client pointer supplied"));
+    };
+    if !shared.client_list.kill_id(id, "admin forced disconnect") {
+        return Err(AdminError::new(sqlstate::PROTOCOL_VIOLATION, "client not found"));
+    }
+    tracing::info!(id, "KILL_CLIENT");
+    Ok(Vec::new())
 }
 
 /// RELOAD: the config file and auth_file, without dropping clients. A file
@@ -106,26 +132,27 @@ pub fn reload(shared: &Arc<Shared>) -> Outcome {
             tracing::error!(error = %e, "RELOAD failed; keeping the old config");
             Err(AdminError::new(
                 sqlstate::CONFIG_FILE_ERROR,
-                format!("RELOAD failed, the old config stays in effect: {e}"),
+                format!("RELOAD failed, see logs for additional details; the old config stays in effect: {e}"),
             ))
         }
     }
 }
 
-/// SHUTDOWN: drain as on SIGINT. The console client itself is told to go
-/// right after this command completes.
-pub fn shutdown(shared: &Arc<Shared>) -> Outcome {
-    let shared = shared.clone();
-    tokio::spawn(async move { shared.drain().await });
-    Ok(vec![notice("weir is draining: no new clients; running transactions may finish")])
-}
-
-/// SHUTDOWN WAIT_FOR_CLIENTS: stop accepting, keep every client, exit once
-/// the last has left (this console client too).
-pub fn shutdown_wait_for_clients(shared: &Arc<Shared>) -> Outcome {
-    let shared = shared.clone();
-    tokio::spawn(async move { shared.wait_for_clients().await });
-    Ok(vec![notice("weir accepts no new clients and exits once every client has left")])
+/// SHUTDOWN: drain as on SIGTERM (the console client itself is told to go
+/// right after this command completes). SHUTDOWN WAIT_FOR_SERVERS and
+/// WAIT_FOR_CLIENTS: see `state::stopping`; the console stays.
+pub fn shutdown(shared: &Arc<Shared>, mode: Shutdown) -> Outcome {
+    let mode = match mode {
+        Shutdown::Drain => {
+            let shared = shared.clone();
+            tokio::spawn(async move { shared.drain().await });
+            return Ok(vec![notice("weir is draining: no new clients; running transactions may finish")]);
+        }
+        Shutdown::WaitForServers => StopMode::WaitForServers,
+        Shutdown::WaitForClients => StopMode::WaitForClients,
+    };
+    shared.stop_when_done(mode);
+    Ok(vec![notice(format!("{mode:?}: no new clients; weir stops when done"))])
 }
 
 /// The pools of `db` (every pool for None), which must be known.

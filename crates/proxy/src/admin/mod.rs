@@ -126,11 +126,11 @@ impl Console<'_> {
                 return Ok(Ok(()));
             }
             Command::Pause(db) => self.watching(control::pause(&shared, db.as_deref())).await?,
-            Command::Kill(db) => self.watching(control::kill(&shared, db)).await?,
+            Command::Kill(db) => self.watching(control::kill(&shared, db.as_deref())).await?,
+            Command::KillClient(id) => control::kill_client(&shared, id),
             Command::Resume(db) => control::resume(&shared, db.as_deref()),
             Command::Reload => control::reload(&shared),
-            Command::Shutdown => control::shutdown(&shared),
-            Command::ShutdownWaitForClients => control::shutdown_wait_for_clients(&shared),
+            Command::Shutdown(mode) => control::shutdown(&shared, *mode),
             Command::Set { key, value } => set::set(&shared, key, value),
             Command::Reconnect(db) => control::reconnect(&shared, db.as_deref()),
             Command::WaitClose(db) => self.watching(control::wait_close(&shared, db.as_deref())).await?,

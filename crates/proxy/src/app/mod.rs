@@ -47,11 +47,18 @@ impl Weir {
     /// Binds the listener (and the metrics endpoint) and starts accepting.
     pub async fn start(cfg: Config) -> Result<Weir, StartError> {
         let cell: Arc<OnceLock<Weak<Shared>>> = Arc::new(OnceLock::new());
-        let exporter = match cfg.metrics.listen_addr {
-            Some(addr) => {
+        let exporter = match cfg.metrics_endpoint() {
+            Some((addr, configured)) => {
                 let cell = cell.clone();
                 let ready = Arc::new(move || cell.get().and_then(Weak::upgrade).is_some_and(|s| s.is_ready()));
-                Some(weir_metrics::install(addr, ready)?)
+                match weir_metrics::install(addr, ready) {
+                    Ok(exporter) => Some(exporter),
+                    Err(e) if !configured => {
+                        tracing::warn!(error = %e, "no metrics endpoint: the default port is taken (set [metrics] listen_addr, or enabled = false)");
+                        None
+                    }
+                    Err(e) => return Err(e.into()),
+                }
             }
             None => None,
         };
@@ -71,6 +78,7 @@ impl Weir {
         for listener in bound.listeners {
             shared.tracker.spawn(accept_loop(listener, shared.clone()));
         }
+        shared.open_forced_pools();
         spawn_client_gauges(&shared);
         crate::admin::stats::spawn_periods(&shared);
         tracing::info!(addrs = ?bound.tcp, "weir is listening");
@@ -138,9 +146,10 @@ fn spawn_client_gauges(shared: &Arc<Shared>) {
                 return;
             }
             shared.client_list.publish_gauges(&shared.pools);
-            let client_idle = shared.config.load().weir.client_idle_timeout;
-            if !client_idle.is_zero() {
-                shared.client_list.kill_idle(client_idle);
+            let cfg = shared.config.load();
+            let per_user = cfg.users.values().any(|u| u.client_idle_timeout.is_some_and(|d| !d.is_zero()));
+            if !cfg.weir.client_idle_timeout.is_zero() || per_user {
+                shared.client_list.kill_idle();
             }
             let idle_timeout = shared.config.load().weir.autodb_idle_timeout;
             for key in shared.pools.remove_idle_auto(idle_timeout) {
@@ -161,7 +170,7 @@ async fn accept_loop(listener: Listener, shared: Arc<Shared>) {
         let accepted = tokio::select! {
             biased;
             _ = shared.shutdown.cancelled() => break,
-            _ = shared.stop_accepting.cancelled(), if tcp => break,
+            _ = shared.stopping.cancelled(), if tcp => break,
             r = listener.accept() => r,
         };
         let (socket, peer) = match accepted {
@@ -200,7 +209,17 @@ async fn refuse_over_limit(mut socket: ClientStream, peer: ConnAddr) {
     let mut out = BytesMut::new();
     messages::error_response(&mut out, Severity::Fatal, err.sqlstate(), &err.client_message());
     let mut sink = [0u8; 1024];
-    let _ = tokio::time::timeout(Duration::from_millis(100), socket.read(&mut sink)).await;
+    // An SSLRequest or GSSENCRequest first gets "N" (as Postgres answers when
+    // it cannot serve one), so the client reads the error as the answer to its
+    // startup packet, as PgBouncer sends it, not as a broken TLS exchange.
+    let read = tokio::time::timeout(Duration::from_millis(100), socket.read(&mut sink)).await;
+    if let Ok(Ok(8)) = read {
+        use crate::protocol::startup::{parse, StartupPacket};
+        if matches!(parse(&sink[..8]), Ok(StartupPacket::SslRequest | StartupPacket::GssEncRequest)) {
+            let _ = socket.write_all(b"N").await;
+            let _ = tokio::time::timeout(Duration::from_millis(100), socket.read(&mut sink)).await;
+        }
+    }
     let _ = socket.write_all(&out).await;
     let _ = socket.shutdown().await;
     let _ = tokio::time::timeout(Duration::from_millis(200), async {

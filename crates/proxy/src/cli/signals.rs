@@ -70,7 +70,6 @@ pub(crate) async fn serve(cfg: Config, path: Option<PathBuf>) -> anyhow::Result<
             },
             _ = sig.quit.recv() => break Stop::Now("SIGQUIT"),
             _ = shared.shutdown.cancelled() => break Stop::Drain("SHUTDOWN"),
-            _ = shared.stop_accepting.cancelled() => break Stop::WaitForClients("SHUTDOWN WAIT_FOR_CLIENTS"),
         }
     };
     match stop {
@@ -134,8 +133,13 @@ fn pause(shared: &Arc<Shared>) {
     });
 }
 
-/// SIGUSR2: the console's RESUME for every database.
+/// SIGUSR2: the console's RESUME for every database (ignored during a
+/// SHUTDOWN WAIT_FOR_*, as PgBouncer ignores it).
 fn resume(shared: &Arc<Shared>) {
+    if shared.is_stopping() {
+        tracing::info!("got SIGUSR2 while shutting down, ignoring");
+        return;
+    }
     match weir::admin::control::resume(shared, None) {
         Ok(_) => tracing::info!("SIGUSR2: resumed"),
         Err(e) => tracing::warn!(error = %e, "SIGUSR2: RESUME failed"),

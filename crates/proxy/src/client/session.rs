@@ -13,14 +13,12 @@ use futures_util::FutureExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use weir_metrics::{CloseReason, DropReason};
 
-use super::error::ClientError;
 use super::prepared::ClientStatements;
-use super::stream::ClientStream;
 use super::transfer::{self, ClientSide, Ended};
 use super::transfer_watchdog::AlarmTimer;
 use crate::cancel_keys::Registration;
 use crate::config::PoolMode;
-use crate::login::{Budget, LoggedIn};
+use crate::login::{Budget, ClientError, ClientStream, LoggedIn};
 use crate::params::ParamMap;
 use crate::pool::{Lease, Pool, PoolError};
 use crate::protocol::{
@@ -164,6 +162,8 @@ impl<'a> Session<'a> {
                 self.refuse_request(sqlstate::QUERY_CANCELED, CANCELED_MESSAGE).await?;
                 return Ok(true);
             }
+            // SHUTDOWN WAIT_FOR_SERVERS: no new transaction; the client goes.
+            Wait::Failed(PoolError::ShuttingDown) => return Err(ClientError::NoServer(PoolError::ShuttingDown)),
             Wait::Failed(e) => return self.refused(e).await,
         };
         self.serve(lease).await

@@ -15,10 +15,9 @@ use futures_util::future::Either;
 use futures_util::FutureExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::error::ClientError;
 use super::prepared::ClientStatements;
-use super::stream::ClientStream;
 use super::transfer_watchdog::{AlarmTimer, Watchdog, WatchdogError};
+use crate::login::{ClientError, ClientStream};
 use crate::params::ParamMap;
 use crate::server::{ServerConn, ServerSide};
 

@@ -29,6 +29,11 @@
 //!   disconnected with 25P03, like PgBouncer does; the server is not lost:
 //!   the lease goes back through recovery, which rolls it back.
 //!
+//! * **transaction_timeout** (off by default). A client whose transaction
+//!   (status T or E) has been open this long, working or idle, is
+//!   disconnected with 25P04, Postgres 17's code for its own
+//!   transaction_timeout; the server is recovered as above.
+//!
 //! * **the stall guard** (always on). weir holds whole client messages back
 //!   while the server owes no ReadyForQuery: the server waits for the client,
 //!   the client for weir, and no timeout above runs. That is a bug in weir;
@@ -54,7 +59,7 @@ use crate::protocol::{sqlstate, tags::status, SqlState};
 use crate::server::cancel::CancelTarget;
 use tokio::time::Sleep;
 
-use crate::server::probe::{self, Verdict, Watch};
+use crate::server::probe::{self, Verdict};
 use crate::server::{forward_cancel, ConnectSpec, Conversation};
 
 /// Why the watchdog ended a conversation.
@@ -70,6 +75,8 @@ pub enum WatchdogError {
     Unresponsive { silence: Duration, why: String },
     #[error("idle transaction timeout: the transaction was left open and idle for more than {}", humantime::format_duration(*.0))]
     IdleTransaction(Duration),
+    #[error("transaction timeout: the transaction was open for more than {}", humantime::format_duration(*.0))]
+    Transaction(Duration),
     /// Not an end: the stall guard found a stall (logged; the transfer
     /// counts it and goes on).
     #[error("pipeline stalled inside weir")]
@@ -81,6 +88,7 @@ impl WatchdogError {
         match self {
             WatchdogError::QueryTimeout { .. } | WatchdogError::Unresponsive { .. } => sqlstate::CONNECTION_FAILURE,
             WatchdogError::IdleTransaction(_) => sqlstate::IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
+            WatchdogError::Transaction(_) => sqlstate::TRANSACTION_TIMEOUT,
             WatchdogError::Stalled => sqlstate::INTERNAL_ERROR,
         }
     }
@@ -90,7 +98,7 @@ impl WatchdogError {
         match self {
             WatchdogError::QueryTimeout { .. } => Some(CloseReason::QueryTimeout),
             WatchdogError::Unresponsive { .. } => Some(CloseReason::Unresponsive),
-            WatchdogError::IdleTransaction(_) | WatchdogError::Stalled => None,
+            WatchdogError::IdleTransaction(_) | WatchdogError::Transaction(_) | WatchdogError::Stalled => None,
         }
     }
 }
@@ -111,13 +119,17 @@ pub(crate) struct AlarmTimer {
     /// The waker `sleep` holds: the one it was polled with since it was
     /// last set. None when it must be polled (set anew, or fired).
     waker: Option<Waker>,
+    /// The transaction clock (transaction_timeout): since the transaction
+    /// began, as the conversation first saw it open. Kept here, with the
+    /// client, rather than in each request's future.
+    xact_since: Option<Instant>,
 }
 
 impl AlarmTimer {
     /// True when the timer fired. Polls it only when it does not yet hold
     /// this task's waker; otherwise it will wake this task when it fires,
     /// and until then it reads as not elapsed.
-    fn poll_fired(&mut self, cx: &mut Context<'_>) -> bool {
+    pub(crate) fn poll_fired(&mut self, cx: &mut Context<'_>) -> bool {
         let Some(sleep) = self.sleep.as_mut() else { return false };
         let registered = self.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker()));
         if registered && !sleep.is_elapsed() {
@@ -137,7 +149,7 @@ impl AlarmTimer {
     }
 
     /// Sets the timer to fire at `at`.
-    fn set(&mut self, at: Instant) {
+    pub(crate) fn set(&mut self, at: Instant) {
         self.at = Some(at);
         self.waker = None;
         match self.sleep.as_mut() {
@@ -149,7 +161,8 @@ impl AlarmTimer {
 
 /// The clocks of one conversation (one call of `transfer::run`).
 pub(crate) struct Watchdog<'a> {
-    watch: Watch,
+    /// The settings, read through the spec (`spec.watch`) rather than
+    /// copied: the watchdog is part of every request's future.
     spec: &'a Arc<ConnectSpec>,
     cancel: &'a CancelTarget,
     /// Query clock: since the server began owing, or last sent a ReadyForQuery.
@@ -189,7 +202,6 @@ impl<'a> Watchdog<'a> {
     /// The clocks for a conversation on the server with these parts.
     pub(crate) fn new(spec: &'a Arc<ConnectSpec>, cancel: &'a CancelTarget, timer: &'a mut AlarmTimer) -> Self {
         Watchdog {
-            watch: spec.watch,
             spec,
             cancel,
             query_since: None,
@@ -233,13 +245,13 @@ impl<'a> Watchdog<'a> {
         if !owing {
             self.query_since = None;
             self.cancelled_at = None;
-        } else if self.query_since.is_none() && self.watch.query_timeout.is_some() {
+        } else if self.query_since.is_none() && self.spec.watch.query_timeout.is_some() {
             self.query_since = Some(Instant::now());
         }
         if !(owing && reading) {
             self.silent_since = None;
             self.probe = None;
-        } else if (self.silent_since.is_none() || self.heard) && self.watch.silence.is_some() {
+        } else if (self.silent_since.is_none() || self.heard) && self.spec.watch.silence.is_some() {
             // Restarted here rather than in `heard`: the read that ends a
             // transaction then costs no clock reading.
             let since = match (self.silent_since, query_started) {
@@ -250,14 +262,19 @@ impl<'a> Watchdog<'a> {
             self.probe = None;
             if self.alive_probes != 0 {
                 self.alive_probes = 0;
-                self.silence_limit = self.watch.silence;
+                self.silence_limit = self.spec.watch.silence;
             }
         }
         self.heard = false;
+        if conv.status() == status::IDLE {
+            self.timer.xact_since = None;
+        } else if self.timer.xact_since.is_none() && self.spec.watch.transaction.is_some() {
+            self.timer.xact_since = Some(Instant::now());
+        }
         let idle_in_tx = client_quiet && conv.is_quiet() && conv.status() != status::IDLE;
         if !idle_in_tx {
             self.idle_since = None;
-        } else if self.idle_since.is_none() && self.watch.idle_transaction.is_some() {
+        } else if self.idle_since.is_none() && self.spec.watch.idle_transaction.is_some() {
             self.idle_since = Some(Instant::now());
         }
     }
@@ -288,6 +305,7 @@ impl<'a> Watchdog<'a> {
         self.query_since.is_some()
             || self.silent_since.is_some()
             || self.idle_since.is_some()
+            || self.timer.xact_since.is_some()
             || self.stall_pending().is_some()
     }
 
@@ -324,15 +342,15 @@ impl<'a> Watchdog<'a> {
     /// Acts on deadlines that have passed: sends the cancel, starts a probe,
     /// or returns the error that ends the conversation.
     fn check(&mut self, now: Instant) -> Option<WatchdogError> {
-        if let (Some(since), Some(limit)) = (self.query_since, self.watch.query_timeout) {
+        if let (Some(since), Some(limit)) = (self.query_since, self.spec.watch.query_timeout) {
             match self.cancelled_at {
                 None if now >= since + limit => {
                     crate::span::client_event!(info, pid = self.cancel.pid, "query_timeout: cancelling the query");
-                    tokio::spawn(forward_cancel(self.cancel.clone(), self.watch.cancel_grace));
+                    tokio::spawn(forward_cancel(self.cancel.clone(), self.spec.watch.cancel_grace));
                     self.cancelled_at = Some(now);
                 }
-                Some(at) if now >= at + self.watch.cancel_grace => {
-                    return Some(WatchdogError::QueryTimeout { limit, grace: self.watch.cancel_grace });
+                Some(at) if now >= at + self.spec.watch.cancel_grace => {
+                    return Some(WatchdogError::QueryTimeout { limit, grace: self.spec.watch.cancel_grace });
                 }
                 _ => {}
             }
@@ -348,9 +366,14 @@ impl<'a> Watchdog<'a> {
                 self.probe = Some(Box::pin(async move { probe::probe(&spec, pid).await }));
             }
         }
-        if let (Some(since), Some(limit)) = (self.idle_since, self.watch.idle_transaction) {
+        if let (Some(since), Some(limit)) = (self.idle_since, self.spec.watch.idle_transaction) {
             if now >= since + limit {
                 return Some(WatchdogError::IdleTransaction(limit));
+            }
+        }
+        if let (Some(since), Some(limit)) = (self.timer.xact_since, self.spec.watch.transaction) {
+            if now >= since + limit {
+                return Some(WatchdogError::Transaction(limit));
             }
         }
         if let Some(since) = self.stall_pending() {
@@ -387,12 +410,12 @@ impl<'a> Watchdog<'a> {
                 crate::span::client_event!(debug, pid = self.cancel.pid, "silent server is still working");
                 self.silent_since = Some(Instant::now());
                 self.alive_probes = (self.alive_probes + 1).min(MAX_SILENCE_BACKOFF);
-                self.silence_limit = self.watch.silence.map(|s| s * (1u32 << self.alive_probes));
+                self.silence_limit = self.spec.watch.silence.map(|s| s * (1u32 << self.alive_probes));
                 None
             }
             Verdict::Dead(why) => {
                 crate::span::client_event!(warn, pid = self.cancel.pid, %why, "server connection is dead");
-                Some(WatchdogError::Unresponsive { silence: self.watch.silence.unwrap_or_default(), why })
+                Some(WatchdogError::Unresponsive { silence: self.spec.watch.silence.unwrap_or_default(), why })
             }
         }
     }
@@ -409,12 +432,15 @@ impl<'a> Watchdog<'a> {
         if let (Some(since), Some(limit), None) = (self.silent_since, self.silence_limit, &self.probe) {
             consider(since + limit);
         }
-        match (self.query_since, self.watch.query_timeout, self.cancelled_at) {
-            (Some(_), _, Some(at)) => consider(at + self.watch.cancel_grace),
+        match (self.query_since, self.spec.watch.query_timeout, self.cancelled_at) {
+            (Some(_), _, Some(at)) => consider(at + self.spec.watch.cancel_grace),
             (Some(since), Some(limit), None) => consider(since + limit),
             _ => {}
         }
-        if let (Some(since), Some(limit)) = (self.idle_since, self.watch.idle_transaction) {
+        if let (Some(since), Some(limit)) = (self.idle_since, self.spec.watch.idle_transaction) {
+            consider(since + limit);
+        }
+        if let (Some(since), Some(limit)) = (self.timer.xact_since, self.spec.watch.transaction) {
             consider(since + limit);
         }
         if let Some(since) = self.stall_pending() {

@@ -83,6 +83,8 @@ impl Default for General {
             reserve_pool_size: 0,
             reserve_pool_timeout: Duration::from_secs(5),
             max_client_conn: 1000,
+            max_db_client_connections: 0,
+            max_user_client_connections: 0,
             max_db_connections: 0,
             server_reset_query: "DISCARD ALL".into(),
             client_login_timeout: Duration::from_secs(10),
@@ -109,6 +111,9 @@ impl Default for General {
             client_idle_timeout: Duration::ZERO,
             server_fast_close: false,
             query_timeout: None,
+            transaction_timeout: None,
+            // PgBouncer's default.
+            query_wait_notify: Duration::from_secs(5),
             tcp_keepalive: true,
             tcp_keepidle: TCP_KEEPIDLE,
             tcp_keepintvl: TCP_KEEPINTVL,

@@ -15,6 +15,16 @@ fn always(_: &Config) -> bool {
     true
 }
 
+/// Whether a timeout is on in `[weir]` or for some user.
+fn set(
+    c: &Config,
+    general: fn(&super::General) -> Option<std::time::Duration>,
+    user: fn(&super::UserSettings) -> Option<std::time::Duration>,
+) -> bool {
+    let on = |d: Option<std::time::Duration>| d.is_some_and(|d| !d.is_zero());
+    on(general(&c.weir)) || c.users.values().any(|u| on(user(u)))
+}
+
 const DIFFERENCES: &[Difference] = &[
     Difference {
         applies: always,
@@ -22,7 +32,7 @@ const DIFFERENCES: &[Difference] = &[
                (PgBouncer closes it)",
     },
     Difference {
-        applies: |c| c.weir.query_timeout.is_some_and(|d| !d.is_zero()),
+        applies: |c| set(c, |g| g.query_timeout, |u| u.query_timeout),
         note: "query_timeout: the query is cancelled and its client gets 57014 and keeps its connection \
                (PgBouncer closes it)",
     },
@@ -33,8 +43,21 @@ const DIFFERENCES: &[Difference] = &[
     },
     Difference {
         applies: always,
-        note: "weir's own login refusals keep Postgres's SQLSTATEs (28P01, 28000, 3D000, 55000) with PgBouncer's \
-               texts, where PgBouncer sends 08P01",
+        note: "weir's own login refusals keep Postgres's SQLSTATEs (28P01, 28000, 3D000, 55000, 53300) with \
+               PgBouncer's texts, where PgBouncer sends 08P01",
+    },
+    Difference {
+        applies: |c| {
+            set(c, |g| g.idle_transaction_timeout, |u| u.idle_transaction_timeout)
+                || set(c, |g| g.transaction_timeout, |u| u.transaction_timeout)
+        },
+        note: "idle_transaction_timeout and transaction_timeout close the client with Postgres's SQLSTATEs \
+               (25P03, 25P04), where PgBouncer sends 08P01",
+    },
+    Difference {
+        applies: always,
+        note: "SIGTERM and SHUTDOWN drain: idle clients are told at once and transactions finish within \
+               shutdown_timeout (PgBouncer's SIGTERM waits for every client; SHUTDOWN WAIT_FOR_CLIENTS does that)",
     },
     Difference {
         applies: |c| c.weir.server_fast_close,

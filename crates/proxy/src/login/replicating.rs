@@ -43,6 +43,8 @@ pub struct Replicating {
     pub peer: ConnAddr,
     /// Bytes the client sent past its login, unread.
     pub buf: BytesMut,
+    /// Its connection id and place in the client counts, for its listing.
+    pub(crate) listing: Option<super::Listing>,
 }
 
 /// Authenticates a replication client and finds its pool.
@@ -70,7 +72,7 @@ pub(super) async fn settle(
         startup.push(("replication".into(), value.into()));
     }
     let budget = Budget::new(req.declared_deadline, cfg.weir.client_deadline_fraction);
-    Ok(Replicating { pool, kind: req.replication, startup, budget, minor, peer, buf: BytesMut::new() })
+    Ok(Replicating { pool, kind: req.replication, startup, budget, minor, peer, buf: BytesMut::new(), listing: None })
 }
 
 impl Replicating {
@@ -102,9 +104,8 @@ pub async fn greet(socket: &mut ClientStream, server: &ParamMap, key: (i32, &[u8
 pub fn finish(
     greeted: Result<(), ClientError>,
     shared: &Shared,
-    login: &Replicating,
+    login: &mut Replicating,
     reg: &Registration,
-    local: Option<ConnAddr>,
     application_name: &str,
 ) -> Result<ClientGuard, ClientError> {
     count_login(shared, &greeted);
@@ -112,10 +113,13 @@ pub fn finish(
     if shared.config.load().weir.log_connections {
         tracing::info!(application_name, replication = login.kind.as_label(), "client logged in");
     }
+    let listing = login.listing.take().expect("a replication login is listed once");
     Ok(shared.client_list.register(NewClient {
+        id: listing.id,
+        counted: Some(listing.counted),
         owner: Owner::Pool(login.pool.clone()),
         peer: login.peer,
-        local,
+        local: listing.local,
         application_name: application_name.to_owned(),
         key_pid: reg.pid,
         slot: Some(reg.slot.clone()),

@@ -132,6 +132,16 @@ impl Pool {
         self.state.lock().opts.settings.clone()
     }
 
+    /// client_idle_timeout for this pool's clients (zero: off).
+    pub fn client_idle_timeout(&self) -> Duration {
+        self.state.lock().opts.settings.client_idle_timeout
+    }
+
+    /// query_wait_notify for this pool's clients (zero: off).
+    pub fn query_wait_notify(&self) -> Duration {
+        self.state.lock().opts.settings.query_wait_notify
+    }
+
     /// The current wait limit: query_wait_timeout, or query_timeout when
     /// shorter (cheap: read at every wait).
     pub fn query_wait_timeout(&self) -> Duration {
@@ -184,6 +194,7 @@ impl Pool {
                         }
                         Ok(Handed::Expired) => return Err(timed_out()),
                         Ok(Handed::Rejected(code, message)) => return Err(PoolError::LoginRejected { code, message }),
+                        Err(_) if self.state.lock().is_stopping() => return Err(PoolError::ShuttingDown),
                         Err(_) => return Err(PoolError::Closed),
                     }
                 }
@@ -253,6 +264,9 @@ impl Pool {
         deadline: Instant,
     ) -> Result<Result<Box<ServerConn>, Waiting>, PoolError> {
         let mut st = self.state.lock();
+        if st.is_stopping() {
+            return Err(PoolError::ShuttingDown);
+        }
         if !st.paused {
             while let Some(mut conn) = st.idle.pop() {
                 if let Some(reason) = State::unusable(&mut conn, now) {
@@ -442,6 +456,12 @@ impl Pool {
         self.state.lock().paused = true;
     }
 
+    /// SHUTDOWN WAIT_FOR_SERVERS: lends no server again; its waiters and
+    /// every later request get `PoolError::ShuttingDown`.
+    pub fn stop_lending(self: &Arc<Self>) {
+        self.state.lock().stop_lending();
+    }
+
     pub fn resume(self: &Arc<Self>) {
         let mut st = self.state.lock();
         st.paused = false;
@@ -451,6 +471,25 @@ impl Pool {
             self.hand_over(&mut st, conn, Instant::now());
         }
         self.want_connects(&mut st);
+    }
+
+    /// A change of how servers are reached (server TLS): the cached login
+    /// error and the back-off are forgotten, so the next client tries the
+    /// new settings at once (PgBouncer's), and every connection open now
+    /// closes once released, as after RECONNECT.
+    pub fn new_server_settings(self: &Arc<Self>) {
+        tracing::info!(
+            "{}/{}: server TLS settings changed: closing each obsolete connection once released",
+            self.key.database,
+            self.key.user
+        );
+        {
+            let mut st = self.state.lock();
+            st.rejected = None;
+            st.retry_at = None;
+            st.failures = 0;
+        }
+        self.reconnect();
     }
 
     /// RECONNECT: every connection open now closes once released (idle ones

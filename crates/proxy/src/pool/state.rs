@@ -73,6 +73,8 @@ pub(super) struct State {
     /// Places replication clients hold (`replication.rs`): each is a server
     /// connection of its client's alone, never lent, counted in `total`.
     replicating: u32,
+    /// SHUTDOWN WAIT_FOR_SERVERS: no server is lent again.
+    stopping: bool,
 }
 
 /// Counters for SHOW POOLS and tests.
@@ -104,6 +106,19 @@ impl PoolSnapshot {
 }
 
 impl State {
+    /// Lends no server from now on (SHUTDOWN WAIT_FOR_SERVERS): the pool
+    /// is paused for good and its waiters are let go (they learn it from
+    /// `is_stopping`).
+    pub(super) fn stop_lending(&mut self) {
+        self.paused = true;
+        self.stopping = true;
+        self.waiters.clear();
+    }
+
+    pub(super) fn is_stopping(&self) -> bool {
+        self.stopping
+    }
+
     pub(super) fn new(opts: PoolOptions) -> Self {
         State {
             opts,
@@ -117,6 +132,7 @@ impl State {
             recovering: 0,
             probing: 0,
             paused: false,
+            stopping: false,
             failures: 0,
             refusals: 0,
             retry_at: None,

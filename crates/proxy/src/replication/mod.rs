@@ -73,25 +73,22 @@ pub async fn serve(
     mut login: Replicating,
     shared: &Arc<Shared>,
 ) -> Result<Option<&'static str>, ClientError> {
-    let local = socket.local_addr(&login.peer);
     let (reg, secret) = login.register(shared);
     let mut buf = std::mem::take(&mut login.buf);
     let opened = open(socket, &mut buf, &login).await;
     let (place, mut conn) = match opened {
         Ok(v) => v,
-        Err(Refused::Client(e)) => {
-            return Err(replicating::finish(Err(e), shared, &login, &reg, local, "").unwrap_err())
-        }
+        Err(Refused::Client(e)) => return Err(replicating::finish(Err(e), shared, &mut login, &reg, "").unwrap_err()),
         Err(Refused::Login(code, message)) => {
             let refused = Err(ClientError::RefusedSetting { code, message: message.clone() });
-            let _ = replicating::finish(refused, shared, &login, &reg, local, "");
+            let _ = replicating::finish(refused, shared, &mut login, &reg, "");
             fatal(socket, code, "login failed", Some(&message)).await;
             return Ok(Some("login failed"));
         }
     };
     let greeted = replicating::greet(socket, &conn.params, (reg.pid, secret.as_bytes())).await;
     let application_name = conn.params.get("application_name").unwrap_or_default().to_owned();
-    let _listed = match replicating::finish(greeted, shared, &login, &reg, local, &application_name) {
+    let _listed = match replicating::finish(greeted, shared, &mut login, &reg, &application_name) {
         Ok(listed) => listed,
         Err(e) => {
             conn.close(CloseReason::ReplicationEnded);

@@ -75,6 +75,8 @@ pub struct Watch {
     pub silence: Option<Duration>,
     /// `idle_transaction_timeout` (None = off).
     pub idle_transaction: Option<Duration>,
+    /// `transaction_timeout` (None = off).
+    pub transaction: Option<Duration>,
 }
 
 impl Watch {
@@ -85,6 +87,18 @@ impl Watch {
             cancel_grace: g.server_check_timeout,
             silence: nonzero(Some(g.server_check_silence)),
             idle_transaction: nonzero(g.idle_transaction_timeout),
+            transaction: nonzero(g.transaction_timeout),
+        }
+    }
+
+    /// The watch of one pool: `[weir]`'s, with the timeouts its user may
+    /// set for itself (`[users]`) as resolved in its settings.
+    pub fn for_pool(g: &crate::config::General, settings: &crate::config::PoolSettings) -> Self {
+        Watch {
+            query_timeout: settings.query_timeout,
+            idle_transaction: settings.idle_transaction_timeout,
+            transaction: settings.transaction_timeout,
+            ..Watch::from_config(g)
         }
     }
 }

@@ -4,9 +4,13 @@
 //! the drain and stop. `app` owns the listener and starts and ends a running
 //! weir through this; the client tasks and the console read and change it.
 
+pub(crate) mod caps;
 pub(crate) mod client_list;
 pub(crate) mod disabled;
 mod shutdown;
+mod stopping;
+
+pub use stopping::StopMode;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -44,13 +48,14 @@ pub struct Shared {
     pub clients: AtomicUsize,
     /// Logged-in clients (SHOW CLIENTS, KILL, the drain).
     pub(crate) client_list: Arc<ClientList>,
+    /// Clients by database and user (max_db/user_client_connections).
+    pub(crate) caps: Arc<caps::ClientCaps>,
     /// Cancelled when the drain starts: no new clients, idle clients leave.
     pub shutdown: crate::signal::Signal,
+    /// Set by SHUTDOWN WAIT_FOR_SERVERS / WAIT_FOR_CLIENTS (`stopping`).
+    pub stopping: crate::signal::Signal,
     /// Cancelled when the drain (or a stop) is complete.
     pub(crate) stopped: CancellationToken,
-    /// Cancelled when weir stops accepting but keeps its clients
-    /// (SHUTDOWN WAIT_FOR_CLIENTS, `shutdown.rs`).
-    pub stop_accepting: CancellationToken,
     /// Every client task (and the accept loop).
     pub(crate) tracker: TaskTracker,
     config_path: Mutex<Option<PathBuf>>,
@@ -148,9 +153,10 @@ impl Shared {
             cancels,
             clients: AtomicUsize::new(0),
             client_list: ClientList::new(),
+            caps: Arc::default(),
             shutdown: crate::signal::Signal::new(),
+            stopping: crate::signal::Signal::new(),
             stopped: CancellationToken::new(),
-            stop_accepting: CancellationToken::new(),
             tracker: TaskTracker::new(),
             config_path: Mutex::new(None),
             paused: Mutex::new(Paused::default()),
@@ -173,7 +179,31 @@ impl Shared {
         if self.is_paused(&key.database) {
             pool.pause();
         }
+        if self.is_stopping() {
+            pool.stop_lending();
+        }
         Some(pool)
+    }
+
+    /// Opens the pool of each database with a forced user and a
+    /// min_pool_size, so that its upkeep keeps min_pool_size servers open
+    /// before any client comes (PgBouncer's janitor fills such pools from
+    /// the start, and after a RELOAD adds one).
+    pub fn open_forced_pools(&self) {
+        let cfg = self.config.load();
+        let users = self.users.load();
+        for name in cfg.databases.keys() {
+            let Some((forced, password)) = cfg.forced_user(name) else { continue };
+            if cfg.pool_settings(name).is_none_or(|s| s.min_pool_size == 0) {
+                continue;
+            }
+            let credentials = match password {
+                Some(p) => crate::auth::Credentials::Password(p.to_owned()),
+                None => crate::auth::Credentials::of_stored(users.get(forced)),
+            };
+            let key = PoolKey { database: name.clone(), user: forced.to_owned() };
+            self.pool_for(&cfg, &key, credentials);
+        }
     }
 
     pub fn is_paused(&self, database: &str) -> bool {
@@ -271,25 +301,39 @@ impl Shared {
         keep("unix_socket_dir, unix_socket_mode or unix_socket_group", unix_changed);
         keep("log_format", cfg.weir.log_format != old.weir.log_format);
         keep("worker_threads", cfg.weir.worker_threads != old.weir.worker_threads);
-        keep("metrics.listen_addr", cfg.metrics.listen_addr != old.metrics.listen_addr);
         // The keys handed out carry the peer id: it cannot change under them.
         keep("peer_id", cfg.weir.peer_id != old.weir.peer_id);
         keep("so_reuseport", cfg.weir.so_reuseport != old.weir.so_reuseport);
         cfg.weir.peer_id = old.weir.peer_id;
         cfg.weir.so_reuseport = old.weir.so_reuseport;
+        let metrics = |m: &crate::config::MetricsSection| (m.listen_addr, m.enabled);
+        keep("metrics.listen_addr", metrics(&cfg.metrics) != metrics(&old.metrics));
         cfg.weir.listen_addr = old.weir.listen_addr.clone();
         cfg.weir.unix_socket_dir = old.weir.unix_socket_dir.clone();
         cfg.weir.unix_socket_mode = old.weir.unix_socket_mode.clone();
         cfg.weir.unix_socket_group = old.weir.unix_socket_group.clone();
         cfg.weir.log_format = old.weir.log_format;
         cfg.weir.worker_threads = old.weir.worker_threads;
-        cfg.metrics.listen_addr = old.metrics.listen_addr;
+        cfg.metrics = old.metrics.clone();
         self.users.store(Arc::new(users));
         self.hba.store(hba);
         self.client_tls.store(client_tls);
+        let server_tls = |g: &crate::config::General| {
+            (
+                g.server_tls_sslmode,
+                g.server_tls_ca_file.clone(),
+                g.server_tls_cert_file.clone(),
+                g.server_tls_key_file.clone(),
+            )
+        };
+        let tls_changed = server_tls(&cfg.weir) != server_tls(&old.weir);
         self.pools.reconfigure(&cfg);
+        if tls_changed {
+            self.pools.all().iter().for_each(|p| p.new_server_settings());
+        }
         crate::verbosity::set(cfg.weir.verbose);
         self.config.store(cfg);
+        self.open_forced_pools();
         Ok(notes)
     }
 
