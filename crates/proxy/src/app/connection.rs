@@ -78,7 +78,7 @@ async fn refuse(socket: &mut ClientStream, e: ClientError) {
         return;
     }
     tracing::warn!(sqlstate = e.sqlstate().code(), "pooler error: {e}");
-    fatal_and_close(socket, e.sqlstate(), &e.client_message()).await;
+    crate::login::stream::fatal_detail_and_close(socket, e.sqlstate(), &e.client_message(), e.detail()).await;
 }
 
 /// A client's life: the login (boxed: it runs once, so the task's own

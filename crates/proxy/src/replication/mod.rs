@@ -79,11 +79,10 @@ pub async fn serve(
     let (place, mut conn) = match opened {
         Ok(v) => v,
         Err(Refused::Client(e)) => return Err(replicating::finish(Err(e), shared, &mut login, &reg, "").unwrap_err()),
-        Err(Refused::Login(code, message)) => {
-            let refused = Err(ClientError::RefusedSetting { code, message: message.clone() });
-            let _ = replicating::finish(refused, shared, &mut login, &reg, "");
-            fatal(socket, code, "login failed", Some(&message)).await;
-            return Ok(Some("login failed"));
+        Err(Refused::Login(code, detail)) => {
+            // Told by the caller, after the log line that says why it closes.
+            let refused = Err(ClientError::ServerLoginFailed { code, detail });
+            return Err(replicating::finish(refused, shared, &mut login, &reg, "").unwrap_err());
         }
     };
     let greeted = replicating::greet(socket, &conn.params, (reg.pid, secret.as_bytes())).await;
@@ -272,7 +271,7 @@ async fn finish(
         }
         Ended::Killed(why) => {
             conn.close(CloseReason::Admin);
-            fatal(socket, farewell_code(why), why, None).await;
+            fatal(socket, farewell_code(why), why).await;
             Ok(Some(why))
         }
         Ended::ServerLost { last_tag, at_boundary } => {
@@ -285,10 +284,10 @@ async fn finish(
     }
 }
 
-/// Sends a FATAL (with a DETAIL, if given) and closes.
-async fn fatal(socket: &mut ClientStream, code: SqlState, message: &str, detail: Option<&str>) {
+/// Sends a FATAL and closes.
+async fn fatal(socket: &mut ClientStream, code: SqlState, message: &str) {
     let mut out = BytesMut::new();
-    messages::error_response_detail(&mut out, Severity::Fatal, code, message, detail);
+    messages::error_response(&mut out, Severity::Fatal, code, message);
     let sent = tokio::time::timeout(LAST_WORDS_LIMIT, socket.write_all(&out)).await;
     if matches!(sent, Ok(Ok(()))) {
         close_after_error(socket).await;
