@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use weir_e2e::pgbouncer::{describe, Described, PgBouncer};
 use weir_e2e::process::{rows, WeirProcess, ADMIN_PASS, ADMIN_USER};
-use weir_e2e::{connect, PgOptions, PgServer, SCRAM_PASS, SCRAM_USER};
+use weir_e2e::{connect, pg, SCRAM_PASS, SCRAM_USER};
 
 /// Every SHOW of PgBouncer (1.23's list).
 const SHOWS: &[&str] = &[
@@ -127,10 +127,6 @@ fn columns_1_23(types: &str, names: &str) -> Vec<(String, u32)> {
 fn in_order(part: &[(String, u32)], whole: &[(String, u32)]) -> bool {
     let mut rest = whole.iter();
     part.iter().all(|c| rest.any(|w| w == c))
-}
-
-async fn pg() -> PgServer {
-    tokio::task::spawn_blocking(|| PgServer::start(PgOptions::default())).await.unwrap().expect("start postgres")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,11 +12,6 @@ use weir_e2e::console::{connect_keeping_notices, console, row_where, show};
 use weir_e2e::process::{http_get, WeirProcess, ADMIN_PASS, ADMIN_USER};
 use weir_e2e::*;
 
-async fn pg() -> Arc<PgServer> {
-    let pg = tokio::task::spawn_blocking(|| PgServer::start(PgOptions::default())).await.unwrap();
-    Arc::new(pg.expect("start postgres"))
-}
-
 /// The error a login or query got: (SQLSTATE, message).
 fn refusal(e: &tokio_postgres::Error) -> (String, String) {
     let db = e.as_db_error().unwrap_or_else(|| panic!("an error from weir expected: {e:?}"));
@@ -159,7 +154,7 @@ async fn process_console(w: &WeirProcess) -> tokio_postgres::Client {
 
 #[tokio::test]
 async fn shutdown_wait_for_clients_stops_when_the_last_client_leaves() {
-    let pg = pg().await;
+    let pg = Arc::new(pg().await);
     let mut w = WeirProcess::start(&pg, "", "").await;
     let admin = process_console(&w).await;
     let c = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
@@ -175,7 +170,7 @@ async fn shutdown_wait_for_clients_stops_when_the_last_client_leaves() {
 
 #[tokio::test]
 async fn shutdown_wait_for_servers_lets_a_transaction_finish_and_ends_new_ones() {
-    let pg = pg().await;
+    let pg = Arc::new(pg().await);
     let mut w = WeirProcess::start(&pg, "", "").await;
     let admin = process_console(&w).await;
     let in_tx = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
@@ -195,7 +190,7 @@ const AUTH_PASS: &str = "weir_auth_pass";
 
 #[tokio::test]
 async fn a_database_own_auth_dbname_is_where_auth_query_runs() {
-    let pg = pg().await;
+    let pg = Arc::new(pg().await);
     let database = format!(
         "auth_user = \"{AUTH_USER}\"\nauth_dbname = \"authdb\"\n[databases.authdb]\nhost = \"127.0.0.1\"\nport = {}\ndbname = \"{APP_DB}\"\n",
         pg.port()

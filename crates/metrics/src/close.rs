@@ -72,13 +72,17 @@ label_enum! {
         PoolShrink => "pool_shrink",
         /// Idle, and closed to make room under `max_db_connections` for
         /// another user's pool of the same database that had clients waiting
-        /// (PgBouncer evicts the same way).
+        /// (PgBouncer evicts the same way), or under `pool_size` for a
+        /// replication client's own connection.
         Evicted => "evicted",
         /// Above this weir's share of the connection budget a fleet of weirs
         /// shares, while the fleet is at its limit (`fleet_share`).
         FleetShare => "fleet_share",
         /// The server violated the wire protocol.
         ProtocolError => "protocol_error",
+        /// A replication connection ended with its client: the server is the
+        /// client's alone, never pooled, and closes when the client leaves.
+        ReplicationEnded => "replication_ended",
         /// Closed by a code path that gave no reason: a
         /// [`ServerConnGuard`](crate::ServerConnGuard) was dropped without
         /// `close()` or `set_reason()`. Non-zero values indicate a weir bug or a
@@ -147,8 +151,12 @@ label_enum! {
         Forwarded => "forwarded",
         /// Handled inside weir (e.g. the client was only waiting).
         AnsweredLocally => "answered_locally",
-        /// The key matched no known client.
+        /// The key matched no known client (or named a peer weir does not
+        /// know, or one it may not forward to again).
         Unknown => "unknown",
+        /// Sent on to the peer that minted the key (another weir, or a
+        /// PgBouncer, behind the same address).
+        Peer => "peer",
     }
 }
 

@@ -3,8 +3,10 @@
 //! with PgBouncer's semantics (SET is in `set.rs`). PAUSE holds new transactions and
 //! returns once the servers in use are released (they are then closed, as
 //! PgBouncer does before a database restart); RESUME releases the held
-//! clients. KILL disconnects a database's clients, closes its servers and
-//! leaves it paused until RESUME.
+//! clients, and ends a PAUSE still waiting (57014). A cancel of the console
+//! client (psql's ^C) ends a waiting PAUSE, which is undone, as in PgBouncer,
+//! or a waiting WAIT_CLOSE or KILL (57014). KILL disconnects a database's
+//! clients, closes its servers and leaves it paused until RESUME.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +17,7 @@ use super::command::Shutdown;
 use super::Notices;
 use crate::config::PoolMode;
 use crate::protocol::{sqlstate, SqlState};
-use crate::state::{quiesce, Shared, StopMode};
+use crate::state::{quiesce, Quiesced, Shared, StopMode};
 
 /// A command that was refused or failed, with the SQLSTATE to report.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -70,8 +72,28 @@ pub async fn pause(shared: &Arc<Shared>, db: Option<&str>) -> Outcome {
         servers_in_use = busy,
         "PAUSE: waiting for servers in use to be released"
     );
-    quiesce(&pools, CloseReason::Admin, None).await;
-    Ok(vec![notice(format!("paused {}; RESUME releases it", db.unwrap_or("all databases")))])
+    match quiesce(&pools, CloseReason::Admin, None).await {
+        Quiesced::Resumed => Err(AdminError::new(
+            sqlstate::QUERY_CANCELED,
+            "PAUSE ended: RESUME came before the servers in use were released",
+        )),
+        Quiesced::Closed | Quiesced::TimedOut => {
+            Ok(vec![notice(format!("paused {}; RESUME releases it", db.unwrap_or("all databases")))])
+        }
+    }
+}
+
+/// A waiting command the console client cancelled (a CancelRequest with its key).
+pub fn cancelled() -> Outcome {
+    Err(AdminError::new(sqlstate::QUERY_CANCELED, "canceling statement due to user request"))
+}
+
+/// A waiting PAUSE the console client cancelled: what it paused is resumed
+/// (PgBouncer resumes on a cancel too), and the client gets 57014.
+pub fn pause_cancelled(shared: &Arc<Shared>, db: Option<&str>) -> Outcome {
+    let pools = shared.set_paused(db, false);
+    tracing::info!(database = db.unwrap_or("*"), pools = pools.len(), "PAUSE cancelled: resumed");
+    cancelled()
 }
 
 /// RESUME [db]; refused during SHUTDOWN WAIT_FOR_* (PgBouncer's words).
@@ -107,7 +129,7 @@ pub async fn kill(shared: &Arc<Shared>, db: Option<&str>) -> Outcome {
     let settle = cfg.weir.server_reset_timeout.max(cfg.weir.server_connect_timeout) + Duration::from_secs(1);
     let resume = db.map_or("RESUME".to_owned(), |d| format!("RESUME {d}"));
     let mut notices = vec![notice(format!("disconnected {n} client(s) of {name}; it stays paused until {resume}"))];
-    if !quiesce(&pools, CloseReason::Admin, Some(settle)).await {
+    if quiesce(&pools, CloseReason::Admin, Some(settle)).await == Quiesced::TimedOut {
         notices
             .push((sqlstate::WARNING, format!("some server connections of {name} were still busy after {settle:?}")));
     }

@@ -24,7 +24,7 @@ use weir_metrics::{ClientResult, ConnAddr};
 use crate::config::Config;
 use crate::login::{ClientError, ClientStream};
 use crate::protocol::messages::{self, Severity};
-pub use crate::state::{load_hba, load_users, quiesce, ReloadError, Shared, StartError};
+pub use crate::state::{load_hba, load_users, quiesce, Quiesced, ReloadError, Shared, StartError};
 pub use connection::serve;
 pub use listen::group_id;
 use listen::Listener;
@@ -123,6 +123,12 @@ impl Weir {
     pub async fn shutdown(self) {
         self.shared.drain().await;
     }
+
+    /// Stops accepting and returns once every client has left (see
+    /// `Shared::wait_for_clients`).
+    pub async fn wait_for_clients(self) {
+        self.shared.wait_for_clients().await;
+    }
 }
 
 /// Keeps the idle/active client gauges in step with the registry, ends
@@ -154,13 +160,18 @@ fn spawn_client_gauges(shared: &Arc<Shared>) {
 }
 
 async fn accept_loop(listener: Listener, shared: Arc<Shared>) {
+    // SHUTDOWN WAIT_FOR_CLIENTS closes the TCP listeners, so that new clients
+    // go to the other weirs on the port or address; the Unix socket stays,
+    // for cancel requests (a peer's forward) and the console.
+    let tcp = matches!(listener, Listener::Tcp(_));
     loop {
-        let tcp = matches!(listener, Listener::Tcp(_));
+        // Biased: once told to stop, no connection is accepted any more
+        // (those still queued are refused when the listener closes).
         let accepted = tokio::select! {
-            r = listener.accept() => r,
+            biased;
             _ = shared.shutdown.cancelled() => break,
-            // SHUTDOWN WAIT_FOR_*: TCP closes; the Unix socket stays for the console.
             _ = shared.stopping.cancelled(), if tcp => break,
+            r = listener.accept() => r,
         };
         let (socket, peer) = match accepted {
             Ok(a) => a,
@@ -170,7 +181,17 @@ async fn accept_loop(listener: Listener, shared: Arc<Shared>) {
                 continue;
             }
         };
-        let max = shared.config.load().weir.max_client_conn as usize;
+        let cfg = shared.config.load();
+        // Keepalive: a client whose path dies while it sits quiet (idle, or
+        // holding a server mid-transaction) is found in seconds.
+        if let Some(tcp) = socket.tcp() {
+            let liveness = crate::server::socket::Liveness::from_config(&cfg.weir);
+            if let Err(e) = crate::server::socket::keepalive(tcp, &liveness) {
+                tracing::debug!(%peer, error = %e, "could not set keepalive on a client socket");
+            }
+        }
+        let max = cfg.weir.max_client_conn as usize;
+        drop(cfg);
         if shared.clients.fetch_add(1, Ordering::AcqRel) >= max {
             shared.clients.fetch_sub(1, Ordering::AcqRel);
             shared.cancels.metrics.record_client_connection(ClientResult::Refused);

@@ -12,18 +12,23 @@
 //!   ignores the cancel), the client gets 08006 and the server connection is
 //!   closed with reason `query_timeout`. PgBouncer instead drops the client
 //!   at the first deadline.
-//! * **server_check_silence** (5 s by default; PgBouncer has none). While the
-//!   server owes an answer, weir is reading, and no byte arrives, the silence
-//!   clock runs. When it runs out, an out-of-band probe asks Postgres on a
+//! * **server_check_silence** (5 s by default; PgBouncer has none). While
+//!   weir waits on the server, the silence clock runs: the server owes an
+//!   answer and sends no byte, or it takes none of the bytes weir has for it
+//!   (mid-COPY IN, a pipeline behind a long query), while weir is reading.
+//!   When it runs out, an out-of-band probe asks Postgres on a
 //!   fresh connection whether our backend is still working (see
-//!   `server::watch`). A slow query passes and the clock restarts, twice as
+//!   `server::probe`). A slow query passes and the clock restarts, twice as
 //!   long each time the same silence is probed again (up to 16 x: a query
 //!   that stays silent for minutes costs a few probes, not one every 5 s);
-//!   any server byte brings it back to `server_check_silence`. A dead
-//!   path, dead server or finished backend whose answer never came gives the
-//!   client 08006 and closes the connection with reason `unresponsive`.
-//!   Waiting on the client (COPY IN, or a client too slow to read so that
-//!   weir stopped reading) never counts as silence.
+//!   any server byte, or the server taking bytes it had left waiting, brings
+//!   it back to `server_check_silence`. A dead path, dead server, or a
+//!   backend that finished (its answer never came) or waits to read bytes
+//!   that never reach it, gives the client 08006 and closes the connection
+//!   with reason `unresponsive`. A backend that only stopped reading while it
+//!   works (a lock, I/O, a long query) is left alone, where TCP_USER_TIMEOUT
+//!   would cut it off. Waiting on the client (COPY IN, or a client too slow
+//!   to read so that weir stopped reading) never counts as silence.
 //! * **idle_transaction_timeout** (off by default). A client that leaves a
 //!   transaction open (status T or E) and sends nothing for this long is
 //!   disconnected with 08P01 "idle transaction timeout", as PgBouncer does;
@@ -39,7 +44,9 @@
 //!   while the server owes no ReadyForQuery: the server waits for the client,
 //!   the client for weir, and no timeout above runs. That is a bug in weir;
 //!   after `STALL_LIMIT` it is logged (warn, with the session's state) once
-//!   per stall and counted (`weir_stalled_pipelines_total`).
+//!   per stall and counted (`weir_stalled_pipelines_total`). A stall that
+//!   lasts `STALL_END` ends the session (XX000), and the server is recovered:
+//!   the client would otherwise wait forever.
 //!
 //! Timers cost nothing on the byte path: the timer lives with the client
 //! (`AlarmTimer`, one per session) and is moved only to an earlier deadline;
@@ -82,6 +89,9 @@ pub enum WatchdogError {
     /// counts it and goes on).
     #[error("pipeline stalled inside weir")]
     Stalled,
+    /// The stall lasted `STALL_END`: the session ends rather than wait forever.
+    #[error("pipeline stalled inside weir for {}: the session is ended rather than left waiting", humantime::format_duration(*.0))]
+    StallEnded(Duration),
 }
 
 impl WatchdogError {
@@ -93,7 +103,7 @@ impl WatchdogError {
             // "this connection is gone" (Postgres's own 25P03/25P04 are
             // class 25, which they read as a failed statement).
             WatchdogError::IdleTransaction(_) | WatchdogError::Transaction(_) => sqlstate::PROTOCOL_VIOLATION,
-            WatchdogError::Stalled => sqlstate::INTERNAL_ERROR,
+            WatchdogError::Stalled | WatchdogError::StallEnded(_) => sqlstate::INTERNAL_ERROR,
         }
     }
 
@@ -102,7 +112,10 @@ impl WatchdogError {
         match self {
             WatchdogError::QueryTimeout { .. } => Some(CloseReason::QueryTimeout),
             WatchdogError::Unresponsive { .. } => Some(CloseReason::Unresponsive),
-            WatchdogError::IdleTransaction(_) | WatchdogError::Transaction(_) | WatchdogError::Stalled => None,
+            WatchdogError::IdleTransaction(_)
+            | WatchdogError::Transaction(_)
+            | WatchdogError::Stalled
+            | WatchdogError::StallEnded(_) => None,
         }
     }
 }
@@ -191,8 +204,12 @@ pub(crate) struct Watchdog<'a> {
     cancelled_at: Option<Instant>,
     /// Silence clock: since the last server byte while an answer is owed.
     silent_since: Option<Instant>,
-    /// Server bytes arrived since the silence clock was last set.
+    /// Server bytes arrived (or the server took bytes weir had left
+    /// waiting) since the silence clock was last set.
     heard: bool,
+    /// The silence is (also) the server taking none of weir's bytes: a
+    /// backend waiting to read then is cut off from them.
+    unsent: bool,
     /// Probes that found the server alive during this silence: the next
     /// one waits `silence` x 2^n (`MAX_SILENCE_BACKOFF` at most).
     alive_probes: u8,
@@ -214,6 +231,8 @@ pub(crate) struct Watchdog<'a> {
 /// How long weir may hold client messages while the server owes nothing
 /// before the stall is reported.
 pub(crate) const STALL_LIMIT: Duration = Duration::from_secs(2);
+/// How long a stall may last before the session is ended.
+pub(crate) const STALL_END: Duration = Duration::from_secs(10);
 /// `Watchdog::stall`: this stall was reported.
 const STALL_TOLD: u16 = 1;
 /// `Watchdog::stall`: an extended-protocol batch was open when it began.
@@ -229,6 +248,7 @@ impl<'a> Watchdog<'a> {
             cancelled_at: None,
             silent_since: None,
             heard: false,
+            unsent: false,
             alive_probes: 0,
             silence_limit: spec.watch.silence,
             probe: None,
@@ -241,7 +261,8 @@ impl<'a> Watchdog<'a> {
 
     /// Starts or stops the clocks from where the conversation stands.
     /// `reading`: weir is reading from the server (not held back by a slow
-    /// client). `client_quiet`: no client bytes are on their way to the server.
+    /// client). `unsent`: bytes for the server wait for its socket to take
+    /// them. `client_quiet`: no client bytes are on their way to the server.
     /// `query_started`: when the running query started, if the caller knows
     /// (a clock that starts now starts from it, and reads none of its own).
     /// `held`: weir holds whole client messages it has not sent.
@@ -249,6 +270,7 @@ impl<'a> Watchdog<'a> {
         &mut self,
         conv: &Conversation,
         reading: bool,
+        unsent: bool,
         client_quiet: bool,
         query_started: Option<Instant>,
         held: bool,
@@ -269,14 +291,16 @@ impl<'a> Watchdog<'a> {
         } else if self.query_since.is_none() && self.spec.watch.query_timeout.is_some() {
             self.query_since = Some(Instant::now());
         }
-        if !(owing && reading) {
+        self.unsent = unsent;
+        if !((owing || unsent) && reading) {
             self.silent_since = None;
             self.probe = None;
         } else if (self.silent_since.is_none() || self.heard) && self.spec.watch.silence.is_some() {
             // Restarted here rather than in `heard`: the read that ends a
-            // transaction then costs no clock reading.
+            // transaction then costs no clock reading. A silence of bytes
+            // not taken (mid-COPY IN) starts now, not when the query began.
             let since = match (self.silent_since, query_started) {
-                (None, Some(t)) => t,
+                (None, Some(t)) if owing => t,
                 _ => Instant::now(),
             };
             self.silent_since = Some(since);
@@ -306,8 +330,9 @@ impl<'a> Watchdog<'a> {
         self.timer
     }
 
-    /// The server sent bytes: it is alive. The silence clock restarts at the
-    /// next `update` (which always comes before the alarm is polled again).
+    /// The server sent bytes, or took bytes its socket had left waiting: it
+    /// is alive. The silence clock restarts at the next `update` (which
+    /// always comes before the alarm is polled again).
     pub(crate) fn heard(&mut self) {
         self.heard = true;
     }
@@ -333,7 +358,7 @@ impl<'a> Watchdog<'a> {
             || self.silent_since.is_some()
             || self.idle_since.is_some()
             || self.timer.xact_since.is_some()
-            || self.stall_pending().is_some()
+            || self.stalled_since.is_some()
     }
 
     /// Ready when a clock ends the conversation. Cancel-safe: the timer and
@@ -389,8 +414,8 @@ impl<'a> Watchdog<'a> {
                     pid = self.cancel.pid,
                     "server silent while owing an answer: probing it"
                 );
-                let (spec, pid) = (self.spec.clone(), self.cancel.pid);
-                self.probe = Some(Box::pin(async move { probe::probe(&spec, pid).await }));
+                let (spec, pid, unsent) = (self.spec.clone(), self.cancel.pid, self.unsent);
+                self.probe = Some(Box::pin(async move { probe::probe(&spec, pid, unsent).await }));
             }
         }
         if let (Some(since), Some(limit)) = (self.idle_since, self.spec.watch.idle_transaction) {
@@ -403,17 +428,24 @@ impl<'a> Watchdog<'a> {
                 return Some(WatchdogError::Transaction(limit));
             }
         }
-        if let Some(since) = self.stall_pending() {
-            if now >= since + STALL_LIMIT {
+        if let Some(since) = self.stalled_since {
+            if now >= since + self.stall_limit() {
+                if self.stall & STALL_TOLD != 0 {
+                    return Some(WatchdogError::StallEnded(now - since));
+                }
                 return Some(self.report_stall(now - since));
             }
         }
         None
     }
 
-    /// When the stall not yet reported began.
-    fn stall_pending(&self) -> Option<Instant> {
-        self.stalled_since.filter(|_| self.stall & STALL_TOLD == 0)
+    /// How long after its start the stall is next acted on: reported, then ended.
+    fn stall_limit(&self) -> Duration {
+        if self.stall & STALL_TOLD == 0 {
+            STALL_LIMIT
+        } else {
+            STALL_END
+        }
     }
 
     /// A stall: logged once with the session's state; the caller counts it.
@@ -470,8 +502,8 @@ impl<'a> Watchdog<'a> {
         if let (Some(since), Some(limit)) = (self.timer.xact_since, self.spec.watch.transaction) {
             consider(since + limit);
         }
-        if let Some(since) = self.stall_pending() {
-            consider(since + STALL_LIMIT);
+        if let Some(since) = self.stalled_since {
+            consider(since + self.stall_limit());
         }
         next
     }

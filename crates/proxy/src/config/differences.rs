@@ -68,8 +68,30 @@ const DIFFERENCES: &[Difference] = &[
         note: "TLS (rustls): X.509 v3 certificates only, and host names from subjectAltName only (OpenSSL also \
                reads v1 certificates and the subject CN)",
     },
-    Difference { applies: always, note: "no online restart (-R, SUSPEND) and no peering" },
+    Difference {
+        applies: |c| c.weir.sigterm == super::SigtermMode::Drain,
+        note: "sigterm = \"drain\": SIGTERM tells idle clients at once (57P01) and weir ends within \
+               shutdown_timeout (PgBouncer's SIGTERM waits for every client: sigterm = \"wait_for_clients\")",
+    },
+    Difference { applies: always, note: "no online restart (-R, SUSPEND)" },
+    Difference {
+        applies: shorter_bounds,
+        note: "liveness: weir bounds waits sooner than PgBouncer's defaults: client_login_timeout 10s (60s), \
+               server_connect_timeout 5s (15s), keepalive probes after tcp_keepidle 5s on every socket, clients' \
+               too (the kernel's 2h), server_check_silence 5s (none)",
+    },
 ];
+
+/// Some liveness setting is shorter than PgBouncer's default (weir's own
+/// defaults are).
+fn shorter_bounds(c: &Config) -> bool {
+    use std::time::Duration;
+    let w = &c.weir;
+    w.client_login_timeout < Duration::from_secs(60)
+        || w.server_connect_timeout < Duration::from_secs(15)
+        || (w.tcp_keepalive && w.tcp_keepidle < Duration::from_secs(7200))
+        || !w.server_check_silence.is_zero()
+}
 
 /// The deliberate differences from PgBouncer that this config meets.
 pub fn for_config(cfg: &Config) -> Vec<&'static str> {
@@ -88,6 +110,11 @@ mod tests {
     fn notes_follow_the_keys_that_are_set() {
         let plain = for_config(&cfg("[weir]\nauth_type = \"md5\"\nauth_file = \"u.txt\"\n[databases.app]\n"));
         assert!(plain.iter().any(|n| n.starts_with("query_wait_timeout")), "{plain:#?}");
+        assert!(plain.iter().any(|n| n.starts_with("liveness")), "weir's shorter default bounds: {plain:#?}");
+        let pgbouncer_bounds = "client_login_timeout = \"60s\"\nserver_connect_timeout = \"15s\"\n\
+            tcp_keepalive = false\nserver_check_silence = \"0s\"\n";
+        let like = for_config(&cfg(&format!("[weir]\nauth_type = \"trust\"\n{pgbouncer_bounds}[databases.app]\n")));
+        assert!(!like.iter().any(|n| n.starts_with("liveness")), "PgBouncer's bounds, no note: {like:#?}");
         assert!(!plain.iter().any(|n| n.starts_with("server_fast_close") || n.starts_with("query_timeout")));
         assert!(!plain.iter().any(|n| n.starts_with("TLS") || n.starts_with("auth_type")), "{plain:#?}");
         let set = for_config(&cfg(

@@ -7,6 +7,7 @@
 pub(crate) mod caps;
 pub(crate) mod client_list;
 pub(crate) mod disabled;
+mod shutdown;
 mod stopping;
 
 pub use stopping::StopMode;
@@ -141,6 +142,7 @@ impl Shared {
     }
 
     pub fn new(cfg: Config, users: UserList) -> Shared {
+        let cancels = CancelKeys::for_peer(cfg.weir.peer_id);
         Shared {
             config: ConfigCell::new(cfg),
             users: ArcSwap::from_pointee(users),
@@ -148,7 +150,7 @@ impl Shared {
             client_tls: ArcSwapOption::empty(),
             pools: Pools::new(),
             auth_query_cache: Default::default(),
-            cancels: CancelKeys::new(),
+            cancels,
             clients: AtomicUsize::new(0),
             client_list: ClientList::new(),
             caps: Arc::default(),
@@ -299,6 +301,11 @@ impl Shared {
         keep("unix_socket_dir, unix_socket_mode or unix_socket_group", unix_changed);
         keep("log_format", cfg.weir.log_format != old.weir.log_format);
         keep("worker_threads", cfg.weir.worker_threads != old.weir.worker_threads);
+        // The keys handed out carry the peer id: it cannot change under them.
+        keep("peer_id", cfg.weir.peer_id != old.weir.peer_id);
+        keep("so_reuseport", cfg.weir.so_reuseport != old.weir.so_reuseport);
+        cfg.weir.peer_id = old.weir.peer_id;
+        cfg.weir.so_reuseport = old.weir.so_reuseport;
         let metrics = |m: &crate::config::MetricsSection| (m.listen_addr, m.enabled);
         keep("metrics.listen_addr", metrics(&cfg.metrics) != metrics(&old.metrics));
         cfg.weir.listen_addr = old.weir.listen_addr.clone();
@@ -353,7 +360,7 @@ impl Shared {
             let _ = tokio::time::timeout(Duration::from_secs(2), self.tracker.wait()).await;
         }
         let settle = cfg.weir.server_reset_timeout.max(cfg.weir.server_connect_timeout) + Duration::from_millis(500);
-        if !quiesce(&self.pools.all(), CloseReason::Shutdown, Some(settle)).await {
+        if quiesce(&self.pools.all(), CloseReason::Shutdown, Some(settle)).await != Quiesced::Closed {
             tracing::warn!("some server connections were still busy when the drain ended");
         }
         tracing::info!("drained");
@@ -372,24 +379,39 @@ impl Shared {
     }
 }
 
+/// How a `quiesce` ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quiesced {
+    /// No server of the pools is lent, being recovered or connecting.
+    Closed,
+    /// The limit passed first.
+    TimedOut,
+    /// A pool was resumed meanwhile (RESUME, SIGUSR2): the wait is over, and
+    /// the servers that come back now stay.
+    Resumed,
+}
+
 /// Pauses `pools` and closes their server connections with `reason` as they
-/// become idle, until none is lent, being recovered or connecting, or until
-/// `limit` (None: no limit). Returns true when they all closed. Cancel-safe.
-pub async fn quiesce(pools: &[Arc<Pool>], reason: CloseReason, limit: Option<Duration>) -> bool {
+/// become idle, until none is lent, being recovered or connecting, until
+/// `limit` (None: no limit), or until one of them is resumed. Cancel-safe.
+pub async fn quiesce(pools: &[Arc<Pool>], reason: CloseReason, limit: Option<Duration>) -> Quiesced {
     pools.iter().for_each(|p| p.pause());
     let deadline = limit.map(|l| tokio::time::Instant::now() + l);
     loop {
         let mut busy = false;
         for pool in pools {
-            pool.close_idle(reason);
             let s = pool.snapshot();
+            if !s.paused {
+                return Quiesced::Resumed;
+            }
+            pool.close_idle(reason);
             busy |= s.active + s.recovering + s.connecting > 0;
         }
         if !busy {
-            return true;
+            return Quiesced::Closed;
         }
         if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
-            return false;
+            return Quiesced::TimedOut;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
