@@ -75,6 +75,11 @@ const DIFFERENCES: &[Difference] = &[
     },
     Difference { applies: always, note: "no online restart (-R, SUSPEND)" },
     Difference {
+        applies: |c| c.weir.max_prepared_statements > 0,
+        note: "prepared statements: a Parse of a name the client already holds gets Postgres's 42P05 and the \
+               client keeps its connection (PgBouncer closes it)",
+    },
+    Difference {
         applies: shorter_bounds,
         note: "liveness: weir bounds waits sooner than PgBouncer's defaults: client_login_timeout 10s (60s), \
                server_connect_timeout 5s (15s), keepalive probes after tcp_keepidle 5s on every socket, clients' \

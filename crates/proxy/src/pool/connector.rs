@@ -168,7 +168,9 @@ impl Pool {
                     Some((code, message)) => self.login_rejected(&mut st, code, message),
                     None => {
                         st.rejected = None;
-                        tracing::warn!(database = %self.key.database, user = %self.key.user, error = %e, "server connect failed");
+                        let (db, user) = (&self.key.database, &self.key.user);
+                        let reason = e.close_reason();
+                        tracing::warn!(error = %e, "S: {db}/{user} server connect failed, closing because: {reason}");
                         st.retry_at = Some(Instant::now() + backoff(st.failures, st.opts.login_retry_max));
                     }
                 }
