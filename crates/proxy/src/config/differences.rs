@@ -76,8 +76,8 @@ const DIFFERENCES: &[Difference] = &[
     Difference { applies: always, note: "no online restart (-R, SUSPEND)" },
     Difference {
         applies: |c| c.weir.max_prepared_statements > 0,
-        note: "prepared statements: a Parse of a name the client already holds gets Postgres's 42P05 and the \
-               client keeps its connection (PgBouncer closes it)",
+        note: "prepared statements: a Parse of a name the client already holds (42P05) or a Describe of a name it \
+               does not hold (26000) gets Postgres's error and the client keeps its connection (PgBouncer closes it)",
     },
     Difference {
         applies: shorter_bounds,
@@ -122,6 +122,9 @@ mod tests {
         assert!(!like.iter().any(|n| n.starts_with("liveness")), "PgBouncer's bounds, no note: {like:#?}");
         assert!(!plain.iter().any(|n| n.starts_with("server_fast_close") || n.starts_with("query_timeout")));
         assert!(!plain.iter().any(|n| n.starts_with("TLS") || n.starts_with("auth_type")), "{plain:#?}");
+        assert!(plain.iter().any(|n| n.starts_with("prepared statements")), "on by default: {plain:#?}");
+        let off = for_config(&cfg("[weir]\nauth_type = \"trust\"\nmax_prepared_statements = 0\n[databases.app]\n"));
+        assert!(!off.iter().any(|n| n.starts_with("prepared statements")), "{off:#?}");
         let set = for_config(&cfg(
             "[weir]\nauth_type = \"trust\"\nserver_fast_close = true\nquery_timeout = \"10s\"\n[databases.app]\n",
         ));
