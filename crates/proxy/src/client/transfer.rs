@@ -20,6 +20,7 @@ use super::prepared::ClientStatements;
 use super::stream::ClientStream;
 use super::transfer_watchdog::{AlarmTimer, Watchdog, WatchdogError};
 use crate::params::ParamMap;
+use crate::server::role::IN_HOT_STANDBY;
 use crate::server::{ServerConn, ServerSide};
 
 /// Read no more from a side while this much of its output is unsent.
@@ -343,7 +344,9 @@ fn from_server<CW: AsyncWrite + Unpin>(
 ) -> Result<Option<FromServer>, ClientError> {
     let owed = server.conv.owed();
     let (server_params, client_params) = (&mut *server.params, &mut *client.params);
+    let mut role_changed = false;
     let scan = server.conv.scan_server(server.unread, |k, v| {
+        role_changed |= k == IN_HOT_STANDBY && server_params.get(k) != Some(v);
         server_params.set(k, v);
         client_params.set(k, v);
     });
@@ -351,6 +354,12 @@ fn from_server<CW: AsyncWrite + Unpin>(
         *server.broken = Some(weir_metrics::CloseReason::ProtocolError);
         ClientError::BadServerMessage(e)
     })?;
+    // A standby promoted under this server, or a write it refused where
+    // writes are wanted: it retires when released, and its host's role is
+    // asked again.
+    if role_changed || (scanned.refused_write && server.wants_writes) {
+        server.broken.get_or_insert(weir_metrics::CloseReason::RoleChanged);
+    }
     let answered = owed.saturating_sub(server.conv.owed()) as usize;
     // A tracked client's replies may be rewritten: they go through `inbound` whole.
     let tracking = client.prepared.is_tracking();

@@ -53,6 +53,12 @@ const DIFFERENCES: &[Difference] = &[
         note: "TLS (rustls): X.509 v3 certificates only, and host names from subjectAltName only (OpenSSL also \
                reads v1 certificates and the subject CN)",
     },
+    Difference {
+        applies: |c| c.databases.values().any(|d| d.host.contains(',')),
+        note: "host lists: weir skips a host it cannot reach and, with target_session_attrs, keeps only servers \
+               of the role asked for, finding the new primary after a failover (PgBouncer takes every listed host \
+               in turn, reachable or not, and checks no role)",
+    },
     Difference { applies: always, note: "no online restart (-R, SUSPEND) and no peering" },
 ];
 

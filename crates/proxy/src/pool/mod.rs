@@ -11,6 +11,7 @@ mod error;
 mod evict;
 mod expiry;
 mod fleet;
+mod hosts;
 mod inspect;
 mod lease;
 mod places;
@@ -34,6 +35,7 @@ use crate::timer::within;
 
 pub use admission::{AdmissionConfig, Estimator, QueueCount};
 pub use error::PoolError;
+pub use hosts::{HostKey, HostSet, HostView, HostsConfig};
 pub use inspect::IdleServer;
 pub use lease::Lease;
 pub use pools::{PoolKey, Pools};
@@ -56,6 +58,8 @@ pub struct PoolOptions {
     pub check_query: String,
     pub check_timeout: Duration,
     pub admission: AdmissionConfig,
+    /// The database's hosts, balancing, target and name look-ups.
+    pub hosts: HostsConfig,
 }
 
 /// A pool's configured limits, as `/metrics` exports them.
@@ -82,6 +86,8 @@ pub struct Pool {
     user_servers: Arc<pools::DbCount>,
     /// Waiters across all pools (`max_waiting_clients_total`).
     queued_total: Arc<QueueCount>,
+    /// The database's hosts, shared with its other users' pools.
+    hosts: Arc<HostSet>,
 }
 
 impl Pool {
@@ -91,6 +97,7 @@ impl Pool {
         db_servers: Arc<pools::DbCount>,
         user_servers: Arc<pools::DbCount>,
         queued_total: Arc<QueueCount>,
+        hosts: Arc<HostSet>,
     ) -> Arc<Pool> {
         let metrics = PoolMetrics::new(key.database.clone(), key.user.clone());
         metrics.set_limits(limits(&opts.settings));
@@ -103,7 +110,9 @@ impl Pool {
             db_servers,
             user_servers,
             queued_total,
+            hosts,
         });
+        pool.hosts.join(&pool);
         pool.db_servers.pools.lock().push(Arc::downgrade(&pool));
         pool.user_servers.pools.lock().push(Arc::downgrade(&pool));
         pool.state.lock().opts.spec.probe_room = pool.probe_room();
@@ -118,6 +127,7 @@ impl Pool {
         opts.spec.probe_room = self.probe_room();
         self.metrics.set_limits(limits(&opts.settings));
         self.estimate.configure(&opts.admission);
+        self.hosts.configure(opts.hosts.clone());
         let mut st = self.state.lock();
         st.opts = opts;
         self.want_connects(&mut st);
@@ -346,6 +356,11 @@ impl Pool {
     pub(crate) fn give_back(self: &Arc<Self>, mut conn: Box<ServerConn>, needs_reset: bool, now: Option<Instant>) {
         if let Some(reason) = conn.broken {
             self.state.lock().active -= 1;
+            if reason == CloseReason::RoleChanged {
+                // It answered 25006 where writes are wanted, or reported a
+                // new in_hot_standby: its host's role is asked again.
+                self.hosts.doubt(&HostKey::of(&conn.spec));
+            }
             self.discard(conn, reason);
             return;
         }
@@ -386,8 +401,12 @@ impl Pool {
     /// Gives `conn` to the oldest waiter that can still use it at `now`,
     /// else parks it idle.
     fn hand_over(self: &Arc<Self>, st: &mut State, conn: Box<ServerConn>, now: Instant) {
-        if st.reconnect_before.is_some_and(|t| conn.created < t) {
-            conn.close(CloseReason::Admin);
+        let retired = match st.reconnect_before.is_some_and(|t| conn.created < t) {
+            true => Some(CloseReason::Admin),
+            false => st.retired(&conn),
+        };
+        if let Some(reason) = retired {
+            conn.close(reason);
             self.want_connects(st);
             self.wake_blocked_siblings();
             return;
@@ -467,6 +486,31 @@ impl Pool {
         let Some(mark) = self.reconnect_mark() else { return false };
         let wall = std::time::SystemTime::now() - mark.elapsed();
         self.metrics.live_servers().iter().any(|s| s.connected_at < wall)
+    }
+
+    /// The servers of host `key` retire: idle ones close now, lent ones
+    /// when released (its role changed, or its name points elsewhere).
+    pub(crate) fn retire_host(self: &Arc<Self>, key: &HostKey, reason: CloseReason) {
+        let doomed = self.state.lock().retire_host(key, reason, Instant::now());
+        for conn in doomed {
+            conn.close(reason);
+        }
+        self.want_connects(&mut self.state.lock());
+    }
+
+    /// A host of the database came to match: a connect backing off after
+    /// failures tries again now.
+    pub(crate) fn host_found(self: &Arc<Self>) {
+        let mut st = self.state.lock();
+        if st.refusals == 0 && st.rejected.is_none() {
+            st.retry_at = None;
+        }
+        self.want_connects(&mut st);
+    }
+
+    /// The database's hosts as the pool knows them.
+    pub fn hosts(&self) -> &Arc<HostSet> {
+        &self.hosts
     }
 
     /// Closes every idle connection (KILL, shutdown).

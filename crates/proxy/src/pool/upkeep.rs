@@ -79,12 +79,13 @@ fn shrink(st: &mut super::state::State, doomed: &mut Vec<(Box<crate::server::Ser
 
 /// After a reload, idle connections take the pool's current connect spec,
 /// so the watchdog settings it carries apply from their next loan.
+/// Each keeps the host it was opened to.
 fn refresh_specs(st: &mut super::state::State) {
-    let Some(stale) = st.idle.iter().position(|c| *c.spec != st.opts.spec) else { return };
-    let spec = Arc::new(st.opts.spec.clone());
+    let Some(stale) = st.idle.iter().position(|c| !c.spec.same_settings(&st.opts.spec)) else { return };
+    let spec = &st.opts.spec;
     for conn in &mut st.idle[stale..] {
-        if *conn.spec != *spec {
-            conn.spec = spec.clone();
+        if !conn.spec.same_settings(spec) {
+            conn.spec = Arc::new(spec.aimed(&conn.spec.host, conn.spec.port, conn.spec.addr));
         }
     }
 }
