@@ -77,10 +77,13 @@ impl HostSetMetrics {
     }
 
     /// Counts one failover that took `took` (first failed connect to first
-    /// matching server on another host).
-    pub fn record_failover(&self, took: Duration) {
+    /// matching server on another host; None when no connect failed: the
+    /// new host was found matching while the old one still seemed to).
+    pub fn record_failover(&self, took: Option<Duration>) {
         self.failovers.fetch_add(1, R);
-        self.failover_duration.record(took);
+        if let Some(took) = took {
+            self.failover_duration.record(took);
+        }
     }
 
     /// Failovers so far.
@@ -181,10 +184,11 @@ mod tests {
         let a = HostSetMetrics::new("hosts_db");
         a.set_hosts(vec![("127.0.0.3:5432".into(), HostRole::Standby), ("127.0.0.2:5432".into(), HostRole::Primary)]);
         a.set_matching(1);
-        a.record_failover(Duration::from_millis(700));
+        a.record_failover(Some(Duration::from_millis(700)));
         let b = HostSetMetrics::new("hosts_db");
         b.set_hosts(vec![("127.0.0.2:5432".into(), HostRole::Unreachable)]);
-        b.record_failover(Duration::from_millis(300));
+        b.record_failover(Some(Duration::from_millis(300)));
+        b.record_failover(None);
         let text = render(&[a, b]);
         let has = |line: &str| text.lines().any(|l| l == line);
         assert!(has(r#"weir_host_role{database="hosts_db",host="127.0.0.3:5432",role="standby"} 1"#), "{text}");
@@ -192,7 +196,7 @@ mod tests {
         assert!(has(r#"weir_host_role{database="hosts_db",host="127.0.0.2:5432",role="primary"} 1"#));
         assert_eq!(text.matches(r#"host="127.0.0.2:5432",role="unreachable""#).count(), 1, "shown once");
         assert!(has(r#"weir_hosts_matching{database="hosts_db"} 1"#));
-        assert!(has(r#"weir_failovers_total{database="hosts_db"} 2"#));
+        assert!(has(r#"weir_failovers_total{database="hosts_db"} 3"#), "untimed ones counted too");
         assert!(has(r#"weir_failover_duration_seconds_bucket{database="hosts_db",le="0.5"} 1"#), "{text}");
         assert!(has(r#"weir_failover_duration_seconds_count{database="hosts_db"} 2"#));
         assert_eq!(text.matches("# TYPE weir_host_role gauge").count(), 1);

@@ -17,7 +17,7 @@ pub mod relay;
 
 pub use error::TestkitError;
 pub use postgres::{
-    PgOptions, PgServer, StopMode, APP_DB, MD5_PASS, MD5_USER, SCRAM_PASS, SCRAM_USER, TRUST_PASS, TRUST_USER,
+    PgOptions, PgPair, PgServer, StopMode, APP_DB, MD5_PASS, MD5_USER, SCRAM_PASS, SCRAM_USER, TRUST_PASS, TRUST_USER,
 };
 pub use relay::Relay;
 

@@ -5,6 +5,7 @@
 pub mod extended;
 pub mod liveness;
 pub mod migrated;
+pub mod pair;
 pub mod pgbouncer;
 pub mod process;
 pub mod raw;

@@ -4,7 +4,8 @@
 //! connection, so a pool does not expire all at once), keep min_pool_size
 //! warm, retry connects held back by max_db_connections, point idle
 //! connections at the current settings after a reload, close idle ones
-//! above a capacity a reload lowered, and publish the state gauges.
+//! above a capacity a reload lowered, publish the state gauges, and let the
+//! database's host set ask its hosts that do not match again (`survey`).
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -64,6 +65,11 @@ fn sweep(pool: &Arc<Pool>) {
     }
     let mut st = pool.state.lock();
     pool.want_connects(&mut st);
+    // Under the pool's lock: the set takes its own and never a pool's
+    // while it holds it.
+    if !st.paused {
+        pool.hosts.survey(&st.opts.spec);
+    }
 }
 
 /// After a reload lowered pool_size or reserve_pool_size, idle connections

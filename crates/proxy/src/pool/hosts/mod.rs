@@ -372,8 +372,32 @@ impl HostSet {
             self.outage_starts(st, &key);
         }
         if now_matches && !was {
-            self.outage_ends(st, &key, actions);
+            let displaced = self.displace(st, &key, actions);
+            self.outage_ends(st, &key, displaced, actions);
         }
+    }
+
+    /// Host `key` came to match a target only one server can meet at a
+    /// time (read-write, primary): another host that still matched was
+    /// switched over without weir seeing it fail (its connections quiet, a
+    /// path gone silent). Its role is in doubt, its servers retired and
+    /// cut. Returns the hosts displaced.
+    fn displace(&self, st: &mut SetState, key: &HostKey, actions: &mut Vec<Action>) -> Vec<HostKey> {
+        if !matches!(st.cfg.target, TargetSessionAttrs::ReadWrite | TargetSessionAttrs::Primary) {
+            return Vec::new();
+        }
+        let target = st.cfg.target;
+        let mut displaced = Vec::new();
+        for h in st.hosts.iter_mut().filter(|h| h.key != *key && matches(h.role, target)) {
+            tracing::warn!(database = %self.database, host = %h.key, from = h.role.as_label(), now = %key,
+                "another host now matches target_session_attrs; this one is in doubt");
+            h.role = HostRole::Unknown;
+            h.learned = Some(Instant::now());
+            actions.push(Action::Retire(h.key.clone(), CloseReason::RoleChanged));
+            actions.push(Action::Cut(h.tethers.clone(), h.key.clone()));
+            displaced.push(h.key.clone());
+        }
+        displaced
     }
 
     /// The matching host `key` failed: if no other matches, an outage begins.
@@ -385,14 +409,22 @@ impl HostSet {
     }
 
     /// Host `key` matches: an outage ends, as a failover when another host
-    /// matched before.
-    fn outage_ends(&self, st: &mut SetState, key: &HostKey, actions: &mut Vec<Action>) {
+    /// matched before (timed from the first failed connect), or the hosts
+    /// it `displaced` are a failover weir saw no connect fail in (untimed).
+    fn outage_ends(&self, st: &mut SetState, key: &HostKey, displaced: Vec<HostKey>, actions: &mut Vec<Action>) {
         actions.push(Action::WakePools);
-        let Some(outage) = st.outage.take() else { return };
+        let Some(outage) = st.outage.take() else {
+            if let Some(from) = displaced.first() {
+                self.metrics.record_failover(None);
+                tracing::warn!(database = %self.database, from = %from, to = %key, target = st.cfg.target.as_str(),
+                    "failover: another host now matches");
+            }
+            return;
+        };
         let took = outage.since.elapsed();
         match outage.from {
             Some(from) if from != *key => {
-                self.metrics.record_failover(took);
+                self.metrics.record_failover(Some(took));
                 tracing::warn!(database = %self.database, from = %from, to = %key, target = st.cfg.target.as_str(),
                     took_ms = took.as_millis() as u64, "failover: another host now matches");
                 if let Some(old) = st.hosts.iter().find(|h| h.key == from) {

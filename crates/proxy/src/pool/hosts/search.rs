@@ -9,6 +9,14 @@
 //! their connects dial it), when a probe's login is refused (the waiting
 //! connects end with Postgres's error, as a pool's own login would), or
 //! when no connect has wanted it for a while.
+//!
+//! Between searches, the hosts that do not match (unreachable, a standby
+//! where writes are wanted, not known yet) are asked again every 10 s while
+//! a pool of the database lives (`survey`): their roles in SHOW and
+//! `/metrics` are never older than that, a host back from an outage takes
+//! its share again (`any`, round-robin), and a standby that came back is
+//! preferred again (`prefer-standby`). Hosts that match are seen by the
+//! pools' own connects.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,6 +32,8 @@ use crate::server::ConnectSpec;
 const FIRST_PAUSE: Duration = Duration::from_millis(50);
 const FAST_PAUSE_MAX: Duration = Duration::from_millis(250);
 const FAST_FOR: Duration = Duration::from_secs(30);
+/// How often hosts that do not match are asked again between searches.
+const SURVEY_EVERY: Duration = Duration::from_secs(10);
 
 /// The set's search, behind the set's lock.
 #[derive(Debug, Default)]
@@ -36,6 +46,8 @@ pub(super) struct Search {
     spec: Option<Arc<ConnectSpec>>,
     /// A probe's login was refused: its SQLSTATE and message.
     refused: Option<(SqlState, String)>,
+    /// When the hosts that do not match were last asked (or a survey began).
+    surveyed_at: Option<Instant>,
 }
 
 /// How a wait for the search ended.
@@ -123,6 +135,40 @@ impl HostSet {
         }
         let searching = st.search.since.map(|t| t.elapsed()).unwrap_or_default();
         Some(pause(round, searching, st.cfg.retry_max))
+    }
+
+    /// Called by each pool's upkeep (`spec`: its credentials): every
+    /// `SURVEY_EVERY`, when no search runs, the hosts that do not match are
+    /// probed once, at once.
+    pub(crate) fn survey(self: &Arc<Self>, spec: &ConnectSpec) {
+        let targets = {
+            let mut st = self.state.lock();
+            let due = st.search.surveyed_at.is_none_or(|t| t.elapsed() >= SURVEY_EVERY);
+            let lone = st.hosts.len() == 1 && st.cfg.target == crate::config::TargetSessionAttrs::Any;
+            if st.search.running || !due || lone {
+                return;
+            }
+            st.search.surveyed_at = Some(Instant::now());
+            let (target, limit) = (st.cfg.target, st.cfg.connect_timeout);
+            st.hosts
+                .iter()
+                .filter(|h| !super::matches(h.role, target) || h.role == weir_metrics::HostRole::Unknown)
+                .map(|h| (h.key.clone(), spec.aimed(&h.name, h.port, h.addr), limit))
+                .collect::<Vec<_>>()
+        };
+        if targets.is_empty() {
+            return;
+        }
+        let set = self.clone();
+        tokio::spawn(async move {
+            let probes = targets.into_iter().map(|(key, spec, limit)| probe_one(key, spec, limit));
+            for (key, probed) in futures_util::future::join_all(probes).await {
+                match probed {
+                    Probed::Outcome(outcome) => set.learned(&key, outcome),
+                    Probed::Refused(_, message) => set.learned(&key, Outcome::Answered(message)),
+                }
+            }
+        });
     }
 
     fn refused(&self, code: SqlState, message: String) {

@@ -117,3 +117,21 @@ fn a_reload_keeps_the_roles_of_hosts_that_stay() {
     let hosts: Vec<String> = set.metrics().hosts().into_iter().map(|(h, _)| h).collect();
     assert_eq!(hosts, ["10.9.6.3:5432", "10.9.6.4:5432"], "the metrics follow");
 }
+
+#[test]
+fn a_new_primary_seen_while_the_old_still_matched_displaces_it() {
+    let set = HostSet::new("hosts_unit_h", cfg(&["10.9.7.3", "10.9.7.2"], TargetSessionAttrs::ReadWrite));
+    set.learned(&key("10.9.7.2"), Outcome::Role(HostRole::Primary));
+    set.learned(&key("10.9.7.3"), Outcome::Role(HostRole::Standby));
+    // A switchover weir saw no connect fail in: the standby answers as primary.
+    set.learned(&key("10.9.7.3"), Outcome::Role(HostRole::Primary));
+    assert_eq!(set.view()[1].role, HostRole::Unknown, "the old primary is in doubt");
+    assert_eq!(dialled(&set), Some(key("10.9.7.3")));
+    assert_eq!(set.metrics().failovers(), 1);
+    assert_eq!(set.metrics().failover_durations().count, 0, "no failed connect to time it from");
+    // With target any, two matching hosts are no contradiction.
+    let any = HostSet::new("hosts_unit_h2", cfg(&["10.9.7.3", "10.9.7.2"], TargetSessionAttrs::Any));
+    any.learned(&key("10.9.7.2"), Outcome::Role(HostRole::Primary));
+    any.learned(&key("10.9.7.3"), Outcome::Role(HostRole::Primary));
+    assert_eq!(any.view()[1].role, HostRole::Primary);
+}
