@@ -27,12 +27,14 @@
 //!
 //! `weir-bench failover [--writers N] [--settle-ms N] [--budget-ms N] [--no-pgbouncer]`
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+
+use crate::pgbouncer::Running;
 use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
 use weir_testkit::{PgOptions, PgPair, APP_DB, TRUST_PASS, TRUST_USER};
 
@@ -100,22 +102,29 @@ struct Insert {
     outcome: Result<i64, String>,
 }
 
+/// When a scenario's event happened.
+#[derive(Debug, Clone, Copy)]
+struct Event {
+    /// It was over (the stop returned; the old primary streamed and the
+    /// servers were terminated): an insert that began before was in flight.
+    over: Instant,
+    /// The first write is timed from here (the promote returned, or `over`).
+    from: Instant,
+}
+
 /// What one scenario measured.
 struct Measured {
     pooler: Pooler,
     scenario: &'static str,
-    /// The event (stop, or the return) and the promote (scenario 1).
-    event: Instant,
-    promoted: Option<Instant>,
+    event: Event,
     inserts: Vec<Insert>,
     /// Acknowledged rows of the run found on the primary at the end.
     on_primary: usize,
     acked: usize,
-    hang_limit: Duration,
 }
 
 async fn failover(args: Args) -> anyhow::Result<()> {
-    let dir = work_dir()?;
+    let dir = crate::pgbouncer::work_dir("failover")?;
     let started = std::time::SystemTime::now();
     let pgbouncer = args.pgbouncer && crate::pgbouncer::installed();
     let mut results = Vec::new();
@@ -162,25 +171,27 @@ async fn scenarios(args: &Args, pooler: Pooler, pair: Arc<PgPair>, dir: &Path) -
     let writers: Vec<_> = (0..args.writers)
         .map(|i| tokio::spawn(writer(url.clone(), i, stop.clone(), log.clone(), hang_limit)))
         .collect();
+    let start = Instant::now();
     tokio::time::sleep(args.settle).await;
+    let steady = Event { over: start, from: start };
+    let mut out = vec![measure(pooler, "0 both up", steady, take(&log, 0), &pair, false).await?];
 
     // Scenario 1: stop the primary (fast), promote the standby.
     let mark = log.lock().unwrap().len();
-    let event = Instant::now();
     blocking({
         let p = pair.clone();
         move || p.first.stop()
     })
     .await?;
+    let stopped = Instant::now();
     blocking({
         let p = pair.clone();
         move || p.second.promote()
     })
     .await?;
-    let promoted = Instant::now();
+    let promoted = Event { over: stopped, from: Instant::now() };
     tokio::time::sleep(args.settle).await;
-    let first = take(&log, mark);
-    let mut out = vec![measure(pooler, "1 stop + promote", event, Some(promoted), first, &pair, hang_limit).await?];
+    out.push(measure(pooler, "1 stop + promote", promoted, take(&log, mark), &pair, true).await?);
 
     // Scenario 2: the old primary back as a standby; the pooler's servers
     // on the new primary terminated, so it connects again.
@@ -197,8 +208,8 @@ async fn scenarios(args: &Args, pooler: Pooler, pair: Arc<PgPair>, dir: &Path) -
     })
     .await?;
     tokio::time::sleep(args.settle).await;
-    let second = take(&log, mark);
-    out.push(measure(pooler, "2 old primary back", back, None, second, &pair, hang_limit).await?);
+    let back = Event { over: back, from: back };
+    out.push(measure(pooler, "2 old primary back", back, take(&log, mark), &pair, true).await?);
 
     stop.store(true, Ordering::SeqCst);
     for w in writers {
@@ -213,14 +224,15 @@ fn take(log: &Mutex<Vec<Insert>>, mark: usize) -> Vec<Insert> {
     log.lock().unwrap()[mark..].to_vec()
 }
 
+/// The rows of `inserts` acknowledged, counted on the primary: the new
+/// one once it was promoted, else the first.
 async fn measure(
     pooler: Pooler,
     scenario: &'static str,
-    event: Instant,
-    promoted: Option<Instant>,
+    event: Event,
     inserts: Vec<Insert>,
     pair: &Arc<PgPair>,
-    hang_limit: Duration,
+    promoted: bool,
 ) -> anyhow::Result<Measured> {
     let acked: Vec<i64> = inserts.iter().filter_map(|i| i.outcome.as_ref().ok().copied()).collect();
     let on_primary = if acked.is_empty() {
@@ -229,9 +241,11 @@ async fn measure(
         let list: Vec<String> = acked.iter().map(i64::to_string).collect();
         let sql = format!("select count(*) from ledger where id in ({})", list.join(","));
         let p = pair.clone();
-        blocking(move || p.second.psql(APP_DB, &sql)).await?.parse()?
+        blocking(move || if promoted { p.second.psql(APP_DB, &sql) } else { p.first.psql(APP_DB, &sql) })
+            .await?
+            .parse()?
     };
-    Ok(Measured { pooler, scenario, event, promoted, inserts, on_primary, acked: acked.len(), hang_limit })
+    Ok(Measured { pooler, scenario, event, inserts, on_primary, acked: acked.len() })
 }
 
 /// Inserts rows on one connection until `stop`, logging each.
@@ -274,6 +288,9 @@ async fn writer(url: String, id: usize, stop: Arc<AtomicBool>, log: Arc<Mutex<Ve
         let failed = outcome.is_err();
         log.lock().unwrap().push(Insert { began, ended: Instant::now(), outcome });
         if failed {
+            // As an application would: a new connection after an error
+            // (a FATAL ends the connection it came on).
+            client = None;
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -283,21 +300,6 @@ async fn connect(url: &str) -> Result<Client, tokio_postgres::Error> {
     let (client, conn) = tokio_postgres::connect(url, NoTls).await?;
     tokio::spawn(conn);
     Ok(client)
-}
-
-/// A running pooler; PgBouncer is stopped (by its own pid) when dropped.
-enum Running {
-    Weir(weir::Weir),
-    PgBouncer(crate::pgbouncer::PgBouncer),
-}
-
-impl Running {
-    async fn stop(self) {
-        match self {
-            Running::Weir(w) => w.shutdown().await,
-            Running::PgBouncer(b) => drop(b),
-        }
-    }
 }
 
 fn hosts(pair: &PgPair) -> String {
@@ -338,15 +340,6 @@ async fn start_pgbouncer(pair: &PgPair, args: &Args, dir: &Path) -> anyhow::Resu
     Ok((url, Running::PgBouncer(bouncer)))
 }
 
-fn work_dir() -> anyhow::Result<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = std::env::temp_dir().join(format!("weir-failover-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    // PgBouncer runs as postgres when we are root and writes its log here.
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777))?;
-    Ok(dir)
-}
-
 fn ms(d: Duration) -> String {
     format!("{} ms", d.as_millis())
 }
@@ -361,10 +354,13 @@ fn errors(m: &Measured) -> Vec<String> {
         .map(|code| {
             let of: Vec<&Insert> =
                 m.inserts.iter().filter(|i| i.outcome.as_ref().err().map(String::as_str) == Some(code)).collect();
-            let in_flight = of.iter().filter(|i| i.began < m.event).count();
-            let at = |i: &&Insert| i.ended.saturating_duration_since(m.event).as_millis();
+            let in_flight = of.iter().filter(|i| i.began < m.event.over).count();
+            let at = |i: &&Insert| {
+                i.ended.saturating_duration_since(m.event.over).as_millis() as i128
+                    - m.event.over.saturating_duration_since(i.ended).as_millis() as i128
+            };
             let (first, last) = (of.iter().map(at).min().unwrap_or(0), of.iter().map(at).max().unwrap_or(0));
-            format!("{code} x{} (in flight {in_flight}) at +{first}..+{last} ms", of.len())
+            format!("{code} x{} (in flight {in_flight}) at {first:+}..{last:+} ms", of.len())
         })
         .collect()
 }
@@ -381,24 +377,24 @@ fn print_report(args: &Args, results: &[Measured], version: &str, started: std::
         humantime::format_rfc3339_seconds(started),
     );
     println!(
-        "{:<10} {:<20} {:>14} {:>14} {:>6} {:>7} {:>6} {:>16}  errors (SQLSTATE xN, relative to the stop/return)",
-        "pooler", "scenario", "first write", "longest", "hung", "25006", "after", "acked/on primary"
+        "{:<10} {:<20} {:>12} {:>10} {:>5} {:>6} {:>6} {:>15}  errors (SQLSTATE xN: in flight, when vs the event's end)",
+        "pooler", "scenario", "first write", "longest", "hung", "25006", "after", "acked/primary"
     );
     for m in results {
         let acked: Vec<&Insert> = m.inserts.iter().filter(|i| i.outcome.is_ok()).collect();
-        let from = m.promoted.unwrap_or(m.event);
+        let from = m.event.from;
         let first = acked.iter().map(|i| i.ended).filter(|t| *t > from).min().map(|t| ms(t.duration_since(from)));
         let longest = m.inserts.iter().map(|i| i.ended.duration_since(i.began)).max().unwrap_or_default();
         let hung = m.inserts.iter().filter(|i| i.outcome.as_ref().err().is_some_and(|e| e == "hung")).count();
         let read_only = m.inserts.iter().filter(|i| i.outcome.as_ref().err().is_some_and(|e| e == "25006")).count();
-        // Errors of inserts that began after the event: not in flight when it came.
-        let after = m.inserts.iter().filter(|i| i.outcome.is_err() && i.began >= m.event).count();
+        // Errors of inserts that began once the event was over: not in flight.
+        let after = m.inserts.iter().filter(|i| i.outcome.is_err() && i.began >= m.event.over).count();
         let errs = errors(m);
         println!(
-            "{:<10} {:<20} {:>14} {:>14} {:>6} {:>7} {:>6} {:>16}  {}",
+            "{:<10} {:<20} {:>12} {:>10} {:>5} {:>6} {:>6} {:>15}  {}",
             m.pooler.name(),
             m.scenario,
-            first.unwrap_or_else(|| "none".into()),
+            if m.scenario.starts_with('0') { "-".to_owned() } else { first.unwrap_or_else(|| "none".into()) },
             ms(longest),
             hung,
             read_only,
@@ -406,11 +402,11 @@ fn print_report(args: &Args, results: &[Measured], version: &str, started: std::
             format!("{}/{}", m.acked, m.on_primary),
             if errs.is_empty() { "none".to_owned() } else { errs.join("; ") },
         );
-        let _ = m.hang_limit;
     }
     println!(
-        "first write: from the promote returning (scenario 1) or the old primary streaming again (2) to the first \
-         acknowledged insert; after: errors of inserts that began after the stop/return (not in flight)"
+        "first write: from the promote returning (1), or the old primary streaming again and the servers terminated (2), \
+         to the first acknowledged insert; after: errors of inserts that began once the stop (1) or the return (2) was \
+         over, so not in flight; acked/primary: rows acknowledged, and of them those on the primary at the end"
     );
     if !pgbouncer {
         println!(

@@ -5,8 +5,10 @@
 //! writers go on on the new primary and only what was in flight fails; the
 //! old primary back as a standby takes no write; with every host down,
 //! clients wait and go on once one is up; a transaction stuck on a primary
-//! whose path went silent ends at the failover, not at a keepalive; and
-//! `migrate-config` carries PgBouncer's host list. Bounds are generous:
+//! whose path went silent ends at the failover, not at a keepalive; a
+//! server that answers 25006, or whose standby is promoted under it,
+//! retires when released; and `migrate-config` carries PgBouncer's host
+//! list. Bounds are generous:
 //! they catch a hang, not a slow machine (`weir-bench failover` measures).
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -310,4 +312,94 @@ fn migrate_config_carries_a_host_list() {
     assert_eq!(s.hosts.len(), 2);
     assert_eq!(s.load_balance_hosts, weir::config::LoadBalanceHosts::RoundRobin);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A primary that starts refusing writes (default_transaction_read_only
+/// turned on and reloaded): the write that meets it gets 25006, its server
+/// retires when released, and the host's role is asked again; writes then
+/// wait (no host matches) and go on once the primary accepts them again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_that_answers_25006_is_retired_and_asked_again() {
+    exclusive(300, async {
+        let opts = weir_testkit::PgOptions { log_connections: false, ..Default::default() };
+        let pair = Arc::new(blocking(move || weir_testkit::PgPair::start(opts)).await.expect("a pair"));
+        let hosts = format!("{},{}", pair.second.host(), pair.first.host());
+        let database = format!("port = {}\n{READ_WRITE}", pair.first.port());
+        let h = PairHarness::start_with(pair, &hosts, GENERAL, &database).await;
+        let c = h.client().await;
+        c.simple_query("insert into ledger(writer, n) values (0, 1)").await.expect("a write");
+        let pair = h.pair.clone();
+        blocking(move || {
+            pair.first.psql("postgres", "alter system set default_transaction_read_only = on").expect("read-only");
+            pair.first.psql("postgres", "select pg_reload_conf()").expect("reload")
+        })
+        .await;
+        let pool = h.weir.shared().pools.get(weir_testkit::APP_DB, weir_testkit::SCRAM_USER).unwrap();
+        let refused = async {
+            loop {
+                match c.simple_query("insert into ledger(writer, n) values (0, 2)").await {
+                    Err(e) if sqlstate(&e).as_deref() == Some("25006") => return,
+                    // The reload reaches the backend at its next command.
+                    _ => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+            }
+        };
+        tokio::time::timeout(WAIT_LIMIT, refused).await.expect("the write meets the read-only primary");
+        wait_for("its server retired", || async { pool.metrics.closed(weir_metrics::CloseReason::RoleChanged) >= 1 })
+            .await;
+        h.until_role(&h.pair.first, HostRole::ReadOnly).await;
+        // A client that never saw the server report read-only (one that did
+        // carries default_transaction_read_only = on as its own setting).
+        let fresh = h.client().await;
+        let waiting =
+            tokio::spawn(async move { fresh.simple_query("insert into ledger(writer, n) values (0, 3)").await });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!waiting.is_finished(), "no host accepts writes: the write waits");
+        let pair = h.pair.clone();
+        blocking(move || {
+            pair.first.psql("postgres", "alter system reset default_transaction_read_only").expect("writable again");
+            pair.first.psql("postgres", "select pg_reload_conf()").expect("reload")
+        })
+        .await;
+        let done = tokio::time::timeout(WAIT_LIMIT, waiting).await.expect("no hang").unwrap();
+        done.expect("the write goes on once the primary accepts writes");
+        assert_eq!(h.role_of(&h.pair.first), Some(HostRole::Primary));
+    })
+    .await;
+}
+
+/// A pooled server on a standby that is promoted under it reports the new
+/// in_hot_standby at its next query: it retires when released, and the
+/// next query runs on a new server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_whose_standby_is_promoted_retires_at_release() {
+    exclusive(300, async {
+        let opts = weir_testkit::PgOptions { log_connections: false, ..Default::default() };
+        let pair = Arc::new(blocking(move || weir_testkit::PgPair::start(opts)).await.expect("a pair"));
+        let (host, port) = (pair.second.host().to_owned(), pair.second.port());
+        let h = PairHarness::start_with(pair, &host, GENERAL, &format!("port = {port}")).await;
+        let c = h.client().await;
+        let before = one(&c, "select pg_backend_pid()").await;
+        assert_eq!(one(&c, "select pg_is_in_recovery()").await, "t");
+        let pair = h.pair.clone();
+        blocking(move || pair.second.promote().expect("promote")).await;
+        assert_eq!(one(&c, "select pg_is_in_recovery()").await, "f", "the same server, now a primary");
+        let pool = h.weir.shared().pools.get(weir_testkit::APP_DB, weir_testkit::SCRAM_USER).unwrap();
+        wait_for("its server retired", || async { pool.metrics.closed(weir_metrics::CloseReason::RoleChanged) >= 1 })
+            .await;
+        assert_ne!(one(&c, "select pg_backend_pid()").await, before, "a new server");
+        h.until_role(&h.pair.second, HostRole::Primary).await;
+    })
+    .await;
+}
+
+/// The first column of the first row.
+async fn one(c: &tokio_postgres::Client, sql: &str) -> String {
+    let rows = c.simple_query(sql).await.expect(sql);
+    rows.into_iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .unwrap_or_default()
 }

@@ -168,6 +168,8 @@ pub fn writer(
                 }
                 Ok(Err(e)) => {
                     w.errors.push(crate::sqlstate(&e).unwrap_or_else(|| "closed".into()));
+                    // A new connection after an error, as an application does.
+                    client = None;
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
                 Err(_) => {

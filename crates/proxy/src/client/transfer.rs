@@ -348,16 +348,19 @@ fn from_server<CW: AsyncWrite + Unpin>(
     let scan = server.conv.scan_server(server.unread, |k, v| {
         role_changed |= k == IN_HOT_STANDBY && server_params.get(k) != Some(v);
         server_params.set(k, v);
-        client_params.set(k, v);
+        if !crate::params::is_fixed(k) {
+            client_params.set(k, v);
+        }
     });
     let scanned = scan.map_err(|e| {
         *server.broken = Some(weir_metrics::CloseReason::ProtocolError);
         ClientError::BadServerMessage(e)
     })?;
     // A standby promoted under this server, or a write it refused where
-    // writes are wanted: it retires when released, and its host's role is
-    // asked again.
-    if role_changed || (scanned.refused_write && server.wants_writes) {
+    // writes are wanted (unless it says it is a writable primary: then the
+    // client's own transaction was read-only): it retires when released,
+    // and its host's role is asked again.
+    if role_changed || (scanned.refused_write && server.wants_writes && !says_writable(server.params)) {
         server.broken.get_or_insert(weir_metrics::CloseReason::RoleChanged);
     }
     let answered = owed.saturating_sub(server.conv.owed()) as usize;
@@ -378,6 +381,12 @@ fn from_server<CW: AsyncWrite + Unpin>(
         Bytes::new()
     };
     Ok(Some(FromServer { sent, out, settled: scanned.settled, fatal: scanned.fatal, answered }))
+}
+
+/// A Postgres 14+ server reports both: not in recovery, and its session's
+/// transactions start read-write. Older servers say nothing.
+fn says_writable(params: &ParamMap) -> bool {
+    params.get(IN_HOT_STANDBY) == Some("off") && params.get("default_transaction_read_only") == Some("off")
 }
 
 /// The client left. Client bytes already counted as sent are sent, so the

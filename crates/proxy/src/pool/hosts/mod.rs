@@ -103,6 +103,9 @@ struct Host {
     role: HostRole,
     learned: Option<Instant>,
     last_error: Option<String>,
+    /// It matched, then a server of it answered as another role: unknown
+    /// until a login tells, and its servers retired if it no longer matches.
+    doubted: bool,
     tethers: Arc<Tethers>,
 }
 
@@ -120,6 +123,7 @@ impl Host {
             role: HostRole::Unknown,
             learned: None,
             last_error: None,
+            doubted: false,
             tethers: Default::default(),
         }
     }
@@ -325,6 +329,9 @@ impl HostSet {
         h.role = HostRole::Unknown;
         h.learned = Some(Instant::now());
         if was_matching {
+            // Its servers stay until a login tells the role: retired then
+            // if it no longer matches (`note`).
+            h.doubted = true;
             self.outage_starts(&mut st, key);
         }
         self.publish(&st);
@@ -344,6 +351,9 @@ impl HostSet {
         };
         h.learned = Some(now);
         h.last_error = error;
+        // A role (or none: unreachable) settles a doubt (the role is then
+        // unknown, so it changes); the host counts as matching before it.
+        let doubted = role != HostRole::Unknown && std::mem::take(&mut h.doubted);
         if role == before {
             return;
         }
@@ -359,7 +369,7 @@ impl HostSet {
                 "host role changed")
             }
         }
-        let (was, now_matches) = (matches(before, target), matches(role, target));
+        let (was, now_matches) = (matches(before, target) || doubted, matches(role, target));
         if was && !now_matches {
             // It answered in another role: what it still runs is not what
             // the clients asked for. (One that could not be reached keeps
@@ -371,7 +381,7 @@ impl HostSet {
             }
             self.outage_starts(st, &key);
         }
-        if now_matches && !was {
+        if now_matches && (!was || doubted) {
             let displaced = self.displace(st, &key, actions);
             self.outage_ends(st, &key, displaced, actions);
         }

@@ -86,6 +86,14 @@ fn doubt_sends_the_set_back_to_asking() {
     assert_eq!(dialled(&set), None, "searched for again");
     let before = set.view()[0].learned_ago;
     assert!(before.is_some());
+    // A login tells it is a primary again: the outage ends, no failover.
+    set.learned(&key("10.9.3.2"), Outcome::Role(HostRole::Primary));
+    assert_eq!(dialled(&set), Some(key("10.9.3.2")));
+    assert_eq!(set.metrics().failovers(), 0);
+    // Doubted again, and found read-only this time: no match.
+    set.doubt(&key("10.9.3.2"));
+    set.learned(&key("10.9.3.2"), Outcome::Role(HostRole::ReadOnly));
+    assert_eq!(dialled(&set), None);
 }
 
 #[test]
