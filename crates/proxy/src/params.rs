@@ -258,22 +258,27 @@ fn literal(value: &str) -> String {
     }
 }
 
+/// What PgBouncer answers an `options` value it cannot read as settings.
+const UNSUPPORTED_OPTIONS: &str =
+    "unsupported options startup parameter: only '-c config=val' and '--config=val' are allowed";
+
 /// Parses a startup `options` value into `-c name=value` settings.
-/// Returns an error message for anything else (weir refuses rather than loses it).
+/// Returns an error message for anything else (weir refuses rather than loses
+/// it), in PgBouncer's words.
 pub(crate) fn parse_options(options: &str) -> Result<Vec<(String, String)>, String> {
     let mut out = Vec::new();
     let mut words = split_words(options).into_iter();
     while let Some(w) = words.next() {
         let setting = if w == "-c" {
-            words.next().ok_or_else(|| "\"-c\" without a setting in options".to_string())?
+            words.next().ok_or_else(|| UNSUPPORTED_OPTIONS.to_string())?
         } else if let Some(rest) = w.strip_prefix("-c") {
             rest.to_owned()
         } else if let Some(rest) = w.strip_prefix("--") {
             rest.to_owned()
         } else {
-            return Err(format!("unsupported word \"{w}\" in options; only -c name=value is supported"));
+            return Err(UNSUPPORTED_OPTIONS.into());
         };
-        let (k, v) = setting.split_once('=').ok_or_else(|| format!("option \"{setting}\" is not name=value"))?;
+        let (k, v) = setting.split_once('=').ok_or_else(|| UNSUPPORTED_OPTIONS.to_string())?;
         out.push((k.replace('-', "_"), v.to_owned()));
     }
     Ok(out)

@@ -118,7 +118,7 @@ fn pools(shared: &Arc<Shared>) -> ResultSet {
     // sv_active_cancel: cancels being forwarded to servers that clients hold.
     let mut cancels: HashMap<(&str, &str), usize> = HashMap::new();
     for c in &clients {
-        *cancels.entry((c.database(), c.user())).or_default() += c.cancels_in_flight();
+        *cancels.entry((c.database(), c.pool_user())).or_default() += c.cancels_in_flight();
     }
     for pool in shared.pools.all() {
         let s = pool.snapshot();
@@ -188,6 +188,7 @@ pub(super) const CONNECTION_COLUMNS: &[(&str, Kind)] = &[
     ("tls", Text),
     ("application_name", Text),
     ("prepared_statements", Int4),
+    ("id", Int4),
 ];
 
 /// One connection's cells under `CONNECTION_COLUMNS`.
@@ -211,6 +212,8 @@ struct Connection<'a> {
     application_name: Option<&'a str>,
     /// A server's prepared statements (a client's are not counted: NULL).
     prepared: Option<u64>,
+    /// The connection's id (KILL_CLIENT's argument for a client).
+    id: u64,
 }
 
 impl Connection<'_> {
@@ -240,6 +243,7 @@ impl Connection<'_> {
             None,
             self.application_name.and_then(text),
             self.prepared.and_then(int),
+            int(self.id),
         ];
         head.into_iter().chain(more).collect()
     }
@@ -277,6 +281,7 @@ pub(super) fn clients(shared: &Arc<Shared>) -> ResultSet {
             remote_pid: 0,
             application_name: Some(&c.application_name),
             prepared: None,
+            id: c.id,
         };
         rs.push(conn.cells([int(c.key_pid), c.server_pid().and_then(int)]));
     }
@@ -332,6 +337,7 @@ pub(super) fn servers(shared: &Arc<Shared>) -> ResultSet {
                 remote_pid: s.pid,
                 application_name: None,
                 prepared: Some(s.prepared_statements.get()),
+                id: s.id,
             };
             let role = roles.get(&s.addr).and_then(|r| text(r.as_label()));
             rs.push(conn.cells([linked.get(&s.pid).and_then(|k| int(*k)), role]));
@@ -359,6 +365,8 @@ fn databases(shared: &Arc<Shared>) -> ResultSet {
         ("pool_mode", Text),
         ("max_connections", Int4),
         ("current_connections", Int4),
+        ("max_client_connections", Int4),
+        ("current_client_connections", Int4),
         ("paused", Int4),
         ("disabled", Int4),
         // weir's own.
@@ -369,29 +377,41 @@ fn databases(shared: &Arc<Shared>) -> ResultSet {
     ]);
     let cfg = shared.config.load();
     let pools = shared.pools.all();
+    let clients = |name: &str| [int(cfg.db_client_cap(name)), int(shared.caps.database_count(name))];
     for name in cfg.databases.keys() {
         let Some(s) = cfg.pool_settings(name) else { continue };
         let current: u32 = pools.iter().filter(|p| &p.key.database == name).map(|p| servers_total(p)).sum();
-        rs.push(vec![
+        let mut row = vec![
             text(name),
             text(&s.host),
             int(s.port),
             text(&s.dbname),
-            None,
+            cfg.forced_user(name).map(|(u, _)| text(u)).unwrap_or(None),
             int(s.pool_size),
             int(s.min_pool_size),
             int(s.reserve_pool_size),
-            int(cfg.weir.server_lifetime.as_secs()),
+            int(s.server_lifetime.as_secs()),
             text(s.pool_mode.as_str()),
             int(s.max_db_connections),
             int(current),
+        ];
+        row.extend(clients(name));
+        row.extend([
             int(u8::from(shared.is_paused(name))),
             int(u8::from(shared.admin.is_disabled(name))),
             int(s.query_wait_timeout.as_millis().min(i64::MAX as u128) as i64),
             text(s.target_session_attrs.as_str()),
             text(roles_of(shared, name, &s)),
         ]);
+        rs.push(row);
     }
+    // The console, as PgBouncer lists its own virtual database.
+    let name = crate::login::CONSOLE_DATABASE;
+    let mut console = vec![text(name), None, int(cfg.weir.listen_addr.port()), text(name)];
+    console.extend([text(name), int(2u8), int(0u8), int(0u8), int(0u8), text("statement"), int(0u8), int(0u8)]);
+    console.extend(clients(name));
+    console.extend([int(0u8), int(0u8), None]);
+    rs.push(console);
     rs
 }
 

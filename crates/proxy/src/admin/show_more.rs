@@ -12,32 +12,51 @@ use crate::state::Shared;
 
 use Kind::{Bytea, Int, Int4, Text};
 
-/// Users weir knows: the auth_file's and those with a pool (auth_query,
-/// trust). The console's own virtual user is not one.
+/// Users weir knows: the auth_file's, the `[users]` section's, those with
+/// a pool (auth_query, trust) and those with a client now. The console's
+/// own virtual user is not one.
 pub(super) fn user_names(shared: &Shared) -> BTreeSet<String> {
     let mut names: BTreeSet<String> = shared.users.load().names().map(str::to_owned).collect();
+    names.extend(shared.config.load().users.keys().cloned());
     names.extend(shared.pools.all().iter().map(|p| p.key.user.clone()));
+    names.extend(shared.caps.users());
     names
 }
 
-/// SHOW USERS, with PgBouncer 1.23's columns: weir has no per-user
-/// settings, so pool_size and pool_mode are NULL (the database's or the
-/// global one applies) and max_user_connections is 0 (no limit), as
-/// PgBouncer shows for a user without them; current_connections counts the
-/// user's server connections.
+/// SHOW USERS, with PgBouncer 1.25's columns: a user's own settings from
+/// `[users]` (NULL where it has none: the database's or the global one
+/// applies), its server connections and its client connections with their
+/// limits.
 pub(super) fn users(shared: &Shared) -> ResultSet {
     let mut rs = ResultSet::new(&[
         ("name", Text),
         ("pool_size", Text),
+        ("reserve_pool_size", Text),
         ("pool_mode", Text),
         ("max_user_connections", Int4),
         ("current_connections", Int4),
+        ("max_user_client_connections", Int4),
+        ("current_client_connections", Int4),
     ]);
     let pools = shared.pools.all();
+    let cfg = shared.config.load();
     for name in user_names(shared) {
         let servers = |s: crate::pool::PoolSnapshot| s.idle + s.active + s.connecting + s.recovering;
         let current: u32 = pools.iter().filter(|p| p.key.user == name).map(|p| servers(p.snapshot())).sum();
-        rs.push(vec![text(name), None, None, int(0u8), int(current)]);
+        let own = cfg.users.get(&name).cloned().unwrap_or_default();
+        let max_servers = own.max_user_connections.unwrap_or(cfg.weir.max_user_connections);
+        let clients = [int(cfg.user_client_cap(&name)), int(shared.caps.user_count(&name))];
+        let [max_clients, current_clients] = clients;
+        rs.push(vec![
+            text(name),
+            own.pool_size.and_then(|n| text(n.to_string())),
+            own.reserve_pool_size.and_then(|n| text(n.to_string())),
+            own.pool_mode.and_then(|m| text(m.as_str())),
+            int(max_servers),
+            int(current),
+            max_clients,
+            current_clients,
+        ]);
     }
     rs
 }

@@ -108,13 +108,18 @@ fn pause(shared: &Arc<Shared>) {
     tokio::spawn(async move {
         match weir::admin::control::pause(&shared, None).await {
             Ok(_) => tracing::info!("SIGUSR1: paused; SIGUSR2 resumes"),
-            Err(e) => tracing::warn!(error = %e, "SIGUSR1: PAUSE failed"),
+            Err(e) => tracing::warn!(error = %e, "SIGUSR1: PAUSE did not complete"),
         }
     });
 }
 
-/// SIGUSR2: the console's RESUME for every database.
+/// SIGUSR2: the console's RESUME for every database (ignored during a
+/// SHUTDOWN WAIT_FOR_*, as PgBouncer ignores it).
 fn resume(shared: &Arc<Shared>) {
+    if shared.is_stopping() {
+        tracing::info!("got SIGUSR2 while shutting down, ignoring");
+        return;
+    }
     match weir::admin::control::resume(shared, None) {
         Ok(_) => tracing::info!("SIGUSR2: resumed"),
         Err(e) => tracing::warn!(error = %e, "SIGUSR2: RESUME failed"),

@@ -35,6 +35,9 @@ pub enum ClientError {
     RefusedSetting { code: SqlState, message: String },
     #[error("sorry, too many clients already (max_client_conn)")]
     TooManyClients,
+    /// max_db_client_connections or max_user_client_connections (PgBouncer's words).
+    #[error("client connections exceeded ({})", .0.key())]
+    ClientCap(crate::state::caps::CapExceeded),
     /// The console's DISABLE closed the database to new clients.
     #[error("{}", crate::state::disabled::disabled_message(.0))]
     Disabled(String),
@@ -79,7 +82,7 @@ impl ClientError {
             ClientError::UnsupportedProtocol(..) => sqlstate::FEATURE_NOT_SUPPORTED,
             ClientError::BadStartupParameter(_) => sqlstate::PROTOCOL_VIOLATION,
             ClientError::RefusedSetting { code, .. } => *code,
-            ClientError::TooManyClients => sqlstate::TOO_MANY_CONNECTIONS,
+            ClientError::TooManyClients | ClientError::ClientCap(_) => sqlstate::TOO_MANY_CONNECTIONS,
             ClientError::Disabled(_) => sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE,
             ClientError::LoginTimeout => sqlstate::PROTOCOL_VIOLATION,
             ClientError::NoServer(
@@ -91,7 +94,9 @@ impl ClientError {
             ClientError::NoServer(PoolError::LoginRejected { code, .. }) => *code,
             ClientError::NoServer(PoolError::LoginFailing { .. }) => sqlstate::PROTOCOL_VIOLATION,
             ClientError::Watchdog { code, .. } => *code,
-            ClientError::NoServer(PoolError::Closed) | ClientError::ShuttingDown => sqlstate::ADMIN_SHUTDOWN,
+            ClientError::NoServer(PoolError::Closed | PoolError::ShuttingDown) | ClientError::ShuttingDown => {
+                sqlstate::ADMIN_SHUTDOWN
+            }
             ClientError::ServerLost => sqlstate::CONNECTION_FAILURE,
             ClientError::BadServerMessage(_) => sqlstate::PROTOCOL_VIOLATION,
             ClientError::Gone | ClientError::Io(_) => sqlstate::CONNECTION_FAILURE,

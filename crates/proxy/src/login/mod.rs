@@ -24,12 +24,14 @@ use bytes::{Bytes, BytesMut};
 use tokio::time::Sleep;
 use weir_metrics::{ClientResult, ConnAddr};
 
-pub use console::{is_console_db, Console, Role};
+pub use console::{is_console_db, Console, Role, CONSOLE_DATABASE};
 pub use error::ClientError;
 pub use pooled::{Budget, LoggedIn, Pooled};
 pub(crate) use stream::fatal_and_close;
 pub use stream::ClientStream;
 
+use crate::config::Config;
+use crate::state::caps::{CapGuard, Caps};
 use crate::state::Shared;
 use startup::{First, Request};
 
@@ -75,6 +77,15 @@ pub(crate) struct Start {
     peer: ConnAddr,
 }
 
+/// What a client is listed with once logged in: its connection id (taken
+/// when its login started), weir's end of its connection, and its place in
+/// the per-database and per-user client counts.
+pub(crate) struct Listing {
+    id: u64,
+    local: Option<ConnAddr>,
+    counted: CapGuard,
+}
+
 /// Logs a client in: the startup packet, then the console's login or a
 /// pooled client's. Refusals are errors (a SQLSTATE and a message the
 /// caller sends in a FATAL); each login is counted in
@@ -82,6 +93,7 @@ pub(crate) struct Start {
 pub async fn log_in(socket: &mut ClientStream, peer: ConnAddr, shared: &Arc<Shared>) -> Result<Login, ClientError> {
     // The config as it is at login (a reload applies to later logins).
     let cfg = &shared.config.load();
+    let id = crate::server::next_socket_id();
     let mut buf = BytesMut::with_capacity(crate::wire::LOGIN_READ_CHUNK);
     let tls = shared.client_tls.load_full();
     // One timer for the whole login: the startup packet and the authentication.
@@ -96,11 +108,12 @@ pub async fn log_in(socket: &mut ClientStream, peer: ConnAddr, shared: &Arc<Shar
     span.record("user", req.user.as_str());
     span.record("db", req.database.as_str());
     let start = Start { req, minor, peer };
+    let counted = count_client(shared, cfg, &start.req)?;
     if is_console_db(&start.req.database) {
         let admitted =
             within_login_timeout(timer, Box::pin(console::admit(socket, &mut buf, shared, cfg, &start))).await;
-        let local = socket.local_addr(&peer);
-        return console::finish_console(admitted, buf, shared, cfg, start, local);
+        let listing = Listing { id, local: socket.local_addr(&peer), counted };
+        return console::finish_console(admitted, buf, shared, cfg, start, listing);
     }
     // Authentication and the pool by the login timer; the greeting after,
     // bounded by the client's wait budget.
@@ -109,8 +122,26 @@ pub async fn log_in(socket: &mut ClientStream, peer: ConnAddr, shared: &Arc<Shar
         Ok((login, hello)) => Box::pin(pooled::greet_pooled(socket, &mut buf, login, hello, shared)).await,
         Err(e) => Err(e),
     };
-    let local = socket.local_addr(&peer);
-    pooled::finish_pooled(greeted, buf, shared, cfg, peer, local).map(Login::Pooled)
+    let listing = Listing { id, local: socket.local_addr(&peer), counted };
+    pooled::finish_pooled(greeted, buf, shared, cfg, peer, listing).map(Login::Pooled)
+}
+
+/// Counts the client against its database's and its user's client limits
+/// (max_db_client_connections, max_user_client_connections), from its
+/// startup packet on, as PgBouncer counts it; refuses it over either. An
+/// admin user on the console is counted but never refused.
+fn count_client(shared: &Arc<Shared>, cfg: &Config, req: &startup::Request) -> Result<CapGuard, ClientError> {
+    let console = is_console_db(&req.database);
+    // The console's clients count under PgBouncer's name for it, whichever
+    // name they asked for.
+    let database = if console { CONSOLE_DATABASE } else { req.database.as_str() };
+    let exempt = console && cfg.weir.admin_users.contains(&req.user);
+    let caps = Caps { database: cfg.db_client_cap(database), user: cfg.user_client_cap(&req.user), exempt };
+    shared.caps.admit(database, &req.user, caps).map_err(|exceeded| {
+        tracing::info!("refusing client: {}", exceeded.key());
+        shared.cancels.metrics.record_client_connection(ClientResult::Refused);
+        ClientError::ClientCap(exceeded)
+    })
 }
 
 /// Counts a login attempt in weir_client_connections_total by its result.

@@ -144,6 +144,9 @@ pub struct Request {
     pub protocol_options: Vec<String>,
 }
 
+/// The start of the refusal of a parameter weir does not take (PgBouncer's words).
+const UNSUPPORTED: &str = "unsupported startup parameter:";
+
 /// Sorts the startup parameters. Nothing is silently lost: each is used,
 /// applied to servers, explicitly ignored by config, or refused.
 pub fn interpret(raw: &[(&str, &str)], cfg: &Config) -> Result<Request, ClientError> {
@@ -153,8 +156,18 @@ pub fn interpret(raw: &[(&str, &str)], cfg: &Config) -> Result<Request, ClientEr
             "user" => v.clone_into(&mut req.user),
             "database" => v.clone_into(&mut req.database),
             "options" => {
+                // With `options` in ignore_startup_parameters, what weir cannot
+                // use in it is dropped; what it can is still used (PgBouncer's).
+                let lenient = cfg.weir.ignore_startup_parameters.iter().any(|p| p.eq_ignore_ascii_case("options"));
                 for (name, value) in params::parse_options(v).map_err(ClientError::BadStartupParameter)? {
-                    take_setting(&mut req, &name, &value, cfg)?;
+                    match take_setting(&mut req, &name, &value, cfg) {
+                        Err(ClientError::BadStartupParameter(m)) if m.starts_with(UNSUPPORTED) && lenient => {}
+                        Err(ClientError::BadStartupParameter(m)) if m.starts_with(UNSUPPORTED) => {
+                            let msg = format!("unsupported startup parameter in options: {name}");
+                            return Err(ClientError::BadStartupParameter(msg));
+                        }
+                        other => other?,
+                    }
                 }
             }
             "replication" if v != "false" && v != "0" => {
@@ -193,7 +206,7 @@ fn take_setting(req: &mut Request, name: &str, value: &str, cfg: &Config) -> Res
     } else if listed(&cfg.weir.track_extra_parameters) && params::valid_name(name) {
         req.settings.set(&name.to_ascii_lowercase(), value);
     } else {
-        return Err(ClientError::BadStartupParameter(format!("unsupported startup parameter: {name}")));
+        return Err(ClientError::BadStartupParameter(format!("{UNSUPPORTED} {name}")));
     }
     Ok(())
 }
@@ -241,7 +254,7 @@ mod tests {
         let unlisted = interpret(&[("user", "u"), ("options", "-c work_mem=1GB")], &cfg());
         match unlisted {
             Err(ClientError::BadStartupParameter(m)) => {
-                assert_eq!(m, "unsupported startup parameter: work_mem")
+                assert_eq!(m, "unsupported startup parameter in options: work_mem")
             }
             other => panic!("{other:?}"),
         }

@@ -206,7 +206,7 @@ impl Pool {
     /// until then a client that finds no server is failed with the cached
     /// error (`State::login_failing`).
     fn login_rejected(&self, st: &mut State, code: crate::protocol::SqlState, message: String) {
-        tracing::warn!(database = %self.key.database, user = %self.key.user, sqlstate = code.code(), "server login failed: {message}");
+        tracing::warn!(database = %self.key.database, user = %self.key.user, sqlstate = code.code(), "server login failed: FATAL {message}");
         st.retry_at = Some(Instant::now() + st.opts.login_retry_max);
         if st.idle.is_empty() && st.active == 0 && st.recovering == 0 {
             while let Some(w) = st.waiters.pop_front() {

@@ -7,6 +7,7 @@
 
 mod admission;
 mod connector;
+mod control;
 mod error;
 mod evict;
 mod expiry;
@@ -138,6 +139,16 @@ impl Pool {
         self.state.lock().opts.settings.clone()
     }
 
+    /// client_idle_timeout for this pool's clients (zero: off).
+    pub fn client_idle_timeout(&self) -> Duration {
+        self.state.lock().opts.settings.client_idle_timeout
+    }
+
+    /// query_wait_notify for this pool's clients (zero: off).
+    pub fn query_wait_notify(&self) -> Duration {
+        self.state.lock().opts.settings.query_wait_notify
+    }
+
     /// The current wait limit: query_wait_timeout, or query_timeout when
     /// shorter (cheap: read at every wait).
     pub fn query_wait_timeout(&self) -> Duration {
@@ -190,6 +201,7 @@ impl Pool {
                         }
                         Ok(Handed::Expired) => return Err(timed_out()),
                         Ok(Handed::Rejected(code, message)) => return Err(PoolError::LoginRejected { code, message }),
+                        Err(_) if self.state.lock().is_stopping() => return Err(PoolError::ShuttingDown),
                         Err(_) => return Err(PoolError::Closed),
                     }
                 }
@@ -259,6 +271,9 @@ impl Pool {
         deadline: Instant,
     ) -> Result<Result<Box<ServerConn>, Waiting>, PoolError> {
         let mut st = self.state.lock();
+        if st.is_stopping() {
+            return Err(PoolError::ShuttingDown);
+        }
         if !st.paused {
             while let Some(mut conn) = st.idle.pop() {
                 if let Some(reason) = State::unusable(&mut conn, now) {
@@ -453,73 +468,9 @@ impl Pool {
         snap
     }
 
-    pub fn pause(self: &Arc<Self>) {
-        self.state.lock().paused = true;
-    }
-
-    pub fn resume(self: &Arc<Self>) {
-        let mut st = self.state.lock();
-        st.paused = false;
-        // Each turn either serves a waiter or parks the server and ends.
-        while st.live_waiters_up_to(1) > 0 {
-            let Some(conn) = st.idle.pop() else { break };
-            self.hand_over(&mut st, conn, Instant::now());
-        }
-        self.want_connects(&mut st);
-    }
-
-    /// RECONNECT: every connection open now closes once released (idle ones
-    /// at once); new ones replace them as needed.
-    pub fn reconnect(self: &Arc<Self>) {
-        self.state.lock().reconnect_before = Some(Instant::now());
-        self.close_idle(CloseReason::Admin);
-        self.want_connects(&mut self.state.lock());
-    }
-
-    /// When the last RECONNECT marked this pool's connections, if one did.
-    pub fn reconnect_mark(&self) -> Option<Instant> {
-        self.state.lock().reconnect_before
-    }
-
-    /// True while a connection RECONNECT marked is still open (WAIT_CLOSE).
-    pub fn reconnect_pending(&self) -> bool {
-        let Some(mark) = self.reconnect_mark() else { return false };
-        let wall = std::time::SystemTime::now() - mark.elapsed();
-        self.metrics.live_servers().iter().any(|s| s.connected_at < wall)
-    }
-
-    /// The servers of host `key` retire: idle ones close now, lent ones
-    /// when released (its role changed, or its name points elsewhere).
-    pub(crate) fn retire_host(self: &Arc<Self>, key: &HostKey, reason: CloseReason) {
-        let doomed = self.state.lock().retire_host(key, reason, Instant::now());
-        for conn in doomed {
-            conn.close(reason);
-        }
-        self.want_connects(&mut self.state.lock());
-    }
-
-    /// A host of the database came to match: a connect backing off after
-    /// failures tries again now.
-    pub(crate) fn host_found(self: &Arc<Self>) {
-        let mut st = self.state.lock();
-        if st.refusals == 0 && st.rejected.is_none() {
-            st.retry_at = None;
-        }
-        self.want_connects(&mut st);
-    }
-
     /// The database's hosts as the pool knows them.
     pub fn hosts(&self) -> &Arc<HostSet> {
         &self.hosts
-    }
-
-    /// Closes every idle connection (KILL, shutdown).
-    pub fn close_idle(self: &Arc<Self>, reason: CloseReason) {
-        let idle = std::mem::take(&mut self.state.lock().idle);
-        for conn in idle {
-            conn.close(reason);
-        }
-        self.wake_blocked_siblings();
     }
 }
 

@@ -193,7 +193,7 @@ impl PoolOptions {
             dbname: settings.dbname.clone(),
             liveness: Liveness::from_config(g),
             connect_timeout: g.server_connect_timeout,
-            watch: Watch::from_config(g),
+            watch: Watch::for_pool(g, &settings),
             // Loaded (and checked) at start and reload already; a file gone since is logged.
             tls: crate::tls::load_server_tls(cfg).unwrap_or_else(|e| {
                 tracing::error!(error = %e, "server TLS files no longer load; connections will fail");
@@ -217,7 +217,7 @@ impl PoolOptions {
             reset_query: Some(g.server_reset_query.clone()),
             reset_timeout: g.server_reset_timeout,
             idle_timeout: g.server_idle_timeout,
-            lifetime: g.server_lifetime,
+            lifetime: settings.server_lifetime,
             check_delay: g.server_check_delay,
             check_query: g.server_check_query.clone(),
             check_timeout: g.server_check_timeout,

@@ -73,6 +73,8 @@ pub(super) struct State {
     /// Hosts whose servers opened before a moment retire when released
     /// (`retire_host`, `retired`).
     retiring: Vec<Retiring>,
+    /// SHUTDOWN WAIT_FOR_SERVERS: no server is lent again.
+    stopping: bool,
 }
 
 /// The servers of one host opened before `before` retire with `reason`.
@@ -120,6 +122,19 @@ impl PoolSnapshot {
 }
 
 impl State {
+    /// Lends no server from now on (SHUTDOWN WAIT_FOR_SERVERS): the pool
+    /// is paused for good and its waiters are let go (they learn it from
+    /// `is_stopping`).
+    pub(super) fn stop_lending(&mut self) {
+        self.paused = true;
+        self.stopping = true;
+        self.waiters.clear();
+    }
+
+    pub(super) fn is_stopping(&self) -> bool {
+        self.stopping
+    }
+
     pub(super) fn new(opts: PoolOptions) -> Self {
         State {
             opts,
@@ -133,6 +148,7 @@ impl State {
             recovering: 0,
             probing: 0,
             paused: false,
+            stopping: false,
             failures: 0,
             refusals: 0,
             retry_at: None,

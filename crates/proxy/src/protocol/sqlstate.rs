@@ -34,6 +34,8 @@ pub const SYNTAX_ERROR: SqlState = SqlState("42601");
 pub const PROGRAM_LIMIT_EXCEEDED: SqlState = SqlState("54000");
 pub const INTERNAL_ERROR: SqlState = SqlState("XX000");
 pub const IDLE_IN_TRANSACTION_SESSION_TIMEOUT: SqlState = SqlState("25P03");
+/// Postgres 17's transaction_timeout.
+pub const TRANSACTION_TIMEOUT: SqlState = SqlState("25P04");
 pub const INSUFFICIENT_PRIVILEGE: SqlState = SqlState("42501");
 pub const UNDEFINED_OBJECT: SqlState = SqlState("42704");
 pub const CANT_CHANGE_RUNTIME_PARAM: SqlState = SqlState("55P02");
@@ -61,6 +63,7 @@ const ALL: &[SqlState] = &[
     PROGRAM_LIMIT_EXCEEDED,
     INTERNAL_ERROR,
     IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
+    TRANSACTION_TIMEOUT,
     INSUFFICIENT_PRIVILEGE,
     UNDEFINED_OBJECT,
     CANT_CHANGE_RUNTIME_PARAM,

@@ -375,6 +375,7 @@ pub(crate) async fn connect(spec: Arc<ConnectSpec>, metrics: &Arc<PoolMetrics>) 
 /// `connect` without the connect_query.
 async fn connect_plain(spec: Arc<ConnectSpec>, metrics: &Arc<PoolMetrics>) -> Result<ServerConn, ConnectError> {
     let started = Instant::now();
+    let id = super::next_socket_id();
     let result = tokio::time::timeout(spec.connect_timeout, open(&spec)).await;
     let (stream, rbuf, login) = match result {
         Ok(Ok(v)) => v,
@@ -388,6 +389,7 @@ async fn connect_plain(spec: Arc<ConnectSpec>, metrics: &Arc<PoolMetrics>) -> Re
     let mut guard = ServerConnGuard::opened(metrics.clone(), started.elapsed());
     let statements = ServerStatements::default();
     guard.describe(weir_metrics::ServerInfo {
+        id,
         pid: login.backend_pid,
         addr: addr.shown(spec.port),
         local_addr,

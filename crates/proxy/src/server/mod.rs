@@ -26,3 +26,12 @@ pub(crate) mod tether;
 pub(crate) use cancel::forward_cancel;
 pub(crate) use conn::{connect, ConnectError, ConnectSpec, CountSlot, ServerConn, ServerSide};
 pub(crate) use conversation::Conversation;
+
+/// The next connection id: one sequence for clients and server connections
+/// alike, as PgBouncer numbers its sockets (the `id` of SHOW CLIENTS,
+/// SERVERS and SOCKETS, and KILL_CLIENT's argument). A client takes its id
+/// when its login starts, a server connection when it is opened.
+pub(crate) fn next_socket_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}

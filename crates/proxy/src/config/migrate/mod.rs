@@ -18,7 +18,12 @@ use super::General;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Migration {
     pub toml: String,
+    /// Settings not carried over (no weir equivalent, or weir's nearest used).
     pub warnings: Vec<String>,
+    /// Values PgBouncer itself refuses (a word where a number belongs): also
+    /// in `warnings`; weir run on the ini refuses it (a RELOAD fails) as
+    /// PgBouncer does.
+    pub errors: Vec<String>,
 }
 
 /// PgBouncer keys measured in seconds that weir stores as durations.
@@ -34,19 +39,22 @@ const SECONDS: &[&str] = &[
     "query_wait_timeout",
     "query_timeout",
     "idle_transaction_timeout",
+    "transaction_timeout",
+    "query_wait_notify",
+    "client_idle_timeout",
     "autodb_idle_timeout",
     "tcp_keepidle",
     "tcp_keepintvl",
 ];
 
 /// Keys where PgBouncer's `0` means "off" and weir's optional key is left unset.
-const ZERO_IS_UNSET: &[&str] = &["query_timeout", "idle_transaction_timeout", "tcp_user_timeout"];
+const ZERO_IS_UNSET: &[&str] =
+    &["query_timeout", "idle_transaction_timeout", "transaction_timeout", "tcp_user_timeout"];
 
 /// Keys where PgBouncer's `0` means "off" (or "OS default") and weir has no
 /// such setting: weir's default is kept, with the reason.
 const ZERO_KEEPS_DEFAULT: &[(&str, &str)] = &[
     ("server_idle_timeout", "weir always closes idle servers eventually"),
-    ("server_lifetime", "weir does not use a server connection only once"),
     ("client_login_timeout", "weir always bounds the login"),
     ("query_wait_timeout", "weir always bounds the wait for a server"),
     ("server_connect_timeout", "weir always bounds the connect"),
@@ -87,7 +95,22 @@ enum IniLine {
 fn parse_ini(text: &str) -> Vec<IniLine> {
     let mut section = String::new();
     let mut out = Vec::new();
+    // A line ending in `\` goes on on the next one (PgBouncer's continuation).
+    let mut lines: Vec<(usize, String)> = Vec::new();
+    let mut continues = false;
     for (i, raw) in text.lines().enumerate() {
+        let (body, more) = match raw.trim_end().strip_suffix('\\') {
+            Some(b) => (b, true),
+            None => (raw, false),
+        };
+        match lines.last_mut() {
+            Some((_, joined)) if continues => joined.push_str(body),
+            _ => lines.push((i, body.to_owned())),
+        }
+        continues = more;
+    }
+    for (i, raw) in &lines {
+        let (i, raw) = (*i, raw.as_str());
         let line = strip_comment(raw).trim();
         if line.is_empty() {
             continue;
@@ -144,6 +167,7 @@ struct Mapper {
     databases: Vec<(String, Vec<(String, String)>)>,
     users: Vec<(String, Vec<(String, String)>)>,
     warnings: Vec<String>,
+    errors: Vec<String>,
 }
 
 impl Mapper {
@@ -186,6 +210,9 @@ impl Mapper {
             _ => Err(unsupported(key)),
         };
         if let Err(why) = result {
+            if is_invalid_value(&why) {
+                self.errors.push(format!("line {line}: {key} = {value}: {why}"));
+            }
             self.warn(line, format!("{key} = {value}: {why}"));
         }
     }
@@ -272,8 +299,14 @@ impl Mapper {
         let mut out = Vec::new();
         for (k, v) in conninfo(value) {
             let kv = match k.as_str() {
-                "pool_size" | "max_user_connections" => int(&v).map(|n| (k.clone(), n)),
+                "pool_size" | "reserve_pool_size" | "max_user_connections" | "max_user_client_connections" => {
+                    int(&v).map(|n| (k.clone(), n))
+                }
                 "pool_mode" => pool_mode_value(&v).map(|m| (k.clone(), m)),
+                "query_timeout" | "idle_transaction_timeout" | "client_idle_timeout" | "transaction_timeout" => v
+                    .parse::<f64>()
+                    .map_err(|_| "not a number of seconds".to_string())
+                    .map(|n| (k.clone(), quoted(&seconds(n)))),
                 _ => Err("not supported per user by weir".into()),
             };
             match kv {
@@ -299,7 +332,10 @@ impl Mapper {
             self.warn(
                 line,
                 format!(
-                    "[databases] {name}: several hosts: PgBouncer connects to each in turn without checking which                      accepts writes, and weir keeps that (target_session_attrs = \"any\"); add                      target_session_attrs = \"read-write\" to [databases.{}] if clients write, so weir keeps                      servers only on the primary and finds the new one after a failover",
+                    "[databases] {name}: several hosts: PgBouncer connects to each in turn without checking which \
+                     accepts writes, and weir keeps that (target_session_attrs = \"any\"); add \
+                     target_session_attrs = \"read-write\" to [databases.{}] if clients write, so weir keeps \
+                     servers only on the primary and finds the new one after a failover",
                     toml_key(name)
                 ),
             );
@@ -316,11 +352,12 @@ impl Mapper {
                 "round-robin" | "disable" => kv(k, quoted(v)),
                 _ => Err("PgBouncer's values are round-robin and disable".into()),
             },
-            "pool_size" | "min_pool_size" | "max_db_connections" => kv(k, int(v)?),
+            "pool_size" | "min_pool_size" | "max_db_connections" | "max_db_client_connections" => kv(k, int(v)?),
             "reserve_pool" | "reserve_pool_size" => kv("reserve_pool_size", int(v)?),
             "pool_mode" => kv("pool_mode", pool_mode_value(v)?),
-            "dbname" | "user" | "password" | "auth_user" | "connect_query" | "application_name" | "client_encoding"
-            | "datestyle" | "timezone" => kv(k, quoted(v)),
+            "server_lifetime" => kv(k, quoted(&seconds(v.parse::<f64>().map_err(|_| "not a number of seconds")?))),
+            "dbname" | "user" | "password" | "auth_user" | "auth_dbname" | "auth_query" | "connect_query"
+            | "application_name" | "client_encoding" | "datestyle" | "timezone" => kv(k, quoted(v)),
             _ => Err("not supported per database by weir".into()),
         }
     }
@@ -366,7 +403,8 @@ impl Mapper {
             self.warnings
                 .push("auth_file is not set: weir needs one unless auth_type = \"trust\" or \"any\"; add it".into());
         }
-        Migration { toml: with_differences(self.render()), warnings: self.warnings }
+        let toml = with_differences(self.render());
+        Migration { toml, warnings: self.warnings, errors: self.errors }
     }
 
     fn render(&self) -> String {
@@ -468,6 +506,12 @@ fn ports(v: &str) -> Result<String, String> {
         [one] => one.to_string(),
         _ => quoted(&ports.to_string()),
     })
+}
+
+/// The reasons `int`, `boolean` and `duration` give for a value of the wrong
+/// kind (PgBouncer refuses these), as against a setting weir lacks.
+fn is_invalid_value(why: &str) -> bool {
+    ["not a whole number", "not a boolean", "not a number", "not a valid duration"].iter().any(|p| why.starts_with(p))
 }
 
 fn int(v: &str) -> Result<String, String> {
