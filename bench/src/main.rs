@@ -6,6 +6,7 @@
 //! - `soak`   — a long run of churn and faults, checked from Postgres's data
 //! - `fleet`  — N poolers sharing one Postgres's connection limit: fairness, moved load, a killed instance
 //! - `failover` — a primary stopped and its standby promoted, then the old primary back as a standby: writers' errors, waits and rows
+//! - `replication` — a logical replication stream through weir, and weir's memory meanwhile
 #![forbid(unsafe_code)]
 
 mod failover;
@@ -13,6 +14,7 @@ mod fleet;
 mod listening;
 mod pgbouncer;
 mod refill;
+mod replication;
 mod soak;
 mod storm;
 mod suite;
@@ -27,8 +29,9 @@ fn main() -> anyhow::Result<()> {
         Some("soak") => soak::run(rest),
         Some("fleet") => fleet::run(rest),
         Some("failover") => failover::run(rest),
+        Some("replication") => replication::run(rest),
         _ => {
-            eprintln!("usage: weir-bench suite|storm|refill|soak|fleet|failover [options]");
+            eprintln!("usage: weir-bench suite|storm|refill|soak|fleet|failover|replication [options]");
             std::process::exit(2);
         }
     }

@@ -77,7 +77,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
 }
 
 async fn refill(args: Args) -> anyhow::Result<()> {
-    let pg = PgServer::start(PgOptions { max_connections: 300, log_connections: false, extra_conf: vec![] })
+    let pg = PgServer::start(PgOptions { max_connections: 300, log_connections: false, ..PgOptions::default() })
         .context("starting the throwaway Postgres")?;
     let dir = crate::pgbouncer::work_dir("refill")?;
     let pgbouncer = args.pgbouncer && crate::pgbouncer::installed();

@@ -54,7 +54,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     let pg = PgServer::start(PgOptions {
         max_connections: pg_max_connections(&opts),
         log_connections: false,
-        extra_conf: vec![],
+        ..PgOptions::default()
     })
     .context("starting the throwaway Postgres")?;
     pgbench::init(&pg, opts.scale)?;

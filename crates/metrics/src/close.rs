@@ -72,7 +72,8 @@ label_enum! {
         PoolShrink => "pool_shrink",
         /// Idle, and closed to make room under `max_db_connections` for
         /// another user's pool of the same database that had clients waiting
-        /// (PgBouncer evicts the same way).
+        /// (PgBouncer evicts the same way), or under `pool_size` for a
+        /// replication client's own connection.
         Evicted => "evicted",
         /// Above this weir's share of the connection budget a fleet of weirs
         /// shares, while the fleet is at its limit (`fleet_share`).
@@ -88,6 +89,9 @@ label_enum! {
         /// Its host name now resolves elsewhere, or the host left the
         /// database's list: retired when released.
         HostGone => "host_gone",
+        /// A replication connection ended with its client: the server is the
+        /// client's alone, never pooled, and closes when the client leaves.
+        ReplicationEnded => "replication_ended",
         /// Closed by a code path that gave no reason: a
         /// [`ServerConnGuard`](crate::ServerConnGuard) was dropped without
         /// `close()` or `set_reason()`. Non-zero values indicate a weir bug or a
@@ -158,8 +162,12 @@ label_enum! {
         Forwarded => "forwarded",
         /// Handled inside weir (e.g. the client was only waiting).
         AnsweredLocally => "answered_locally",
-        /// The key matched no known client.
+        /// The key matched no known client (or named a peer weir does not
+        /// know, or one it may not forward to again).
         Unknown => "unknown",
+        /// Sent on to the peer that minted the key (another weir, or a
+        /// PgBouncer, behind the same address).
+        Peer => "peer",
     }
 }
 

@@ -14,6 +14,8 @@ label_enum! {
         Login => "login",
         /// Running a health check or reset query.
         Tested => "tested",
+        /// A replication client's own connection (never pooled).
+        Replication => "replication",
     }
 }
 

@@ -60,11 +60,15 @@ pub struct PgOptions {
     pub max_connections: u32,
     /// `log_connections` and `log_disconnections` (default true).
     pub log_connections: bool,
+    /// Ready for replication clients (default false): `wal_level =
+    /// logical`, and pg_hba.conf lines that let every role of the testkit
+    /// connect for physical replication as it connects otherwise.
+    pub replication: bool,
 }
 
 impl Default for PgOptions {
     fn default() -> Self {
-        PgOptions { extra_conf: Vec::new(), max_connections: 200, log_connections: true }
+        PgOptions { extra_conf: Vec::new(), max_connections: 200, log_connections: true, replication: false }
     }
 }
 
@@ -134,7 +138,7 @@ impl PgServer {
     fn start_on(host: &str, port: Option<u16>, opts: PgOptions) -> Result<PgServer, TestkitError> {
         let mut srv = Self::unstarted(host)?;
         srv.initdb()?;
-        srv.write_hba()?;
+        srv.write_hba(opts.replication)?;
         let conf_path = srv.data_dir.join("postgresql.conf");
         let base_conf = std::fs::read_to_string(&conf_path)
             .map_err(|e| TestkitError::io(format!("reading {}", conf_path.display()), e))?;
@@ -282,8 +286,9 @@ impl PgServer {
         run(cmd, INITDB_TIMEOUT).map(drop)
     }
 
-    fn write_hba(&self) -> Result<(), TestkitError> {
-        let hba = "\
+    fn write_hba(&self, replication: bool) -> Result<(), TestkitError> {
+        let mut hba = String::from(
+            "\
 # written by weir-testkit
 local all all trust
 host all postgres 127.0.0.1/32 trust
@@ -291,7 +296,19 @@ host replication postgres 127.0.0.0/8 trust
 host all trust_user 127.0.0.1/32 trust
 host all md5_user 127.0.0.1/32 md5
 host all all 127.0.0.1/32 scram-sha-256
-";
+",
+        );
+        if replication {
+            hba.push_str(
+                "\
+local replication all trust
+host replication postgres 127.0.0.1/32 trust
+host replication trust_user 127.0.0.1/32 trust
+host replication md5_user 127.0.0.1/32 md5
+host replication all 127.0.0.1/32 scram-sha-256
+",
+            );
+        }
         let path = self.data_dir.join("pg_hba.conf");
         // Truncating an existing file keeps its owner (postgres when run as root).
         std::fs::write(&path, hba).map_err(|e| TestkitError::io(format!("writing {}", path.display()), e))
@@ -322,6 +339,9 @@ host all all 127.0.0.1/32 scram-sha-256
             maxc = opts.max_connections,
             logc = onoff(opts.log_connections),
         );
+        if opts.replication {
+            s.push_str("wal_level = logical\nmax_wal_senders = 20\nmax_replication_slots = 20\n");
+        }
         for (k, v) in &opts.extra_conf {
             let _ = writeln!(s, "{k} = {v}");
         }
@@ -477,10 +497,12 @@ mod tests {
             extra_conf: vec![("statement_timeout".into(), "'12s'".into())],
             max_connections: 37,
             log_connections: false,
+            replication: true,
         })
         .expect("start postgres");
         assert_eq!(pg.psql("postgres", "show max_connections").unwrap(), "37");
         assert_eq!(pg.psql("postgres", "show statement_timeout").unwrap(), "12s");
+        assert_eq!(pg.psql("postgres", "show wal_level").unwrap(), "logical");
         assert_eq!(pg.count_log_lines("connection authorized"), 0);
     }
 }

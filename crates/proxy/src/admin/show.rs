@@ -46,8 +46,8 @@ pub fn show(what: Show, shared: &Arc<Shared>) -> ResultSet {
         Show::DnsZones => show_more::dns_zones(),
         Show::Fds => show_more::fds(),
         Show::State => show_more::state(shared),
-        Show::Peers => show_more::peers(),
-        Show::PeerPools => show_more::peer_pools(),
+        Show::Peers => show_more::peers(shared),
+        Show::PeerPools => show_more::peer_pools(shared),
         Show::Version => version(),
         Show::Help => help(),
     }
@@ -103,6 +103,9 @@ const POOLS_COLUMNS: &[(&str, Kind)] = &[
     ("connect_failures", Int),
     ("dropped", Int),
     ("predicted_wait_us", Int),
+    // Replication clients' own servers (also in sv_active, as PgBouncer
+    // counts them).
+    ("sv_replication", Int),
     ("connect_refused", Int),
     // With fleet_share: this instance's share of the fleet's budget and
     // the instances announcing (0 and 0 without it).
@@ -138,7 +141,7 @@ fn pools(shared: &Arc<Shared>) -> ResultSet {
             // waits on a cancel.
             int(0u8),
             int(0u8),
-            int(s.active),
+            int(s.active + s.replication),
             int(cancels.get(&(pool.key.database.as_str(), pool.key.user.as_str())).copied().unwrap_or(0) as u64),
             int(m.servers_being_canceled()),
             int(s.idle.saturating_sub(used)),
@@ -158,6 +161,7 @@ fn pools(shared: &Arc<Shared>) -> ResultSet {
             int(m.connect_failures_total()),
             int(m.dropped_queries_total()),
             int(s.predicted_wait.as_micros().min(i64::MAX as u128) as i64),
+            int(s.replication),
             int(m.connect_refusals_total()),
             int(fleet_share),
             int(fleet_instances),
@@ -196,6 +200,8 @@ struct Connection<'a> {
     kind: &'static str,
     user: &'a str,
     database: &'a str,
+    /// none, logical or physical.
+    replication: &'static str,
     state: &'a str,
     peer: ConnAddr,
     local: Option<ConnAddr>,
@@ -224,8 +230,7 @@ impl Connection<'_> {
             text(self.kind),
             text(self.user),
             text(self.database),
-            // weir takes no replication connections.
-            text("none"),
+            text(self.replication),
             text(self.state),
             addr,
             port,
@@ -269,6 +274,7 @@ pub(super) fn clients(shared: &Arc<Shared>) -> ResultSet {
             kind: "C",
             user: c.user(),
             database: c.database(),
+            replication: c.replication.as_label(),
             state: state.as_label(),
             peer: c.peer,
             local: c.local,
@@ -306,6 +312,11 @@ pub(super) fn servers(shared: &Arc<Shared>) -> ResultSet {
     let linked: HashMap<i32, i32> = clients.iter().filter_map(|c| Some((c.server_pid()?, c.key_pid))).collect();
     let requested: HashMap<i32, Instant> =
         clients.iter().filter_map(|c| Some((c.server_pid()?, c.requested_at()?))).collect();
+    let replication: HashMap<i32, &'static str> = clients
+        .iter()
+        .filter(|c| c.replication.is_some())
+        .filter_map(|c| Some((c.server_pid()?, c.replication.as_label())))
+        .collect();
     for pool in shared.pools.all() {
         let roles = host_roles(&pool);
         let reconnecting = pool.reconnect_pending();
@@ -321,6 +332,7 @@ pub(super) fn servers(shared: &Arc<Shared>) -> ResultSet {
                 kind: "S",
                 user: &pool.key.user,
                 database: &pool.key.database,
+                replication: replication.get(&s.pid).copied().unwrap_or("none"),
                 state,
                 peer: s.addr,
                 local: s.local_addr,

@@ -1,5 +1,6 @@
 //! The SHOW commands for things PgBouncer keeps and weir mostly does not:
-//! USERS, MEM, SOCKETS / ACTIVE_SOCKETS, DNS_HOSTS, DNS_ZONES, FDS, STATE.
+//! USERS, MEM, SOCKETS / ACTIVE_SOCKETS, DNS_HOSTS, DNS_ZONES, FDS, STATE;
+//! and PEERS and PEER_POOLS.
 //! Each has PgBouncer's columns and types; where weir has no such thing the
 //! set is empty, never filled with made-up figures.
 
@@ -61,21 +62,36 @@ pub(super) fn users(shared: &Shared) -> ResultSet {
     rs
 }
 
-/// SHOW PEERS: PgBouncer 1.19's peering (a cancel forwarded to the process
-/// that holds its client); a weir process has no peers, so the set is empty.
-pub(super) fn peers() -> ResultSet {
-    ResultSet::new(&[("peer_id", Int4), ("host", Text), ("port", Int4), ("pool_size", Int4)])
+/// SHOW PEERS: the `[peers]` this weir forwards cancel requests to (its
+/// own entry, which it ignores, left out), as PgBouncer lists them.
+pub(super) fn peers(shared: &Shared) -> ResultSet {
+    let mut rs = ResultSet::new(&[("peer_id", Int4), ("host", Text), ("port", Int4), ("pool_size", Int4)]);
+    let cfg = shared.config.load();
+    let mut ids: Vec<u16> = cfg.peers.keys().filter_map(|k| k.parse().ok()).collect();
+    ids.sort_unstable();
+    for id in ids {
+        let Some(peer) = cfg.peer(id) else { continue };
+        let size = peer.pool_size.unwrap_or(cfg.weir.default_pool_size);
+        rs.push(vec![int(id), text(&peer.host), int(peer.port), int(size)]);
+    }
+    rs
 }
 
-/// SHOW PEER_POOLS: the peers' cancel pools; empty, as SHOW PEERS.
-pub(super) fn peer_pools() -> ResultSet {
-    ResultSet::new(&[
+/// SHOW PEER_POOLS: per peer a cancel went to, the forwards under way
+/// (each on a connection of its own: cl_active_cancel_req and
+/// sv_active_cancel) and those waiting for a turn under its pool_size.
+pub(super) fn peer_pools(shared: &Shared) -> ResultSet {
+    let mut rs = ResultSet::new(&[
         ("peer_id", Int4),
         ("cl_active_cancel_req", Int4),
         ("cl_waiting_cancel_req", Int4),
         ("sv_active_cancel", Int4),
         ("sv_login", Int4),
-    ])
+    ]);
+    for (id, active, waiting) in shared.cancels.peer_forwards() {
+        rs.push(vec![int(id), int(active as u64), int(waiting as u64), int(active as u64), int(0u8)]);
+    }
+    rs
 }
 
 /// SHOW MEM: PgBouncer's slab caches; weir allocates per connection and has none.

@@ -123,6 +123,12 @@ impl Weir {
     pub async fn shutdown(self) {
         self.shared.drain().await;
     }
+
+    /// Stops accepting and returns once every client has left (see
+    /// `Shared::wait_for_clients`).
+    pub async fn wait_for_clients(self) {
+        self.shared.wait_for_clients().await;
+    }
 }
 
 /// Keeps the idle/active client gauges in step with the registry, ends
@@ -154,13 +160,18 @@ fn spawn_client_gauges(shared: &Arc<Shared>) {
 }
 
 async fn accept_loop(listener: Listener, shared: Arc<Shared>) {
+    // SHUTDOWN WAIT_FOR_CLIENTS closes the TCP listeners, so that new clients
+    // go to the other weirs on the port or address; the Unix socket stays,
+    // for cancel requests (a peer's forward) and the console.
+    let tcp = matches!(listener, Listener::Tcp(_));
     loop {
-        let tcp = matches!(listener, Listener::Tcp(_));
+        // Biased: once told to stop, no connection is accepted any more
+        // (those still queued are refused when the listener closes).
         let accepted = tokio::select! {
-            r = listener.accept() => r,
+            biased;
             _ = shared.shutdown.cancelled() => break,
-            // SHUTDOWN WAIT_FOR_*: TCP closes; the Unix socket stays for the console.
             _ = shared.stopping.cancelled(), if tcp => break,
+            r = listener.accept() => r,
         };
         let (socket, peer) = match accepted {
             Ok(a) => a,

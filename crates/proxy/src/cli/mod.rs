@@ -32,12 +32,13 @@ const SIGNALS: &str = "signals (PgBouncer 1.23's meanings):
   SIGHUP    reload the config file, auth_file and hba file without dropping clients
   SIGINT    safe shutdown: stop accepting, let running transactions finish (up to
             shutdown_timeout), then exit; idle clients are told (57P01) at once
-  SIGTERM   the same drain (what Kubernetes and `docker stop` send); PgBouncer's
-            SIGTERM also waits for every client to disconnect on its own
+  SIGTERM   the same drain (what Kubernetes and `docker stop` send); with
+            sigterm = \"wait_for_clients\", PgBouncer's: stop accepting, keep every
+            client, exit once the last has left (a rolling restart)
   SIGQUIT   stop at once
   SIGUSR1   PAUSE: hold new transactions; servers in use are closed once released
   SIGUSR2   RESUME: release what PAUSE (or SIGUSR1) held
-  A second SIGINT or SIGTERM during a drain stops at once.";
+  A second SIGINT or SIGTERM during a shutdown stops at once.";
 
 const ENVIRONMENT: &str = "environment:
   WEIR_LOG=FILTER           log level or filter (default: info)

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{AuthType, ClientTlsMode, General, LogFormat, PoolMode, ServerTlsMode};
+use super::{AuthType, ClientTlsMode, General, LogFormat, PoolMode, ServerTlsMode, SigtermMode};
 
 pub(super) fn host() -> String {
     "127.0.0.1".into()
@@ -148,6 +148,11 @@ impl Default for General {
             server_tls_ca_file: None,
             server_tls_cert_file: None,
             server_tls_key_file: None,
+            peer_id: 0,
+            so_reuseport: false,
+            // weir's drain, which Kubernetes' grace period bounds; PgBouncer's
+            // SIGTERM waits for every client (`migrate-config` keeps that).
+            sigterm: SigtermMode::Drain,
         }
     }
 }

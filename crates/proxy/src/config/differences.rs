@@ -82,7 +82,12 @@ const DIFFERENCES: &[Difference] = &[
                of the role asked for, finding the new primary after a failover (PgBouncer takes every listed host \
                in turn, reachable or not, and checks no role)",
     },
-    Difference { applies: always, note: "no online restart (-R, SUSPEND) and no peering" },
+    Difference {
+        applies: |c| c.weir.sigterm == super::SigtermMode::Drain,
+        note: "sigterm = \"drain\": SIGTERM tells idle clients at once (57P01) and weir ends within \
+               shutdown_timeout (PgBouncer's SIGTERM waits for every client: sigterm = \"wait_for_clients\")",
+    },
+    Difference { applies: always, note: "no online restart (-R, SUSPEND)" },
     Difference {
         applies: shorter_bounds,
         note: "liveness: weir bounds waits sooner than PgBouncer's defaults: client_login_timeout 10s (60s), \

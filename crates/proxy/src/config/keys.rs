@@ -6,7 +6,7 @@
 use serde::de::{self, DeserializeOwned, Deserializer, Visitor};
 use serde::Serialize;
 
-use super::{Config, Database, General, MetricsSection, UserSettings};
+use super::{Config, Database, General, MetricsSection, Peer, UserSettings};
 
 /// A deserializer that only records the field list a derived struct asks for.
 struct FieldNames(&'static [&'static str]);
@@ -61,6 +61,11 @@ pub(crate) fn user_keys() -> &'static [&'static str] {
     field_names::<UserSettings>()
 }
 
+/// Keys of a `[peers.ID]` section.
+pub(crate) fn peer_keys() -> &'static [&'static str] {
+    field_names::<Peer>()
+}
+
 /// `key → value` for every key of a section; unset optional keys are None.
 /// Values are rendered as an operator would write them: strings bare,
 /// lists comma-separated, everything else in TOML syntax.
@@ -99,6 +104,8 @@ pub(crate) const RESTART_KEYS: &[&str] = &[
     "log_format",
     "worker_threads",
     "metrics.listen_addr",
+    "peer_id",
+    "so_reuseport",
     "metrics.enabled",
 ];
 
@@ -135,6 +142,7 @@ mod tests {
             ("metrics", metrics_keys()),
             ("databases.", database_keys()),
             ("users.", user_keys()),
+            ("peers.", peer_keys()),
         ];
         sections.into_iter().flat_map(|(section, keys)| keys.iter().map(move |&k| (section, k))).collect()
     }

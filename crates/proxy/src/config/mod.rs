@@ -10,6 +10,7 @@ pub mod hosts;
 pub(crate) mod keys;
 mod listen;
 pub mod migrate;
+mod peers;
 mod resolve;
 mod validate;
 
@@ -24,6 +25,7 @@ use serde::{Deserialize, Serialize};
 
 pub use hosts::{HostPort, LoadBalanceHosts, Ports, TargetSessionAttrs};
 pub use listen::{ListenAddr, MAX_SOCKET_PATH};
+pub use peers::{Peer, MAX_PEER_ID};
 pub use validate::ConfigError;
 
 /// Client authentication method.
@@ -148,6 +150,10 @@ pub struct Config {
     /// `[users.NAME]`: per-user pool settings (PgBouncer's `[users]`).
     #[serde(default)]
     pub users: BTreeMap<String, UserSettings>,
+    /// `[peers.ID]`: the other weirs (or PgBouncers) behind the same address,
+    /// where cancel requests for their keys go (PgBouncer's `[peers]`).
+    #[serde(default)]
+    pub peers: BTreeMap<String, Peer>,
     /// The folder relative paths are resolved against (the config file's folder).
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -327,6 +333,31 @@ pub struct General {
     pub server_tls_ca_file: Option<PathBuf>,
     pub server_tls_cert_file: Option<PathBuf>,
     pub server_tls_key_file: Option<PathBuf>,
+    /// This weir's id among its peers (1 to 16383): every cancel key it
+    /// mints carries it, and a CancelRequest for another peer's key is
+    /// forwarded to that peer (`[peers]`). 0: no peering (PgBouncer's key).
+    pub peer_id: u16,
+    /// SO_REUSEPORT on the TCP listening sockets: weirs on one host share a
+    /// port, and the kernel spreads new connections over them (PgBouncer's key).
+    pub so_reuseport: bool,
+    /// What SIGTERM does: `drain` (idle clients are told at once, running
+    /// transactions finish within shutdown_timeout) or `wait_for_clients`
+    /// (PgBouncer's SIGTERM: stop accepting, exit once every client has left).
+    pub sigterm: SigtermMode,
+}
+
+/// What SIGTERM does (the console's SHUTDOWN and SHUTDOWN WAIT_FOR_CLIENTS
+/// do the same two things).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SigtermMode {
+    /// Stop accepting; idle clients are told at once (57P01); running
+    /// transactions finish within shutdown_timeout.
+    Drain,
+    /// Stop accepting; every client stays until it leaves, then weir exits
+    /// (PgBouncer 1.23's SIGTERM, SHUTDOWN WAIT_FOR_CLIENTS): a rolling
+    /// restart of weirs sharing a port (`so_reuseport`).
+    WaitForClients,
 }
 
 /// The `[metrics]` section: on by default (`Config::metrics_endpoint`).

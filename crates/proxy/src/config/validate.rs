@@ -44,6 +44,7 @@ impl Config {
                 found.push(invalid(format!("users.{name}.pool_size"), "must be at least 1"));
             }
         }
+        self.check_peers(&mut found);
         found
     }
 

@@ -27,7 +27,8 @@ pub(super) fn trust_names(cfg: &Config, found_by_auth_query: bool) -> crate::aut
 }
 
 /// How this client authenticates: auth_type, or with auth_type = "hba" the
-/// first matching line of auth_hba_file (a `reject` line or no line: refused).
+/// first matching line of auth_hba_file (a `reject` line or no line:
+/// refused); a physical replication client matches the `replication` lines.
 pub(super) fn auth_method(
     shared: &Shared,
     cfg: &Config,
@@ -36,7 +37,9 @@ pub(super) fn auth_method(
     req: &Request,
 ) -> Result<AuthType, ClientError> {
     let hba = shared.hba.load();
-    Ok(crate::auth::hba::method_for(cfg.weir.auth_type, hba.as_deref(), peer.ip(), tls, &req.database, &req.user)?)
+    let (db, user) = (&req.database, &req.user);
+    let auth_type = cfg.weir.auth_type;
+    Ok(crate::auth::hba::method_for_client(auth_type, hba.as_deref(), peer.ip(), tls, db, user, req.replication)?)
 }
 
 /// Authenticates a client of a configured database and names its pool: the

@@ -95,6 +95,7 @@ pub(super) fn finish_console(
         application_name: req.params.get("application_name").unwrap_or_default().to_owned(),
         key_pid: reg.pid,
         slot: None,
+        replication: Default::default(),
         counted: Some(listing.counted),
     });
     Ok(Login::Console(Console { buf, role, reg, listed }))

@@ -59,6 +59,11 @@ pub enum ClientError {
     /// client_tls_sslmode requires TLS and the client did not ask for it.
     #[error("SSL required: this server accepts only TLS connections (client_tls_sslmode)")]
     TlsRequired,
+    /// Postgres refused a replication client's own server (no REPLICATION
+    /// attribute, no pg_hba.conf line for replication): PgBouncer's words,
+    /// Postgres's SQLSTATE, and its message as the DETAIL.
+    #[error("login failed")]
+    ServerLoginFailed { code: SqlState, detail: String },
 }
 
 impl From<WireError> for ClientError {
@@ -93,7 +98,7 @@ impl ClientError {
             ) => sqlstate::TOO_MANY_CONNECTIONS,
             ClientError::NoServer(PoolError::LoginRejected { code, .. }) => *code,
             ClientError::NoServer(PoolError::LoginFailing { .. }) => sqlstate::PROTOCOL_VIOLATION,
-            ClientError::Watchdog { code, .. } => *code,
+            ClientError::Watchdog { code, .. } | ClientError::ServerLoginFailed { code, .. } => *code,
             ClientError::NoServer(PoolError::Closed | PoolError::ShuttingDown) | ClientError::ShuttingDown => {
                 sqlstate::ADMIN_SHUTDOWN
             }
@@ -112,6 +117,14 @@ impl ClientError {
         match self {
             ClientError::Auth(a) => a.client_message(),
             other => other.to_string(),
+        }
+    }
+
+    /// What the client's ErrorResponse says in DETAIL, if anything.
+    pub fn detail(&self) -> Option<&str> {
+        match self {
+            ClientError::ServerLoginFailed { detail, .. } => Some(detail),
+            _ => None,
         }
     }
 }

@@ -117,6 +117,7 @@ pub(super) fn finish_pooled(
         application_name: application_name.to_owned(),
         key_pid: login.reg.pid,
         slot: Some(login.reg.slot.clone()),
+        replication: Default::default(),
         counted: Some(listing.counted),
     });
     Ok(Pooled { buf, login, held, listed })

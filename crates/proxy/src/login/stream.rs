@@ -217,8 +217,18 @@ async fn drain(socket: &mut ClientStream, sink: &mut [u8], linger: Duration) {
 /// Sends a FATAL and closes (see `close_after_error`); a client that does
 /// not take the FATAL within `GOODBYE_LIMIT` is closed without it.
 pub(crate) async fn fatal_and_close(socket: &mut ClientStream, code: crate::protocol::SqlState, message: &str) {
+    fatal_detail_and_close(socket, code, message, None).await;
+}
+
+/// `fatal_and_close` with a DETAIL, if given.
+pub(crate) async fn fatal_detail_and_close(
+    socket: &mut ClientStream,
+    code: crate::protocol::SqlState,
+    message: &str,
+    detail: Option<&str>,
+) {
     let mut out = BytesMut::new();
-    messages::error_response(&mut out, Severity::Fatal, code, message);
+    messages::error_response_detail(&mut out, Severity::Fatal, code, message, detail);
     if let Ok(Ok(())) = tokio::time::timeout(GOODBYE_LIMIT, socket.write_all(&out)).await {
         close_after_error(socket).await;
     }

@@ -3,7 +3,9 @@
 //! dirty, and upkeep. Server connections belong to the pool, never to a client:
 //! a client borrows one through a `Lease`. Admission control (the queue's
 //! bound, shedding, deadline-aware start) is in `admission`; the end of
-//! waits whose budget ran out, one timer per pool, in `expiry`.
+//! waits whose budget ran out, one timer per pool, in `expiry`; the places
+//! replication clients hold, each with a server of its own, in
+//! `replication`.
 
 mod admission;
 mod connector;
@@ -18,6 +20,7 @@ mod lease;
 mod places;
 mod pools;
 mod recovery;
+mod replication;
 mod state;
 mod upkeep;
 
@@ -40,6 +43,7 @@ pub use hosts::{HostKey, HostSet, HostView, HostsConfig};
 pub use inspect::IdleServer;
 pub use lease::Lease;
 pub use pools::{PoolKey, Pools};
+pub use replication::ReplicationPlace;
 pub use state::PoolSnapshot;
 use state::State;
 

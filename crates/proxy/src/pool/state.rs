@@ -73,6 +73,9 @@ pub(super) struct State {
     /// Hosts whose servers opened before a moment retire when released
     /// (`retire_host`, `retired`).
     retiring: Vec<Retiring>,
+    /// Places replication clients hold (`replication.rs`): each is a server
+    /// connection of its client's alone, never lent, counted in `total`.
+    replicating: u32,
     /// SHUTDOWN WAIT_FOR_SERVERS: no server is lent again.
     stopping: bool,
 }
@@ -112,12 +115,15 @@ pub struct PoolSnapshot {
     /// What a client queued now would wait, as predicted (zero while the
     /// pool has room or the estimate is young).
     pub predicted_wait: Duration,
+    /// Server connections of replication clients, each its client's alone
+    /// (counted under pool_size, never in `active`).
+    pub replication: u32,
 }
 
 impl PoolSnapshot {
     /// Nothing lent, opening, being cleaned up or waited for.
     pub fn is_unused(&self) -> bool {
-        self.active == 0 && self.connecting == 0 && self.recovering == 0 && self.waiting == 0
+        self.active == 0 && self.connecting == 0 && self.recovering == 0 && self.waiting == 0 && self.replication == 0
     }
 }
 
@@ -161,6 +167,7 @@ impl State {
             reconnect_before: None,
             fleet: Default::default(),
             retiring: Vec::new(),
+            replicating: 0,
         }
     }
 
@@ -192,6 +199,16 @@ impl State {
             return None;
         }
         self.retiring.iter().find(|r| r.applies(conn)).map(|r| r.reason)
+    }
+
+    /// A replication client took a place of the pool.
+    pub(super) fn replication_started(&mut self) {
+        self.replicating += 1;
+    }
+
+    /// A replication client gave its place back.
+    pub(super) fn replication_ended(&mut self) {
+        self.replicating -= 1;
     }
 
     pub(super) fn push_waiter(
@@ -280,7 +297,13 @@ impl State {
 
     /// All server connections the pool accounts for.
     pub(super) fn total(&self) -> u32 {
-        self.idle.len() as u32 + self.active + self.connecting + self.recovering + self.probing + self.fleet.busy
+        self.idle.len() as u32
+            + self.active
+            + self.connecting
+            + self.recovering
+            + self.probing
+            + self.fleet.busy
+            + self.replicating
     }
 
     /// The size limit now: pool_size, plus the reserve once a waiter has
@@ -338,6 +361,7 @@ impl State {
             paused: self.paused,
             pool_size: self.opts.settings.pool_size,
             predicted_wait: Duration::ZERO,
+            replication: self.replicating,
         }
     }
 }

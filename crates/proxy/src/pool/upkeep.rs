@@ -108,6 +108,7 @@ fn publish(pool: &Arc<Pool>, last: PoolSnapshot) -> PoolSnapshot {
     m.add_servers(ServerState::Idle, d(now.idle, last.idle));
     m.add_servers(ServerState::Active, d(now.active + now.recovering, last.active + last.recovering));
     m.add_servers(ServerState::Login, d(now.connecting, last.connecting));
+    m.add_servers(ServerState::Replication, d(now.replication, last.replication));
     m.add_clients(ClientState::Waiting, d(now.waiting, last.waiting));
     m.set_maxwait(now.maxwait);
     m.set_predicted_wait(now.predicted_wait);

@@ -14,6 +14,7 @@ use weir_metrics::{ClientState, ConnAddr};
 
 use crate::cancel_keys::CancelSlot;
 use crate::pool::{Pool, PoolKey, Pools};
+use crate::protocol::replication::Replication;
 
 /// Whose client it is: a pool's (its database and user are the pool's), or
 /// the admin console's (boxed: the rare case, and every entry has the size
@@ -51,6 +52,8 @@ pub(crate) struct ClientEntry {
     /// The client's cancel slot, which also holds its KILL/drain switch
     /// (None for console clients).
     slot: Option<Arc<CancelSlot>>,
+    /// A replication client (its server is its own, never pooled).
+    pub replication: Replication,
     /// Its place in the per-database and per-user client counts, given
     /// back when the entry goes.
     counted_as: Option<super::caps::CapGuard>,
@@ -131,6 +134,7 @@ pub(crate) struct NewClient {
     pub application_name: String,
     pub key_pid: i32,
     pub slot: Option<Arc<CancelSlot>>,
+    pub replication: Replication,
     pub counted: Option<super::caps::CapGuard>,
 }
 
@@ -182,6 +186,7 @@ impl ClientList {
             connected_at: SystemTime::now(),
             key_pid: c.key_pid,
             slot: c.slot,
+            replication: c.replication,
             counted_as: c.counted,
         });
         self.clients.lock().insert(id, entry.clone());
@@ -327,6 +332,7 @@ mod tests {
             application_name: String::new(),
             key_pid: 1,
             slot,
+            replication: Replication::None,
             counted: None,
         }
     }

@@ -7,6 +7,7 @@
 pub(crate) mod caps;
 pub(crate) mod client_list;
 pub(crate) mod disabled;
+mod shutdown;
 mod stopping;
 
 pub use stopping::StopMode;
@@ -141,6 +142,7 @@ impl Shared {
     }
 
     pub fn new(cfg: Config, users: UserList) -> Shared {
+        let cancels = CancelKeys::for_peer(cfg.weir.peer_id);
         Shared {
             config: ConfigCell::new(cfg),
             users: ArcSwap::from_pointee(users),
@@ -148,7 +150,7 @@ impl Shared {
             client_tls: ArcSwapOption::empty(),
             pools: Pools::new(),
             auth_query_cache: Default::default(),
-            cancels: CancelKeys::new(),
+            cancels,
             clients: AtomicUsize::new(0),
             client_list: ClientList::new(),
             caps: Arc::default(),
@@ -299,6 +301,11 @@ impl Shared {
         keep("unix_socket_dir, unix_socket_mode or unix_socket_group", unix_changed);
         keep("log_format", cfg.weir.log_format != old.weir.log_format);
         keep("worker_threads", cfg.weir.worker_threads != old.weir.worker_threads);
+        // The keys handed out carry the peer id: it cannot change under them.
+        keep("peer_id", cfg.weir.peer_id != old.weir.peer_id);
+        keep("so_reuseport", cfg.weir.so_reuseport != old.weir.so_reuseport);
+        cfg.weir.peer_id = old.weir.peer_id;
+        cfg.weir.so_reuseport = old.weir.so_reuseport;
         let metrics = |m: &crate::config::MetricsSection| (m.listen_addr, m.enabled);
         keep("metrics.listen_addr", metrics(&cfg.metrics) != metrics(&old.metrics));
         cfg.weir.listen_addr = old.weir.listen_addr.clone();

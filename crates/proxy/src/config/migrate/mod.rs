@@ -71,7 +71,6 @@ const UNSUPPORTED: &[(&str, &str)] = &[
     ("syslog_", "weir logs to stderr; let the supervisor collect it"),
     ("pidfile", "weir does not daemonize"),
     ("user", "weir does not switch users; run it as the user it should be"),
-    ("peer_id", "weir has no peering"),
 ];
 
 /// Reads `pgbouncer.ini` text and writes the equivalent weir config.
@@ -166,6 +165,7 @@ struct Mapper {
     metrics_port: u16,
     databases: Vec<(String, Vec<(String, String)>)>,
     users: Vec<(String, Vec<(String, String)>)>,
+    peers: Vec<(String, Vec<(String, String)>)>,
     warnings: Vec<String>,
     errors: Vec<String>,
 }
@@ -176,6 +176,7 @@ impl Mapper {
             "pgbouncer" => self.setting(key, value, line),
             "databases" => self.database(key, value, line),
             "users" => self.user(key, value, line),
+            "peers" => self.peer(key, value, line),
             other => self.warn(line, format!("[{other}] {key}: section not supported by weir")),
         }
     }
@@ -317,6 +318,29 @@ impl Mapper {
         self.users.push((name.to_owned(), out));
     }
 
+    /// One `[peers]` line: `id = host=... port=... pool_size=...`.
+    fn peer(&mut self, id: &str, value: &str, line: usize) {
+        if !id.parse::<u16>().is_ok_and(|n| (1..=super::MAX_PEER_ID).contains(&n)) {
+            return self.warn(line, format!("[peers] {id}: a peer's id is a number from 1 to 16383; skipped"));
+        }
+        let mut out = Vec::new();
+        for (k, v) in conninfo(value) {
+            let kv = match k.as_str() {
+                "host" => Ok((k.clone(), quoted(&v))),
+                // port, pool_size
+                k if keys::peer_keys().contains(&k) => int(&v).map(|n| (k.to_owned(), n)),
+                _ => Err("not a peer's key (host, port, pool_size)".into()),
+            };
+            match kv {
+                Ok(kv) => out.push(kv),
+                Err(why) => self.warn(line, format!("[peers] {id}: {k}={v}: {why}")),
+            }
+        }
+        // A later line for the same id replaces the earlier, as in PgBouncer.
+        self.peers.retain(|(name, _)| name != id);
+        self.peers.push((id.to_owned(), out));
+    }
+
     /// One `[databases]` line: `name = host=... port=... dbname=...`;
     /// `*` is the fallback database.
     fn database(&mut self, name: &str, value: &str, line: usize) {
@@ -382,6 +406,12 @@ impl Mapper {
             // PgBouncer's default; weir's own default is transaction.
             self.general.push(("pool_mode".into(), quoted("session")));
         }
+        if !self.general.iter().any(|(k, _)| k == "sigterm") {
+            // PgBouncer 1.23's SIGTERM (SHUTDOWN WAIT_FOR_CLIENTS): a rolling
+            // restart of instances that share a port depends on it.
+            let keep = "\"wait_for_clients\"  # PgBouncer's SIGTERM, kept; weir's own default is \"drain\"";
+            self.general.push(("sigterm".into(), keep.into()));
+        }
         for key in ["log_connections", "log_disconnections"] {
             if !self.general.iter().any(|(k, _)| k == key) {
                 // PgBouncer's default (its login and `closing because` lines); weir's own is off.
@@ -422,7 +452,7 @@ impl Mapper {
              listen_addr = \"127.0.0.1:{}\"\n",
             self.metrics_port
         );
-        for (section, entries) in [("databases", &self.databases), ("users", &self.users)] {
+        for (section, entries) in [("databases", &self.databases), ("users", &self.users), ("peers", &self.peers)] {
             for (name, kvs) in entries {
                 let _ = writeln!(out, "\n[{section}.{}]", toml_key(name));
                 for (k, v) in kvs {

@@ -219,3 +219,25 @@ fn host_lists_and_load_balance_hosts_carry_over() {
     assert_eq!(advice.len(), 2, "each host list is told how to keep writes on the primary: {:#?}", m.warnings);
     assert!(!m.warnings.iter().any(|w| w.contains("one host")), "{:#?}", m.warnings);
 }
+
+/// PgBouncer's test of peering appends these lines to its ini: they carry
+/// over, an id out of range or a key no peer has is warned about, and the
+/// SIGTERM kept is PgBouncer's.
+#[test]
+fn peers_and_so_reuseport_carry_over() {
+    let ini = "[pgbouncer]\nauth_type = trust\nso_reuseport=1\npeer_id=2\n[peers]\n\
+               1 = host=/tmp/bouncer1 port=6789\n3 = host=10.0.0.3 pool_size=4\n0 = host=x\n4 = host=h weight=2\n\
+               2 = host=/tmp/bouncer2 port=6789\n";
+    let m = from_pgbouncer_ini(ini);
+    let cfg = Config::from_toml(&m.toml, std::path::Path::new(".")).unwrap_or_else(|e| panic!("{e}\n{}", m.toml));
+    assert_eq!((cfg.weir.peer_id, cfg.weir.so_reuseport), (2, true));
+    assert_eq!(cfg.weir.sigterm, crate::config::SigtermMode::WaitForClients);
+    let one = cfg.peer(1).unwrap();
+    assert_eq!((one.host.as_str(), one.port, one.pool_size), ("/tmp/bouncer1", 6789, None));
+    let three = cfg.peer(3).unwrap();
+    assert_eq!((three.host.as_str(), three.port, three.pool_size), ("10.0.0.3", 6432, Some(4)));
+    assert!(cfg.peers.contains_key("2"), "its own entry is kept (and ignored)");
+    assert!(m.warnings.iter().any(|w| w.contains("[peers] 0")), "{:?}", m.warnings);
+    assert!(m.warnings.iter().any(|w| w.contains("weight=2")), "{:?}", m.warnings);
+    assert!(!m.warnings.iter().any(|w| w.contains("peer_id") || w.contains("so_reuseport")), "{:?}", m.warnings);
+}
