@@ -14,13 +14,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use weir_metrics::{ConnAddr, Window};
+use weir_metrics::{ConnAddr, HostRole, Window};
 
 use super::command::{Show, SYNOPSIS};
 use super::result::{float, int, text, Cell, Kind, ResultSet};
 use super::{show_more, stats};
 use crate::config::keys;
-use crate::pool::Pool;
+use crate::pool::{HostKey, Pool};
 use crate::state::Shared;
 
 use Kind::{Float, Int, Int4, Text};
@@ -294,8 +294,19 @@ pub(super) fn clients(shared: &Arc<Shared>) -> ResultSet {
     rs
 }
 
+/// The role each server address of `pool`'s database was last found in.
+fn host_roles(pool: &Pool) -> HashMap<ConnAddr, HostRole> {
+    let addr = |k: &HostKey| match k {
+        HostKey::Addr(a) => Some(ConnAddr::Tcp(*a)),
+        HostKey::Named(h, p) if h.starts_with('/') => Some(ConnAddr::Unix(*p)),
+        HostKey::Named(..) => None,
+    };
+    pool.hosts().view().into_iter().filter_map(|v| Some((addr(&v.host)?, v.role))).collect()
+}
+
 pub(super) fn servers(shared: &Arc<Shared>) -> ResultSet {
-    let mut rs = connection_set(&[("client_key", Int)]);
+    // weir's own: the role of the server's host (target_session_attrs).
+    let mut rs = connection_set(&[("client_key", Int), ("host_role", Text)]);
     let check_delay = shared.config.load().weir.server_check_delay;
     let clients = shared.client_list.all();
     let linked: HashMap<i32, i32> = clients.iter().filter_map(|c| Some((c.server_pid()?, c.key_pid))).collect();
@@ -307,6 +318,7 @@ pub(super) fn servers(shared: &Arc<Shared>) -> ResultSet {
         .filter_map(|c| Some((c.server_pid()?, c.replication.as_label())))
         .collect();
     for pool in shared.pools.all() {
+        let roles = host_roles(&pool);
         let reconnecting = pool.reconnect_pending();
         let idle: HashMap<i32, Duration> = pool.idle_servers().into_iter().map(|s| (s.pid, s.idle_for)).collect();
         for s in pool.metrics.live_servers() {
@@ -339,7 +351,8 @@ pub(super) fn servers(shared: &Arc<Shared>) -> ResultSet {
                 prepared: Some(s.prepared_statements.get()),
                 id: s.id,
             };
-            rs.push(conn.cells([linked.get(&s.pid).and_then(|k| int(*k))]));
+            let role = roles.get(&s.addr).and_then(|r| text(r.as_label()));
+            rs.push(conn.cells([linked.get(&s.pid).and_then(|k| int(*k)), role]));
         }
     }
     rs
@@ -370,6 +383,9 @@ fn databases(shared: &Arc<Shared>) -> ResultSet {
         ("disabled", Int4),
         // weir's own.
         ("query_wait_timeout_ms", Int),
+        ("target_session_attrs", Text),
+        // Each host and its role: `address:port role`, comma-separated.
+        ("host_roles", Text),
     ]);
     let cfg = shared.config.load();
     let pools = shared.pools.all();
@@ -396,6 +412,8 @@ fn databases(shared: &Arc<Shared>) -> ResultSet {
             int(u8::from(shared.is_paused(name))),
             int(u8::from(shared.admin.is_disabled(name))),
             int(s.query_wait_timeout.as_millis().min(i64::MAX as u128) as i64),
+            text(s.target_session_attrs.as_str()),
+            text(roles_of(shared, name, &s)),
         ]);
         rs.push(row);
     }
@@ -407,6 +425,16 @@ fn databases(shared: &Arc<Shared>) -> ResultSet {
     console.extend([int(0u8), int(0u8), None]);
     rs.push(console);
     rs
+}
+
+/// `address:port role` for each host of database `name` (the configured
+/// hosts, unknown, before any pool of it connected).
+fn roles_of(shared: &Shared, name: &str, s: &crate::config::PoolSettings) -> String {
+    let listed: Vec<String> = match shared.pools.hosts(name) {
+        Some(set) => set.view().iter().map(|v| format!("{} {}", v.host, v.role.as_label())).collect(),
+        None => s.hosts.iter().map(|h| format!("{}:{} {}", h.host, h.port, HostRole::Unknown.as_label())).collect(),
+    };
+    listed.join(", ")
 }
 
 fn servers_total(pool: &Pool) -> u32 {

@@ -19,6 +19,7 @@ use super::prepared::ClientStatements;
 use super::transfer_watchdog::{AlarmTimer, Watchdog, WatchdogError};
 use crate::login::{ClientError, ClientStream};
 use crate::params::ParamMap;
+use crate::server::role::IN_HOT_STANDBY;
 use crate::server::{ServerConn, ServerSide};
 
 /// Read no more from a side while this much of its output is unsent.
@@ -351,14 +352,25 @@ fn from_server<CW: AsyncWrite + Unpin>(
 ) -> Result<Option<FromServer>, ClientError> {
     let owed = server.conv.owed();
     let (server_params, client_params) = (&mut *server.params, &mut *client.params);
+    let mut role_changed = false;
     let scan = server.conv.scan_server(server.unread, |k, v| {
+        role_changed |= k == IN_HOT_STANDBY && server_params.get(k) != Some(v);
         server_params.set(k, v);
-        client_params.set(k, v);
+        if !crate::params::is_fixed(k) {
+            client_params.set(k, v);
+        }
     });
     let scanned = scan.map_err(|e| {
         *server.broken = Some(weir_metrics::CloseReason::ProtocolError);
         ClientError::BadServerMessage(e)
     })?;
+    // A standby promoted under this server, or a write it refused where
+    // writes are wanted (unless it says it is a writable primary: then the
+    // client's own transaction was read-only): it retires when released,
+    // and its host's role is asked again.
+    if role_changed || (scanned.refused_write && server.wants_writes && !says_writable(server.params)) {
+        server.broken.get_or_insert(weir_metrics::CloseReason::RoleChanged);
+    }
     let answered = owed.saturating_sub(server.conv.owed()) as usize;
     // A tracked client's replies may be rewritten: they go through `inbound` whole.
     let tracking = client.prepared.is_tracking();
@@ -390,6 +402,12 @@ async fn server_gone<CW: AsyncWrite + Unpin>(cw: &mut CW, flow: &Flow) -> Ended 
     }));
     let _ = flush.await;
     Ended::ServerGone { told: flow.told }
+}
+
+/// A Postgres 14+ server reports both: not in recovery, and its session's
+/// transactions start read-write. Older servers say nothing.
+fn says_writable(params: &ParamMap) -> bool {
+    params.get(IN_HOT_STANDBY) == Some("off") && params.get("default_transaction_read_only") == Some("off")
 }
 
 /// The client left. Client bytes already counted as sent are sent, so the

@@ -69,6 +69,12 @@ const DIFFERENCES: &[Difference] = &[
                reads v1 certificates and the subject CN)",
     },
     Difference {
+        applies: |c| c.databases.values().any(|d| d.host.contains(',')),
+        note: "host lists: weir skips a host it cannot reach and, with target_session_attrs, keeps only servers \
+               of the role asked for, finding the new primary after a failover (PgBouncer takes every listed host \
+               in turn, reachable or not, and checks no role)",
+    },
+    Difference {
         applies: |c| c.weir.sigterm == super::SigtermMode::Drain,
         note: "sigterm = \"drain\": SIGTERM tells idle clients at once (57P01) and weir ends within \
                shutdown_timeout (PgBouncer's SIGTERM waits for every client: sigterm = \"wait_for_clients\")",

@@ -163,6 +163,9 @@ impl Config {
         if name == "weir" || name == "pgbouncer" {
             found.push(invalid(format!("databases.{name}"), "is reserved for the admin console"));
         }
+        if let Err(why) = super::hosts::host_list(&db.host, &db.port) {
+            found.push(invalid(key("host"), why));
+        }
         if s.pool_size == 0 {
             found.push(invalid(key("pool_size"), "must be at least 1"));
         }

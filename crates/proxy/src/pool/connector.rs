@@ -32,7 +32,7 @@ use super::evict::Cap;
 use super::state::State;
 use super::{Handed, Lease, Pool, PoolError};
 use crate::params::ParamMap;
-use crate::server::{self, ConnectError, CountSlot, ServerConn};
+use crate::server::{ConnectError, CountSlot, ServerConn};
 
 impl Pool {
     /// Starts the connects that demand and limits call for. Called with the lock held.
@@ -91,7 +91,7 @@ impl Pool {
             let pool = self.clone();
             let spec = Arc::new(st.opts.spec.clone());
             tokio::spawn(async move {
-                let result = server::connect(spec, &pool.metrics).await;
+                let result = super::hosts::connect(&pool, spec).await;
                 pool.connected(result, (slot, user_slot));
             });
         }

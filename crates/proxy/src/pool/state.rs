@@ -70,11 +70,33 @@ pub(super) struct State {
     pub reconnect_before: Option<Instant>,
     /// The pool's part in a fleet of weirs sharing one budget (`fleet`).
     pub fleet: super::fleet::Fleet,
+    /// Hosts whose servers opened before a moment retire when released
+    /// (`retire_host`, `retired`).
+    retiring: Vec<Retiring>,
     /// Places replication clients hold (`replication.rs`): each is a server
     /// connection of its client's alone, never lent, counted in `total`.
     replicating: u32,
     /// SHUTDOWN WAIT_FOR_SERVERS: no server is lent again.
     stopping: bool,
+}
+
+/// The servers of one host opened before `before` retire with `reason`.
+#[derive(Debug)]
+struct Retiring {
+    host: super::HostKey,
+    before: Instant,
+    reason: CloseReason,
+}
+
+impl Retiring {
+    fn applies(&self, conn: &ServerConn) -> bool {
+        let spec = &conn.spec;
+        let same_host = match &self.host {
+            super::HostKey::Addr(a) => spec.addr == Some(*a),
+            super::HostKey::Named(h, p) => spec.addr.is_none() && spec.host == *h && spec.port == *p,
+        };
+        same_host && conn.created < self.before
+    }
 }
 
 /// Counters for SHOW POOLS and tests.
@@ -151,8 +173,39 @@ impl State {
             server_params: None,
             reconnect_before: None,
             fleet: Default::default(),
+            retiring: Vec::new(),
             replicating: 0,
         }
+    }
+
+    /// The servers of `host` open now retire with `reason`: the idle ones
+    /// are returned (to close now), lent ones close when released. Rules
+    /// older than server_lifetime go (their servers have retired anyway).
+    /// Boxed as in `idle`.
+    #[allow(clippy::vec_box)]
+    pub(super) fn retire_host(
+        &mut self,
+        host: &super::HostKey,
+        reason: CloseReason,
+        now: Instant,
+    ) -> Vec<Box<ServerConn>> {
+        let lifetime = self.opts.lifetime;
+        self.retiring.retain(|r| now.saturating_duration_since(r.before) < lifetime && r.host != *host);
+        let rule = Retiring { host: host.clone(), before: now, reason };
+        let (doomed, kept) = std::mem::take(&mut self.idle).into_iter().partition(|c| rule.applies(c));
+        self.idle = kept;
+        self.retiring.push(rule);
+        doomed
+    }
+
+    /// Why a released server must close instead of going back, if a host
+    /// rule says so. Nothing to look at (one length check) unless a host's
+    /// role changed or its name moved within server_lifetime.
+    pub(super) fn retired(&self, conn: &ServerConn) -> Option<CloseReason> {
+        if self.retiring.is_empty() {
+            return None;
+        }
+        self.retiring.iter().find(|r| r.applies(conn)).map(|r| r.reason)
     }
 
     /// A replication client took a place of the pool.
