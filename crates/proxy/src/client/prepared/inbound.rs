@@ -331,14 +331,15 @@ impl ClientStatements {
         memchr::memmem::find(body, b"weir_")?;
         let named = |s: &Arc<Statement>| memchr::memmem::find(body, s.weir.as_bytes()).is_some();
         // The unnamed statement first, then the named ones in name order,
-        // then the ones a Close or DEALLOCATE sent after the failing
-        // message dropped (not yet answered).
+        // then the ones a Close, DEALLOCATE, unnamed Parse or simple query
+        // sent after the failing message dropped (not yet answered).
         let all = || {
             let unnamed = self.q.unnamed_stmt.iter().map(|s| (super::unnamed::UNNAMED, s));
             let closed = self.q.expect.iter().filter_map(|e| match e {
                 Expect::FakeClose { client, stmt } | Expect::FakeDeallocate { client, stmt } => {
                     Some((client.as_slice(), stmt))
                 }
+                Expect::Unnamed { prior: Some(stmt), .. } => Some((super::unnamed::UNNAMED, stmt)),
                 _ => None,
             });
             unnamed.chain(self.statements.iter().map(|(k, s)| (k.as_slice(), s))).chain(closed)

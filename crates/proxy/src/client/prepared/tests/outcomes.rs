@@ -80,6 +80,25 @@ fn an_error_names_the_statement_as_the_client_named_it_when_a_later_batch_closed
 }
 
 #[test]
+fn an_error_names_the_unnamed_statement_a_later_query_dropped() {
+    let mut s = Sim::new(20);
+    s.stage.prepare_unnamed_after(1);
+    s.sent(&[parse("", "select $1::int"), sync()].concat());
+    s.recv(&[reply(be::PARSE_COMPLETE), rfq(b'T')].concat());
+    let weir = s.weir("");
+    // The Bind fails; the query behind its Sync drops the unnamed statement
+    // before the error comes back.
+    let sent = s.sent(&[bind(""), sync(), query("rollback")].concat());
+    assert_eq!(tags(&sent), "BSQ");
+    let text = format!("bind message supplies 0 parameters, but prepared statement \"{weir}\" requires 1");
+    let err = msg(be::ERROR_RESPONSE, format!("SERROR\0C08P01\0M{text}\0\0").as_bytes());
+    let seen = s.recv(&[err, rfq(b'E'), msg(be::COMMAND_COMPLETE, b"ROLLBACK\0"), rfq(b'I')].concat());
+    assert_eq!(tags(&seen), "EZCZ");
+    let body = String::from_utf8_lossy(&frames(&seen)[0].1).into_owned();
+    assert!(body.contains("statement \"\" requires 1"), "{body}");
+}
+
+#[test]
 fn past_a_sync_the_server_is_skipping_to_a_message_waits_for_what_it_skips_to_be_undone() {
     let mut s = Sim::new(20);
     s.sent(&[parse("a", "select 1"), sync()].concat());
