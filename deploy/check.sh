@@ -8,8 +8,9 @@
 #     native-sidecar shape of deployment.yaml;
 #   * every metric name in the alerts, their tests and the dashboard exists in
 #     crates/metrics/src/names.rs;
-#   * the Docker build, replayed as `docker build` would run it: exactly the
-#     paths the Dockerfile COPYs go into a temp dir, and the Dockerfile's own
+#   * the Docker build, replayed as `docker build` would run it: the context
+#     .dockerignore leaves, then exactly the paths the Dockerfile COPYs from
+#     it go into a temp dir, and the Dockerfile's own
 #     `cargo build` runs there offline (the registry cache is reused, nothing is
 #     fetched; the target dir is $CHECK_TARGET_DIR, default this checkout's
 #     target/, so a second run is quick); its binary has no test kit, no demo
@@ -225,12 +226,67 @@ CHECK_TARGET_DIR="${CHECK_TARGET_DIR:-$ROOT/target}"
 CONTEXT="$CHECK_TARGET_DIR/docker-check-context"
 WEIR_BIN=""
 
-# Prints a bash script that replays the builder stage's COPY lines and its
-# `cargo build` (plus --offline) in directory $1.
-replay_script() {
+# Fills directory $1 with the build context `docker build` would send: the
+# repository less what .dockerignore leaves out (Docker's rules: a pattern
+# matches a path or one of its parents, `**` any number of folders, the last
+# matching line decides, `!` keeps). Copies keep their mtimes.
+docker_context() {
     "$PY" - "$1" <<'PYEOF'
+import os, re, shutil, sys
+dest = sys.argv[1]
+rules = []
+if os.path.exists(".dockerignore"):
+    for line in open(".dockerignore"):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        keep = line.startswith("!")
+        pat = line.lstrip("!").strip("/")
+        rx = ""
+        i = 0
+        while i < len(pat):
+            if pat.startswith("**/", i):
+                rx, i = rx + "(?:.*/)?", i + 3
+            elif pat.startswith("**", i):
+                rx, i = rx + ".*", i + 2
+            elif pat[i] == "*":
+                rx, i = rx + "[^/]*", i + 1
+            elif pat[i] == "?":
+                rx, i = rx + "[^/]", i + 1
+            else:
+                rx, i = rx + re.escape(pat[i]), i + 1
+        rules.append((re.compile(rx + r"\Z"), keep, pat))
+
+def excluded(rel):
+    parts = rel.split("/")
+    prefixes = ["/".join(parts[: n + 1]) for n in range(len(parts))]
+    out = False
+    for rx, keep, _ in rules:
+        if any(rx.match(p) for p in prefixes):
+            out = not keep
+    return out
+
+def may_keep_below(rel):
+    return any(keep and (pat + "/").startswith(rel + "/") for _, keep, pat in rules)
+
+for root, dirs, files in os.walk("."):
+    base = os.path.relpath(root, ".")
+    base = "" if base == "." else base + "/"
+    dirs[:] = [d for d in dirs if not excluded(base + d) or may_keep_below(base + d)]
+    for f in files:
+        rel = base + f
+        if not excluded(rel):
+            os.makedirs(os.path.join(dest, base), exist_ok=True)
+            shutil.copy2(rel, os.path.join(dest, rel), follow_symlinks=False)
+PYEOF
+}
+
+# Prints a bash script that replays the builder stage's COPY lines (from the
+# build context in $2) and its `cargo build` (plus --offline) in directory $1.
+replay_script() {
+    "$PY" - "$1" "$2" <<'PYEOF'
 import shlex, sys
-ctx = sys.argv[1]
+ctx, source = sys.argv[1], sys.argv[2]
 lines, cur = [], ""
 for raw in open("deploy/Dockerfile"):
     line = raw.rstrip("\n")
@@ -263,6 +319,7 @@ for l in builder:
         build = "cargo build" + rest.split("cargo build", 1)[1].split("&&")[0]
 assert build, "no `cargo build` in the builder stage"
 print("set -euo pipefail")
+print(f"cd {shlex.quote(source)}")
 print("\n".join(out))
 print(f"cd {shlex.quote(ctx)}")
 print(f"echo {shlex.quote('+ ' + build.strip() + ' --offline')}")
@@ -271,8 +328,9 @@ PYEOF
 }
 
 replay_docker_build() {
-    rm -rf "$CONTEXT"
-    replay_script "$CONTEXT" >"$TMP/replay.sh" || return 1
+    rm -rf "$CONTEXT" "$CONTEXT.sent"
+    docker_context "$CONTEXT.sent" || return 1
+    replay_script "$CONTEXT" "$CONTEXT.sent" >"$TMP/replay.sh" || return 1
     # Cargo's registry cache and $CHECK_TARGET_DIR are shared; nothing is fetched.
     # The image's own profile (fat LTO, one codegen unit, full optimisation) costs ten
     # minutes or more on a 2-core machine. What this check proves -- the context

@@ -120,7 +120,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
 }
 
 fn run_all(opts: &Opts, weir_bin: &Path, pgbouncer_bin: Option<&Path>, work: &Path) -> anyhow::Result<()> {
-    let pg = PgServer::start(PgOptions { max_connections: 100, log_connections: false, extra_conf: vec![] })
+    let pg = PgServer::start(PgOptions { max_connections: 100, log_connections: false, ..PgOptions::default() })
         .context("starting the throwaway Postgres")?;
     prepare(&pg, opts.limit)?;
     let mut runs = vec![run_fleet(Kind::Weir, weir_bin, opts, &pg, work)?];

@@ -151,7 +151,7 @@ struct Outcome {
 async fn soak(opts: &Opts, bin: &Path) -> anyhow::Result<bool> {
     let total = Duration::from_secs_f64(opts.minutes * 60.0);
     let pg = tokio::task::block_in_place(|| {
-        PgServer::start(PgOptions { max_connections: 400, log_connections: true, extra_conf: vec![] })
+        PgServer::start(PgOptions { max_connections: 400, log_connections: true, ..PgOptions::default() })
     })
     .context("starting the throwaway Postgres")?;
     create_schema(&pg).await?;

@@ -10,7 +10,8 @@
 //! `procstat` (/proc CPU and RSS), `targets` (starting the proxies),
 //! `neighbour` (the spinning thread),
 //! `pgbench` (running and parsing pgbench), `workloads` (the list and the
-//! interleaved runner), `stream`, `idle`, `report`.
+//! interleaved runner), `stream`, `idle`, `results` (what a run measured),
+//! `report` (its tables, from `report_rows` and `report_targets`).
 
 pub(crate) mod env;
 mod idle;
@@ -21,6 +22,7 @@ pub(crate) mod procstat;
 mod report;
 mod report_rows;
 mod report_targets;
+mod results;
 mod stream;
 mod targets;
 mod workloads;
@@ -40,7 +42,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     let opts = Opts::parse(args)?;
     env::ensure_fd_limit(opts.fd_limit_wanted())?;
     let started = Instant::now();
-    let weir_bin = env::weir_binary(&opts)?;
+    let weir_bin = env::weir_binary(opts.weir_bin.as_deref())?;
     let pgbouncer_bin = if opts.want(Kind::PgBouncer) { env::find_pgbouncer() } else { None };
     if opts.want(Kind::PgBouncer) && pgbouncer_bin.is_none() {
         eprintln!("\n*** PgBouncer not installed: skipped (apt-get install -y pgbouncer) ***\n");
@@ -52,7 +54,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     let pg = PgServer::start(PgOptions {
         max_connections: pg_max_connections(&opts),
         log_connections: false,
-        extra_conf: vec![],
+        ..PgOptions::default()
     })
     .context("starting the throwaway Postgres")?;
     pgbench::init(&pg, opts.scale)?;
@@ -81,7 +83,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         pgbench::warm_up(t)?;
     }
 
-    let mut results = report::Results::new(&opts, &pg, [pgbouncer_bin.as_deref(), doorman_bin.as_deref()], &targets);
+    let mut results = results::Results::new(&opts, &pg, [pgbouncer_bin.as_deref(), doorman_bin.as_deref()], &targets);
     for w in workloads::list(&opts) {
         results.rows.push(workloads::run(&w, &targets, &opts, &work)?);
     }

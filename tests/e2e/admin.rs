@@ -9,13 +9,8 @@ use tokio_postgres::SimpleQueryMessage;
 use weir_e2e::process::{metric, rows, WeirProcess, ADMIN_PASS, ADMIN_USER, STATS_PASS, STATS_USER};
 use weir_e2e::raw::{self, Raw};
 use weir_e2e::{
-    connect, eventually, sqlstate, Harness, Opts, PgOptions, PgServer, APP_DB, SCRAM_PASS, SCRAM_USER, TRUST_PASS,
-    TRUST_USER,
+    connect, eventually, pg, sqlstate, Harness, Opts, PgServer, APP_DB, SCRAM_PASS, SCRAM_USER, TRUST_PASS, TRUST_USER,
 };
-
-async fn pg() -> PgServer {
-    tokio::task::spawn_blocking(|| PgServer::start(PgOptions::default())).await.unwrap().expect("start postgres")
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_show_renders_in_psql() {

@@ -1,6 +1,8 @@
 //! The console against PgBouncer's. weir's columns must start with
 //! PgBouncer 1.23's (names, order and type OIDs, as its admin.c and stats.c
-//! declare them, listed below). Debian's PgBouncer (1.18) and weir run on
+//! declare them, listed below), with the columns 1.25 inserted (the client
+//! limits in DATABASES and USERS, a user's reserve_pool_size, the sockets'
+//! id). Debian's PgBouncer (1.18) and weir run on
 //! the same Postgres, every SHOW runs on both, and each of 1.18's columns
 //! must be in weir's with its type and in its relative order (1.23 inserted
 //! columns between 1.18's). Then the figures PgBouncer's tools read are
@@ -12,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use weir_e2e::pgbouncer::{describe, Described, PgBouncer};
 use weir_e2e::process::{rows, WeirProcess, ADMIN_PASS, ADMIN_USER};
-use weir_e2e::{connect, PgOptions, PgServer, SCRAM_PASS, SCRAM_USER};
+use weir_e2e::{connect, pg, SCRAM_PASS, SCRAM_USER};
 
 /// Every SHOW of PgBouncer (1.23's list).
 const SHOWS: &[&str] = &[
@@ -71,16 +73,21 @@ const PGBOUNCER_1_23: &[(&str, &str, &str)] = &[
     ("SERVERS", CONNECTION_TYPES, CONNECTION_NAMES),
     (
         "DATABASES",
-        "ssissiiiisiiii",
+        "ssissiiiisiiiiii",
         "name host port database force_user pool_size min_pool_size reserve_pool server_lifetime pool_mode \
-         max_connections current_connections paused disabled",
+         max_connections current_connections max_client_connections current_client_connections paused disabled",
     ),
-    ("USERS", "sssii", "name pool_size pool_mode max_user_connections current_connections"),
+    (
+        "USERS",
+        "ssssiiii",
+        "name pool_size reserve_pool_size pool_mode max_user_connections current_connections \
+         max_user_client_connections current_client_connections",
+    ),
     ("CONFIG", "ssss", "key value default changeable"),
     ("LISTS", "si", "list items"),
     ("MEM", "siiii", "name size used free memtotal"),
-    ("SOCKETS", "ssssssisiTTiiississiiiiiiii", SOCKET_NAMES),
-    ("ACTIVE_SOCKETS", "ssssssisiTTiiississiiiiiiii", SOCKET_NAMES),
+    ("SOCKETS", "ssssssisiTTiiississiiiiiiiii", SOCKET_NAMES),
+    ("ACTIVE_SOCKETS", "ssssssisiTTiiississiiiiiiiii", SOCKET_NAMES),
     ("DNS_HOSTS", "sqs", "hostname ttl addrs"),
     ("DNS_ZONES", "sqi", "zonename serial count"),
     (
@@ -98,7 +105,7 @@ const CONNECTION_TYPES: &str = "ssssssisiTTiiississi";
 const CONNECTION_NAMES: &str = "type user database replication state addr port local_addr local_port connect_time \
     request_time wait wait_us close_needed ptr link remote_pid tls application_name prepared_statements";
 const SOCKET_NAMES: &str = "type user database replication state addr port local_addr local_port connect_time \
-    request_time wait wait_us close_needed ptr link remote_pid tls application_name prepared_statements recv_pos \
+    request_time wait wait_us close_needed ptr link remote_pid tls application_name prepared_statements id recv_pos \
     pkt_pos pkt_remain send_pos send_remain pkt_avail send_avail";
 
 /// The columns of a `PGBOUNCER_1_23` entry, with type OIDs.
@@ -120,10 +127,6 @@ fn columns_1_23(types: &str, names: &str) -> Vec<(String, u32)> {
 fn in_order(part: &[(String, u32)], whole: &[(String, u32)]) -> bool {
     let mut rest = whole.iter();
     part.iter().all(|c| rest.any(|w| w == c))
-}
-
-async fn pg() -> PgServer {
-    tokio::task::spawn_blocking(|| PgServer::start(PgOptions::default())).await.unwrap().expect("start postgres")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use weir_e2e::process::WeirProcess;
-use weir_e2e::{bounded, connect, eventually, Harness, Opts, PgOptions, PgServer, TRUST_PASS, TRUST_USER};
+use weir_e2e::{bounded, connect, eventually, pg, Harness, Opts, PgOptions, TRUST_PASS, TRUST_USER};
 
 /// A CA; two certificates for 127.0.0.1 with their keys (`a`, `b`) signed
 /// by it as v3; and `v1`, the same but as X.509 v1 (no extensions), the way
@@ -182,7 +182,7 @@ async fn server_sslmode_before_its_ca_file() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn min_pool_size_capped_and_verbose() {
     bounded(120, async {
-        let pg = tokio::task::spawn_blocking(|| PgServer::start(PgOptions::default())).await.unwrap().expect("pg");
+        let pg = pg().await;
         let w = WeirProcess::start(&pg, "default_pool_size = 3", "").await;
         let mode = shown(w.port, "pool_mode").await;
         let (ok, _, err) = console(w.port, "SET min_pool_size = 10").await;

@@ -19,22 +19,12 @@ use bytes::Bytes;
 use futures_util::SinkExt;
 use tokio::process::Command;
 use tokio_postgres::NoTls;
-use weir_e2e::{connect, sqlstate, Harness, Opts, APP_DB, SCRAM_PASS, SCRAM_USER};
+use weir_e2e::{connect, harness, sqlstate, Harness, APP_DB, SCRAM_PASS, SCRAM_USER};
 
 const CLIENTS: usize = 20;
 const POOL_SIZE: u32 = 3;
 /// How long one driver's program may take, build included.
 const LIMIT: Duration = Duration::from_secs(180);
-
-async fn harness() -> Harness {
-    Harness::start(Opts {
-        pool_size: POOL_SIZE,
-        pool_mode: "transaction",
-        general: "max_prepared_statements = 20\n".into(),
-        ..Opts::default()
-    })
-    .await
-}
 
 fn drivers_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("drivers")
@@ -93,7 +83,7 @@ async fn tokio_postgres() {
     // One driver at a time: the machine has two cores, and a JVM, a Go build
     // and 20 clients each are plenty for it.
     let _one = weir_e2e::serial().await;
-    let h = harness().await;
+    let h = harness(POOL_SIZE, "transaction", "md5", "max_prepared_statements = 20\n").await;
     let setup = h.client().await;
     setup
         .batch_execute("drop table if exists drv_tokio; create table drv_tokio (id int primary key, note text)")
@@ -192,7 +182,7 @@ fn check(ok: bool, what: String) -> Result<(), String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn psycopg3() {
     let _one = weir_e2e::serial().await;
-    let h = harness().await;
+    let h = harness(POOL_SIZE, "transaction", "md5", "max_prepared_statements = 20\n").await;
     let mut cmd = command(&h, "python3");
     cmd.arg(drivers_dir().join("python/psycopg_conformance.py"));
     run("psycopg 3", cmd).await;
@@ -202,7 +192,7 @@ async fn psycopg3() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn asyncpg() {
     let _one = weir_e2e::serial().await;
-    let h = harness().await;
+    let h = harness(POOL_SIZE, "transaction", "md5", "max_prepared_statements = 20\n").await;
     let mut cmd = command(&h, "python3");
     cmd.arg(drivers_dir().join("python/asyncpg_conformance.py"));
     run("asyncpg", cmd).await;
@@ -212,7 +202,7 @@ async fn asyncpg() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_postgres() {
     let _one = weir_e2e::serial().await;
-    let h = harness().await;
+    let h = harness(POOL_SIZE, "transaction", "md5", "max_prepared_statements = 20\n").await;
     let dir = drivers_dir().join("node");
     assert!(
         dir.join("node_modules/pg").is_dir(),
@@ -234,7 +224,7 @@ async fn pgjdbc() {
     javac.args(["-d", out.to_str().unwrap(), "-cp", jar.to_str().unwrap()]);
     javac.arg(drivers_dir().join("java/Conformance.java"));
     run("javac", javac).await;
-    let h = harness().await;
+    let h = harness(POOL_SIZE, "transaction", "md5", "max_prepared_statements = 20\n").await;
     let mut cmd = command(&h, "java");
     cmd.args(["-cp", &format!("{}:{}", out.display(), jar.display()), "Conformance"]);
     run("pgjdbc", cmd).await;
@@ -257,7 +247,7 @@ async fn pgx_v4() {
         .env("GOFLAGS", "")
         .env("GOCACHE", out.join("cache"));
     run("go build (pgx v4)", build).await;
-    let h = harness().await;
+    let h = harness(POOL_SIZE, "transaction", "md5", "max_prepared_statements = 20\n").await;
     let out = run("pgx v4", command(&h, bin.to_str().unwrap())).await;
     assert!(out.contains("pgx v4: 20 clients passed"), "the pgx program did not report its checks:\n{out}");
     assert_prepared_through_weir(&h);
@@ -266,7 +256,7 @@ async fn pgx_v4() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn psql() {
     let _one = weir_e2e::serial().await;
-    let h = harness().await;
+    let h = harness(POOL_SIZE, "transaction", "md5", "max_prepared_statements = 20\n").await;
     h.client()
         .await
         .batch_execute(
@@ -302,7 +292,7 @@ async fn run_owned(what: String, cmd: Command) -> String {
 
 async fn pgbench(mode: &str) {
     let _one = weir_e2e::serial().await;
-    let h = harness().await;
+    let h = harness(POOL_SIZE, "transaction", "md5", "max_prepared_statements = 20\n").await;
     let addr = h.addr();
     let base = |h: &Harness| {
         let mut c = command(h, "pgbench");

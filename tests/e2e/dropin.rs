@@ -41,8 +41,7 @@ async fn one(url: &str, sql: &str) -> String {
 #[tokio::test]
 async fn migrated_pgbouncer_ini_serves_fallback_forced_user_users_and_auth_query() {
     bounded(300, async {
-        let pg =
-            tokio::task::spawn_blocking(|| PgServer::start(PgOptions::default())).await.unwrap().expect("postgres");
+        let pg = pg().await;
         pg.psql(
             APP_DB,
             "create role only_pg login password 'only_pg_pass'; create role admin_pg login password 'admin_pg_pass'",

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use bytes::BufMut;
 use weir::protocol::tags::{backend as be, frontend as fe};
-use weir_e2e::{Harness, Opts, PgServer, TRUST_USER};
+use weir_e2e::{pg, Harness, Opts, PgServer, TRUST_USER};
 
 use weir_e2e::raw::Raw;
 
@@ -96,14 +96,10 @@ async fn check(pg: &Arc<PgServer>, case: &Case) {
     }
 }
 
-async fn postgres() -> Arc<PgServer> {
-    Arc::new(tokio::task::spawn_blocking(|| PgServer::start(Default::default())).await.unwrap().unwrap())
-}
-
 /// `RAISE EXCEPTION 'foo€bar'` for a LATIN9 client: the euro sign is 0xA4.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn latin9_client_on_a_utf8_database() {
-    let pg = postgres().await;
+    let pg = Arc::new(pg().await);
     let latin9 = &[("client_encoding", "LATIN9")];
     check(
         &pg,
@@ -123,7 +119,7 @@ async fn latin9_client_on_a_utf8_database() {
 /// 'Jos\xe9' names the key in LATIN1 in its DETAIL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unique_violation_on_a_non_ascii_key_in_a_latin1_database() {
-    let pg = postgres().await;
+    let pg = Arc::new(pg().await);
     let create = "create database latin1db encoding 'LATIN1' lc_collate 'C' lc_ctype 'C' template template0";
     pg.psql("postgres", create).unwrap();
     pg.psql(
@@ -151,7 +147,7 @@ async fn unique_violation_on_a_non_ascii_key_in_a_latin1_database() {
 /// An EUC_JP client: a NOTICE and an ERROR in Japanese (EUC_JP bytes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn euc_jp_client_gets_its_notice_and_error() {
-    let pg = postgres().await;
+    let pg = Arc::new(pg().await);
     let euc_jp = &[("client_encoding", "EUC_JP")];
     check(
         &pg,
@@ -171,7 +167,7 @@ async fn euc_jp_client_gets_its_notice_and_error() {
 /// message can hold bytes that are valid in no encoding at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sql_ascii_database_passes_any_byte() {
-    let pg = postgres().await;
+    let pg = Arc::new(pg().await);
     let create = "create database asciidb encoding 'SQL_ASCII' lc_collate 'C' lc_ctype 'C' template template0";
     pg.psql("postgres", create).unwrap();
     check(

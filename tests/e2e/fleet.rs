@@ -8,11 +8,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use weir_e2e::process::{metric, rows, WeirProcess};
-use weir_e2e::{connect, PgOptions, PgServer, SCRAM_PASS, SCRAM_USER};
-
-async fn pg() -> PgServer {
-    tokio::task::spawn_blocking(|| PgServer::start(PgOptions::default())).await.unwrap().expect("start postgres")
-}
+use weir_e2e::{connect, pg, SCRAM_PASS, SCRAM_USER};
 
 /// The role may hold 2 connections; weir's pool wants 6 for 8 busy clients.
 /// Every query succeeds on the 2 servers weir gets, the refused connects

@@ -9,17 +9,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use weir_e2e::process::{metric, rows, WeirProcess};
-use weir_e2e::{connect, PgOptions, PgServer, SCRAM_PASS, SCRAM_USER};
+use weir_e2e::{connect, pg, PgServer, SCRAM_PASS, SCRAM_USER};
 
 /// The role's CONNECTION LIMIT; the fleet keeps one slot of it free for an
 /// instance that joins, so three instances share 11.
 const LIMIT: u32 = 12;
 const INSTANCES: usize = 3;
 const CLIENTS: usize = 20;
-
-async fn pg() -> PgServer {
-    tokio::task::spawn_blocking(|| PgServer::start(PgOptions::default())).await.unwrap().expect("start postgres")
-}
 
 /// Servers an instance holds now (opened less closed, from SHOW POOLS).
 async fn servers(w: &WeirProcess) -> Option<u32> {

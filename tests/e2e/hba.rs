@@ -24,7 +24,7 @@ fn write_hba(path: &std::path::Path, text: &str) {
 }
 
 /// A login's SQLSTATE and message, or "ok" after a query.
-async fn login(h: &Harness, user: &str, password: &str, db: &str) -> (String, String) {
+async fn login_outcome(h: &Harness, user: &str, password: &str, db: &str) -> (String, String) {
     let url = format!("postgres://{user}:{password}@{}/{db}", h.addr());
     match connect(&url).await {
         Ok(c) => {
@@ -61,15 +61,15 @@ async fn hba_lines_choose_the_method_and_refuse_the_rest() {
             ("only a hostssl line would match", "nobody", "x", APP_DB, "28000"),
         ];
         for (what, user, password, db, want) in cases {
-            let (code, message) = login(&h, user, password, db).await;
+            let (code, message) = login_outcome(&h, user, password, db).await;
             assert_eq!(code, want, "{what}: {message}");
         }
-        let (_, message) = login(&h, "mallory", "x", APP_DB).await;
+        let (_, message) = login_outcome(&h, "mallory", "x", APP_DB).await;
         assert_eq!(
             message,
             r#"pg_hba.conf rejects connection for host "127.0.0.1", user "mallory", database "app", no encryption"#
         );
-        let (_, message) = login(&h, "nobody", "x", APP_DB).await;
+        let (_, message) = login_outcome(&h, "nobody", "x", APP_DB).await;
         assert_eq!(
             message,
             r#"no pg_hba.conf entry for host "127.0.0.1", user "nobody", database "app", no encryption"#
@@ -80,12 +80,12 @@ async fn hba_lines_choose_the_method_and_refuse_the_rest() {
         let cfg = (*h.weir().shared().config.load()).clone();
         write_hba(&hba_path, &HBA.replace("host     app       md5_user    127.0.0.0/8                 md5", ""));
         h.weir().reload(cfg.clone()).expect("reload with a good file");
-        assert_eq!(login(&h, MD5_USER, MD5_PASS, APP_DB).await.0, "28000");
+        assert_eq!(login_outcome(&h, MD5_USER, MD5_PASS, APP_DB).await.0, "28000");
         // ...and a file with an error is refused whole, the running rules kept.
         write_hba(&hba_path, "host all all all ldap\n");
         let err = h.weir().reload(cfg).expect_err("a bad hba file is refused");
         assert!(err.to_string().contains("line 1") && err.to_string().contains("ldap"), "{err}");
-        assert_eq!(login(&h, TRUST_USER, "x", APP_DB).await.0, "ok", "the old rules stay");
+        assert_eq!(login_outcome(&h, TRUST_USER, "x", APP_DB).await.0, "ok", "the old rules stay");
         let _ = std::fs::remove_dir_all(&dir);
     })
     .await

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use tokio_postgres::{NoTls, SimpleQueryMessage};
 use weir::{Config, Weir};
 use weir_e2e::process::psql_over_socket;
-use weir_e2e::{bounded, connect, sqlstate, PgOptions, PgServer, APP_DB, SCRAM_PASS, SCRAM_USER};
+use weir_e2e::{bounded, connect, pg, sqlstate, PgServer, APP_DB, SCRAM_PASS, SCRAM_USER};
 
 /// A throwaway Postgres and a folder for weir's files (config, userlist,
 /// its socket), removed on drop.
@@ -23,8 +23,7 @@ struct Setup {
 
 impl Setup {
     async fn new() -> Setup {
-        let pg =
-            tokio::task::spawn_blocking(|| PgServer::start(PgOptions::default())).await.unwrap().expect("postgres");
+        let pg = pg().await;
         let dir = std::env::temp_dir().join(format!("weir-listen-{}", rand::random::<u32>()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(

@@ -14,11 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use weir_e2e::process::{metric, rows, weir_bin, WeirProcess};
-use weir_e2e::{connect, eventually, sqlstate, PgOptions, PgServer, SCRAM_PASS, SCRAM_USER};
-
-async fn pg() -> PgServer {
-    tokio::task::spawn_blocking(|| PgServer::start(PgOptions::default())).await.unwrap().expect("start postgres")
-}
+use weir_e2e::{connect, eventually, pg, sqlstate, SCRAM_PASS, SCRAM_USER};
 
 const POOL: &[(&str, &str)] = &[("database", "app"), ("user", SCRAM_USER)];
 

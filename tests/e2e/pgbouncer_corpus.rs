@@ -39,8 +39,7 @@ async fn every_corpus_file_migrates_checks_and_serves() {
     bounded(300, async {
         let files = corpus();
         assert!(files.len() >= 10, "the corpus holds at least 10 files, not {}", files.len());
-        let pg =
-            tokio::task::spawn_blocking(|| PgServer::start(PgOptions::default())).await.unwrap().expect("postgres");
+        let pg = pg().await;
         for ini in &files {
             let text = std::fs::read_to_string(ini).unwrap();
             for sql in weir_e2e::migrated::comments(&text, "corpus-setup:") {

@@ -22,7 +22,7 @@ fn test_ini() -> PathBuf {
 
 /// A Postgres with what test.ini's p0 needs: role `bouncer`, database `p0`.
 async fn pg_for_test_ini() -> PgServer {
-    let pg = tokio::task::spawn_blocking(|| PgServer::start(PgOptions::default())).await.unwrap().expect("postgres");
+    let pg = pg().await;
     pg.psql("postgres", "create role bouncer login password 'zzzz'").unwrap();
     pg.psql("postgres", "create database p0").unwrap();
     pg
@@ -126,9 +126,7 @@ async fn trust_texts_console_by_peer_uid_and_closing_lines() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn any_plain_sasl_and_auth_query_order() {
     bounded(120, async {
-        let pg = std::sync::Arc::new(
-            tokio::task::spawn_blocking(|| PgServer::start(PgOptions::default())).await.unwrap().expect("postgres"),
-        );
+        let pg = std::sync::Arc::new(pg().await);
         let url = |h: &Harness, user: &str, password: &str, db: &str| {
             format!("postgres://{user}:{password}@{}/{db}", h.addr())
         };
@@ -160,7 +158,7 @@ async fn any_plain_sasl_and_auth_query_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registered_new_auto_database_is_logged() {
     bounded(120, async {
-        let pg = tokio::task::spawn_blocking(|| PgServer::start(PgOptions::default())).await.unwrap().expect("pg");
+        let pg = pg().await;
         let fallback = format!("[databases.\"*\"]\nhost = \"127.0.0.1\"\nport = {}", pg.port());
         let w = WeirProcess::start(&pg, "", &fallback).await;
         let c = connect(&w.url_for(SCRAM_USER, SCRAM_PASS, "postgres")).await.expect("served by the fallback");

@@ -11,17 +11,10 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use tokio::process::Command;
-use weir_e2e::{Harness, Opts, SCRAM_PASS, SCRAM_USER};
+use weir_e2e::{harness, Harness, SCRAM_PASS, SCRAM_USER};
 
 /// How long one program may take in all.
 const LIMIT: Duration = Duration::from_secs(300);
-
-/// The repro runs on one server: the statement psycopg auto-prepares is
-/// then already prepared (by an earlier run) on the server weir lends. The
-/// pipeline checks hold two connections at once.
-async fn harness(mode: &'static str, pool_size: u32) -> Harness {
-    Harness::start(Opts { pool_size, pool_mode: mode, ..Opts::default() }).await
-}
 
 /// Runs tests/drivers/python/psycopg_pipeline.py with `args`; returns its
 /// exit status and output.
@@ -45,14 +38,17 @@ async fn program(h: &Harness, args: &[&str]) -> (bool, String) {
 }
 
 async fn repro(mode: &'static str, runs: u32) {
-    let h = harness(mode, 1).await;
+    // One server: the statement psycopg auto-prepares is then already
+    // prepared (by an earlier run) on the server weir lends.
+    let h = harness(1, mode, "md5", "").await;
     let (ok, out) = program(&h, &["repro", &runs.to_string()]).await;
     println!("{mode}: {}", out.lines().last().unwrap_or_default());
     assert!(ok, "{mode}: the auto-prepare pipeline stalled or failed:\n{out}");
 }
 
 async fn suite(mode: &'static str) {
-    let h = harness(mode, 2).await;
+    // The pipeline checks hold two connections at once.
+    let h = harness(2, mode, "md5", "").await;
     let (ok, out) = program(&h, &["suite"]).await;
     assert!(ok, "{mode}: psycopg pipeline checks failed:\n{out}");
 }

@@ -13,8 +13,7 @@ use weir_e2e::liveness::{connect_within, describe};
 use weir_e2e::process::WeirProcess;
 use weir_e2e::raw::{Outcome, Raw};
 use weir_e2e::{
-    bounded, connect, Harness, Opts, PgOptions, PgServer, APP_DB, MD5_PASS, MD5_USER, SCRAM_PASS, SCRAM_USER,
-    TRUST_PASS, TRUST_USER,
+    bounded, connect, pg, Harness, Opts, APP_DB, MD5_PASS, MD5_USER, SCRAM_PASS, SCRAM_USER, TRUST_PASS, TRUST_USER,
 };
 
 /// Servers lent by the pool of `db`/`user`, once it exists.
@@ -68,7 +67,7 @@ async fn a_console_set_changes_only_its_key() {
 /// A Postgres and weir with databases `app`, `app2` and `app3`, all three
 /// Postgres's `app`.
 async fn three_databases(general: &str, pool_size: u32) -> Harness {
-    let pg = tokio::task::spawn_blocking(|| PgServer::start(PgOptions::default())).await.unwrap().expect("postgres");
+    let pg = pg().await;
     let port = pg.port();
     let more: String = ["app2", "app3"]
         .iter()
@@ -168,17 +167,13 @@ async fn max_db_connections_evicts_no_more_than_it_needs() {
     .await;
 }
 
-async fn postgres() -> PgServer {
-    tokio::task::spawn_blocking(|| PgServer::start(PgOptions::default())).await.unwrap().expect("postgres")
-}
-
 /// PgBouncer's test_reserve_pool_size: a connect beyond pool_size, once a
 /// client has waited reserve_pool_timeout, logs PgBouncer's warning, once
 /// per server taken from the reserve.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reserve_pool_logs_each_server_it_gives() {
     bounded(60, async {
-        let pg = postgres().await;
+        let pg = pg().await;
         let general = "pool_mode = \"transaction\"\ndefault_pool_size = 1\nreserve_pool_size = 1\nreserve_pool_timeout = \"300ms\"";
         let w = WeirProcess::start(&pg, general, "").await;
         let url = w.url(SCRAM_USER, SCRAM_PASS);
@@ -273,7 +268,7 @@ async fn a_login_waits_out_a_second_of_connect_errors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_login_postgres_refuses_fails_the_waiting_clients_at_once() {
     bounded(60, async {
-        let pg = postgres().await;
+        let pg = pg().await;
         let port = pg.port();
         let nodb = format!("[databases.nodb]\nhost = \"127.0.0.1\"\nport = {port}\ndbname = \"no_such_db\"\n");
         let opts = Opts { general: "query_wait_timeout = \"10s\"".into(), database: nodb, ..Opts::default() };
@@ -322,7 +317,7 @@ async fn a_login_postgres_refuses_fails_the_waiting_clients_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_idle_timeout_disconnects_idle_clients() {
     bounded(60, async {
-        let pg = postgres().await;
+        let pg = pg().await;
         let w = WeirProcess::start(&pg, "pool_mode = \"transaction\"\nclient_idle_timeout = \"1s\"", "").await;
         let idle = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.expect("login");
         idle.simple_query("select 1").await.expect("served");
@@ -350,7 +345,7 @@ async fn client_idle_timeout_disconnects_idle_clients() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_fast_close_ends_session_clients_at_reconnect() {
     bounded(60, async {
-        let pg = postgres().await;
+        let pg = pg().await;
         let w = WeirProcess::start(&pg, "pool_mode = \"session\"", "").await;
         let c = connect(&w.url(SCRAM_USER, SCRAM_PASS)).await.expect("login");
         c.simple_query("select 1").await.expect("served");

@@ -7,21 +7,12 @@
 
 use bytes::Bytes;
 use weir_e2e::extended::{bind, close_statement, describe_statement, execute, parse, sync};
-use weir_e2e::raw::{error_fields, query, Raw};
-use weir_e2e::{connect, eventually, sqlstate, Harness, Opts, SCRAM_PASS, SCRAM_USER};
-
-async fn harness(pool_size: u32, general: &str) -> Harness {
-    Harness::start(Opts { pool_size, auth_type: "trust", general: general.into(), ..Opts::default() }).await
-}
+use weir_e2e::raw::{error_fields, login, query, Raw};
+use weir_e2e::{connect, eventually, harness, sqlstate, SCRAM_PASS, SCRAM_USER};
 
 /// The SQLSTATE of an ErrorResponse body.
 fn code(body: &[u8]) -> String {
     error_fields(body).0
-}
-
-/// A raw client logged in (trust) through weir.
-async fn login(h: &Harness) -> Raw {
-    Raw::login(h.addr(), SCRAM_USER, "", &[]).await.expect("raw login")
 }
 
 /// Sends messages and returns every reply up to the next ReadyForQuery.
@@ -36,7 +27,7 @@ fn tags(replies: &[(u8, Bytes)]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn statements_follow_their_client_to_another_server() {
     for (max, works) in [("200", true), ("0", false)] {
-        let h = harness(2, &format!("max_prepared_statements = {max}\n")).await;
+        let h = harness(2, "transaction", "trust", &format!("max_prepared_statements = {max}\n")).await;
         let a = h.client().await;
         let b = connect(&h.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
         let pid = a.prepare("select pg_backend_pid()").await.unwrap();
@@ -74,8 +65,8 @@ async fn statements_follow_their_client_to_another_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_keep_their_meaning() {
-    let h = harness(2, "").await;
-    let mut c = login(&h).await;
+    let h = harness(2, "transaction", "trust", "").await;
+    let mut c = login(h.addr(), SCRAM_USER, &[]).await;
     let r = send(&mut c, &[bind("never_prepared", &[]), execute(), sync()]).await;
     assert_eq!(tags(&r), "EZ");
     assert_eq!(code(&r[0].1), "26000", "Postgres's own answer");
@@ -100,8 +91,8 @@ async fn errors_keep_their_meaning() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deallocate_and_close_are_followed() {
-    let h = harness(2, "").await;
-    let mut c = login(&h).await;
+    let h = harness(2, "transaction", "trust", "").await;
+    let mut c = login(h.addr(), SCRAM_USER, &[]).await;
     assert_eq!(tags(&send(&mut c, &[parse("s1", "select 1"), sync()]).await), "1Z");
     let r = send(&mut c, &[query("DEALLOCATE s1")]).await;
     assert_eq!(tags(&r), "CZ");
@@ -120,7 +111,7 @@ async fn deallocate_and_close_are_followed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listen_pins_the_client_and_its_server_is_reset_after() {
-    let h = harness(2, "").await;
+    let h = harness(2, "transaction", "trust", "").await;
     let a = h.client().await;
     a.batch_execute("LISTEN jobs").await.unwrap();
     let pids: Vec<i32> = {
@@ -145,8 +136,8 @@ async fn listen_pins_the_client_and_its_server_is_reset_after() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_set_gets_no_notice_from_weir() {
-    let h = harness(2, "").await;
-    let mut c = login(&h).await;
+    let h = harness(2, "transaction", "trust", "").await;
+    let mut c = login(h.addr(), SCRAM_USER, &[]).await;
     // Postgres 18 reports search_path (ParameterStatus), which weir passes on.
     let reported = h.psql("show server_version_num").trim().parse::<u32>().unwrap() >= 180_000;
     let set = if reported { "CSZ" } else { "CZ" };

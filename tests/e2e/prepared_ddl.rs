@@ -8,11 +8,7 @@
 use bytes::Bytes;
 use weir_e2e::extended::{bind, close_statement, execute, parse, sync};
 use weir_e2e::raw::{error_fields, query, Raw};
-use weir_e2e::{bounded, Harness, Opts, SCRAM_USER};
-
-async fn harness(mode: &'static str) -> Harness {
-    Harness::start(Opts { pool_size: 1, pool_mode: mode, auth_type: "trust", ..Opts::default() }).await
-}
+use weir_e2e::{bounded, harness, Harness, SCRAM_USER};
 
 /// What a backend answered, as a driver compares it: message tags, with
 /// each error's SQLSTATE in brackets, and the last ReadyForQuery's status.
@@ -48,7 +44,7 @@ async fn direct(h: &Harness) -> Raw {
 async fn a_statement_of_a_rolled_back_savepoint_is_never_shared() {
     bounded(120, async {
         for mode in ["transaction", "session"] {
-            let h = harness(mode).await;
+            let h = harness(1, mode, "trust", "").await;
             let mut a = via_weir(&h).await;
             for sql in ["begin", "savepoint p", "create type mood as enum ('happy')"] {
                 assert_eq!(a.query(sql).await.unwrap().error, None, "{mode}: {sql}");
@@ -79,7 +75,7 @@ async fn a_statement_of_a_rolled_back_savepoint_is_never_shared() {
 async fn a_type_dropped_and_recreated_under_a_shared_statement() {
     bounded(120, async {
         for behind_weirs_back in [false, true] {
-            let h = harness("transaction").await;
+            let h = harness(1, "transaction", "trust", "").await;
             h.psql(&format!("create type color as enum ('red'); alter type color owner to {SCRAM_USER}"));
             let text = "select $1::color::text";
             let mut first = via_weir(&h).await;
@@ -119,7 +115,7 @@ async fn a_type_dropped_and_recreated_under_a_shared_statement() {
 async fn alter_table_changes_the_result_type_between_two_clients() {
     bounded(120, async {
         for behind_weirs_back in [false, true] {
-            let h = harness("transaction").await;
+            let h = harness(1, "transaction", "trust", "").await;
             h.psql(&format!(
                 "create table items (id int, label int); insert into items values (1, 2); \
                  alter table items owner to {SCRAM_USER}"
@@ -186,7 +182,7 @@ async fn statement_errors_are_the_ones_a_backend_gives() {
             vec![parse("s5", "select 5"), bind("s5", &[]), execute(), sync()],
         ];
         for mode in ["transaction", "session"] {
-            let h = harness(mode).await;
+            let h = harness(1, mode, "trust", "").await;
             let mut straight = direct(&h).await;
             let mut through = via_weir(&h).await;
             for (i, msgs) in steps.iter().enumerate() {
@@ -205,7 +201,7 @@ async fn statement_errors_are_the_ones_a_backend_gives() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_driver_prepares_across_an_alter_table() {
     bounded(120, async {
-        let h = harness("transaction").await;
+        let h = harness(1, "transaction", "trust", "").await;
         h.psql(&format!(
             "create table items (id int, label int); insert into items values (1, 2); \
              alter table items owner to {SCRAM_USER}"
@@ -237,7 +233,7 @@ async fn a_driver_prepares_across_an_alter_table() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_statement_whose_result_type_changed_gets_0a000() {
     bounded(120, async {
-        let h = harness("transaction").await;
+        let h = harness(1, "transaction", "trust", "").await;
         let text = "select label from held";
         let mut seen = Vec::new();
         for through_weir in [false, true] {

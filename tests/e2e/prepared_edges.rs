@@ -21,16 +21,8 @@ use std::net::SocketAddr;
 use bytes::Bytes;
 use weir::protocol::tags::backend as be;
 use weir_e2e::extended::{bind, describe_statement, execute, parse, sync};
-use weir_e2e::raw::{query, Raw};
-use weir_e2e::{Harness, Opts, TRUST_USER};
-
-async fn harness(general: &str) -> Harness {
-    Harness::start(Opts { pool_size: 1, auth_type: "trust", general: general.into(), ..Opts::default() }).await
-}
-
-async fn login(addr: SocketAddr, extra: &[(&str, &str)]) -> Raw {
-    Raw::login(addr, TRUST_USER, "", extra).await.expect("raw login")
-}
+use weir_e2e::raw::{login, query};
+use weir_e2e::{harness, Harness, TRUST_USER};
 
 /// One client's messages, written at once, and how many ReadyForQuery
 /// messages answer them.
@@ -49,7 +41,7 @@ fn step(client: usize, msgs: Vec<Vec<u8>>, readies: usize) -> Step {
 async fn run(addr: SocketAddr, startup: &[&[(&str, &str)]], steps: &[Step]) -> Vec<Vec<(char, Bytes)>> {
     let mut clients = Vec::new();
     for extra in startup {
-        clients.push(login(addr, extra).await);
+        clients.push(login(addr, TRUST_USER, extra).await);
     }
     let mut out = Vec::new();
     for s in steps {
@@ -76,7 +68,7 @@ async fn same_as_postgres(h: &Harness, startup: &[&[(&str, &str)]], steps: &[Ste
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn named_statements_resolve_names_under_their_clients_search_path() {
-    let h = harness("prepare_unnamed_after = 1\n").await;
+    let h = harness(1, "transaction", "trust", "prepare_unnamed_after = 1\n").await;
     // Same table name, other column types: a statement planned under
     // another search_path shows in its ParameterDescription and rows.
     h.psql(
@@ -110,7 +102,7 @@ async fn named_statements_resolve_names_under_their_clients_search_path() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unnamed_parse_behind_a_failed_transaction_gets_its_25p02() {
-    let h = harness("prepare_unnamed_after = 1\n").await;
+    let h = harness(1, "transaction", "trust", "prepare_unnamed_after = 1\n").await;
     h.psql("create table fails (a int); insert into fails values (1); grant select on fails to public;");
     let q = "select a from fails";
     let round = || vec![parse("", q), bind("", &[]), execute(), sync()];
@@ -133,7 +125,7 @@ async fn an_unnamed_parse_behind_a_failed_transaction_gets_its_25p02() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_hot_parse_leaves_no_unnamed_statement() {
-    let h = harness("prepare_unnamed_after = 2\n").await;
+    let h = harness(1, "transaction", "trust", "prepare_unnamed_after = 2\n").await;
     h.psql("create table gone (a int); insert into gone values (1); grant select on gone to public;");
     let q = "select a from gone";
     let run_it = || vec![bind("", &[]), execute(), sync()];

@@ -9,16 +9,8 @@ use std::net::SocketAddr;
 
 use bytes::Bytes;
 use weir_e2e::extended::{bind, close_statement, describe_statement, execute, parse, sync};
-use weir_e2e::raw::{query, Raw};
-use weir_e2e::{connect, Harness, Opts, TRUST_PASS, TRUST_USER};
-
-async fn harness(pool_size: u32, general: &str) -> Harness {
-    Harness::start(Opts { pool_size, auth_type: "trust", general: general.into(), ..Opts::default() }).await
-}
-
-async fn login(addr: SocketAddr, extra: &[(&str, &str)]) -> Raw {
-    Raw::login(addr, TRUST_USER, "", extra).await.expect("raw login")
-}
+use weir_e2e::raw::{login, query, Raw};
+use weir_e2e::{connect, harness, TRUST_PASS, TRUST_USER};
 
 /// Every reply up to the next ReadyForQuery, as (tag, body).
 async fn send(c: &mut Raw, msgs: &[Vec<u8>]) -> Vec<(char, Bytes)> {
@@ -63,7 +55,7 @@ fn script() -> Vec<Vec<Vec<u8>>> {
 }
 
 async fn run(addr: SocketAddr) -> Vec<Vec<(char, Bytes)>> {
-    let mut c = login(addr, &[]).await;
+    let mut c = login(addr, TRUST_USER, &[]).await;
     let mut out = Vec::new();
     for step in script() {
         out.push(send(&mut c, &step).await);
@@ -74,7 +66,7 @@ async fn run(addr: SocketAddr) -> Vec<Vec<(char, Bytes)>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hot_unnamed_statements_answer_as_postgres_does() {
     for after in [1, 2] {
-        let h = harness(1, &format!("prepare_unnamed_after = {after}\n")).await;
+        let h = harness(1, "transaction", "trust", &format!("prepare_unnamed_after = {after}\n")).await;
         let want = run(h.pg_addr()).await;
         let got = run(h.addr()).await;
         for (i, (w, g)) in want.iter().zip(&got).enumerate() {
@@ -89,8 +81,8 @@ async fn hot_unnamed_statements_answer_as_postgres_does() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unnamed_statement_bound_after_a_sync_works_on_another_server() {
     for (after, works) in [(2, true), (1, true), (0, false)] {
-        let h = harness(2, &format!("prepare_unnamed_after = {after}\n")).await;
-        let mut a = login(h.addr(), &[]).await;
+        let h = harness(2, "transaction", "trust", &format!("prepare_unnamed_after = {after}\n")).await;
+        let mut a = login(h.addr(), TRUST_USER, &[]).await;
         let first = send(&mut a, &[parse("", "select pg_backend_pid()"), bind("", &[]), execute(), sync()]).await;
         // b holds the server a just used (the idle stack is LIFO), so a's
         // next transaction runs on the other one.
@@ -109,7 +101,7 @@ async fn an_unnamed_statement_bound_after_a_sync_works_on_another_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_with_its_own_search_path_gets_its_own_tables() {
-    let h = harness(1, "prepare_unnamed_after = 1\n").await;
+    let h = harness(1, "transaction", "trust", "prepare_unnamed_after = 1\n").await;
     h.psql(
         "create schema other; grant usage on schema other to public; \
          create table public.sp (v text); insert into public.sp values ('public'); \
@@ -117,9 +109,9 @@ async fn a_client_with_its_own_search_path_gets_its_own_tables() {
          grant select on public.sp, other.sp to public;",
     );
     let round = [parse("", "select v from sp"), bind("", &[]), execute(), sync()];
-    let mut plain = login(h.addr(), &[]).await;
-    let mut own = login(h.addr(), &[("search_path", "other, public")]).await;
-    let mut setter = login(h.addr(), &[]).await;
+    let mut plain = login(h.addr(), TRUST_USER, &[]).await;
+    let mut own = login(h.addr(), TRUST_USER, &[("search_path", "other, public")]).await;
+    let mut setter = login(h.addr(), TRUST_USER, &[]).await;
     for _ in 0..3 {
         assert_eq!(value(&send(&mut plain, &round).await), "public");
         assert_eq!(value(&send(&mut own, &round).await), "other", "a startup search_path is its own");
@@ -140,7 +132,7 @@ async fn a_client_with_its_own_search_path_gets_its_own_tables() {
 /// always planned for its parameters). The answers stay Postgres's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_skewed_parameter_gets_the_rows_postgres_gives() {
-    let h = harness(1, "prepare_unnamed_after = 1\n").await;
+    let h = harness(1, "transaction", "trust", "prepare_unnamed_after = 1\n").await;
     h.psql(
         "create table skew (k int, pad text); \
          insert into skew select case when i % 100 = 0 then i else 1 end, 'x' from generate_series(1, 20000) i; \
@@ -148,8 +140,8 @@ async fn a_skewed_parameter_gets_the_rows_postgres_gives() {
     );
     let q = "select count(*), min(k), max(k) from skew where k = $1";
     let steps: Vec<&str> = ["1", "200", "300", "400", "500", "600", "700", "1", "800", "1", "19900", "1"].into();
-    let mut direct = login(h.pg_addr(), &[]).await;
-    let mut through = login(h.addr(), &[]).await;
+    let mut direct = login(h.pg_addr(), TRUST_USER, &[]).await;
+    let mut through = login(h.addr(), TRUST_USER, &[]).await;
     for k in steps {
         let round = [parse("", q), bind("", &[k]), execute(), sync()];
         let want = send(&mut direct, &round).await;

@@ -7,16 +7,8 @@
 
 use bytes::{Buf, Bytes};
 use weir::protocol::tags::backend as be;
-use weir_e2e::raw::{query, Raw};
-use weir_e2e::{Harness, Opts, SCRAM_USER};
-
-async fn harness(pool_size: u32) -> Harness {
-    Harness::start(Opts { pool_size, auth_type: "trust", ..Opts::default() }).await
-}
-
-async fn login(h: &Harness) -> Raw {
-    Raw::login(h.addr(), SCRAM_USER, "", &[]).await.expect("raw login")
-}
+use weir_e2e::raw::{login, query, Raw};
+use weir_e2e::{harness, SCRAM_USER};
 
 /// Runs one simple query: no error, and no NoticeResponse reaches the
 /// client. Returns the first column of the first row, if any.
@@ -50,9 +42,9 @@ async fn show(c: &mut Raw, name: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_set_follows_its_client_across_servers_and_never_reaches_another() {
-    let h = harness(2).await;
-    let mut a = login(&h).await;
-    let mut b = login(&h).await;
+    let h = harness(2, "transaction", "trust", "").await;
+    let mut a = login(h.addr(), SCRAM_USER, &[]).await;
+    let mut b = login(h.addr(), SCRAM_USER, &[]).await;
     assert_eq!(run(&mut a, "SET statement_timeout = '150ms'").await, None);
     let mut pids = std::collections::BTreeSet::new();
     for i in 0..6 {
@@ -77,9 +69,9 @@ async fn a_set_follows_its_client_across_servers_and_never_reaches_another() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_sharing_one_server_each_keep_their_own() {
-    let h = harness(1).await;
-    let mut a = login(&h).await;
-    let mut b = login(&h).await;
+    let h = harness(1, "transaction", "trust", "").await;
+    let mut a = login(h.addr(), SCRAM_USER, &[]).await;
+    let mut b = login(h.addr(), SCRAM_USER, &[]).await;
     run(&mut a, "SET statement_timeout = '150ms'").await;
     run(&mut b, "SET lock_timeout = '2s'").await;
     // Reported by Postgres (ParameterStatus), not among weir's six.
@@ -92,16 +84,16 @@ async fn clients_sharing_one_server_each_keep_their_own() {
         assert_eq!(show(&mut b, "statement_timeout").await, "0");
         assert_eq!(show(&mut b, "lock_timeout").await, "2s");
     }
-    let mut c = login(&h).await;
+    let mut c = login(h.addr(), SCRAM_USER, &[]).await;
     assert_eq!(show(&mut c, "statement_timeout").await, "0", "a newcomer inherits nothing");
     assert_eq!(show(&mut c, "lock_timeout").await, "0");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reset_and_reset_all_restore_the_defaults() {
-    let h = harness(1).await;
-    let mut a = login(&h).await;
-    let mut b = login(&h).await;
+    let h = harness(1, "transaction", "trust", "").await;
+    let mut a = login(h.addr(), SCRAM_USER, &[]).await;
+    let mut b = login(h.addr(), SCRAM_USER, &[]).await;
     run(&mut a, "SET statement_timeout = '150ms'").await;
     run(&mut a, "SET search_path = pg_catalog, public").await;
     run(&mut b, "select 1").await;
@@ -117,9 +109,9 @@ async fn reset_and_reset_all_restore_the_defaults() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transactions_decide_what_is_kept() {
-    let h = harness(1).await;
-    let mut a = login(&h).await;
-    let mut b = login(&h).await;
+    let h = harness(1, "transaction", "trust", "").await;
+    let mut a = login(h.addr(), SCRAM_USER, &[]).await;
+    let mut b = login(h.addr(), SCRAM_USER, &[]).await;
     // Rolled back: not kept.
     for sql in ["begin", "SET statement_timeout = '150ms'", "rollback"] {
         run(&mut a, sql).await;
@@ -165,9 +157,9 @@ async fn transactions_decide_what_is_kept() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn set_config_at_session_level_is_followed() {
-    let h = harness(1).await;
-    let mut a = login(&h).await;
-    let mut b = login(&h).await;
+    let h = harness(1, "transaction", "trust", "").await;
+    let mut a = login(h.addr(), SCRAM_USER, &[]).await;
+    let mut b = login(h.addr(), SCRAM_USER, &[]).await;
     run(&mut a, "select set_config('statement_timeout', '150ms', false)").await;
     run(&mut b, "select 1").await;
     run(&mut a, "begin; select set_config('lock_timeout', '2s', true); commit").await;
@@ -179,7 +171,7 @@ async fn set_config_at_session_level_is_followed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extended_protocol_set_is_followed() {
-    let h = harness(2).await;
+    let h = harness(2, "transaction", "trust", "").await;
     let a = h.client().await;
     let b = h.client().await;
     // tokio-postgres prepares a named statement, then binds and executes it.
@@ -200,25 +192,25 @@ async fn extended_protocol_set_is_followed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_custom_parameter_pins_its_client_and_stays_with_it() {
-    let h = harness(1).await;
-    let mut a = login(&h).await;
+    let h = harness(1, "transaction", "trust", "").await;
+    let mut a = login(h.addr(), SCRAM_USER, &[]).await;
     run(&mut a, "SET myapp.tenant = '7'").await;
     assert_eq!(run(&mut a, "select current_setting('myapp.tenant', true)").await.as_deref(), Some("7"));
     assert_eq!(h.pool().metrics.pinned(), 1, "weir cannot read custom settings back: it pins");
     drop(a);
     let pool = h.pool();
     assert!(weir_e2e::eventually(weir_e2e::WAIT_LIMIT, || pool.snapshot().active == 0).await);
-    let mut b = login(&h).await;
+    let mut b = login(h.addr(), SCRAM_USER, &[]).await;
     let theirs = run(&mut b, "select coalesce(current_setting('myapp.tenant', true), '')").await;
     assert_eq!(theirs.as_deref(), Some(""), "reset before another client got the server");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reset_returns_to_the_startup_settings() {
-    let h = harness(1).await;
+    let h = harness(1, "transaction", "trust", "").await;
     // statement_timeout is on track_extra_parameters' default list.
     let mut a = Raw::login(h.addr(), SCRAM_USER, "", &[("statement_timeout", "5s")]).await.expect("login");
-    let mut b = login(&h).await;
+    let mut b = login(h.addr(), SCRAM_USER, &[]).await;
     assert_eq!(show(&mut a, "statement_timeout").await, "5s");
     run(&mut a, "SET statement_timeout = '150ms'").await;
     run(&mut b, "select 1").await;

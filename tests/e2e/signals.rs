@@ -6,11 +6,7 @@
 use std::time::Duration;
 
 use weir_e2e::process::WeirProcess;
-use weir_e2e::{connect, eventually, PgOptions, PgServer, SCRAM_PASS, SCRAM_USER};
-
-async fn pg() -> PgServer {
-    tokio::task::spawn_blocking(|| PgServer::start(PgOptions::default())).await.unwrap().expect("start postgres")
-}
+use weir_e2e::{connect, eventually, pg, SCRAM_PASS, SCRAM_USER};
 
 /// Waits until weir's log has `line`.
 async fn logged(w: &WeirProcess, line: &str) -> bool {

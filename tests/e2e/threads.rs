@@ -5,15 +5,11 @@
 use std::collections::HashMap;
 
 use weir_e2e::process::{rows, WeirProcess};
-use weir_e2e::{connect, PgOptions, PgServer, SCRAM_PASS, SCRAM_USER};
+use weir_e2e::{connect, pg, SCRAM_PASS, SCRAM_USER};
 
 const CLIENTS: usize = 12;
 const TXNS_EACH: u64 = 40;
 const POOL_SIZE: u32 = 4;
-
-async fn pg() -> PgServer {
-    tokio::task::spawn_blocking(|| PgServer::start(PgOptions::default())).await.unwrap().expect("start postgres")
-}
 
 /// Names of the weir process's threads (`/proc/PID/task/*/comm`).
 fn thread_names(pid: u32) -> Vec<String> {

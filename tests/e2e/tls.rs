@@ -15,7 +15,7 @@ use tokio::net::TcpStream;
 use weir::protocol::messages;
 use weir::protocol::tags::{backend as be, startup as code};
 use weir_e2e::raw::{error_fields, startup, Raw};
-use weir_e2e::{Harness, Opts, APP_DB, TRUST_PASS, TRUST_USER};
+use weir_e2e::{pg, Harness, Opts, APP_DB, TRUST_PASS, TRUST_USER};
 
 const LIMIT: Duration = Duration::from_secs(20);
 
@@ -306,8 +306,7 @@ async fn server_certificate_from_another_ca_fails_with_a_clear_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_require_refuses_a_postgres_without_tls_and_prefer_falls_back() {
-    let pg =
-        Arc::new(tokio::task::spawn_blocking(|| weir_e2e::PgServer::start(Default::default())).await.unwrap().unwrap());
+    let pg = Arc::new(pg().await);
     let general = "server_tls_sslmode = \"require\"\nquery_wait_timeout = \"2s\"\n".to_string();
     let h = Harness::start_with(pg.clone(), Opts { auth_type: "trust", general, ..Opts::default() }).await;
     let err = match tokio::time::timeout(LIMIT, weir_e2e::connect(&h.url(TRUST_USER, TRUST_PASS))).await.unwrap() {
@@ -360,7 +359,7 @@ async fn server_tls_cancels_go_over_tls() {
     let h = Harness::start(opts).await;
     let (port, seen) = recording_forwarder(format!("127.0.0.1:{}", h.pg.port()).parse().unwrap()).await;
     let mut cfg = (*h.weir().shared().config.load()).clone();
-    cfg.databases.get_mut("app").unwrap().port = port;
+    cfg.databases.get_mut("app").unwrap().port = weir::config::Ports::one(port);
     h.weir().reload(cfg).expect("reload towards the forwarder");
     let c = tokio::time::timeout(LIMIT, weir_e2e::connect(&h.url(TRUST_USER, TRUST_PASS))).await.unwrap().unwrap();
     let token = c.cancel_token();

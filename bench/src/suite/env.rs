@@ -8,8 +8,6 @@ use std::process::Command;
 
 use anyhow::{bail, Context};
 
-use super::opts::Opts;
-
 const REEXEC_MARK: &str = "WEIR_BENCH_FD_RAISED";
 
 /// The workspace root (bench/..).
@@ -55,11 +53,12 @@ pub fn ensure_fd_limit(want: u64) -> anyhow::Result<()> {
     bail!("re-executing with a higher open-files limit: {err}")
 }
 
-/// The weir binary to benchmark: `--weir-bin`, or target/release/weir after
-/// `cargo build --release -p weir --bin weir` (so it is never stale).
-pub fn weir_binary(opts: &Opts) -> anyhow::Result<PathBuf> {
-    if let Some(p) = &opts.weir_bin {
-        return Ok(p.clone());
+/// The weir binary to benchmark: `given` (`--weir-bin`), or
+/// target/release/weir after `cargo build --release -p weir --bin weir` (so
+/// it is never stale).
+pub fn weir_binary(given: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(p) = given {
+        return Ok(p.to_path_buf());
     }
     let target_dir =
         std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace_root().join("target"));

@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use super::report::Results;
+use super::results::Results;
 use super::targets::{Id, Kind};
 use super::workloads::Cell;
 

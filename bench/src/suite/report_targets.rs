@@ -7,7 +7,7 @@
 //! row (1.05× on the extended `-S` rows) and CPU per transaction at or below.
 //! A busy-neighbour row is checked like its quiet row.
 
-use super::report::Results;
+use super::results::Results;
 use super::targets::{Id, Kind};
 use super::workloads::{Cell, Row};
 

@@ -72,13 +72,26 @@ label_enum! {
         PoolShrink => "pool_shrink",
         /// Idle, and closed to make room under `max_db_connections` for
         /// another user's pool of the same database that had clients waiting
-        /// (PgBouncer evicts the same way).
+        /// (PgBouncer evicts the same way), or under `pool_size` for a
+        /// replication client's own connection.
         Evicted => "evicted",
         /// Above this weir's share of the connection budget a fleet of weirs
         /// shares, while the fleet is at its limit (`fleet_share`).
         FleetShare => "fleet_share",
         /// The server violated the wire protocol.
         ProtocolError => "protocol_error",
+        /// Logged in, but not what the database's `target_session_attrs`
+        /// asks for (a standby where writes are wanted): weir tries the next host.
+        RoleMismatch => "role_mismatch",
+        /// Its host's role changed (a standby promoted, a primary that
+        /// answered 25006 or came back read-only): retired when released.
+        RoleChanged => "role_changed",
+        /// Its host name now resolves elsewhere, or the host left the
+        /// database's list: retired when released.
+        HostGone => "host_gone",
+        /// A replication connection ended with its client: the server is the
+        /// client's alone, never pooled, and closes when the client leaves.
+        ReplicationEnded => "replication_ended",
         /// Closed by a code path that gave no reason: a
         /// [`ServerConnGuard`](crate::ServerConnGuard) was dropped without
         /// `close()` or `set_reason()`. Non-zero values indicate a weir bug or a
@@ -100,6 +113,8 @@ label_enum! {
         Io => "io",
         /// The server violated the protocol during startup.
         Protocol => "protocol",
+        /// No host of the database matched its `target_session_attrs`.
+        NoMatchingHost => "no_matching_host",
     }
 }
 
@@ -147,8 +162,12 @@ label_enum! {
         Forwarded => "forwarded",
         /// Handled inside weir (e.g. the client was only waiting).
         AnsweredLocally => "answered_locally",
-        /// The key matched no known client.
+        /// The key matched no known client (or named a peer weir does not
+        /// know, or one it may not forward to again).
         Unknown => "unknown",
+        /// Sent on to the peer that minted the key (another weir, or a
+        /// PgBouncer, behind the same address).
+        Peer => "peer",
     }
 }
 
@@ -190,7 +209,7 @@ mod tests {
         check(DropReason::ALL, DropReason::index, DropReason::as_label);
         check(CancelOutcome::ALL, CancelOutcome::index, CancelOutcome::as_label);
         check(ClientResult::ALL, ClientResult::index, ClientResult::as_label);
-        assert_eq!(CloseReason::COUNT, 16);
+        assert_eq!(CloseReason::COUNT, 19);
         assert_eq!(CloseReason::ClientGoneUnclean.to_string(), "client_gone_unclean");
         assert_eq!(CloseReason::Dropped.as_label(), "dropped");
     }

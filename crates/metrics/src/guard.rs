@@ -191,6 +191,7 @@ mod tests {
         let p = pool("live");
         let mut g = ServerConnGuard::opened(Arc::clone(&p), Duration::ZERO);
         let info = ServerInfo {
+            id: 1,
             pid: 42,
             addr: "127.0.0.1:5432".parse::<std::net::SocketAddr>().unwrap().into(),
             local_addr: None,

@@ -5,7 +5,8 @@
 //!
 //! - `app`: the listener, the accept loop, one task per connection;
 //! - `admin`: the console;
-//! - `client`: the pooled session;
+//! - `client`, `replication`: the pooled session; a replication client's
+//!   own server and the relay to it;
 //! - `login`: a client's startup, authentication and greeting, up to what
 //!   its connection becomes (a cancel, the console, a pooled session); the
 //!   client's stream and error;
@@ -37,6 +38,7 @@ pub(crate) mod params;
 pub mod pool;
 pub mod protocol;
 pub(crate) mod ratelog;
+pub(crate) mod replication;
 pub(crate) mod server;
 pub(crate) mod signal;
 pub(crate) mod span;

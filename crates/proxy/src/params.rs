@@ -9,6 +9,24 @@ use std::sync::Arc;
 pub(crate) const TRACKED: &[&str] =
     &["application_name", "client_encoding", "DateStyle", "TimeZone", "IntervalStyle", "standard_conforming_strings"];
 
+/// Parameters Postgres reports that no client can change: never synced, and
+/// never taken into a client's parameters (a standby promoted under a
+/// client's server reports a new in_hot_standby; it is the server's, not the
+/// client's).
+pub(crate) const FIXED: &[&str] = &[
+    "server_version",
+    "server_encoding",
+    "integer_datetimes",
+    "is_superuser",
+    "session_authorization",
+    "in_hot_standby",
+];
+
+/// True for a name in `FIXED` (as Postgres matches names: any case).
+pub(crate) fn is_fixed(name: &str) -> bool {
+    FIXED.iter().any(|f| f.eq_ignore_ascii_case(name))
+}
+
 /// Parameter values by name. The `TRACKED` ones sit in fixed slots, so
 /// comparing a client's with a server's is six string comparisons and no
 /// lookups; any other name goes in a short list in insertion order (small,
@@ -240,22 +258,27 @@ fn literal(value: &str) -> String {
     }
 }
 
+/// What PgBouncer answers an `options` value it cannot read as settings.
+const UNSUPPORTED_OPTIONS: &str =
+    "unsupported options startup parameter: only '-c config=val' and '--config=val' are allowed";
+
 /// Parses a startup `options` value into `-c name=value` settings.
-/// Returns an error message for anything else (weir refuses rather than loses it).
+/// Returns an error message for anything else (weir refuses rather than loses
+/// it), in PgBouncer's words.
 pub(crate) fn parse_options(options: &str) -> Result<Vec<(String, String)>, String> {
     let mut out = Vec::new();
     let mut words = split_words(options).into_iter();
     while let Some(w) = words.next() {
         let setting = if w == "-c" {
-            words.next().ok_or_else(|| "\"-c\" without a setting in options".to_string())?
+            words.next().ok_or_else(|| UNSUPPORTED_OPTIONS.to_string())?
         } else if let Some(rest) = w.strip_prefix("-c") {
             rest.to_owned()
         } else if let Some(rest) = w.strip_prefix("--") {
             rest.to_owned()
         } else {
-            return Err(format!("unsupported word \"{w}\" in options; only -c name=value is supported"));
+            return Err(UNSUPPORTED_OPTIONS.into());
         };
-        let (k, v) = setting.split_once('=').ok_or_else(|| format!("option \"{setting}\" is not name=value"))?;
+        let (k, v) = setting.split_once('=').ok_or_else(|| UNSUPPORTED_OPTIONS.to_string())?;
         out.push((k.replace('-', "_"), v.to_owned()));
     }
     Ok(out)

@@ -185,7 +185,7 @@ impl Eq for ServerTls {}
 pub fn load_server_tls(cfg: &Config) -> Result<Option<Arc<ServerTls>>, TlsError> {
     let g = &cfg.weir;
     let verifier: Arc<dyn ServerCertVerifier> = match g.server_tls_sslmode {
-        ServerTlsMode::Disable => return Ok(None),
+        ServerTlsMode::Disable | ServerTlsMode::Allow => return Ok(None),
         ServerTlsMode::Prefer | ServerTlsMode::Require => Arc::new(Unverified(provider())),
         mode => {
             let ca = cfg.resolve(&g.server_tls_ca_file).ok_or(TlsError::Missing("server_tls_ca_file"))?;
@@ -212,7 +212,8 @@ pub fn load_server_tls(cfg: &Config) -> Result<Option<Arc<ServerTls>>, TlsError>
 
 /// For a mode whose files no longer load: every connection fails (never plain).
 pub fn broken_server_tls(mode: ServerTlsMode, why: String) -> Option<Arc<ServerTls>> {
-    (mode != ServerTlsMode::Disable).then(|| Arc::new(ServerTls { mode, connector: Err(why) }))
+    (!matches!(mode, ServerTlsMode::Disable | ServerTlsMode::Allow))
+        .then(|| Arc::new(ServerTls { mode, connector: Err(why) }))
 }
 
 /// prefer / require: encryption without checking who the server is (as

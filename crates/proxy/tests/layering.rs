@@ -18,7 +18,7 @@ const LAYERS: &[&[&str]] = &[
     &["pool", "cancel_keys"],
     &["state"],
     &["login"],
-    &["client"],
+    &["client", "replication"],
     &["admin"],
     &["app"],
     // Test hooks for the fuzz targets (hidden), and the binary's parts.

@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::{Harness, Opts, PgOptions, PgServer, MD5_PASS, MD5_USER};
+use crate::{Harness, Opts, MD5_PASS, MD5_USER};
 use tokio::task::JoinHandle;
 use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
 
@@ -96,8 +96,7 @@ pub async fn watched_client(url: &str) -> (Client, JoinHandle<Result<(), tokio_p
 /// bypasses the relay (same Postgres database `app`), for "other pools are
 /// unaffected" checks.
 pub async fn harness_with_direct_db(mut opts: Opts) -> Harness {
-    let pg_opts: PgOptions = opts.pg.clone();
-    let pg = tokio::task::spawn_blocking(move || PgServer::start(pg_opts)).await.unwrap().expect("start postgres");
+    let pg = super::pg_with(opts.pg.clone()).await;
     opts.database
         .push_str(&format!("\n[databases.direct]\nhost = \"127.0.0.1\"\nport = {}\ndbname = \"app\"\n", pg.port()));
     Harness::start_with(Arc::new(pg), opts).await

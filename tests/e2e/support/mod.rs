@@ -2,9 +2,11 @@
 //! and weir running in-process in front of them, plus client helpers.
 //! Every test builds its own `Harness`; dropping it tears everything down.
 
+pub mod console;
 pub mod extended;
 pub mod liveness;
 pub mod migrated;
+pub mod pair;
 pub mod pgbouncer;
 pub mod process;
 pub mod raw;
@@ -61,8 +63,7 @@ pub struct Harness {
 
 impl Harness {
     pub async fn start(opts: Opts) -> Harness {
-        let pg_opts = opts.pg.clone();
-        let pg = tokio::task::spawn_blocking(move || PgServer::start(pg_opts)).await.unwrap().expect("start postgres");
+        let pg = pg_with(opts.pg.clone()).await;
         Harness::start_with(Arc::new(pg), opts).await
     }
 
@@ -182,6 +183,24 @@ impl Before {
         let s = h.pool().snapshot();
         assert_eq!((s.waiting, s.recovering), (0, 0), "{s:?}");
     }
+}
+
+/// A throwaway Postgres with the test kit's defaults (started off the async
+/// runtime: initdb takes a while).
+pub async fn pg() -> PgServer {
+    pg_with(PgOptions::default()).await
+}
+
+/// A throwaway Postgres started with `opts`.
+pub async fn pg_with(opts: PgOptions) -> PgServer {
+    tokio::task::spawn_blocking(move || PgServer::start(opts)).await.unwrap().expect("start postgres")
+}
+
+/// Postgres and weir in front of it: a pool of `pool_size` servers in
+/// `pool_mode`, clients logging in by `auth_type`, and `general`'s lines
+/// added to `[weir]`.
+pub async fn harness(pool_size: u32, pool_mode: &'static str, auth_type: &'static str, general: &str) -> Harness {
+    Harness::start(Opts { pool_size, pool_mode, auth_type, general: general.into(), ..Opts::default() }).await
 }
 
 /// Connects with tokio-postgres and drives the connection in the background.

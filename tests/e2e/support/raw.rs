@@ -27,6 +27,12 @@ const MAX_FRAME: usize = 1 << 20;
 /// A raw step's failure, as text for the test's panic message.
 pub type Result<T> = std::result::Result<T, String>;
 
+/// A raw client logged in as `user` to `app` at `addr` where no password is
+/// asked (`auth_type = "trust"`), with `extra` startup parameters.
+pub async fn login(addr: SocketAddr, user: &str, extra: &[(&str, &str)]) -> Raw {
+    Raw::login(addr, user, "", extra).await.expect("raw login")
+}
+
 /// What weir did with a connection it ended.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Outcome {

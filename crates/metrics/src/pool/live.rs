@@ -13,6 +13,8 @@ use crate::addr::ConnAddr;
 /// when the guard counts the close.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerInfo {
+    /// weir's id of the connection (SHOW SERVERS' `id`).
+    pub id: u64,
     /// The backend's process id (its BackendKeyData).
     pub pid: i32,
     /// The server's address.

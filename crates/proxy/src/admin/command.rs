@@ -56,6 +56,19 @@ impl Show {
     ];
 }
 
+/// SHUTDOWN's modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shutdown {
+    /// SHUTDOWN: the drain, as on SIGTERM.
+    Drain,
+    /// SHUTDOWN WAIT_FOR_SERVERS: no new clients; each client finishes its
+    /// transaction; weir exits once no server is in use.
+    WaitForServers,
+    /// SHUTDOWN WAIT_FOR_CLIENTS: no new clients; weir exits once every
+    /// client has left on its own.
+    WaitForClients,
+}
+
 /// One console command.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
@@ -64,8 +77,12 @@ pub enum Command {
     Pause(Option<String>),
     Resume(Option<String>),
     Reload,
-    Kill(String),
-    Shutdown,
+    /// KILL [db]: every database's clients when no name is given.
+    Kill(Option<String>),
+    /// KILL_CLIENT id: one client, by SHOW CLIENTS' id (kept as given: a
+    /// word that is no id is refused when the command runs, as PgBouncer does).
+    KillClient(String),
+    Shutdown(Shutdown),
     /// SET key = value: a setting a reload may change.
     Set {
         key: String,
@@ -97,7 +114,8 @@ impl Command {
             Command::Resume(_) => "RESUME",
             Command::Reload => "RELOAD",
             Command::Kill(_) => "KILL",
-            Command::Shutdown => "SHUTDOWN",
+            Command::KillClient(_) => "KILL_CLIENT",
+            Command::Shutdown(_) => "SHUTDOWN",
             Command::Set { .. } => "SET",
             Command::Reconnect(_) => "RECONNECT",
             Command::Disable(_) => "DISABLE",
@@ -128,8 +146,8 @@ pub const SYNOPSIS: &[(&str, &str)] = &[
     ("SHOW DNS_ZONES", "PgBouncer's DNS zones; empty (weir has none)"),
     ("SHOW FDS", "sockets for an online restart; empty (weir has no online restart)"),
     ("SHOW STATE", "whether weir is active, paused or suspended"),
-    ("SHOW PEERS", "PgBouncer's peers; empty (a weir process has no peers)"),
-    ("SHOW PEER_POOLS", "the peers' cancel pools; empty"),
+    ("SHOW PEERS", "the [peers] cancel requests for their keys are forwarded to"),
+    ("SHOW PEER_POOLS", "per peer, the cancel requests being forwarded and waiting"),
     ("SHOW VERSION", "the weir version"),
     ("SHOW HELP", "this list"),
     ("SET key = value", "change a setting a RELOAD may change, until the next RELOAD"),
@@ -139,9 +157,15 @@ pub const SYNOPSIS: &[(&str, &str)] = &[
     ("DISABLE db", "refuse new clients of db"),
     ("ENABLE db", "accept new clients of db again"),
     ("RECONNECT [db]", "close each server connection once it is released"),
-    ("KILL db", "disconnect the database's clients, close its servers; it stays paused until RESUME"),
+    (
+        "KILL [db]",
+        "disconnect the database's (or every database's) clients, close its servers; it stays paused until RESUME",
+    ),
+    ("KILL_CLIENT id", "disconnect one client (the id of SHOW CLIENTS)"),
     ("SUSPEND", "refused: weir has no online restart"),
     ("SHUTDOWN", "drain and exit, as on SIGTERM"),
+    ("SHUTDOWN WAIT_FOR_SERVERS", "no new clients; exit once no server is in use (transactions finish)"),
+    ("SHUTDOWN WAIT_FOR_CLIENTS", "no new clients; exit once every client has left"),
     ("WAIT_CLOSE [db]", "wait until the server connections RECONNECT marked have closed"),
 ];
 
@@ -179,10 +203,19 @@ fn parse_one(stmt: &str) -> Result<Command, ParseError> {
         "SUSPEND" if args.is_empty() => Ok(Command::Suspend),
         "PAUSE" => Ok(Command::Pause(name(args)?)),
         "RESUME" => Ok(Command::Resume(name(args)?)),
-        "KILL" => Ok(Command::Kill(needs_db(args)?)),
+        "KILL" => Ok(Command::Kill(name(args)?)),
+        "KILL_CLIENT" => match args {
+            [id] => Ok(Command::KillClient((*id).to_owned())),
+            _ => Err(usage(&verb, "needs one client id")),
+        },
         "RELOAD" if args.is_empty() => Ok(Command::Reload),
-        "SHUTDOWN" if args.is_empty() => Ok(Command::Shutdown),
-        "RELOAD" | "SHUTDOWN" | "SUSPEND" => Err(usage(&verb, "takes no arguments")),
+        "SHUTDOWN" => match args.iter().map(|a| a.to_ascii_uppercase()).collect::<Vec<_>>().as_slice() {
+            [] => Ok(Command::Shutdown(Shutdown::Drain)),
+            [m] if m == "WAIT_FOR_SERVERS" => Ok(Command::Shutdown(Shutdown::WaitForServers)),
+            [m] if m == "WAIT_FOR_CLIENTS" => Ok(Command::Shutdown(Shutdown::WaitForClients)),
+            _ => Err(usage(&verb, "takes WAIT_FOR_SERVERS, WAIT_FOR_CLIENTS or nothing")),
+        },
+        "RELOAD" | "SUSPEND" => Err(usage(&verb, "takes no arguments")),
         _ => Err(ParseError(format!("unknown command \"{stmt}\"; {}", commands_hint()))),
     }
 }
@@ -225,7 +258,11 @@ fn identifier(word: &str) -> String {
 }
 
 fn usage(verb: &str, why: &str) -> ParseError {
-    let synopsis = SYNOPSIS.iter().find(|(s, _)| s.starts_with(verb)).map(|(s, _)| *s).unwrap_or(verb);
+    let synopsis = SYNOPSIS
+        .iter()
+        .find(|(s, _)| *s == verb || s.starts_with(&format!("{verb} ")))
+        .map(|(s, _)| *s)
+        .unwrap_or(verb);
     ParseError(format!("{verb} {why} (usage: {synopsis})"))
 }
 
@@ -249,8 +286,14 @@ mod tests {
         assert_eq!(parse("PAUSE").unwrap(), vec![Command::Pause(None)]);
         assert_eq!(parse("pause app;").unwrap(), vec![Command::Pause(Some("app".into()))]);
         assert_eq!(parse("RESUME \"My\"\"Db\"").unwrap(), vec![Command::Resume(Some("My\"Db".into()))]);
-        assert_eq!(parse("kill app").unwrap(), vec![Command::Kill("app".into())]);
-        assert_eq!(parse("reload; shutdown").unwrap(), vec![Command::Reload, Command::Shutdown]);
+        assert_eq!(parse("kill app").unwrap(), vec![Command::Kill(Some("app".into()))]);
+        assert_eq!(parse("KILL").unwrap(), vec![Command::Kill(None)]);
+        assert_eq!(parse("kill_client 12").unwrap(), vec![Command::KillClient("12".into())]);
+        assert_eq!(parse("reload; shutdown").unwrap(), vec![Command::Reload, Command::Shutdown(Shutdown::Drain)]);
+        assert_eq!(
+            parse("SHUTDOWN wait_for_servers; SHUTDOWN WAIT_FOR_CLIENTS").unwrap(),
+            vec![Command::Shutdown(Shutdown::WaitForServers), Command::Shutdown(Shutdown::WaitForClients)]
+        );
         assert_eq!(parse(" ; ").unwrap(), vec![]);
         assert_eq!(parse("show stats_averages").unwrap(), vec![Command::Show(Show::StatsAverages)]);
         let set = |k: &str, v: &str| Command::Set { key: k.into(), value: v.into() };
@@ -280,7 +323,8 @@ mod tests {
         assert!(e.contains("PUDDLES") && e.contains("POOLS"), "{e}");
         let e = parse("SELECT 1").unwrap_err().0;
         assert!(e.contains("unknown command") && e.contains("PAUSE [db]") && e.contains("SHOW {POOLS|"), "{e}");
-        assert!(parse("KILL").unwrap_err().0.contains("usage: KILL db"));
+        assert!(parse("KILL_CLIENT").unwrap_err().0.contains("usage: KILL_CLIENT"));
+        assert!(parse("SHUTDOWN NOW").unwrap_err().0.contains("WAIT_FOR_SERVERS"));
         assert!(parse("PAUSE a b").is_err());
         assert!(parse("RELOAD now").is_err());
         assert!(parse("SHOW").is_err());
@@ -290,7 +334,8 @@ mod tests {
     fn only_show_is_for_stats_users() {
         assert!(!Command::Show(Show::Pools).needs_admin());
         assert!(Command::Pause(None).needs_admin());
-        assert!(Command::Kill("x".into()).needs_admin());
+        assert!(Command::Kill(Some("x".into())).needs_admin());
+        assert!(Command::KillClient("1".into()).needs_admin());
         assert_eq!(Command::Reload.tag(), "RELOAD");
     }
 }

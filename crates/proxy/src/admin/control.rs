@@ -3,18 +3,21 @@
 //! with PgBouncer's semantics (SET is in `set.rs`). PAUSE holds new transactions and
 //! returns once the servers in use are released (they are then closed, as
 //! PgBouncer does before a database restart); RESUME releases the held
-//! clients. KILL disconnects a database's clients, closes its servers and
-//! leaves it paused until RESUME.
+//! clients, and ends a PAUSE still waiting (57014). A cancel of the console
+//! client (psql's ^C) ends a waiting PAUSE, which is undone, as in PgBouncer,
+//! or a waiting WAIT_CLOSE or KILL (57014). KILL disconnects a database's
+//! clients, closes its servers and leaves it paused until RESUME.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use weir_metrics::CloseReason;
 
+use super::command::Shutdown;
 use super::Notices;
 use crate::config::PoolMode;
 use crate::protocol::{sqlstate, SqlState};
-use crate::state::{quiesce, Shared};
+use crate::state::{quiesce, Quiesced, Shared, StopMode};
 
 /// A command that was refused or failed, with the SQLSTATE to report.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -36,7 +39,9 @@ fn notice(text: impl Into<String>) -> (SqlState, String) {
     (sqlstate::SUCCESSFUL_COMPLETION, text.into())
 }
 
-/// A database name must be configured (or have a pool) to be paused or killed.
+/// A database name must be configured (or have a pool) to be paused or
+/// killed (PgBouncer's words; Postgres's SQLSTATE for an unknown database,
+/// where PgBouncer sends 08P01).
 fn known(shared: &Shared, db: &str) -> Result<(), AdminError> {
     let configured = shared.config.load().databases.contains_key(db);
     if configured || shared.pools.all().iter().any(|p| p.key.database == db) {
@@ -59,12 +64,35 @@ pub async fn pause(shared: &Arc<Shared>, db: Option<&str>) -> Outcome {
         servers_in_use = busy,
         "PAUSE: waiting for servers in use to be released"
     );
-    quiesce(&pools, CloseReason::Admin, None).await;
-    Ok(vec![notice(format!("paused {}; RESUME releases it", db.unwrap_or("all databases")))])
+    match quiesce(&pools, CloseReason::Admin, None).await {
+        Quiesced::Resumed => Err(AdminError::new(
+            sqlstate::QUERY_CANCELED,
+            "PAUSE ended: RESUME came before the servers in use were released",
+        )),
+        Quiesced::Closed | Quiesced::TimedOut => {
+            Ok(vec![notice(format!("paused {}; RESUME releases it", db.unwrap_or("all databases")))])
+        }
+    }
 }
 
-/// RESUME [db].
+/// A waiting command the console client cancelled (a CancelRequest with its key).
+pub fn cancelled() -> Outcome {
+    Err(AdminError::new(sqlstate::QUERY_CANCELED, "canceling statement due to user request"))
+}
+
+/// A waiting PAUSE the console client cancelled: what it paused is resumed
+/// (PgBouncer resumes on a cancel too), and the client gets 57014.
+pub fn pause_cancelled(shared: &Arc<Shared>, db: Option<&str>) -> Outcome {
+    let pools = shared.set_paused(db, false);
+    tracing::info!(database = db.unwrap_or("*"), pools = pools.len(), "PAUSE cancelled: resumed");
+    cancelled()
+}
+
+/// RESUME [db]; refused during SHUTDOWN WAIT_FOR_* (PgBouncer's words).
 pub fn resume(shared: &Arc<Shared>, db: Option<&str>) -> Outcome {
+    if shared.is_stopping() {
+        return Err(AdminError::new(sqlstate::PROTOCOL_VIOLATION, "pooler is shutting down"));
+    }
     if let Some(db) = db {
         known(shared, db)?;
         if shared.paused_databases().iter().any(|d| d == "*") {
@@ -77,20 +105,40 @@ pub fn resume(shared: &Arc<Shared>, db: Option<&str>) -> Outcome {
     Ok(Vec::new())
 }
 
-/// KILL db: its clients are disconnected at once (a running query is
-/// cancelled and its server recovered), then its servers are closed.
-pub async fn kill(shared: &Arc<Shared>, db: &str) -> Outcome {
-    known(shared, db)?;
-    let pools = shared.set_paused(Some(db), true);
-    let n = shared.client_list.kill_database(Some(db), "terminating connection due to administrator command (KILL)");
-    tracing::info!(database = db, clients = n, "KILL");
+/// KILL [db]: the database's clients (every database's without a name;
+/// the console's are not touched) are disconnected at once (a running
+/// query is cancelled and its server recovered), then its servers are
+/// closed; it stays paused until RESUME.
+pub async fn kill(shared: &Arc<Shared>, db: Option<&str>) -> Outcome {
+    if let Some(db) = db {
+        known(shared, db)?;
+    }
+    let pools = shared.set_paused(db, true);
+    let n = shared.client_list.kill_database(db, "terminating connection due to administrator command (KILL)");
+    let name = db.unwrap_or("every database");
+    tracing::info!(database = db.unwrap_or("*"), clients = n, "KILL");
     let cfg = shared.config.load();
     let settle = cfg.weir.server_reset_timeout.max(cfg.weir.server_connect_timeout) + Duration::from_secs(1);
-    let mut notices = vec![notice(format!("disconnected {n} client(s) of {db}; {db} stays paused until RESUME {db}"))];
-    if !quiesce(&pools, CloseReason::Admin, Some(settle)).await {
-        notices.push((sqlstate::WARNING, format!("some server connections of {db} were still busy after {settle:?}")));
+    let resume = db.map_or("RESUME".to_owned(), |d| format!("RESUME {d}"));
+    let mut notices = vec![notice(format!("disconnected {n} client(s) of {name}; it stays paused until {resume}"))];
+    if quiesce(&pools, CloseReason::Admin, Some(settle)).await == Quiesced::TimedOut {
+        notices
+            .push((sqlstate::WARNING, format!("some server connections of {name} were still busy after {settle:?}")));
     }
     Ok(notices)
+}
+
+/// KILL_CLIENT id: disconnects the client with that id (SHOW CLIENTS' `id`;
+/// PgBouncer's words when there is none).
+pub fn kill_client(shared: &Arc<Shared>, id: &str) -> Outcome {
+    let Ok(id) = id.parse::<u64>() else {
+        return Err(AdminError::new(sqlstate::PROTOCOL_VIOLATION, "invalid client pointer supplied"));
+    };
+    if !shared.client_list.kill_id(id, "admin forced disconnect") {
+        return Err(AdminError::new(sqlstate::PROTOCOL_VIOLATION, "client not found"));
+    }
+    tracing::info!(id, "KILL_CLIENT");
+    Ok(Vec::new())
 }
 
 /// RELOAD: the config file and auth_file, without dropping clients. A file
@@ -106,18 +154,27 @@ pub fn reload(shared: &Arc<Shared>) -> Outcome {
             tracing::error!(error = %e, "RELOAD failed; keeping the old config");
             Err(AdminError::new(
                 sqlstate::CONFIG_FILE_ERROR,
-                format!("RELOAD failed, the old config stays in effect: {e}"),
+                format!("RELOAD failed, see logs for additional details; the old config stays in effect: {e}"),
             ))
         }
     }
 }
 
-/// SHUTDOWN: drain as on SIGTERM. The console client itself is told to go
-/// right after this command completes.
-pub fn shutdown(shared: &Arc<Shared>) -> Outcome {
-    let shared = shared.clone();
-    tokio::spawn(async move { shared.drain().await });
-    Ok(vec![notice("weir is draining: no new clients; running transactions may finish")])
+/// SHUTDOWN: drain as on SIGTERM (the console client itself is told to go
+/// right after this command completes). SHUTDOWN WAIT_FOR_SERVERS and
+/// WAIT_FOR_CLIENTS: see `state::stopping`; the console stays.
+pub fn shutdown(shared: &Arc<Shared>, mode: Shutdown) -> Outcome {
+    let mode = match mode {
+        Shutdown::Drain => {
+            let shared = shared.clone();
+            tokio::spawn(async move { shared.drain().await });
+            return Ok(vec![notice("weir is draining: no new clients; running transactions may finish")]);
+        }
+        Shutdown::WaitForServers => StopMode::WaitForServers,
+        Shutdown::WaitForClients => StopMode::WaitForClients,
+    };
+    shared.stop_when_done(mode);
+    Ok(vec![notice(format!("{mode:?}: no new clients; weir stops when done"))])
 }
 
 /// The pools of `db` (every pool for None), which must be known.

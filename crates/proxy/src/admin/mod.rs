@@ -33,9 +33,9 @@ pub async fn serve(
     shared: &Arc<Shared>,
 ) -> Result<(), ClientError> {
     // Its cancel key and listing are held until it leaves.
-    let crate::login::Console { buf, role, reg: _reg, listed: _listed } = console;
+    let crate::login::Console { buf, role, reg, listed: _listed } = console;
     let max_message = shared.config.load().weir.max_message_size as usize;
-    Console { socket, buf, shared: shared.clone(), role, max_message, skipping: false }.run().await
+    Console { socket, buf, shared: shared.clone(), role, reg, max_message, skipping: false }.run().await
 }
 
 /// One logged-in console client.
@@ -44,6 +44,8 @@ struct Console<'a> {
     buf: BytesMut,
     shared: Arc<Shared>,
     role: Role,
+    /// The client's cancel key: a CancelRequest with it ends a waiting command.
+    reg: crate::cancel_keys::Registration,
     max_message: usize,
     /// Extended-protocol messages are being discarded up to the next Sync.
     skipping: bool,
@@ -125,14 +127,22 @@ impl Console<'_> {
                 show::show(*what, &self.shared).encode(out, cmd.tag());
                 return Ok(Ok(()));
             }
-            Command::Pause(db) => self.watching(control::pause(&shared, db.as_deref())).await?,
-            Command::Kill(db) => self.watching(control::kill(&shared, db)).await?,
+            Command::Pause(db) => match self.watching(control::pause(&shared, db.as_deref())).await? {
+                Some(done) => done,
+                None => control::pause_cancelled(&shared, db.as_deref()),
+            },
+            Command::Kill(db) => {
+                self.watching(control::kill(&shared, db.as_deref())).await?.unwrap_or_else(control::cancelled)
+            }
+            Command::KillClient(id) => control::kill_client(&shared, id),
             Command::Resume(db) => control::resume(&shared, db.as_deref()),
             Command::Reload => control::reload(&shared),
-            Command::Shutdown => control::shutdown(&shared),
+            Command::Shutdown(mode) => control::shutdown(&shared, *mode),
             Command::Set { key, value } => set::set(&shared, key, value),
             Command::Reconnect(db) => control::reconnect(&shared, db.as_deref()),
-            Command::WaitClose(db) => self.watching(control::wait_close(&shared, db.as_deref())).await?,
+            Command::WaitClose(db) => {
+                self.watching(control::wait_close(&shared, db.as_deref())).await?.unwrap_or_else(control::cancelled)
+            }
             Command::Disable(db) => control::disable(&shared, db, true),
             Command::Enable(db) => control::disable(&shared, db, false),
             Command::Suspend => control::suspend(),
@@ -148,18 +158,24 @@ impl Console<'_> {
     }
 
     /// Awaits a command that may take long while watching the client: if it
-    /// leaves (or weir starts draining), the wait ends.
-    async fn watching<T>(&mut self, work: impl std::future::Future<Output = T>) -> Result<T, ClientError> {
+    /// leaves (or weir starts draining), the wait ends; if it cancels (a
+    /// CancelRequest with its key), the wait ends with None.
+    async fn watching<T>(&mut self, work: impl std::future::Future<Output = T>) -> Result<Option<T>, ClientError> {
         tokio::pin!(work);
-        loop {
+        // Waiting, for the cancel registry: a cancel now marks the slot and wakes this task.
+        self.reg.slot.set_waiting(std::time::Instant::now());
+        let done = loop {
             tokio::select! {
-                done = &mut work => return Ok(done),
+                done = &mut work => break Some(done),
+                () = self.reg.slot.cancelled_in_queue() => break None,
                 r = wire::fill(self.socket, &mut self.buf), if self.buf.len() < self.max_message => {
                     r?;
                 }
                 _ = self.shared.shutdown.cancelled() => return Err(ClientError::ShuttingDown),
             }
-        }
+        };
+        self.reg.slot.set_idle();
+        Ok(done)
     }
 }
 

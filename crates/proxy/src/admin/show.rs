@@ -14,13 +14,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use weir_metrics::{ConnAddr, Window};
+use weir_metrics::{ConnAddr, HostRole, Window};
 
 use super::command::{Show, SYNOPSIS};
 use super::result::{float, int, text, Cell, Kind, ResultSet};
 use super::{show_more, stats};
 use crate::config::keys;
-use crate::pool::Pool;
+use crate::pool::{HostKey, Pool};
 use crate::state::Shared;
 
 use Kind::{Float, Int, Int4, Text};
@@ -46,8 +46,8 @@ pub fn show(what: Show, shared: &Arc<Shared>) -> ResultSet {
         Show::DnsZones => show_more::dns_zones(),
         Show::Fds => show_more::fds(),
         Show::State => show_more::state(shared),
-        Show::Peers => show_more::peers(),
-        Show::PeerPools => show_more::peer_pools(),
+        Show::Peers => show_more::peers(shared),
+        Show::PeerPools => show_more::peer_pools(shared),
         Show::Version => version(),
         Show::Help => help(),
     }
@@ -103,6 +103,9 @@ const POOLS_COLUMNS: &[(&str, Kind)] = &[
     ("connect_failures", Int),
     ("dropped", Int),
     ("predicted_wait_us", Int),
+    // Replication clients' own servers (also in sv_active, as PgBouncer
+    // counts them).
+    ("sv_replication", Int),
     ("connect_refused", Int),
     // With fleet_share: this instance's share of the fleet's budget and
     // the instances announcing (0 and 0 without it).
@@ -118,7 +121,7 @@ fn pools(shared: &Arc<Shared>) -> ResultSet {
     // sv_active_cancel: cancels being forwarded to servers that clients hold.
     let mut cancels: HashMap<(&str, &str), usize> = HashMap::new();
     for c in &clients {
-        *cancels.entry((c.database(), c.user())).or_default() += c.cancels_in_flight();
+        *cancels.entry((c.database(), c.pool_user())).or_default() += c.cancels_in_flight();
     }
     for pool in shared.pools.all() {
         let s = pool.snapshot();
@@ -138,7 +141,7 @@ fn pools(shared: &Arc<Shared>) -> ResultSet {
             // waits on a cancel.
             int(0u8),
             int(0u8),
-            int(s.active),
+            int(s.active + s.replication),
             int(cancels.get(&(pool.key.database.as_str(), pool.key.user.as_str())).copied().unwrap_or(0) as u64),
             int(m.servers_being_canceled()),
             int(s.idle.saturating_sub(used)),
@@ -158,6 +161,7 @@ fn pools(shared: &Arc<Shared>) -> ResultSet {
             int(m.connect_failures_total()),
             int(m.dropped_queries_total()),
             int(s.predicted_wait.as_micros().min(i64::MAX as u128) as i64),
+            int(s.replication),
             int(m.connect_refusals_total()),
             int(fleet_share),
             int(fleet_instances),
@@ -188,6 +192,7 @@ pub(super) const CONNECTION_COLUMNS: &[(&str, Kind)] = &[
     ("tls", Text),
     ("application_name", Text),
     ("prepared_statements", Int4),
+    ("id", Int4),
 ];
 
 /// One connection's cells under `CONNECTION_COLUMNS`.
@@ -195,6 +200,8 @@ struct Connection<'a> {
     kind: &'static str,
     user: &'a str,
     database: &'a str,
+    /// none, logical or physical.
+    replication: &'static str,
     state: &'a str,
     peer: ConnAddr,
     local: Option<ConnAddr>,
@@ -211,6 +218,8 @@ struct Connection<'a> {
     application_name: Option<&'a str>,
     /// A server's prepared statements (a client's are not counted: NULL).
     prepared: Option<u64>,
+    /// The connection's id (KILL_CLIENT's argument for a client).
+    id: u64,
 }
 
 impl Connection<'_> {
@@ -221,8 +230,7 @@ impl Connection<'_> {
             text(self.kind),
             text(self.user),
             text(self.database),
-            // weir takes no replication connections.
-            text("none"),
+            text(self.replication),
             text(self.state),
             addr,
             port,
@@ -240,6 +248,7 @@ impl Connection<'_> {
             None,
             self.application_name.and_then(text),
             self.prepared.and_then(int),
+            int(self.id),
         ];
         head.into_iter().chain(more).collect()
     }
@@ -265,6 +274,7 @@ pub(super) fn clients(shared: &Arc<Shared>) -> ResultSet {
             kind: "C",
             user: c.user(),
             database: c.database(),
+            replication: c.replication.as_label(),
             state: state.as_label(),
             peer: c.peer,
             local: c.local,
@@ -277,20 +287,38 @@ pub(super) fn clients(shared: &Arc<Shared>) -> ResultSet {
             remote_pid: 0,
             application_name: Some(&c.application_name),
             prepared: None,
+            id: c.id,
         };
         rs.push(conn.cells([int(c.key_pid), c.server_pid().and_then(int)]));
     }
     rs
 }
 
+/// The role each server address of `pool`'s database was last found in.
+fn host_roles(pool: &Pool) -> HashMap<ConnAddr, HostRole> {
+    let addr = |k: &HostKey| match k {
+        HostKey::Addr(a) => Some(ConnAddr::Tcp(*a)),
+        HostKey::Named(h, p) if h.starts_with('/') => Some(ConnAddr::Unix(*p)),
+        HostKey::Named(..) => None,
+    };
+    pool.hosts().view().into_iter().filter_map(|v| Some((addr(&v.host)?, v.role))).collect()
+}
+
 pub(super) fn servers(shared: &Arc<Shared>) -> ResultSet {
-    let mut rs = connection_set(&[("client_key", Int)]);
+    // weir's own: the role of the server's host (target_session_attrs).
+    let mut rs = connection_set(&[("client_key", Int), ("host_role", Text)]);
     let check_delay = shared.config.load().weir.server_check_delay;
     let clients = shared.client_list.all();
     let linked: HashMap<i32, i32> = clients.iter().filter_map(|c| Some((c.server_pid()?, c.key_pid))).collect();
     let requested: HashMap<i32, Instant> =
         clients.iter().filter_map(|c| Some((c.server_pid()?, c.requested_at()?))).collect();
+    let replication: HashMap<i32, &'static str> = clients
+        .iter()
+        .filter(|c| c.replication.is_some())
+        .filter_map(|c| Some((c.server_pid()?, c.replication.as_label())))
+        .collect();
     for pool in shared.pools.all() {
+        let roles = host_roles(&pool);
         let reconnecting = pool.reconnect_pending();
         let idle: HashMap<i32, Duration> = pool.idle_servers().into_iter().map(|s| (s.pid, s.idle_for)).collect();
         for s in pool.metrics.live_servers() {
@@ -304,6 +332,7 @@ pub(super) fn servers(shared: &Arc<Shared>) -> ResultSet {
                 kind: "S",
                 user: &pool.key.user,
                 database: &pool.key.database,
+                replication: replication.get(&s.pid).copied().unwrap_or("none"),
                 state,
                 peer: s.addr,
                 local: s.local_addr,
@@ -320,8 +349,10 @@ pub(super) fn servers(shared: &Arc<Shared>) -> ResultSet {
                 remote_pid: s.pid,
                 application_name: None,
                 prepared: Some(s.prepared_statements.get()),
+                id: s.id,
             };
-            rs.push(conn.cells([linked.get(&s.pid).and_then(|k| int(*k))]));
+            let role = roles.get(&s.addr).and_then(|r| text(r.as_label()));
+            rs.push(conn.cells([linked.get(&s.pid).and_then(|k| int(*k)), role]));
         }
     }
     rs
@@ -346,35 +377,64 @@ fn databases(shared: &Arc<Shared>) -> ResultSet {
         ("pool_mode", Text),
         ("max_connections", Int4),
         ("current_connections", Int4),
+        ("max_client_connections", Int4),
+        ("current_client_connections", Int4),
         ("paused", Int4),
         ("disabled", Int4),
         // weir's own.
         ("query_wait_timeout_ms", Int),
+        ("target_session_attrs", Text),
+        // Each host and its role: `address:port role`, comma-separated.
+        ("host_roles", Text),
     ]);
     let cfg = shared.config.load();
     let pools = shared.pools.all();
+    let clients = |name: &str| [int(cfg.db_client_cap(name)), int(shared.caps.database_count(name))];
     for name in cfg.databases.keys() {
         let Some(s) = cfg.pool_settings(name) else { continue };
         let current: u32 = pools.iter().filter(|p| &p.key.database == name).map(|p| servers_total(p)).sum();
-        rs.push(vec![
+        let mut row = vec![
             text(name),
             text(&s.host),
             int(s.port),
             text(&s.dbname),
-            None,
+            cfg.forced_user(name).map(|(u, _)| text(u)).unwrap_or(None),
             int(s.pool_size),
             int(s.min_pool_size),
             int(s.reserve_pool_size),
-            int(cfg.weir.server_lifetime.as_secs()),
+            int(s.server_lifetime.as_secs()),
             text(s.pool_mode.as_str()),
             int(s.max_db_connections),
             int(current),
+        ];
+        row.extend(clients(name));
+        row.extend([
             int(u8::from(shared.is_paused(name))),
             int(u8::from(shared.admin.is_disabled(name))),
             int(s.query_wait_timeout.as_millis().min(i64::MAX as u128) as i64),
+            text(s.target_session_attrs.as_str()),
+            text(roles_of(shared, name, &s)),
         ]);
+        rs.push(row);
     }
+    // The console, as PgBouncer lists its own virtual database.
+    let name = crate::login::CONSOLE_DATABASE;
+    let mut console = vec![text(name), None, int(cfg.weir.listen_addr.port()), text(name)];
+    console.extend([text(name), int(2u8), int(0u8), int(0u8), int(0u8), text("statement"), int(0u8), int(0u8)]);
+    console.extend(clients(name));
+    console.extend([int(0u8), int(0u8), None]);
+    rs.push(console);
     rs
+}
+
+/// `address:port role` for each host of database `name` (the configured
+/// hosts, unknown, before any pool of it connected).
+fn roles_of(shared: &Shared, name: &str, s: &crate::config::PoolSettings) -> String {
+    let listed: Vec<String> = match shared.pools.hosts(name) {
+        Some(set) => set.view().iter().map(|v| format!("{} {}", v.host, v.role.as_label())).collect(),
+        None => s.hosts.iter().map(|h| format!("{}:{} {}", h.host, h.port, HostRole::Unknown.as_label())).collect(),
+    };
+    listed.join(", ")
 }
 
 fn servers_total(pool: &Pool) -> u32 {

@@ -1,5 +1,6 @@
 //! The SHOW commands for things PgBouncer keeps and weir mostly does not:
-//! USERS, MEM, SOCKETS / ACTIVE_SOCKETS, DNS_HOSTS, DNS_ZONES, FDS, STATE.
+//! USERS, MEM, SOCKETS / ACTIVE_SOCKETS, DNS_HOSTS, DNS_ZONES, FDS, STATE;
+//! and PEERS and PEER_POOLS.
 //! Each has PgBouncer's columns and types; where weir has no such thing the
 //! set is empty, never filled with made-up figures.
 
@@ -12,51 +13,85 @@ use crate::state::Shared;
 
 use Kind::{Bytea, Int, Int4, Text};
 
-/// Users weir knows: the auth_file's and those with a pool (auth_query,
-/// trust). The console's own virtual user is not one.
+/// Users weir knows: the auth_file's, the `[users]` section's, those with
+/// a pool (auth_query, trust) and those with a client now. The console's
+/// own virtual user is not one.
 pub(super) fn user_names(shared: &Shared) -> BTreeSet<String> {
     let mut names: BTreeSet<String> = shared.users.load().names().map(str::to_owned).collect();
+    names.extend(shared.config.load().users.keys().cloned());
     names.extend(shared.pools.all().iter().map(|p| p.key.user.clone()));
+    names.extend(shared.caps.users());
     names
 }
 
-/// SHOW USERS, with PgBouncer 1.23's columns: weir has no per-user
-/// settings, so pool_size and pool_mode are NULL (the database's or the
-/// global one applies) and max_user_connections is 0 (no limit), as
-/// PgBouncer shows for a user without them; current_connections counts the
-/// user's server connections.
+/// SHOW USERS, with PgBouncer 1.25's columns: a user's own settings from
+/// `[users]` (NULL where it has none: the database's or the global one
+/// applies), its server connections and its client connections with their
+/// limits.
 pub(super) fn users(shared: &Shared) -> ResultSet {
     let mut rs = ResultSet::new(&[
         ("name", Text),
         ("pool_size", Text),
+        ("reserve_pool_size", Text),
         ("pool_mode", Text),
         ("max_user_connections", Int4),
         ("current_connections", Int4),
+        ("max_user_client_connections", Int4),
+        ("current_client_connections", Int4),
     ]);
     let pools = shared.pools.all();
+    let cfg = shared.config.load();
     for name in user_names(shared) {
         let servers = |s: crate::pool::PoolSnapshot| s.idle + s.active + s.connecting + s.recovering;
         let current: u32 = pools.iter().filter(|p| p.key.user == name).map(|p| servers(p.snapshot())).sum();
-        rs.push(vec![text(name), None, None, int(0u8), int(current)]);
+        let own = cfg.users.get(&name).cloned().unwrap_or_default();
+        let max_servers = own.max_user_connections.unwrap_or(cfg.weir.max_user_connections);
+        let clients = [int(cfg.user_client_cap(&name)), int(shared.caps.user_count(&name))];
+        let [max_clients, current_clients] = clients;
+        rs.push(vec![
+            text(name),
+            own.pool_size.and_then(|n| text(n.to_string())),
+            own.reserve_pool_size.and_then(|n| text(n.to_string())),
+            own.pool_mode.and_then(|m| text(m.as_str())),
+            int(max_servers),
+            int(current),
+            max_clients,
+            current_clients,
+        ]);
     }
     rs
 }
 
-/// SHOW PEERS: PgBouncer 1.19's peering (a cancel forwarded to the process
-/// that holds its client); a weir process has no peers, so the set is empty.
-pub(super) fn peers() -> ResultSet {
-    ResultSet::new(&[("peer_id", Int4), ("host", Text), ("port", Int4), ("pool_size", Int4)])
+/// SHOW PEERS: the `[peers]` this weir forwards cancel requests to (its
+/// own entry, which it ignores, left out), as PgBouncer lists them.
+pub(super) fn peers(shared: &Shared) -> ResultSet {
+    let mut rs = ResultSet::new(&[("peer_id", Int4), ("host", Text), ("port", Int4), ("pool_size", Int4)]);
+    let cfg = shared.config.load();
+    let mut ids: Vec<u16> = cfg.peers.keys().filter_map(|k| k.parse().ok()).collect();
+    ids.sort_unstable();
+    for id in ids {
+        let Some(peer) = cfg.peer(id) else { continue };
+        let size = peer.pool_size.unwrap_or(cfg.weir.default_pool_size);
+        rs.push(vec![int(id), text(&peer.host), int(peer.port), int(size)]);
+    }
+    rs
 }
 
-/// SHOW PEER_POOLS: the peers' cancel pools; empty, as SHOW PEERS.
-pub(super) fn peer_pools() -> ResultSet {
-    ResultSet::new(&[
+/// SHOW PEER_POOLS: per peer a cancel went to, the forwards under way
+/// (each on a connection of its own: cl_active_cancel_req and
+/// sv_active_cancel) and those waiting for a turn under its pool_size.
+pub(super) fn peer_pools(shared: &Shared) -> ResultSet {
+    let mut rs = ResultSet::new(&[
         ("peer_id", Int4),
         ("cl_active_cancel_req", Int4),
         ("cl_waiting_cancel_req", Int4),
         ("sv_active_cancel", Int4),
         ("sv_login", Int4),
-    ])
+    ]);
+    for (id, active, waiting) in shared.cancels.peer_forwards() {
+        rs.push(vec![int(id), int(active as u64), int(waiting as u64), int(active as u64), int(0u8)]);
+    }
+    rs
 }
 
 /// SHOW MEM: PgBouncer's slab caches; weir allocates per connection and has none.

@@ -1,6 +1,7 @@
 //! One accepted socket's task: the login (`login`), then what it became: a
-//! cancel forwarded, the admin console (`admin`) or the pooled session
-//! (`client`) until the client leaves or weir ends it; then the FATAL that
+//! cancel forwarded, the admin console (`admin`), the pooled session
+//! (`client`) or a replication client's relay (`replication`) until the
+//! client leaves or weir ends it; then the FATAL that
 //! says why, if any. Each client runs in one tracing span `client{peer,user,db}`.
 
 use std::future::Future;
@@ -77,7 +78,7 @@ async fn refuse(socket: &mut ClientStream, e: ClientError) {
         return;
     }
     tracing::warn!(sqlstate = e.sqlstate().code(), "pooler error: {e}");
-    fatal_and_close(socket, e.sqlstate(), &e.client_message()).await;
+    crate::login::stream::fatal_detail_and_close(socket, e.sqlstate(), &e.client_message(), e.detail()).await;
 }
 
 /// A client's life: the login (boxed: it runs once, so the task's own
@@ -91,7 +92,10 @@ async fn run(
     span: &tracing::Span,
 ) -> Result<Option<&'static str>, ClientError> {
     let login = Box::pin(enter(socket, *peer, shared).instrument(span.clone())).await;
-    let Some(mut session) = login? else { return Ok(None) };
+    let mut session = match login? {
+        Entered::Session(session) => session,
+        Entered::Done(why) => return Ok(why),
+    };
     // The session, raced against the client's switch (a KILL), by hand
     // rather than by `select!` or a function of its own: this is part of
     // every idle client's task. Each poll names the client's span for the
@@ -116,22 +120,38 @@ async fn run(
     Ok(Some(Box::pin(farewell(session.into_client(), why).instrument(span.clone())).await))
 }
 
-/// The login, then what it became: the pooled session to run (Some), or
-/// nothing more once a cancel has been forwarded or the console has ended
-/// (None).
+/// What a login became, once `enter` returns. Made once per connection
+/// and matched at once: boxing the session would only add an allocation.
+#[allow(clippy::large_enum_variant)]
+enum Entered<'a> {
+    /// The pooled session, to run.
+    Session(Session<'a>),
+    /// Nothing more: a cancel forwarded, the console or a replication
+    /// client ended (and why, if weir or its server ended it).
+    Done(Option<&'static str>),
+}
+
+/// The login, then what it became: the pooled session to run, or nothing
+/// more once a cancel has been forwarded, or the console or a replication
+/// client has ended.
 async fn enter<'a>(
     socket: &'a mut ClientStream,
     peer: ConnAddr,
     shared: &Arc<Shared>,
-) -> Result<Option<Session<'a>>, ClientError> {
+) -> Result<Entered<'a>, ClientError> {
     match crate::login::log_in(socket, peer, shared).await? {
-        Login::Pooled(pooled) => Ok(Some(crate::client::start(socket, pooled))),
+        Login::Pooled(pooled) => Ok(Entered::Session(crate::client::start(socket, pooled))),
         Login::Cancel(cancel) => {
             cancel.forward(shared).await;
-            Ok(None)
+            Ok(Entered::Done(None))
         }
-        Login::Console(console) => Box::pin(crate::admin::serve(socket, console, shared)).await.map(|()| None),
-        Login::Ended => Ok(None),
+        Login::Console(console) => {
+            Box::pin(crate::admin::serve(socket, console, shared)).await.map(|()| Entered::Done(None))
+        }
+        Login::Replication(login) => {
+            Box::pin(crate::replication::serve(socket, login, shared)).await.map(Entered::Done)
+        }
+        Login::Ended => Ok(Entered::Done(None)),
     }
 }
 

@@ -1,6 +1,7 @@
 //! weir's listening sockets: every TCP address of `listen_addr`, all on one
 //! port (`*` binds `0.0.0.0` and `[::]`, the latter IPv6-only, and skips
-//! IPv6 where the machine has none), and the Unix socket
+//! IPv6 where the machine has none; with `so_reuseport`, shared with other
+//! weirs on the host), and the Unix socket
 //! `<unix_socket_dir>/.s.PGSQL.<port>` with unix_socket_mode and
 //! unix_socket_group. A stale socket file (one nobody answers on) is
 //! removed at start; weir's own file is removed when its listener closes.
@@ -81,7 +82,7 @@ pub(super) fn bind(cfg: &Config) -> Result<Bound, StartError> {
     for &want in listen.addrs() {
         let mut addr = want;
         addr.set_port(port);
-        let listener = match bind_tcp(addr) {
+        let listener = match bind_tcp(addr, cfg.weir.so_reuseport) {
             Ok(l) => l,
             Err(e) if listen.is_any() && addr.is_ipv6() && !bound.tcp.is_empty() && absent_family(&e) => {
                 tracing::warn!(%addr, error = %e, "listen_addr *: no IPv6 here; listening on IPv4 only");
@@ -116,12 +117,17 @@ fn absent_family(e: &io::Error) -> bool {
     !matches!(e.kind(), io::ErrorKind::AddrInUse | io::ErrorKind::PermissionDenied)
 }
 
-/// A TCP socket bound with SO_REUSEADDR (as tokio's `bind`), IPv6-only on
-/// IPv6 addresses so that `[::]` and `0.0.0.0` can share a port; it listens
-/// once `listen_tcp` says so.
-fn bind_tcp(addr: SocketAddr) -> io::Result<Socket> {
+/// A TCP socket bound with SO_REUSEADDR (as tokio's `bind`), and with
+/// SO_REUSEPORT when `reuseport` (so_reuseport: weirs on one host share the
+/// port, and the kernel spreads connections over them); IPv6-only on IPv6
+/// addresses so that `[::]` and `0.0.0.0` can share a port; it listens once
+/// `listen_tcp` says so.
+fn bind_tcp(addr: SocketAddr, reuseport: bool) -> io::Result<Socket> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
     socket.set_reuse_address(true)?;
+    if reuseport {
+        socket.set_reuse_port(true)?;
+    }
     if addr.is_ipv6() {
         socket.set_only_v6(true)?;
     }
@@ -189,6 +195,22 @@ pub fn group_id(group: &str) -> io::Result<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// With so_reuseport two listeners share one port; without, the second
+    /// bind fails.
+    #[test]
+    fn so_reuseport_shares_a_port() {
+        let first = bind_tcp("127.0.0.1:0".parse().unwrap(), true).unwrap();
+        let port = first.local_addr().unwrap().as_socket().unwrap().port();
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        first.listen(BACKLOG).unwrap();
+        let second = bind_tcp(addr, true).expect("a second listener on the same port");
+        second.listen(BACKLOG).unwrap();
+        let alone = bind_tcp("127.0.0.1:0".parse().unwrap(), false).unwrap();
+        let port = alone.local_addr().unwrap().as_socket().unwrap().port();
+        alone.listen(BACKLOG).unwrap();
+        assert!(bind_tcp(format!("127.0.0.1:{port}").parse().unwrap(), false).is_err());
+    }
 
     #[test]
     fn groups_by_number_or_name() {

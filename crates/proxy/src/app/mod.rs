@@ -24,7 +24,7 @@ use weir_metrics::{ClientResult, ConnAddr};
 use crate::config::Config;
 use crate::login::{ClientError, ClientStream};
 use crate::protocol::messages::{self, Severity};
-pub use crate::state::{load_hba, load_users, quiesce, ReloadError, Shared, StartError};
+pub use crate::state::{load_hba, load_users, quiesce, Quiesced, ReloadError, Shared, StartError};
 pub use connection::serve;
 pub use listen::group_id;
 use listen::Listener;
@@ -47,11 +47,18 @@ impl Weir {
     /// Binds the listener (and the metrics endpoint) and starts accepting.
     pub async fn start(cfg: Config) -> Result<Weir, StartError> {
         let cell: Arc<OnceLock<Weak<Shared>>> = Arc::new(OnceLock::new());
-        let exporter = match cfg.metrics.listen_addr {
-            Some(addr) => {
+        let exporter = match cfg.metrics_endpoint() {
+            Some((addr, configured)) => {
                 let cell = cell.clone();
                 let ready = Arc::new(move || cell.get().and_then(Weak::upgrade).is_some_and(|s| s.is_ready()));
-                Some(weir_metrics::install(addr, ready)?)
+                match weir_metrics::install(addr, ready) {
+                    Ok(exporter) => Some(exporter),
+                    Err(e) if !configured => {
+                        tracing::warn!(error = %e, "no metrics endpoint: the default port is taken (set [metrics] listen_addr, or enabled = false)");
+                        None
+                    }
+                    Err(e) => return Err(e.into()),
+                }
             }
             None => None,
         };
@@ -71,6 +78,7 @@ impl Weir {
         for listener in bound.listeners {
             shared.tracker.spawn(accept_loop(listener, shared.clone()));
         }
+        shared.open_forced_pools();
         spawn_client_gauges(&shared);
         crate::admin::stats::spawn_periods(&shared);
         tracing::info!(addrs = ?bound.tcp, "weir is listening");
@@ -115,6 +123,12 @@ impl Weir {
     pub async fn shutdown(self) {
         self.shared.drain().await;
     }
+
+    /// Stops accepting and returns once every client has left (see
+    /// `Shared::wait_for_clients`).
+    pub async fn wait_for_clients(self) {
+        self.shared.wait_for_clients().await;
+    }
 }
 
 /// Keeps the idle/active client gauges in step with the registry, ends
@@ -132,9 +146,10 @@ fn spawn_client_gauges(shared: &Arc<Shared>) {
                 return;
             }
             shared.client_list.publish_gauges(&shared.pools);
-            let client_idle = shared.config.load().weir.client_idle_timeout;
-            if !client_idle.is_zero() {
-                shared.client_list.kill_idle(client_idle);
+            let cfg = shared.config.load();
+            let per_user = cfg.users.values().any(|u| u.client_idle_timeout.is_some_and(|d| !d.is_zero()));
+            if !cfg.weir.client_idle_timeout.is_zero() || per_user {
+                shared.client_list.kill_idle();
             }
             let idle_timeout = shared.config.load().weir.autodb_idle_timeout;
             for key in shared.pools.remove_idle_auto(idle_timeout) {
@@ -145,10 +160,18 @@ fn spawn_client_gauges(shared: &Arc<Shared>) {
 }
 
 async fn accept_loop(listener: Listener, shared: Arc<Shared>) {
+    // SHUTDOWN WAIT_FOR_CLIENTS closes the TCP listeners, so that new clients
+    // go to the other weirs on the port or address; the Unix socket stays,
+    // for cancel requests (a peer's forward) and the console.
+    let tcp = matches!(listener, Listener::Tcp(_));
     loop {
+        // Biased: once told to stop, no connection is accepted any more
+        // (those still queued are refused when the listener closes).
         let accepted = tokio::select! {
-            r = listener.accept() => r,
+            biased;
             _ = shared.shutdown.cancelled() => break,
+            _ = shared.stopping.cancelled(), if tcp => break,
+            r = listener.accept() => r,
         };
         let (socket, peer) = match accepted {
             Ok(a) => a,
@@ -158,7 +181,17 @@ async fn accept_loop(listener: Listener, shared: Arc<Shared>) {
                 continue;
             }
         };
-        let max = shared.config.load().weir.max_client_conn as usize;
+        let cfg = shared.config.load();
+        // Keepalive: a client whose path dies while it sits quiet (idle, or
+        // holding a server mid-transaction) is found in seconds.
+        if let Some(tcp) = socket.tcp() {
+            let liveness = crate::server::socket::Liveness::from_config(&cfg.weir);
+            if let Err(e) = crate::server::socket::keepalive(tcp, &liveness) {
+                tracing::debug!(%peer, error = %e, "could not set keepalive on a client socket");
+            }
+        }
+        let max = cfg.weir.max_client_conn as usize;
+        drop(cfg);
         if shared.clients.fetch_add(1, Ordering::AcqRel) >= max {
             shared.clients.fetch_sub(1, Ordering::AcqRel);
             shared.cancels.metrics.record_client_connection(ClientResult::Refused);
@@ -186,7 +219,17 @@ async fn refuse_over_limit(mut socket: ClientStream, peer: ConnAddr) {
     let mut out = BytesMut::new();
     messages::error_response(&mut out, Severity::Fatal, err.sqlstate(), &err.client_message());
     let mut sink = [0u8; 1024];
-    let _ = tokio::time::timeout(Duration::from_millis(100), socket.read(&mut sink)).await;
+    // An SSLRequest or GSSENCRequest first gets "N" (as Postgres answers when
+    // it cannot serve one), so the client reads the error as the answer to its
+    // startup packet, as PgBouncer sends it, not as a broken TLS exchange.
+    let read = tokio::time::timeout(Duration::from_millis(100), socket.read(&mut sink)).await;
+    if let Ok(Ok(8)) = read {
+        use crate::protocol::startup::{parse, StartupPacket};
+        if matches!(parse(&sink[..8]), Ok(StartupPacket::SslRequest | StartupPacket::GssEncRequest)) {
+            let _ = socket.write_all(b"N").await;
+            let _ = tokio::time::timeout(Duration::from_millis(100), socket.read(&mut sink)).await;
+        }
+    }
     let _ = socket.write_all(&out).await;
     let _ = socket.shutdown().await;
     let _ = tokio::time::timeout(Duration::from_millis(200), async {

@@ -44,17 +44,22 @@ async fn read_until_ready(s: &mut TcpStream, buf: &mut BytesMut) {
     }
 }
 
-#[tokio::test]
-async fn a_pipeline_stalled_inside_weir_is_logged_and_counted_within_5_s() {
-    let logs = Captured::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::INFO)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    // A current-thread runtime: weir's tasks log through this subscriber.
-    let _guard = tracing::subscriber::set_default(subscriber);
+/// A weir (pool of one, transaction mode) in front of a fresh Postgres, and
+/// a client of it whose transaction is open and whose next query weir holds
+/// back on purpose (`HOLD_FOR_TEST`): a stall from now on.
+struct Stalled {
+    _pg: weir_testkit::PgServer,
+    weir: Weir,
+    s: TcpStream,
+    buf: BytesMut,
+    pool: Arc<crate::pool::Pool>,
+}
+
+/// The tests here run one at a time: the first holds a 5 s window that a
+/// neighbour's Postgres starting beside it could eat on 2 cores.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn stall() -> Stalled {
     let pg = tokio::task::spawn_blocking(|| weir_testkit::PgServer::start(Default::default()))
         .await
         .unwrap()
@@ -84,6 +89,23 @@ async fn a_pipeline_stalled_inside_weir_is_logged_and_counted_within_5_s() {
     out.clear();
     messages::query(&mut out, &format!("{} select 1", std::str::from_utf8(HOLD_FOR_TEST).unwrap()));
     s.write_all(&out).await.unwrap();
+    Stalled { _pg: pg, weir, s, buf, pool }
+}
+
+#[tokio::test]
+async fn a_pipeline_stalled_inside_weir_is_logged_and_counted_within_5_s() {
+    let logs = Captured::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    // A current-thread runtime: weir's tasks log through this subscriber.
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let _alone = ONE_AT_A_TIME.lock().await;
+    // Every part held to the end: the client, weir and Postgres.
+    let Stalled { _pg, weir: _weir, s: _s, buf: _buf, pool } = stall().await;
     let start = Instant::now();
     let text = || String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
     while start.elapsed() < Duration::from_secs(5) {
@@ -105,4 +127,29 @@ async fn a_pipeline_stalled_inside_weir_is_logged_and_counted_within_5_s() {
         .lines()
         .find(|l| l.starts_with("weir_stalled_pipelines_total{") && l.contains(weir_testkit::TRUST_USER));
     assert!(series.is_some_and(|l| l.ends_with(" 1")), "{rendered}");
+}
+
+/// A stall that lasts `STALL_END` ends the session with a FATAL XX000
+/// rather than leave the client waiting forever; its server is rolled back
+/// and kept.
+#[tokio::test]
+async fn a_stall_that_lasts_ends_the_session_and_keeps_the_server() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let Stalled { _pg, weir, mut s, mut buf, pool } = stall().await;
+    let limit = crate::client::transfer_watchdog::STALL_END + Duration::from_secs(30);
+    let frame = tokio::time::timeout(limit, crate::wire::read_frame(&mut s, &mut buf, 1 << 20))
+        .await
+        .expect("the stalled session ends")
+        .expect("a frame");
+    assert_eq!(frame.tag, be::ERROR_RESPONSE);
+    let fields = messages::parse_error_fields(&frame.bytes[5..]).unwrap();
+    assert_eq!((fields.severity.as_str(), fields.code.as_str()), ("FATAL", "XX000"), "{fields:?}");
+    assert!(fields.message_text().contains("pipeline stalled inside weir"), "{fields:?}");
+    let end = Instant::now() + Duration::from_secs(30);
+    while pool.snapshot().idle != 1 {
+        assert!(Instant::now() < end, "the server is recovered: {:?}", pool.snapshot());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(pool.metrics.closed_total(), 0, "and kept");
+    drop(weir);
 }

@@ -6,9 +6,11 @@
 //! Supported: `host` lines (every TCP client), `hostssl` (TLS clients only),
 //! `hostnossl` and `hostnogssenc` (plain TCP clients only), `local` (clients
 //! on weir's Unix socket, which match no `host*` line); `hostgssenc` lines
-//! never match (GSS is not planned). Databases: `all`, `sameuser`, or
-//! names (comma-separated, quoted to take a keyword literally); users: `all`
-//! or names. Addresses: `all`, a CIDR (`10.0.0.0/8`, `::1/128`), or an
+//! never match (GSS is not planned). Databases: `all`, `sameuser`,
+//! `replication` (the lines physical replication clients match, and only
+//! they, as in Postgres; a logical one matches by its database), or names
+//! (comma-separated, quoted to take a keyword literally); users: `all` or
+//! names. Addresses: `all`, a CIDR (`10.0.0.0/8`, `::1/128`), or an
 //! address followed by a netmask field. Methods: `trust`, `reject`, `md5`
 //! (which does SCRAM for users whose secret is a SCRAM verifier, as Postgres
 //! does), `scram-sha-256`, and on `local` lines `peer`, which loads but
@@ -22,6 +24,7 @@ use std::path::Path;
 
 use super::AuthError;
 use crate::config::AuthType;
+use crate::protocol::replication::Replication;
 
 /// What the first matching line says to do with a client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,16 +64,39 @@ pub fn method_for(
     database: &str,
     user: &str,
 ) -> Result<AuthType, AuthError> {
+    method_for_client(auth_type, hba, peer, tls, database, user, Replication::None)
+}
+
+/// `method_for` for a client that may be a replication client: a physical
+/// one matches only lines whose databases include the `replication`
+/// keyword (whatever database it names), as Postgres and PgBouncer match
+/// it; a logical one (`replication=database`) matches by its database, as
+/// an ordinary client.
+pub fn method_for_client(
+    auth_type: AuthType,
+    hba: Option<&Hba>,
+    peer: Option<IpAddr>,
+    tls: bool,
+    database: &str,
+    user: &str,
+    replication: Replication,
+) -> Result<AuthType, AuthError> {
     if auth_type != AuthType::Hba {
         return Ok(auth_type);
     }
     let peer = peer.map(|p| p.to_canonical());
     let host = peer.map_or_else(|| "[local]".to_owned(), |p| p.to_string());
     let encryption = if tls { "SSL encryption" } else { "no encryption" };
-    let who = format!("host \"{host}\", user \"{user}\", database \"{database}\", {encryption}");
-    match hba.and_then(|h| h.find(peer, tls, database, user)) {
+    let physical = replication == Replication::Physical;
+    let (who, what) = if physical {
+        (format!("host \"{host}\", user \"{user}\", {encryption}"), "replication connection")
+    } else {
+        (format!("host \"{host}\", user \"{user}\", database \"{database}\", {encryption}"), "connection")
+    };
+    match hba.and_then(|h| h.find(peer, tls, database, user, physical)) {
         Some(Method::Peer) => Err(AuthError::Refused("peer authentication is not supported".into())),
-        Some(m) => m.auth_type().ok_or_else(|| AuthError::Refused(format!("pg_hba.conf rejects connection for {who}"))),
+        Some(m) => m.auth_type().ok_or_else(|| AuthError::Refused(format!("pg_hba.conf rejects {what} for {who}"))),
+        None if physical => Err(AuthError::Refused(format!("no pg_hba.conf entry for {what} from {who}"))),
         None => Err(AuthError::Refused(format!("no pg_hba.conf entry for {who}"))),
     }
 }
@@ -115,6 +141,9 @@ enum Addr {
 struct Rule {
     conn: ConnType,
     databases: Names,
+    /// The databases field holds the `replication` keyword: the line is
+    /// for physical replication clients (and only they match it by it).
+    replication: bool,
     users: Names,
     addr: Addr,
     method: Method,
@@ -166,19 +195,25 @@ impl Hba {
         self.method_over(peer, false, database, user)
     }
 
+    /// As `method`, for a physical replication client.
+    pub fn method_physical(&self, peer: IpAddr, user: &str) -> Option<Method> {
+        self.find(Some(peer.to_canonical()), false, "replication", user, true)
+    }
+
     /// As `method`, for a client that did (`tls`) or did not negotiate TLS.
     pub fn method_over(&self, peer: IpAddr, tls: bool, database: &str, user: &str) -> Option<Method> {
-        self.find(Some(peer.to_canonical()), tls, database, user)
+        self.find(Some(peer.to_canonical()), tls, database, user, false)
     }
 
     /// As `method`, for a client on weir's Unix socket (`local` lines).
     pub fn method_local(&self, database: &str, user: &str) -> Option<Method> {
-        self.find(None, false, database, user)
+        self.find(None, false, database, user, false)
     }
 
-    /// The first line matching a TCP client from `peer`, or (None) a Unix-socket client.
-    fn find(&self, peer: Option<IpAddr>, tls: bool, database: &str, user: &str) -> Option<Method> {
-        self.rules.iter().find(|r| r.matches(peer, tls, database, user)).map(|r| r.method)
+    /// The first line matching a TCP client from `peer`, or (None) a
+    /// Unix-socket client; `physical`: a physical replication client.
+    fn find(&self, peer: Option<IpAddr>, tls: bool, database: &str, user: &str, physical: bool) -> Option<Method> {
+        self.rules.iter().find(|r| r.matches(peer, tls, database, user, physical)).map(|r| r.method)
     }
 
     pub fn len(&self) -> usize {
@@ -191,7 +226,7 @@ impl Hba {
 }
 
 impl Rule {
-    fn matches(&self, peer: Option<IpAddr>, tls: bool, database: &str, user: &str) -> bool {
+    fn matches(&self, peer: Option<IpAddr>, tls: bool, database: &str, user: &str, physical: bool) -> bool {
         let conn_ok = match (self.conn, peer) {
             (ConnType::Local, local) => local.is_none(),
             (_, None) | (ConnType::Never, _) => false,
@@ -199,7 +234,8 @@ impl Rule {
             (ConnType::Ssl, Some(ip)) => tls && addr_match(self.addr, ip),
             (ConnType::NoSsl, Some(ip)) => !tls && addr_match(self.addr, ip),
         };
-        conn_ok && names_match(&self.databases, database, user) && names_match(&self.users, user, user)
+        let database_ok = if physical { self.replication } else { names_match(&self.databases, database, user) };
+        conn_ok && database_ok && names_match(&self.users, user, user)
     }
 }
 
@@ -316,7 +352,8 @@ fn rule(fields: &[Vec<Token>]) -> Result<Rule, String> {
     if method == Method::Peer && conn != ConnType::Local {
         return Err("peer authentication is only supported on local sockets".into());
     }
-    Ok(Rule { conn, databases: names(databases, true)?, users: names(users, false)?, addr, method })
+    let replication = databases.iter().any(|t| t.keyword("replication"));
+    Ok(Rule { conn, databases: names(databases, true)?, replication, users: names(users, false)?, addr, method })
 }
 
 fn names(field: &[Token], database: bool) -> Result<Names, String> {
@@ -326,7 +363,8 @@ fn names(field: &[Token], database: bool) -> Result<Names, String> {
             _ if t.quoted => list.push(t.text.clone()),
             "all" if field.len() == 1 => return Ok(Names::All),
             "sameuser" if database && field.len() == 1 => return Ok(Names::SameUser),
-            // weir refuses replication connections, so this matches none.
+            // Physical replication clients match it (`Rule::replication`);
+            // it names no database.
             "replication" if database => {}
             "all" | "sameuser" => return Err(format!("\"{}\" must stand alone", t.text)),
             "samerole" | "samegroup" => return Err(format!("\"{}\" is not supported: weir has no roles", t.text)),
@@ -518,6 +556,28 @@ hostnossl all            all             192.168.0.0/16    scram-sha-256
         let peer = Hba::parse("local all all peer").unwrap();
         let e = method_for(AuthType::Hba, Some(&peer), None, false, "app", "u").unwrap_err();
         assert_eq!(e.to_string(), "peer authentication is not supported");
+    }
+
+    #[test]
+    fn physical_replication_matches_only_the_replication_keyword() {
+        let hba = Hba::parse(
+            "host all evil all reject\nhost replication,app repl 127.0.0.1/32 trust\nhost all all all md5\n",
+        )
+        .unwrap();
+        let local = Some(ip("127.0.0.1"));
+        let m = |db: &str, user: &str, r: Replication| {
+            method_for_client(AuthType::Hba, Some(&hba), local, false, db, user, r)
+        };
+        assert_eq!(m("anything", "repl", Replication::Physical).unwrap(), AuthType::Trust);
+        assert_eq!(hba.method_physical(ip("127.0.0.1"), "repl"), Some(Method::Trust));
+        let e = m("app", "other", Replication::Physical).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            r#"no pg_hba.conf entry for replication connection from host "127.0.0.1", user "other", no encryption"#
+        );
+        assert_eq!(m("app", "repl", Replication::Logical).unwrap(), AuthType::Trust, "logical: by its database");
+        assert_eq!(m("replication", "x", Replication::None).unwrap(), AuthType::Md5, "the keyword names no database");
+        assert!(m("app", "evil", Replication::Physical).is_err(), "`all` does not match physical replication");
     }
 
     #[test]

@@ -32,13 +32,18 @@ pub(crate) enum AuthQueryError {
     ServerLost,
 }
 
-/// What auth_query answered: `Ok(passwd)` from the second column of the first
-/// row (None: no row, or NULL), `Err(message)` when Postgres refused the query.
-pub(crate) type Answer = Result<Option<String>, String>;
+/// What auth_query answered: `Ok(Some(passwd))` from the second column of
+/// the first row (None: NULL), `Ok(None)` for no row, `Err(message)` when
+/// Postgres refused the query.
+pub(crate) type Answer = Result<Option<Option<String>>, String>;
+
+/// A user auth_query found: its verifier, None when its password is NULL
+/// (`trust` admits such a user, as PgBouncer does; nothing else does).
+pub(crate) type Found = Option<Secret>;
 
 /// Cached answers, keyed by (database, user): when each was fetched, and
-/// the verifier (None: no such user).
-type Cached = HashMap<(String, String), (Instant, Option<Secret>)>;
+/// what was found (None: no such user).
+type Cached = HashMap<(String, String), (Instant, Option<Found>)>;
 
 /// Cached answers of auth_query.
 #[derive(Debug, Default)]
@@ -47,14 +52,14 @@ pub(crate) struct AuthQueryCache {
 }
 
 impl AuthQueryCache {
-    fn get(&self, key: &(String, String), ttl: Duration) -> Option<Option<Secret>> {
+    fn get(&self, key: &(String, String), ttl: Duration) -> Option<Option<Found>> {
         let entries = self.entries.lock();
         let (at, secret) = entries.get(key)?;
         let ttl = if secret.is_some() { ttl } else { ttl.min(NEGATIVE_TTL) };
         (at.elapsed() < ttl).then(|| secret.clone())
     }
 
-    fn put(&self, key: (String, String), secret: Option<Secret>) {
+    fn put(&self, key: (String, String), secret: Option<Found>) {
         let mut entries = self.entries.lock();
         // Bounded: a flood of made-up user names cannot grow it without end.
         if entries.len() >= 10_000 {
@@ -67,7 +72,7 @@ impl AuthQueryCache {
 /// The verifier of `user` for a client of `database`: from the cache, or by
 /// running auth_query through `fetch`, which gets the database to run it in
 /// and the auth_user's name and credentials, and answers as
-/// `server::auth_lookup::run` does. `Ok(None)`: no such user (or no password).
+/// `server::auth_lookup::run` does. `Ok(None)`: no such user.
 /// The auth_user is the database's own or `[weir]`'s; one not in the
 /// auth_file logs in without a password, as in PgBouncer.
 pub(crate) async fn lookup<F, Fut>(
@@ -77,13 +82,13 @@ pub(crate) async fn lookup<F, Fut>(
     database: &str,
     user: &str,
     fetch: F,
-) -> Result<Option<Secret>, AuthQueryError>
+) -> Result<Option<Found>, AuthQueryError>
 where
     F: FnOnce(String, String, Credentials) -> Fut,
     Fut: Future<Output = Result<Answer, AuthQueryError>>,
 {
     let g = &cfg.weir;
-    let db = if g.auth_dbname.is_empty() { database } else { g.auth_dbname.as_str() };
+    let db = cfg.auth_dbname(database).unwrap_or(database);
     let cache_key = (db.to_owned(), user.to_owned());
     if let Some(hit) = cache.get(&cache_key, g.auth_query_cache_ttl) {
         return Ok(hit);
@@ -91,7 +96,8 @@ where
     let auth_user = cfg.auth_user(database);
     let credentials = Credentials::of_stored(users.get(auth_user));
     let secret = match fetch(db.to_owned(), auth_user.to_owned(), credentials).await? {
-        Ok(Some(pw)) => Secret::parse(&pw).ok(),
+        Ok(Some(Some(pw))) => Some(Secret::parse(&pw).ok()),
+        Ok(Some(None)) => Some(None),
         Ok(None) => None,
         Err(message) => return Err(AuthQueryError::Query(message)),
     };
@@ -108,8 +114,8 @@ mod tests {
         let c = AuthQueryCache::default();
         let k = ("db".to_owned(), "u".to_owned());
         assert_eq!(c.get(&k, Duration::from_secs(30)), None);
-        c.put(k.clone(), Some(Secret::Plain("x".into())));
-        assert_eq!(c.get(&k, Duration::from_secs(30)), Some(Some(Secret::Plain("x".into()))));
+        c.put(k.clone(), Some(Some(Secret::Plain("x".into()))));
+        assert_eq!(c.get(&k, Duration::from_secs(30)), Some(Some(Some(Secret::Plain("x".into())))));
         assert_eq!(c.get(&k, Duration::ZERO), None);
         c.put(k.clone(), None);
         assert_eq!(c.get(&k, Duration::from_secs(30)), Some(None));

@@ -32,12 +32,13 @@ const SIGNALS: &str = "signals (PgBouncer 1.23's meanings):
   SIGHUP    reload the config file, auth_file and hba file without dropping clients
   SIGINT    safe shutdown: stop accepting, let running transactions finish (up to
             shutdown_timeout), then exit; idle clients are told (57P01) at once
-  SIGTERM   the same drain (what Kubernetes and `docker stop` send); PgBouncer's
-            SIGTERM also waits for every client to disconnect on its own
+  SIGTERM   the same drain (what Kubernetes and `docker stop` send); with
+            sigterm = \"wait_for_clients\", PgBouncer's: stop accepting, keep every
+            client, exit once the last has left (a rolling restart)
   SIGQUIT   stop at once
   SIGUSR1   PAUSE: hold new transactions; servers in use are closed once released
   SIGUSR2   RESUME: release what PAUSE (or SIGUSR1) held
-  A second SIGINT or SIGTERM during a drain stops at once.";
+  A second SIGINT or SIGTERM during a shutdown stops at once.";
 
 const ENVIRONMENT: &str = "environment:
   WEIR_LOG=FILTER           log level or filter (default: info)
@@ -145,8 +146,11 @@ fn help(topic: Option<&str>) -> String {
             is no Unix socket)."
             .into(),
         Some("demo") => "usage: weir demo\n\n\
-            Starts a throwaway PostgreSQL 15 in a temp dir with weir in front of it on 127.0.0.1:6432\n\
-            (or a free port), prints the psql and /metrics URLs, and removes everything on Ctrl-C.\n\
+            Starts a throwaway PostgreSQL in a temp dir (as the postgres user when run as root) with\n\
+            weir in front of it on 127.0.0.1:6432 (or a free port), prints the psql and /metrics URLs,\n\
+            and removes everything on Ctrl-C. The PostgreSQL is the newest installed in Debian's layout,\n\
+            /usr/lib/postgresql/<version>/bin (apt-get install postgresql), or the one whose initdb and\n\
+            pg_ctl are in the folder WEIR_PG_BIN names.\n\
             Only in builds with the `demo` feature (on by default; the Docker image leaves it out)."
             .into(),
         Some("run") => format!("usage: weir --config PATH   (or weir run --config PATH)\n\n{SIGNALS}\n\n{ENVIRONMENT}"),
@@ -271,6 +275,11 @@ mod tests {
             assert_eq!(parsed(&format!("{name} --help")), Ok(Command::Help(Some(name.into()))));
         }
         assert!(help(None).contains("SIGUSR1") && help(None).contains("SIGQUIT"), "the signals are documented");
+        let demo = help(Some("demo"));
+        assert!(
+            demo.contains("/usr/lib/postgresql/") && demo.contains("WEIR_PG_BIN"),
+            "where the demo's Postgres comes from"
+        );
     }
 
     #[test]

@@ -1,9 +1,11 @@
 //! The process's signals, with PgBouncer 1.23's meanings: SIGHUP reloads,
 //! SIGINT is the safe shutdown (the drain: stop accepting, running
 //! transactions finish up to `shutdown_timeout`), SIGTERM the same drain
-//! (what Kubernetes sends), SIGQUIT stops at once, SIGUSR1 pauses and SIGUSR2
-//! resumes, exactly as the admin console's PAUSE and RESUME. A second SIGINT
-//! or SIGTERM, or a SIGQUIT, during a drain stops at once. (This is the OS
+//! (what Kubernetes sends), or with `sigterm = "wait_for_clients"`
+//! PgBouncer's SIGTERM (stop accepting, exit once every client has left),
+//! SIGQUIT stops at once, SIGUSR1 pauses and SIGUSR2 resumes, exactly as the
+//! admin console's PAUSE and RESUME. A second SIGINT or SIGTERM, or a
+//! SIGQUIT, during either shutdown stops at once. (This is the OS
 //! side; `weir::signal` holds the in-process flags the drain sets.)
 
 use std::path::PathBuf;
@@ -11,7 +13,7 @@ use std::sync::Arc;
 
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use weir::app::Shared;
-use weir::config::Config;
+use weir::config::{Config, SigtermMode};
 use weir::Weir;
 
 /// The signals weir listens for, registered before it starts listening so
@@ -42,6 +44,8 @@ impl Signals {
 enum Stop {
     /// SIGINT, SIGTERM or the admin command SHUTDOWN.
     Drain(&'static str),
+    /// SIGTERM with sigterm = "wait_for_clients", or SHUTDOWN WAIT_FOR_CLIENTS.
+    WaitForClients(&'static str),
     /// SIGQUIT.
     Now(&'static str),
 }
@@ -60,12 +64,28 @@ pub(crate) async fn serve(cfg: Config, path: Option<PathBuf>) -> anyhow::Result<
             _ = sig.usr1.recv() => pause(&shared),
             _ = sig.usr2.recv() => resume(&shared),
             _ = sig.int.recv() => break Stop::Drain("SIGINT"),
-            _ = sig.term.recv() => break Stop::Drain("SIGTERM"),
+            _ = sig.term.recv() => break match shared.config.load().weir.sigterm {
+                SigtermMode::Drain => Stop::Drain("SIGTERM"),
+                SigtermMode::WaitForClients => Stop::WaitForClients("SIGTERM"),
+            },
             _ = sig.quit.recv() => break Stop::Now("SIGQUIT"),
             _ = shared.shutdown.cancelled() => break Stop::Drain("SHUTDOWN"),
         }
     };
     match stop {
+        Stop::WaitForClients(why) => {
+            tracing::info!("{why}: exiting once every client has left");
+            let now = tokio::select! {
+                _ = weir.wait_for_clients() => None,
+                _ = sig.int.recv() => Some("SIGINT"),
+                _ = sig.term.recv() => Some("SIGTERM"),
+                _ = sig.quit.recv() => Some("SIGQUIT"),
+            };
+            if let Some(again) = now {
+                tracing::warn!("{again} while waiting for clients: stopping now");
+                shared.stop_now();
+            }
+        }
         Stop::Now(why) => {
             tracing::info!("{why}: stopping now");
             shared.stop_now();
@@ -108,13 +128,18 @@ fn pause(shared: &Arc<Shared>) {
     tokio::spawn(async move {
         match weir::admin::control::pause(&shared, None).await {
             Ok(_) => tracing::info!("SIGUSR1: paused; SIGUSR2 resumes"),
-            Err(e) => tracing::warn!(error = %e, "SIGUSR1: PAUSE failed"),
+            Err(e) => tracing::warn!(error = %e, "SIGUSR1: PAUSE did not complete"),
         }
     });
 }
 
-/// SIGUSR2: the console's RESUME for every database.
+/// SIGUSR2: the console's RESUME for every database (ignored during a
+/// SHUTDOWN WAIT_FOR_*, as PgBouncer ignores it).
 fn resume(shared: &Arc<Shared>) {
+    if shared.is_stopping() {
+        tracing::info!("got SIGUSR2 while shutting down, ignoring");
+        return;
+    }
     match weir::admin::control::resume(shared, None) {
         Ok(_) => tracing::info!("SIGUSR2: resumed"),
         Err(e) => tracing::warn!(error = %e, "SIGUSR2: RESUME failed"),

@@ -8,10 +8,6 @@ pub mod session;
 pub mod transfer;
 pub mod transfer_watchdog;
 
-// The client's connection and error live with the login, below the console
-// and the session; their modules keep the names the session's files use.
-pub use crate::login::{error, stream};
-
 pub use crate::login::{ClientError, ClientStream};
 pub use session::Session;
 use transfer_watchdog::WatchdogError;

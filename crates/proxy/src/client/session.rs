@@ -6,21 +6,19 @@
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::{Buf, BytesMut};
 use futures_util::FutureExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use weir_metrics::{CloseReason, DropReason};
 
-use super::error::ClientError;
 use super::prepared::ClientStatements;
-use super::stream::ClientStream;
 use super::transfer::{self, ClientSide, Ended};
 use super::transfer_watchdog::AlarmTimer;
 use crate::cancel_keys::Registration;
 use crate::config::PoolMode;
-use crate::login::{Budget, LoggedIn};
+use crate::login::{Budget, ClientError, ClientStream, LoggedIn};
 use crate::params::ParamMap;
 use crate::pool::{Lease, Pool, PoolError};
 use crate::protocol::{
@@ -28,12 +26,10 @@ use crate::protocol::{
     peek_header, sqlstate,
     tags::{frontend as fe, status},
 };
+use crate::server::exchange::SETTINGS_LIMIT;
 use crate::server::readback::Readback;
 use crate::wire;
 use wait::Wait;
-
-/// How long reading a server's session settings back may take.
-const READBACK_LIMIT: Duration = Duration::from_secs(10);
 
 mod wait;
 
@@ -164,6 +160,8 @@ impl<'a> Session<'a> {
                 self.refuse_request(sqlstate::QUERY_CANCELED, CANCELED_MESSAGE).await?;
                 return Ok(true);
             }
+            // SHUTDOWN WAIT_FOR_SERVERS: no new transaction; the client goes.
+            Wait::Failed(PoolError::ShuttingDown) => return Err(ClientError::NoServer(PoolError::ShuttingDown)),
             Wait::Failed(e) => return self.refused(e).await,
         };
         self.serve(lease).await
@@ -439,7 +437,7 @@ impl<'a> Session<'a> {
     /// keeps its earlier settings (logged and counted, never told).
     async fn read_back_settings(&mut self, mut lease: Lease) -> Result<bool, ClientError> {
         let conn = lease.conn_mut();
-        let read = tokio::time::timeout(READBACK_LIMIT, conn.read_back_settings()).await;
+        let read = tokio::time::timeout(SETTINGS_LIMIT, conn.read_back_settings()).await;
         match read {
             Ok(Ok(Readback::Settings(on_server))) => {
                 let mut settings = self.settings.after_read_back(on_server.clone());

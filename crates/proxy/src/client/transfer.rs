@@ -15,17 +15,17 @@ use futures_util::future::Either;
 use futures_util::FutureExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::error::ClientError;
 use super::prepared::ClientStatements;
-use super::stream::ClientStream;
 use super::transfer_watchdog::{AlarmTimer, Watchdog, WatchdogError};
+use crate::login::{ClientError, ClientStream};
 use crate::params::ParamMap;
+use crate::server::role::IN_HOT_STANDBY;
 use crate::server::{ServerConn, ServerSide};
 
 /// Read no more from a side while this much of its output is unsent.
 const HIGH_WATER: usize = 256 * 1024;
 
-/// How long a departed client's last bytes may take to reach the server.
+/// How long the last bytes of a side that left may take to reach the other.
 const FLUSH_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How the active phase ended.
@@ -110,9 +110,10 @@ async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
             Next::End(ended) => return Ok(ended),
             Next::ClientGone => return Ok(client_gone(&mut sw, &flow.to_server).await),
         }
-        let client_quiet = flow.to_server.is_empty() && !flow.terminating;
+        let unsent = !flow.to_server.is_empty();
+        let client_quiet = !unsent && !flow.terminating;
         let held = client_quiet && holds_whole_message(side.unread, side.max_message);
-        wd.update(s.side.conv, s.side.unread.len() < HIGH_WATER, client_quiet, flow.query_started, held);
+        wd.update(s.side.conv, s.side.unread.len() < HIGH_WATER, unsent, client_quiet, flow.query_started, held);
         tokio::select! {
             biased;
             r = sw.write(&flow.to_server), if !flow.to_server.is_empty() => match r {
@@ -120,6 +121,8 @@ async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
                     flow.to_server.advance(n);
                     metrics.record_server_sent(n);
                     flow.query_started.get_or_insert_with(std::time::Instant::now);
+                    // Its socket had been full: the server took bytes, it is alive.
+                    wd.heard();
                 }
                 Err(_) => return Ok(Ended::ServerGone { told: flow.told }),
             },
@@ -131,11 +134,7 @@ async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
                 Err(_) => return Ok(client_gone(&mut sw, &flow.to_server).await),
             },
             r = sr.read_buf(s.side.unread), if s.side.unread.len() < HIGH_WATER => match r {
-                Ok(0) | Err(_) => {
-                    let _ = cw.write_all(&flow.to_client).await;
-                    let _ = cw.flush().await;
-                    return Ok(Ended::ServerGone { told: flow.told });
-                }
+                Ok(0) | Err(_) => return Ok(server_gone(&mut cw, &flow).await),
                 Ok(n) => {
                     wd.heard();
                     metrics.record_server_received(n);
@@ -357,14 +356,25 @@ fn from_server<CW: AsyncWrite + Unpin>(
 ) -> Result<Option<FromServer>, ClientError> {
     let owed = server.conv.owed();
     let (server_params, client_params) = (&mut *server.params, &mut *client.params);
+    let mut role_changed = false;
     let scan = server.conv.scan_server(server.unread, |k, v| {
+        role_changed |= k == IN_HOT_STANDBY && server_params.get(k) != Some(v);
         server_params.set(k, v);
-        client_params.set(k, v);
+        if !crate::params::is_fixed(k) {
+            client_params.set(k, v);
+        }
     });
     let scanned = scan.map_err(|e| {
         *server.broken = Some(weir_metrics::CloseReason::ProtocolError);
         ClientError::BadServerMessage(e)
     })?;
+    // A standby promoted under this server, or a write it refused where
+    // writes are wanted (unless it says it is a writable primary: then the
+    // client's own transaction was read-only): it retires when released,
+    // and its host's role is asked again.
+    if role_changed || (scanned.refused_write && server.wants_writes && !says_writable(server.params)) {
+        server.broken.get_or_insert(weir_metrics::CloseReason::RoleChanged);
+    }
     let answered = owed.saturating_sub(server.conv.owed()) as usize;
     // A tracked client's replies may be rewritten: they go through `inbound` whole.
     let tracking = client.prepared.is_tracking();
@@ -383,6 +393,25 @@ fn from_server<CW: AsyncWrite + Unpin>(
         Bytes::new()
     };
     Ok(Some(FromServer { sent, out, settled: scanned.settled, fatal: scanned.fatal, answered }))
+}
+
+/// The server closed. What it sent before goes on to the client, for at
+/// most `FLUSH_LIMIT`: a client that does not read must not keep the dead
+/// server's place in the pool.
+async fn server_gone<CW: AsyncWrite + Unpin>(cw: &mut CW, flow: &Flow) -> Ended {
+    // Boxed: rare, and kept out of every request's future.
+    let flush = Box::pin(tokio::time::timeout(FLUSH_LIMIT, async {
+        cw.write_all(&flow.to_client).await?;
+        cw.flush().await
+    }));
+    let _ = flush.await;
+    Ended::ServerGone { told: flow.told }
+}
+
+/// A Postgres 14+ server reports both: not in recovery, and its session's
+/// transactions start read-write. Older servers say nothing.
+fn says_writable(params: &ParamMap) -> bool {
+    params.get(IN_HOT_STANDBY) == Some("off") && params.get("default_transaction_read_only") == Some("off")
 }
 
 /// The client left. Client bytes already counted as sent are sent, so the

@@ -12,28 +12,40 @@
 //!   ignores the cancel), the client gets 08006 and the server connection is
 //!   closed with reason `query_timeout`. PgBouncer instead drops the client
 //!   at the first deadline.
-//! * **server_check_silence** (5 s by default; PgBouncer has none). While the
-//!   server owes an answer, weir is reading, and no byte arrives, the silence
-//!   clock runs. When it runs out, an out-of-band probe asks Postgres on a
+//! * **server_check_silence** (5 s by default; PgBouncer has none). While
+//!   weir waits on the server, the silence clock runs: the server owes an
+//!   answer and sends no byte, or it takes none of the bytes weir has for it
+//!   (mid-COPY IN, a pipeline behind a long query), while weir is reading.
+//!   When it runs out, an out-of-band probe asks Postgres on a
 //!   fresh connection whether our backend is still working (see
-//!   `server::watch`). A slow query passes and the clock restarts, twice as
+//!   `server::probe`). A slow query passes and the clock restarts, twice as
 //!   long each time the same silence is probed again (up to 16 x: a query
 //!   that stays silent for minutes costs a few probes, not one every 5 s);
-//!   any server byte brings it back to `server_check_silence`. A dead
-//!   path, dead server or finished backend whose answer never came gives the
-//!   client 08006 and closes the connection with reason `unresponsive`.
-//!   Waiting on the client (COPY IN, or a client too slow to read so that
-//!   weir stopped reading) never counts as silence.
+//!   any server byte, or the server taking bytes it had left waiting, brings
+//!   it back to `server_check_silence`. A dead path, dead server, or a
+//!   backend that finished (its answer never came) or waits to read bytes
+//!   that never reach it, gives the client 08006 and closes the connection
+//!   with reason `unresponsive`. A backend that only stopped reading while it
+//!   works (a lock, I/O, a long query) is left alone, where TCP_USER_TIMEOUT
+//!   would cut it off. Waiting on the client (COPY IN, or a client too slow
+//!   to read so that weir stopped reading) never counts as silence.
 //! * **idle_transaction_timeout** (off by default). A client that leaves a
 //!   transaction open (status T or E) and sends nothing for this long is
 //!   disconnected with 25P03, like PgBouncer does; the server is not lost:
 //!   the lease goes back through recovery, which rolls it back.
 //!
+//! * **transaction_timeout** (off by default). A client whose transaction
+//!   (status T or E) has been open this long, working or idle, is
+//!   disconnected with 25P04, Postgres 17's code for its own
+//!   transaction_timeout; the server is recovered as above.
+//!
 //! * **the stall guard** (always on). weir holds whole client messages back
 //!   while the server owes no ReadyForQuery: the server waits for the client,
 //!   the client for weir, and no timeout above runs. That is a bug in weir;
 //!   after `STALL_LIMIT` it is logged (warn, with the session's state) once
-//!   per stall and counted (`weir_stalled_pipelines_total`).
+//!   per stall and counted (`weir_stalled_pipelines_total`). A stall that
+//!   lasts `STALL_END` ends the session (XX000), and the server is recovered:
+//!   the client would otherwise wait forever.
 //!
 //! Timers cost nothing on the byte path: the timer lives with the client
 //! (`AlarmTimer`, one per session) and is moved only to an earlier deadline;
@@ -54,7 +66,7 @@ use crate::protocol::{sqlstate, tags::status, SqlState};
 use crate::server::cancel::CancelTarget;
 use tokio::time::Sleep;
 
-use crate::server::probe::{self, Verdict, Watch};
+use crate::server::probe::{self, Verdict};
 use crate::server::{forward_cancel, ConnectSpec, Conversation};
 
 /// Why the watchdog ended a conversation.
@@ -70,10 +82,15 @@ pub enum WatchdogError {
     Unresponsive { silence: Duration, why: String },
     #[error("idle transaction timeout: the transaction was left open and idle for more than {}", humantime::format_duration(*.0))]
     IdleTransaction(Duration),
+    #[error("transaction timeout: the transaction was open for more than {}", humantime::format_duration(*.0))]
+    Transaction(Duration),
     /// Not an end: the stall guard found a stall (logged; the transfer
     /// counts it and goes on).
     #[error("pipeline stalled inside weir")]
     Stalled,
+    /// The stall lasted `STALL_END`: the session ends rather than wait forever.
+    #[error("pipeline stalled inside weir for {}: the session is ended rather than left waiting", humantime::format_duration(*.0))]
+    StallEnded(Duration),
 }
 
 impl WatchdogError {
@@ -81,7 +98,8 @@ impl WatchdogError {
         match self {
             WatchdogError::QueryTimeout { .. } | WatchdogError::Unresponsive { .. } => sqlstate::CONNECTION_FAILURE,
             WatchdogError::IdleTransaction(_) => sqlstate::IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
-            WatchdogError::Stalled => sqlstate::INTERNAL_ERROR,
+            WatchdogError::Transaction(_) => sqlstate::TRANSACTION_TIMEOUT,
+            WatchdogError::Stalled | WatchdogError::StallEnded(_) => sqlstate::INTERNAL_ERROR,
         }
     }
 
@@ -90,7 +108,10 @@ impl WatchdogError {
         match self {
             WatchdogError::QueryTimeout { .. } => Some(CloseReason::QueryTimeout),
             WatchdogError::Unresponsive { .. } => Some(CloseReason::Unresponsive),
-            WatchdogError::IdleTransaction(_) | WatchdogError::Stalled => None,
+            WatchdogError::IdleTransaction(_)
+            | WatchdogError::Transaction(_)
+            | WatchdogError::Stalled
+            | WatchdogError::StallEnded(_) => None,
         }
     }
 }
@@ -111,13 +132,17 @@ pub(crate) struct AlarmTimer {
     /// The waker `sleep` holds: the one it was polled with since it was
     /// last set. None when it must be polled (set anew, or fired).
     waker: Option<Waker>,
+    /// The transaction clock (transaction_timeout): since the transaction
+    /// began, as the conversation first saw it open. Kept here, with the
+    /// client, rather than in each request's future.
+    xact_since: Option<Instant>,
 }
 
 impl AlarmTimer {
     /// True when the timer fired. Polls it only when it does not yet hold
     /// this task's waker; otherwise it will wake this task when it fires,
     /// and until then it reads as not elapsed.
-    fn poll_fired(&mut self, cx: &mut Context<'_>) -> bool {
+    pub(crate) fn poll_fired(&mut self, cx: &mut Context<'_>) -> bool {
         let Some(sleep) = self.sleep.as_mut() else { return false };
         let registered = self.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker()));
         if registered && !sleep.is_elapsed() {
@@ -137,7 +162,7 @@ impl AlarmTimer {
     }
 
     /// Sets the timer to fire at `at`.
-    fn set(&mut self, at: Instant) {
+    pub(crate) fn set(&mut self, at: Instant) {
         self.at = Some(at);
         self.waker = None;
         match self.sleep.as_mut() {
@@ -149,7 +174,8 @@ impl AlarmTimer {
 
 /// The clocks of one conversation (one call of `transfer::run`).
 pub(crate) struct Watchdog<'a> {
-    watch: Watch,
+    /// The settings, read through the spec (`spec.watch`) rather than
+    /// copied: the watchdog is part of every request's future.
     spec: &'a Arc<ConnectSpec>,
     cancel: &'a CancelTarget,
     /// Query clock: since the server began owing, or last sent a ReadyForQuery.
@@ -157,8 +183,12 @@ pub(crate) struct Watchdog<'a> {
     cancelled_at: Option<Instant>,
     /// Silence clock: since the last server byte while an answer is owed.
     silent_since: Option<Instant>,
-    /// Server bytes arrived since the silence clock was last set.
+    /// Server bytes arrived (or the server took bytes weir had left
+    /// waiting) since the silence clock was last set.
     heard: bool,
+    /// The silence is (also) the server taking none of weir's bytes: a
+    /// backend waiting to read then is cut off from them.
+    unsent: bool,
     /// Probes that found the server alive during this silence: the next
     /// one waits `silence` x 2^n (`MAX_SILENCE_BACKOFF` at most).
     alive_probes: u8,
@@ -180,6 +210,8 @@ pub(crate) struct Watchdog<'a> {
 /// How long weir may hold client messages while the server owes nothing
 /// before the stall is reported.
 pub(crate) const STALL_LIMIT: Duration = Duration::from_secs(2);
+/// How long a stall may last before the session is ended.
+pub(crate) const STALL_END: Duration = Duration::from_secs(10);
 /// `Watchdog::stall`: this stall was reported.
 const STALL_TOLD: u16 = 1;
 /// `Watchdog::stall`: an extended-protocol batch was open when it began.
@@ -189,13 +221,13 @@ impl<'a> Watchdog<'a> {
     /// The clocks for a conversation on the server with these parts.
     pub(crate) fn new(spec: &'a Arc<ConnectSpec>, cancel: &'a CancelTarget, timer: &'a mut AlarmTimer) -> Self {
         Watchdog {
-            watch: spec.watch,
             spec,
             cancel,
             query_since: None,
             cancelled_at: None,
             silent_since: None,
             heard: false,
+            unsent: false,
             alive_probes: 0,
             silence_limit: spec.watch.silence,
             probe: None,
@@ -208,7 +240,8 @@ impl<'a> Watchdog<'a> {
 
     /// Starts or stops the clocks from where the conversation stands.
     /// `reading`: weir is reading from the server (not held back by a slow
-    /// client). `client_quiet`: no client bytes are on their way to the server.
+    /// client). `unsent`: bytes for the server wait for its socket to take
+    /// them. `client_quiet`: no client bytes are on their way to the server.
     /// `query_started`: when the running query started, if the caller knows
     /// (a clock that starts now starts from it, and reads none of its own).
     /// `held`: weir holds whole client messages it has not sent.
@@ -216,6 +249,7 @@ impl<'a> Watchdog<'a> {
         &mut self,
         conv: &Conversation,
         reading: bool,
+        unsent: bool,
         client_quiet: bool,
         query_started: Option<Instant>,
         held: bool,
@@ -233,37 +267,45 @@ impl<'a> Watchdog<'a> {
         if !owing {
             self.query_since = None;
             self.cancelled_at = None;
-        } else if self.query_since.is_none() && self.watch.query_timeout.is_some() {
+        } else if self.query_since.is_none() && self.spec.watch.query_timeout.is_some() {
             self.query_since = Some(Instant::now());
         }
-        if !(owing && reading) {
+        self.unsent = unsent;
+        if !((owing || unsent) && reading) {
             self.silent_since = None;
             self.probe = None;
-        } else if (self.silent_since.is_none() || self.heard) && self.watch.silence.is_some() {
+        } else if (self.silent_since.is_none() || self.heard) && self.spec.watch.silence.is_some() {
             // Restarted here rather than in `heard`: the read that ends a
-            // transaction then costs no clock reading.
+            // transaction then costs no clock reading. A silence of bytes
+            // not taken (mid-COPY IN) starts now, not when the query began.
             let since = match (self.silent_since, query_started) {
-                (None, Some(t)) => t,
+                (None, Some(t)) if owing => t,
                 _ => Instant::now(),
             };
             self.silent_since = Some(since);
             self.probe = None;
             if self.alive_probes != 0 {
                 self.alive_probes = 0;
-                self.silence_limit = self.watch.silence;
+                self.silence_limit = self.spec.watch.silence;
             }
         }
         self.heard = false;
+        if conv.status() == status::IDLE {
+            self.timer.xact_since = None;
+        } else if self.timer.xact_since.is_none() && self.spec.watch.transaction.is_some() {
+            self.timer.xact_since = Some(Instant::now());
+        }
         let idle_in_tx = client_quiet && conv.is_quiet() && conv.status() != status::IDLE;
         if !idle_in_tx {
             self.idle_since = None;
-        } else if self.idle_since.is_none() && self.watch.idle_transaction.is_some() {
+        } else if self.idle_since.is_none() && self.spec.watch.idle_transaction.is_some() {
             self.idle_since = Some(Instant::now());
         }
     }
 
-    /// The server sent bytes: it is alive. The silence clock restarts at the
-    /// next `update` (which always comes before the alarm is polled again).
+    /// The server sent bytes, or took bytes its socket had left waiting: it
+    /// is alive. The silence clock restarts at the next `update` (which
+    /// always comes before the alarm is polled again).
     pub(crate) fn heard(&mut self) {
         self.heard = true;
     }
@@ -288,7 +330,8 @@ impl<'a> Watchdog<'a> {
         self.query_since.is_some()
             || self.silent_since.is_some()
             || self.idle_since.is_some()
-            || self.stall_pending().is_some()
+            || self.timer.xact_since.is_some()
+            || self.stalled_since.is_some()
     }
 
     /// Ready when a clock ends the conversation. Cancel-safe: the timer and
@@ -324,15 +367,15 @@ impl<'a> Watchdog<'a> {
     /// Acts on deadlines that have passed: sends the cancel, starts a probe,
     /// or returns the error that ends the conversation.
     fn check(&mut self, now: Instant) -> Option<WatchdogError> {
-        if let (Some(since), Some(limit)) = (self.query_since, self.watch.query_timeout) {
+        if let (Some(since), Some(limit)) = (self.query_since, self.spec.watch.query_timeout) {
             match self.cancelled_at {
                 None if now >= since + limit => {
                     crate::span::client_event!(info, pid = self.cancel.pid, "query_timeout: cancelling the query");
-                    tokio::spawn(forward_cancel(self.cancel.clone(), self.watch.cancel_grace));
+                    tokio::spawn(forward_cancel(self.cancel.clone(), self.spec.watch.cancel_grace));
                     self.cancelled_at = Some(now);
                 }
-                Some(at) if now >= at + self.watch.cancel_grace => {
-                    return Some(WatchdogError::QueryTimeout { limit, grace: self.watch.cancel_grace });
+                Some(at) if now >= at + self.spec.watch.cancel_grace => {
+                    return Some(WatchdogError::QueryTimeout { limit, grace: self.spec.watch.cancel_grace });
                 }
                 _ => {}
             }
@@ -344,26 +387,38 @@ impl<'a> Watchdog<'a> {
                     pid = self.cancel.pid,
                     "server silent while owing an answer: probing it"
                 );
-                let (spec, pid) = (self.spec.clone(), self.cancel.pid);
-                self.probe = Some(Box::pin(async move { probe::probe(&spec, pid).await }));
+                let (spec, pid, unsent) = (self.spec.clone(), self.cancel.pid, self.unsent);
+                self.probe = Some(Box::pin(async move { probe::probe(&spec, pid, unsent).await }));
             }
         }
-        if let (Some(since), Some(limit)) = (self.idle_since, self.watch.idle_transaction) {
+        if let (Some(since), Some(limit)) = (self.idle_since, self.spec.watch.idle_transaction) {
             if now >= since + limit {
                 return Some(WatchdogError::IdleTransaction(limit));
             }
         }
-        if let Some(since) = self.stall_pending() {
-            if now >= since + STALL_LIMIT {
+        if let (Some(since), Some(limit)) = (self.timer.xact_since, self.spec.watch.transaction) {
+            if now >= since + limit {
+                return Some(WatchdogError::Transaction(limit));
+            }
+        }
+        if let Some(since) = self.stalled_since {
+            if now >= since + self.stall_limit() {
+                if self.stall & STALL_TOLD != 0 {
+                    return Some(WatchdogError::StallEnded(now - since));
+                }
                 return Some(self.report_stall(now - since));
             }
         }
         None
     }
 
-    /// When the stall not yet reported began.
-    fn stall_pending(&self) -> Option<Instant> {
-        self.stalled_since.filter(|_| self.stall & STALL_TOLD == 0)
+    /// How long after its start the stall is next acted on: reported, then ended.
+    fn stall_limit(&self) -> Duration {
+        if self.stall & STALL_TOLD == 0 {
+            STALL_LIMIT
+        } else {
+            STALL_END
+        }
     }
 
     /// A stall: logged once with the session's state; the caller counts it.
@@ -387,12 +442,12 @@ impl<'a> Watchdog<'a> {
                 crate::span::client_event!(debug, pid = self.cancel.pid, "silent server is still working");
                 self.silent_since = Some(Instant::now());
                 self.alive_probes = (self.alive_probes + 1).min(MAX_SILENCE_BACKOFF);
-                self.silence_limit = self.watch.silence.map(|s| s * (1u32 << self.alive_probes));
+                self.silence_limit = self.spec.watch.silence.map(|s| s * (1u32 << self.alive_probes));
                 None
             }
             Verdict::Dead(why) => {
                 crate::span::client_event!(warn, pid = self.cancel.pid, %why, "server connection is dead");
-                Some(WatchdogError::Unresponsive { silence: self.watch.silence.unwrap_or_default(), why })
+                Some(WatchdogError::Unresponsive { silence: self.spec.watch.silence.unwrap_or_default(), why })
             }
         }
     }
@@ -409,16 +464,19 @@ impl<'a> Watchdog<'a> {
         if let (Some(since), Some(limit), None) = (self.silent_since, self.silence_limit, &self.probe) {
             consider(since + limit);
         }
-        match (self.query_since, self.watch.query_timeout, self.cancelled_at) {
-            (Some(_), _, Some(at)) => consider(at + self.watch.cancel_grace),
+        match (self.query_since, self.spec.watch.query_timeout, self.cancelled_at) {
+            (Some(_), _, Some(at)) => consider(at + self.spec.watch.cancel_grace),
             (Some(since), Some(limit), None) => consider(since + limit),
             _ => {}
         }
-        if let (Some(since), Some(limit)) = (self.idle_since, self.watch.idle_transaction) {
+        if let (Some(since), Some(limit)) = (self.idle_since, self.spec.watch.idle_transaction) {
             consider(since + limit);
         }
-        if let Some(since) = self.stall_pending() {
-            consider(since + STALL_LIMIT);
+        if let (Some(since), Some(limit)) = (self.timer.xact_since, self.spec.watch.transaction) {
+            consider(since + limit);
+        }
+        if let Some(since) = self.stalled_since {
+            consider(since + self.stall_limit());
         }
         next
     }

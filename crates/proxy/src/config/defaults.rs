@@ -3,15 +3,19 @@
 
 use std::time::Duration;
 
-use super::{AuthType, ClientTlsMode, General, LogFormat, PoolMode, ServerTlsMode};
+use super::{AuthType, ClientTlsMode, General, LogFormat, PoolMode, ServerTlsMode, SigtermMode};
 
 pub(super) fn host() -> String {
     "127.0.0.1".into()
 }
 
-pub(super) fn port() -> u16 {
-    5432
+pub(super) fn port() -> super::Ports {
+    super::Ports::one(5432)
 }
+
+/// PgBouncer's default. A search for a host that matches looks names up
+/// afresh at each round, whatever the cache holds.
+const DNS_MAX_TTL: Duration = Duration::from_secs(15);
 
 /// PgBouncer's default. Set it below your application's deadline.
 const QUERY_WAIT_TIMEOUT: Duration = Duration::from_secs(120);
@@ -24,15 +28,17 @@ const MAX_WAITING_CLIENTS: u32 = 1000;
 const MAX_WAITING_CLIENTS_TOTAL: u32 = 2000;
 
 /// PgBouncer has no equivalent: a server owing an answer that stays silent
-/// this long is probed on a fresh connection (`server::probe`).
+/// this long, or taking none of weir's bytes, is probed on a fresh
+/// connection (`server::probe`). It also does what a TCP_USER_TIMEOUT
+/// would, without cutting off a backend that stops reading while it works,
+/// so `tcp_user_timeout` stays off, as PgBouncer's.
 const SERVER_CHECK_SILENCE: Duration = Duration::from_secs(5);
 
-/// Dead paths are found in about 8 s (5 s idle + 3 probes 1 s apart), not
-/// Linux's 15 minutes.
+/// Quiet dead paths are found in about 8 s (5 s idle + 3 probes 1 s apart),
+/// not the kernel's 2 hours.
 const TCP_KEEPIDLE: Duration = Duration::from_secs(5);
 const TCP_KEEPINTVL: Duration = Duration::from_secs(1);
 const TCP_KEEPCNT: u32 = 3;
-const TCP_USER_TIMEOUT: Duration = Duration::from_secs(8);
 
 /// Postgres's own limit (PQ_LARGE_MESSAGE_LIMIT, 1 GiB - 2): a longer
 /// message is refused by weir before any of it reaches a server, where
@@ -83,6 +89,8 @@ impl Default for General {
             reserve_pool_size: 0,
             reserve_pool_timeout: Duration::from_secs(5),
             max_client_conn: 1000,
+            max_db_client_connections: 0,
+            max_user_client_connections: 0,
             max_db_connections: 0,
             server_reset_query: "DISCARD ALL".into(),
             client_login_timeout: Duration::from_secs(10),
@@ -97,6 +105,7 @@ impl Default for General {
             server_reset_timeout: Duration::from_secs(5),
             server_connect_timeout: SERVER_CONNECT_TIMEOUT,
             server_login_retry: Duration::from_secs(2),
+            dns_max_ttl: DNS_MAX_TTL,
             server_connect_concurrency: 8,
             server_idle_timeout: Duration::from_secs(600),
             server_lifetime: Duration::from_secs(3600),
@@ -109,11 +118,14 @@ impl Default for General {
             client_idle_timeout: Duration::ZERO,
             server_fast_close: false,
             query_timeout: None,
+            transaction_timeout: None,
+            // PgBouncer's default.
+            query_wait_notify: Duration::from_secs(5),
             tcp_keepalive: true,
             tcp_keepidle: TCP_KEEPIDLE,
             tcp_keepintvl: TCP_KEEPINTVL,
             tcp_keepcnt: TCP_KEEPCNT,
-            tcp_user_timeout: Some(TCP_USER_TIMEOUT),
+            tcp_user_timeout: None,
             max_message_size: MAX_MESSAGE_SIZE,
             max_prepared_statements: MAX_PREPARED_STATEMENTS,
             prepare_unnamed_after: PREPARE_UNNAMED_AFTER,
@@ -136,6 +148,11 @@ impl Default for General {
             server_tls_ca_file: None,
             server_tls_cert_file: None,
             server_tls_key_file: None,
+            peer_id: 0,
+            so_reuseport: false,
+            // weir's drain, which Kubernetes' grace period bounds; PgBouncer's
+            // SIGTERM waits for every client (`migrate-config` keeps that).
+            sigterm: SigtermMode::Drain,
         }
     }
 }

@@ -15,6 +15,16 @@ fn always(_: &Config) -> bool {
     true
 }
 
+/// Whether a timeout is on in `[weir]` or for some user.
+fn set(
+    c: &Config,
+    general: fn(&super::General) -> Option<std::time::Duration>,
+    user: fn(&super::UserSettings) -> Option<std::time::Duration>,
+) -> bool {
+    let on = |d: Option<std::time::Duration>| d.is_some_and(|d| !d.is_zero());
+    on(general(&c.weir)) || c.users.values().any(|u| on(user(u)))
+}
+
 const DIFFERENCES: &[Difference] = &[
     Difference {
         applies: always,
@@ -22,7 +32,7 @@ const DIFFERENCES: &[Difference] = &[
                (PgBouncer closes it)",
     },
     Difference {
-        applies: |c| c.weir.query_timeout.is_some_and(|d| !d.is_zero()),
+        applies: |c| set(c, |g| g.query_timeout, |u| u.query_timeout),
         note: "query_timeout: the query is cancelled and its client gets 57014 and keeps its connection \
                (PgBouncer closes it)",
     },
@@ -33,8 +43,21 @@ const DIFFERENCES: &[Difference] = &[
     },
     Difference {
         applies: always,
-        note: "weir's own login refusals keep Postgres's SQLSTATEs (28P01, 28000, 3D000, 55000) with PgBouncer's \
-               texts, where PgBouncer sends 08P01",
+        note: "weir's own login refusals keep Postgres's SQLSTATEs (28P01, 28000, 3D000, 55000, 53300) with \
+               PgBouncer's texts, where PgBouncer sends 08P01",
+    },
+    Difference {
+        applies: |c| {
+            set(c, |g| g.idle_transaction_timeout, |u| u.idle_transaction_timeout)
+                || set(c, |g| g.transaction_timeout, |u| u.transaction_timeout)
+        },
+        note: "idle_transaction_timeout and transaction_timeout close the client with Postgres's SQLSTATEs \
+               (25P03, 25P04), where PgBouncer sends 08P01",
+    },
+    Difference {
+        applies: always,
+        note: "SIGTERM and SHUTDOWN drain: idle clients are told at once and transactions finish within \
+               shutdown_timeout (PgBouncer's SIGTERM waits for every client; SHUTDOWN WAIT_FOR_CLIENTS does that)",
     },
     Difference {
         applies: |c| c.weir.server_fast_close,
@@ -53,8 +76,36 @@ const DIFFERENCES: &[Difference] = &[
         note: "TLS (rustls): X.509 v3 certificates only, and host names from subjectAltName only (OpenSSL also \
                reads v1 certificates and the subject CN)",
     },
-    Difference { applies: always, note: "no online restart (-R, SUSPEND) and no peering" },
+    Difference {
+        applies: |c| c.databases.values().any(|d| d.host.contains(',')),
+        note: "host lists: weir skips a host it cannot reach and, with target_session_attrs, keeps only servers \
+               of the role asked for, finding the new primary after a failover (PgBouncer takes every listed host \
+               in turn, reachable or not, and checks no role)",
+    },
+    Difference {
+        applies: |c| c.weir.sigterm == super::SigtermMode::Drain,
+        note: "sigterm = \"drain\": SIGTERM tells idle clients at once (57P01) and weir ends within \
+               shutdown_timeout (PgBouncer's SIGTERM waits for every client: sigterm = \"wait_for_clients\")",
+    },
+    Difference { applies: always, note: "no online restart (-R, SUSPEND)" },
+    Difference {
+        applies: shorter_bounds,
+        note: "liveness: weir bounds waits sooner than PgBouncer's defaults: client_login_timeout 10s (60s), \
+               server_connect_timeout 5s (15s), keepalive probes after tcp_keepidle 5s on every socket, clients' \
+               too (the kernel's 2h), server_check_silence 5s (none)",
+    },
 ];
+
+/// Some liveness setting is shorter than PgBouncer's default (weir's own
+/// defaults are).
+fn shorter_bounds(c: &Config) -> bool {
+    use std::time::Duration;
+    let w = &c.weir;
+    w.client_login_timeout < Duration::from_secs(60)
+        || w.server_connect_timeout < Duration::from_secs(15)
+        || (w.tcp_keepalive && w.tcp_keepidle < Duration::from_secs(7200))
+        || !w.server_check_silence.is_zero()
+}
 
 /// The deliberate differences from PgBouncer that this config meets.
 pub fn for_config(cfg: &Config) -> Vec<&'static str> {
@@ -73,6 +124,11 @@ mod tests {
     fn notes_follow_the_keys_that_are_set() {
         let plain = for_config(&cfg("[weir]\nauth_type = \"md5\"\nauth_file = \"u.txt\"\n[databases.app]\n"));
         assert!(plain.iter().any(|n| n.starts_with("query_wait_timeout")), "{plain:#?}");
+        assert!(plain.iter().any(|n| n.starts_with("liveness")), "weir's shorter default bounds: {plain:#?}");
+        let pgbouncer_bounds = "client_login_timeout = \"60s\"\nserver_connect_timeout = \"15s\"\n\
+            tcp_keepalive = false\nserver_check_silence = \"0s\"\n";
+        let like = for_config(&cfg(&format!("[weir]\nauth_type = \"trust\"\n{pgbouncer_bounds}[databases.app]\n")));
+        assert!(!like.iter().any(|n| n.starts_with("liveness")), "PgBouncer's bounds, no note: {like:#?}");
         assert!(!plain.iter().any(|n| n.starts_with("server_fast_close") || n.starts_with("query_timeout")));
         assert!(!plain.iter().any(|n| n.starts_with("TLS") || n.starts_with("auth_type")), "{plain:#?}");
         let set = for_config(&cfg(

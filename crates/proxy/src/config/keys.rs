@@ -6,7 +6,7 @@
 use serde::de::{self, DeserializeOwned, Deserializer, Visitor};
 use serde::Serialize;
 
-use super::{Config, Database, General, MetricsSection, UserSettings};
+use super::{Config, Database, General, MetricsSection, Peer, UserSettings};
 
 /// A deserializer that only records the field list a derived struct asks for.
 struct FieldNames(&'static [&'static str]);
@@ -61,6 +61,11 @@ pub(crate) fn user_keys() -> &'static [&'static str] {
     field_names::<UserSettings>()
 }
 
+/// Keys of a `[peers.ID]` section.
+pub(crate) fn peer_keys() -> &'static [&'static str] {
+    field_names::<Peer>()
+}
+
 /// `key → value` for every key of a section; unset optional keys are None.
 /// Values are rendered as an operator would write them: strings bare,
 /// lists comma-separated, everything else in TOML syntax.
@@ -99,6 +104,9 @@ pub(crate) const RESTART_KEYS: &[&str] = &[
     "log_format",
     "worker_threads",
     "metrics.listen_addr",
+    "peer_id",
+    "so_reuseport",
+    "metrics.enabled",
 ];
 
 /// Every `[weir]` and `[metrics]` key with its live value and default.
@@ -124,12 +132,26 @@ mod tests {
 
     /// The annotated example config in the repository.
     const EXAMPLE: &str = include_str!("../../../../config/weir.toml");
+    /// The configuration reference.
+    const REFERENCE: &str = include_str!("../../../../docs/configuration.md");
+
+    /// Every key of every section, with its section as the config writes it.
+    fn every_key() -> Vec<(&'static str, &'static str)> {
+        let sections = [
+            ("weir", general_keys()),
+            ("metrics", metrics_keys()),
+            ("databases.", database_keys()),
+            ("users.", user_keys()),
+            ("peers.", peer_keys()),
+        ];
+        sections.into_iter().flat_map(|(section, keys)| keys.iter().map(move |&k| (section, k))).collect()
+    }
 
     #[test]
     fn field_names_come_from_the_derive() {
         assert!(general_keys().contains(&"listen_addr"));
         assert!(general_keys().contains(&"query_wait_timeout"));
-        assert_eq!(metrics_keys(), &["listen_addr"]);
+        assert_eq!(metrics_keys(), &["listen_addr", "enabled"]);
         assert!(database_keys().contains(&"pool_size"));
         assert!(!field_names::<Config>().contains(&"base_dir"), "skipped fields are not keys");
     }
@@ -173,16 +195,25 @@ mod tests {
                 in_section && line.strip_prefix(key).is_some_and(|rest| rest.trim_start().starts_with('='))
             })
         };
-        let sections = [
-            ("weir", general_keys()),
-            ("metrics", metrics_keys()),
-            ("databases.", database_keys()),
-            ("users.", user_keys()),
-        ];
-        for (section, keys) in sections {
-            for key in keys {
-                assert!(documented(section, key), "config/weir.toml does not document [{section}] {key}");
-            }
+        for (section, key) in every_key() {
+            assert!(documented(section, key), "config/weir.toml does not document [{section}] {key}");
         }
+    }
+
+    /// docs/configuration.md names every key, in code: `key`, `key = …`, or
+    /// a `key = …` line of a TOML block (set or commented out).
+    #[test]
+    fn reference_names_every_key() {
+        let named = |key: &str| {
+            let in_code = ["`", " ", "="].iter().any(|after| REFERENCE.contains(&format!("`{key}{after}")));
+            let in_block = REFERENCE.lines().any(|line| {
+                let line = line.trim_start_matches(['#', ' ']);
+                line.strip_prefix(key).is_some_and(|rest| rest.trim_start().starts_with('='))
+            });
+            in_code || in_block
+        };
+        let missing: Vec<String> =
+            every_key().into_iter().filter(|(_, key)| !named(key)).map(|(s, k)| format!("[{s}] {k}")).collect();
+        assert!(missing.is_empty(), "docs/configuration.md does not name: {}", missing.join(", "));
     }
 }

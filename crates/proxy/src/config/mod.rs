@@ -6,9 +6,12 @@
 pub mod check;
 mod defaults;
 pub mod differences;
+pub mod hosts;
 pub(crate) mod keys;
 mod listen;
 pub mod migrate;
+mod peers;
+mod resolve;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -20,7 +23,9 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use serde::{Deserialize, Serialize};
 
+pub use hosts::{HostPort, LoadBalanceHosts, Ports, TargetSessionAttrs};
 pub use listen::{ListenAddr, MAX_SOCKET_PATH};
+pub use peers::{Peer, MAX_PEER_ID};
 pub use validate::ConfigError;
 
 /// Client authentication method.
@@ -78,14 +83,16 @@ impl ClientTlsMode {
     }
 }
 
-/// TLS towards Postgres (PgBouncer's `server_tls_sslmode`): `prefer` uses TLS
-/// when the server offers it, `require` insists on it (certificate not
+/// TLS towards Postgres (PgBouncer's `server_tls_sslmode`): `allow` connects
+/// without TLS (libpq's first try; weir makes no second one with TLS),
+/// `prefer` uses TLS when the server offers it, `require` insists on it (certificate not
 /// checked), `verify-ca` checks the chain against `server_tls_ca_file`,
 /// `verify-full` also the database's `host` against the certificate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ServerTlsMode {
     Disable,
+    Allow,
     Prefer,
     Require,
     VerifyCa,
@@ -96,6 +103,7 @@ impl ServerTlsMode {
     pub fn as_str(self) -> &'static str {
         match self {
             ServerTlsMode::Disable => "disable",
+            ServerTlsMode::Allow => "allow",
             ServerTlsMode::Prefer => "prefer",
             ServerTlsMode::Require => "require",
             ServerTlsMode::VerifyCa => "verify-ca",
@@ -142,6 +150,10 @@ pub struct Config {
     /// `[users.NAME]`: per-user pool settings (PgBouncer's `[users]`).
     #[serde(default)]
     pub users: BTreeMap<String, UserSettings>,
+    /// `[peers.ID]`: the other weirs (or PgBouncers) behind the same address,
+    /// where cancel requests for their keys go (PgBouncer's `[peers]`).
+    #[serde(default)]
+    pub peers: BTreeMap<String, Peer>,
     /// The folder relative paths are resolved against (the config file's folder).
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -191,6 +203,12 @@ pub struct General {
     #[serde(with = "humantime_serde")]
     pub reserve_pool_timeout: Duration,
     pub max_client_conn: u32,
+    /// Client connections per database (the console's too; admin_users are
+    /// not refused there); 0: no limit. `[databases.X]` may set its own.
+    pub max_db_client_connections: u32,
+    /// Client connections per user (admin_users on the console are not
+    /// refused); 0: no limit. `[users.X]` may set its own.
+    pub max_user_client_connections: u32,
     pub max_db_connections: u32,
     pub server_reset_query: String,
     #[serde(with = "humantime_serde")]
@@ -225,6 +243,10 @@ pub struct General {
     /// The longest back-off between failed connect attempts.
     #[serde(with = "humantime_serde")]
     pub server_login_retry: Duration,
+    /// How long a host name's addresses are reused before it is looked up
+    /// again (PgBouncer's key); "0s" looks names up at every connect.
+    #[serde(with = "humantime_serde")]
+    pub dns_max_ttl: Duration,
     pub server_connect_concurrency: u32,
     #[serde(with = "humantime_serde")]
     pub server_idle_timeout: Duration,
@@ -256,6 +278,14 @@ pub struct General {
     pub server_fast_close: bool,
     #[serde(with = "humantime_serde")]
     pub query_timeout: Option<Duration>,
+    /// A client whose transaction has been open this long is disconnected
+    /// (PgBouncer's transaction_timeout); unset or "0s": off.
+    #[serde(with = "humantime_serde")]
+    pub transaction_timeout: Option<Duration>,
+    /// A client that has waited this long for a server is told so with a
+    /// NOTICE (PgBouncer's query_wait_notify), once per wait; "0s": never.
+    #[serde(with = "humantime_serde")]
+    pub query_wait_notify: Duration,
     pub tcp_keepalive: bool,
     #[serde(with = "humantime_serde")]
     pub tcp_keepidle: Duration,
@@ -303,23 +333,64 @@ pub struct General {
     pub server_tls_ca_file: Option<PathBuf>,
     pub server_tls_cert_file: Option<PathBuf>,
     pub server_tls_key_file: Option<PathBuf>,
+    /// This weir's id among its peers (1 to 16383): every cancel key it
+    /// mints carries it, and a CancelRequest for another peer's key is
+    /// forwarded to that peer (`[peers]`). 0: no peering (PgBouncer's key).
+    pub peer_id: u16,
+    /// SO_REUSEPORT on the TCP listening sockets: weirs on one host share a
+    /// port, and the kernel spreads new connections over them (PgBouncer's key).
+    pub so_reuseport: bool,
+    /// What SIGTERM does: `drain` (idle clients are told at once, running
+    /// transactions finish within shutdown_timeout) or `wait_for_clients`
+    /// (PgBouncer's SIGTERM: stop accepting, exit once every client has left).
+    pub sigterm: SigtermMode,
 }
 
-/// The `[metrics]` section.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+/// What SIGTERM does (the console's SHUTDOWN and SHUTDOWN WAIT_FOR_CLIENTS
+/// do the same two things).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SigtermMode {
+    /// Stop accepting; idle clients are told at once (57P01); running
+    /// transactions finish within shutdown_timeout.
+    Drain,
+    /// Stop accepting; every client stays until it leaves, then weir exits
+    /// (PgBouncer 1.23's SIGTERM, SHUTDOWN WAIT_FOR_CLIENTS): a rolling
+    /// restart of weirs sharing a port (`so_reuseport`).
+    WaitForClients,
+}
+
+/// The `[metrics]` section: on by default (`Config::metrics_endpoint`).
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsSection {
+    /// Unset: 127.0.0.1 on the port derived from the listen port.
     pub listen_addr: Option<SocketAddr>,
+    /// false: no metrics endpoint at all.
+    pub enabled: bool,
+}
+
+impl Default for MetricsSection {
+    fn default() -> Self {
+        MetricsSection { listen_addr: None, enabled: true }
+    }
 }
 
 /// One `[databases.NAME]` entry: where clients asking for NAME are sent.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Database {
+    /// One host or a comma-separated list (names, addresses, Unix socket
+    /// folders), as libpq's and PgBouncer's `host`.
     #[serde(default = "defaults::host")]
     pub host: String,
+    /// One port for every host, or one per host (`"5432,5433"`).
     #[serde(default = "defaults::port")]
-    pub port: u16,
+    pub port: Ports,
+    /// Which matching host a new connection goes to (PgBouncer's key).
+    pub load_balance_hosts: Option<LoadBalanceHosts>,
+    /// Which servers are kept after login (libpq's key).
+    pub target_session_attrs: Option<TargetSessionAttrs>,
     pub dbname: Option<String>,
     pub pool_size: Option<u32>,
     pub min_pool_size: Option<u32>,
@@ -336,6 +407,11 @@ pub struct Database {
     pub password: Option<String>,
     /// The auth_query user for clients of this database.
     pub auth_user: Option<String>,
+    /// The database auth_query runs in for clients of this one (over
+    /// `[weir]` auth_dbname).
+    pub auth_dbname: Option<String>,
+    /// The auth_query for clients of this database (over `[weir]`'s).
+    pub auth_query: Option<String>,
     /// Run once on each new server connection, after login.
     pub connect_query: Option<String>,
     /// Sent in the server's startup packet, as the server's default.
@@ -346,6 +422,11 @@ pub struct Database {
     pub max_waiting_clients: Option<u32>,
     /// Over `[weir]` fleet_share.
     pub fleet_share: Option<bool>,
+    /// Client connections to this database; 0 or unset: `[weir]`'s.
+    pub max_db_client_connections: Option<u32>,
+    /// Over `[weir]` server_lifetime.
+    #[serde(default, with = "humantime_serde")]
+    pub server_lifetime: Option<Duration>,
 }
 
 /// One `[users.NAME]` entry: pool settings for every pool of that user.
@@ -354,25 +435,52 @@ pub struct Database {
 pub struct UserSettings {
     pub pool_mode: Option<PoolMode>,
     pub pool_size: Option<u32>,
+    /// Over the database's reserve_pool_size.
+    pub reserve_pool_size: Option<u32>,
     /// Server connections of this user across databases; 0: no limit.
     pub max_user_connections: Option<u32>,
+    /// Client connections of this user; 0 or unset: `[weir]`'s.
+    pub max_user_client_connections: Option<u32>,
+    /// Over `[weir]`'s, for this user's pools ("0s": off for this user).
+    #[serde(default, with = "humantime_serde")]
+    pub query_timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub idle_transaction_timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub client_idle_timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub transaction_timeout: Option<Duration>,
 }
 
 /// The settings of one pool, resolved from `[weir]` and `[databases.X]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PoolSettings {
+    /// `host` as written (one host or a list).
     pub host: String,
+    /// The first port (one per host in `hosts`).
     pub port: u16,
+    /// The hosts in order, each with its port (empty when `host` or `port`
+    /// is invalid: `validate` refuses such a config).
+    pub hosts: Vec<HostPort>,
+    pub load_balance_hosts: LoadBalanceHosts,
+    pub target_session_attrs: TargetSessionAttrs,
     pub dbname: String,
     pub pool_mode: PoolMode,
     pub pool_size: u32,
     pub min_pool_size: u32,
     pub reserve_pool_size: u32,
     pub max_db_connections: u32,
+    pub server_lifetime: Duration,
     pub query_wait_timeout: Duration,
     /// `query_timeout` (None: off). A wait for a server is part of the
     /// query, so it also ends the wait when shorter (PgBouncer's janitor).
     pub query_timeout: Option<Duration>,
+    /// idle_transaction_timeout, transaction_timeout (None: off) and
+    /// client_idle_timeout (zero: off): the user's own over `[weir]`'s.
+    pub idle_transaction_timeout: Option<Duration>,
+    pub transaction_timeout: Option<Duration>,
+    pub client_idle_timeout: Duration,
+    pub query_wait_notify: Duration,
     pub client_deadline: Option<Duration>,
     pub max_waiting_clients: u32,
     pub max_prepared_statements: u32,
@@ -387,6 +495,11 @@ pub struct PoolSettings {
     pub connect_query: String,
     /// Startup parameters sent to the server (application_name, client_encoding, …).
     pub startup_params: Vec<(String, String)>,
+}
+
+/// A config file named `*.ini` is a pgbouncer.ini.
+pub fn is_pgbouncer_ini(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e.eq_ignore_ascii_case("ini"))
 }
 
 /// The name of the fallback database entry.
@@ -407,9 +520,29 @@ impl Config {
         Ok(cfg)
     }
 
-    /// Reads, parses and validates a config file.
+    /// Reads, parses and validates a config file: a weir.toml, or a
+    /// pgbouncer.ini (a name ending in `.ini`), converted as `weir
+    /// migrate-config` does each time it is read, so a RELOAD of an edited
+    /// ini applies it as PgBouncer would. An ini's relative paths are taken
+    /// from the working directory, as PgBouncer takes them; a weir.toml's
+    /// from its own folder.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read(path.to_path_buf(), e.to_string()))?;
+        if is_pgbouncer_ini(path) {
+            let m = migrate::from_pgbouncer_ini(&text);
+            if let Some(bad) = m.errors.first() {
+                return Err(ConfigError::Invalid { key: path.display().to_string(), why: bad.clone() });
+            }
+            for w in &m.warnings {
+                tracing::warn!("{}: {w}", path.display());
+            }
+            let mut cfg = Config::from_toml(&m.toml, Path::new(""))?;
+            // The endpoint on the derived port, as migrate-config writes it,
+            // but not one a busy port can keep weir from starting on: a
+            // pgbouncer.ini has no say in it.
+            cfg.metrics.listen_addr = None;
+            return Ok(cfg);
+        }
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
         Config::from_toml(&text, &base)
     }
@@ -427,88 +560,6 @@ impl Config {
     /// A path from the config, resolved against the config file's folder.
     pub fn resolve(&self, p: &Option<PathBuf>) -> Option<PathBuf> {
         p.as_ref().map(|p| self.base_dir.join(p))
-    }
-
-    /// The entry serving database `name`: its own, or the fallback `"*"`
-    /// (true: the fallback's).
-    pub fn database(&self, name: &str) -> Option<(&Database, bool)> {
-        match self.databases.get(name) {
-            Some(db) => Some((db, name == FALLBACK_DATABASE)),
-            None => self.databases.get(FALLBACK_DATABASE).map(|db| (db, true)),
-        }
-    }
-
-    /// The forced user of database `name` and its configured password.
-    pub fn forced_user(&self, name: &str) -> Option<(&str, Option<&str>)> {
-        let (db, _) = self.database(name)?;
-        db.user.as_deref().map(|u| (u, db.password.as_deref()))
-    }
-
-    /// The auth_query user for clients of database `name` (empty: none).
-    pub fn auth_user(&self, name: &str) -> &str {
-        let own = self.database(name).and_then(|(db, _)| db.auth_user.as_deref());
-        own.unwrap_or(&self.weir.auth_user)
-    }
-
-    /// Resolved settings for clients asking for database `name` (any user).
-    pub fn pool_settings(&self, name: &str) -> Option<PoolSettings> {
-        self.pool_settings_for(name, None)
-    }
-
-    /// Resolved settings for the pool of database `name` and `user`:
-    /// `[users.USER]` over `[databases.NAME]` over `[weir]`.
-    pub fn pool_settings_for(&self, name: &str, user: Option<&str>) -> Option<PoolSettings> {
-        let (db, auto) = self.database(name)?;
-        let u = user.and_then(|u| self.users.get(u)).cloned().unwrap_or_default();
-        let g = &self.weir;
-        let pool_size = u.pool_size.or(db.pool_size).unwrap_or(g.default_pool_size);
-        Some(PoolSettings {
-            host: db.host.clone(),
-            port: db.port,
-            dbname: db.dbname.clone().unwrap_or_else(|| name.to_owned()),
-            pool_mode: u.pool_mode.or(db.pool_mode).unwrap_or(g.pool_mode),
-            pool_size,
-            // Capped by the pool's size, as PgBouncer does (not refused).
-            min_pool_size: db.min_pool_size.unwrap_or(g.min_pool_size).min(pool_size),
-            reserve_pool_size: db.reserve_pool_size.unwrap_or(g.reserve_pool_size),
-            max_db_connections: db.max_db_connections.unwrap_or(g.max_db_connections),
-            query_wait_timeout: db.query_wait_timeout.unwrap_or(g.query_wait_timeout),
-            query_timeout: g.query_timeout.filter(|d| !d.is_zero()),
-            client_deadline: db.client_deadline.or(g.client_deadline),
-            max_waiting_clients: db.max_waiting_clients.unwrap_or(g.max_waiting_clients),
-            max_prepared_statements: g.max_prepared_statements,
-            prepare_unnamed_after: g.prepare_unnamed_after,
-            max_user_connections: u.max_user_connections.unwrap_or(g.max_user_connections),
-            fleet_share: db.fleet_share.unwrap_or(g.fleet_share),
-            auto,
-            connect_query: db.connect_query.clone().unwrap_or_default(),
-            startup_params: db.startup_params(),
-        })
-    }
-}
-
-impl PoolSettings {
-    /// How long a client may wait for a server, and the key that says so:
-    /// query_wait_timeout, or query_timeout when it is shorter (PgBouncer
-    /// ends a waiting client at whichever comes first).
-    pub fn wait_limit(&self) -> (Duration, &'static str) {
-        match self.query_timeout {
-            Some(q) if q < self.query_wait_timeout => (q, "query_timeout"),
-            _ => (self.query_wait_timeout, "query_wait_timeout"),
-        }
-    }
-}
-
-impl Database {
-    /// The server startup parameters this entry sets, in PgBouncer's order.
-    fn startup_params(&self) -> Vec<(String, String)> {
-        let named = [
-            ("client_encoding", &self.client_encoding),
-            ("DateStyle", &self.datestyle),
-            ("TimeZone", &self.timezone),
-            ("application_name", &self.application_name),
-        ];
-        named.into_iter().filter_map(|(k, v)| Some((k.to_owned(), v.clone()?))).collect()
     }
 }
 

@@ -44,6 +44,7 @@ impl Config {
                 found.push(invalid(format!("users.{name}.pool_size"), "must be at least 1"));
             }
         }
+        self.check_peers(&mut found);
         found
     }
 
@@ -78,15 +79,8 @@ impl Config {
             (false, true) => found.push(invalid("weir.auth_hba_file", "is used only with auth_type = \"hba\"")),
             _ => {}
         }
-        let db_auth_user = self.databases.values().any(|d| d.auth_user.is_some());
-        if (!g.auth_user.is_empty() || db_auth_user) && !g.auth_query.contains("$1") {
-            found.push(invalid("weir.auth_query", "must take the user name as $1"));
-        }
         if g.autodb_idle_timeout.is_zero() {
             found.push(invalid("weir.autodb_idle_timeout", "must be above zero"));
-        }
-        if !g.auth_dbname.is_empty() && self.database(&g.auth_dbname).is_none() {
-            found.push(invalid("weir.auth_dbname", "is not a database in [databases]"));
         }
         for (key, why) in super::listen::problems(self) {
             found.push(invalid(format!("weir.{key}"), why));
@@ -162,6 +156,9 @@ impl Config {
         }
         if name == "weir" || name == "pgbouncer" {
             found.push(invalid(format!("databases.{name}"), "is reserved for the admin console"));
+        }
+        if let Err(why) = super::hosts::host_list(&db.host, &db.port) {
+            found.push(invalid(key("host"), why));
         }
         if s.pool_size == 0 {
             found.push(invalid(key("pool_size"), "must be at least 1"));

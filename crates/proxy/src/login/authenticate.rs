@@ -18,15 +18,17 @@ use crate::state::Shared;
 
 /// Whom `trust` admits: the auth_file's users when there is an auth_file
 /// (PgBouncer's rule), anyone when there is none.
-pub(super) fn trust_names(cfg: &Config) -> crate::auth::TrustNames {
+pub(super) fn trust_names(cfg: &Config, found_by_auth_query: bool) -> crate::auth::TrustNames {
     match cfg.weir.auth_file {
-        Some(_) => crate::auth::TrustNames::Listed,
-        None => crate::auth::TrustNames::Any,
+        // A user auth_query found is as known as one the auth_file names.
+        Some(_) if !found_by_auth_query => crate::auth::TrustNames::Listed,
+        _ => crate::auth::TrustNames::Any,
     }
 }
 
 /// How this client authenticates: auth_type, or with auth_type = "hba" the
-/// first matching line of auth_hba_file (a `reject` line or no line: refused).
+/// first matching line of auth_hba_file (a `reject` line or no line:
+/// refused); a physical replication client matches the `replication` lines.
 pub(super) fn auth_method(
     shared: &Shared,
     cfg: &Config,
@@ -35,7 +37,9 @@ pub(super) fn auth_method(
     req: &Request,
 ) -> Result<AuthType, ClientError> {
     let hba = shared.hba.load();
-    Ok(crate::auth::hba::method_for(cfg.weir.auth_type, hba.as_deref(), peer.ip(), tls, &req.database, &req.user)?)
+    let (db, user) = (&req.database, &req.user);
+    let auth_type = cfg.weir.auth_type;
+    Ok(crate::auth::hba::method_for_client(auth_type, hba.as_deref(), peer.ip(), tls, db, user, req.replication)?)
 }
 
 /// Authenticates a client of a configured database and names its pool: the
@@ -55,19 +59,19 @@ pub(super) async fn authenticate_pooled(
     // other is asked for its password like an unknown user (PgBouncer's
     // order), and told "no such database" only if it knows the password.
     let known = cfg.database(&req.database).is_some();
-    let secret = match users.get(&req.user) {
+    let (secret, queried) = match users.get(&req.user) {
         None if known && !cfg.auth_user(&req.database).is_empty() => {
             looked_up = auth_query(shared, cfg, req).await?;
-            looked_up.as_ref()
+            (looked_up.as_ref().and_then(Option::as_ref), looked_up.is_some())
         }
-        found => found,
+        found => (found, false),
     };
     let method = auth_method(shared, cfg, peer, socket.is_tls(), req)?;
     if method == AuthType::Any && cfg.forced_user(&req.database).is_none() {
         tracing::error!("auth_type=any requires forced user");
         return Err(ClientError::BouncerConfig);
     }
-    let trust = trust_names(cfg);
+    let trust = trust_names(cfg, queried);
     let authed = crate::auth::authenticate(socket, buf, method, &req.user, secret, trust).await?;
     let mut credentials = crate::auth::server_credentials(secret, &authed);
     // The names move into the key: nothing after this reads them from `req`.
@@ -90,18 +94,40 @@ pub(super) async fn auth_query(
     shared: &Shared,
     cfg: &Config,
     req: &Request,
-) -> Result<Option<crate::auth::Secret>, ClientError> {
+) -> Result<Option<crate::auth::query::Found>, ClientError> {
+    check_auth_dbname(shared, cfg, &req.database)?;
     let deadline = Instant::now() + cfg.weir.client_login_timeout;
     let users = shared.users.load();
+    let sql = cfg.auth_query(&req.database);
     let fetch = |database, auth_user, credentials| {
-        run_auth_query(shared, cfg, PoolKey { database, user: auth_user }, credentials, &req.user, deadline)
+        let key = PoolKey { database, user: auth_user };
+        run_auth_query(shared, cfg, key, credentials, (sql, &req.user), deadline)
     };
     crate::auth::query::lookup(&shared.auth_query_cache, &users, cfg, &req.database, &req.user, fetch).await.map_err(
         |e| {
             tracing::warn!(error = %e, "auth_query failed");
-            ClientError::Auth(crate::auth::AuthError::Refused(e.to_string()))
+            match e {
+                // The config's fault, not the client's (PgBouncer's words).
+                AuthQueryError::Query(_) | AuthQueryError::UnknownDatabase(_) => ClientError::BouncerConfig,
+                e => ClientError::Auth(crate::auth::AuthError::Refused(e.to_string())),
+            }
         },
     )
+}
+
+/// The auth_dbname of `database`'s clients must be a database weir serves
+/// (the fallback database counts) and not DISABLEd (PgBouncer's words).
+fn check_auth_dbname(shared: &Shared, cfg: &Config, database: &str) -> Result<(), ClientError> {
+    let Some(auth_db) = cfg.auth_dbname(database) else { return Ok(()) };
+    if super::is_console_db(auth_db) || cfg.database(auth_db).is_none() {
+        tracing::error!("authentication database \"{auth_db}\" is not configured");
+        return Err(ClientError::BouncerConfig);
+    }
+    if shared.admin.is_disabled(auth_db) {
+        let msg = format!("authentication database \"{auth_db}\" is disabled");
+        return Err(ClientError::Auth(crate::auth::AuthError::Refused(msg)));
+    }
+    Ok(())
 }
 
 /// Runs auth_query for `user` on a server of the pool `key` (auth_user's), by `deadline`;
@@ -111,13 +137,12 @@ async fn run_auth_query(
     cfg: &Config,
     key: PoolKey,
     credentials: Credentials,
-    user: &str,
+    (sql, user): (&str, &str),
     deadline: Instant,
 ) -> Result<crate::auth::query::Answer, AuthQueryError> {
     let pool = shared.pool_for(cfg, &key, credentials).ok_or(AuthQueryError::UnknownDatabase(key.database))?;
     let no_server = |why: String| AuthQueryError::NoServer { user: key.user.clone(), why };
     let mut lease = pool.acquire(deadline).await.map_err(|e| no_server(e.to_string()))?;
-    let sql = &cfg.weir.auth_query;
     let answer = tokio::time::timeout_at(deadline.into(), crate::server::auth_lookup::run(lease.conn_mut(), sql, user));
     match answer.await {
         Ok(Ok(a)) => Ok(a),

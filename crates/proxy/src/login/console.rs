@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
-use weir_metrics::{ClientResult, ConnAddr};
+use weir_metrics::ClientResult;
 
 use super::authenticate::{auth_method, auth_query, trust_names};
 use super::error::ClientError;
@@ -24,6 +24,9 @@ use crate::state::Shared;
 
 /// Database names that reach the console instead of a pool.
 pub const CONSOLE_DATABASES: &[&str] = &["weir", "pgbouncer"];
+
+/// The console's name in SHOW DATABASES and in the client counts.
+pub const CONSOLE_DATABASE: &str = "pgbouncer";
 
 /// Whether clients asking for `database` get the console.
 pub fn is_console_db(database: &str) -> bool {
@@ -64,7 +67,7 @@ pub struct Console {
 }
 
 /// The end of a console client's login, once admitted (or refused): counts
-/// the login, logs it, and lists the client (at `local`) for SHOW CLIENTS.
+/// the login, logs it, and lists the client (with its `listing`) for SHOW CLIENTS.
 /// `Login::Ended` for a user who may not use the console (it has been told
 /// so, and counted).
 pub(super) fn finish_console(
@@ -73,7 +76,7 @@ pub(super) fn finish_console(
     shared: &Shared,
     cfg: &Config,
     start: Start,
-    local: Option<ConnAddr>,
+    listing: super::Listing,
 ) -> Result<Login, ClientError> {
     // A user refused the console (None) has been counted and told already.
     if !matches!(admitted, Ok(None)) {
@@ -85,12 +88,15 @@ pub(super) fn finish_console(
     }
     let Start { req, peer, .. } = start;
     let listed = shared.client_list.register(NewClient {
+        id: listing.id,
         owner: Owner::Console(Box::new(PoolKey { user: req.user, database: req.database })),
         peer,
-        local,
+        local: listing.local,
         application_name: req.params.get("application_name").unwrap_or_default().to_owned(),
         key_pid: reg.pid,
         slot: None,
+        replication: Default::default(),
+        counted: Some(listing.counted),
     });
     Ok(Login::Console(Console { buf, role, reg, listed }))
 }
@@ -116,15 +122,15 @@ pub(super) async fn admit(
     let looked_up;
     // An admin or stats user not in the auth_file is looked up by auth_query
     // (in auth_dbname), as PgBouncer does; nobody else costs a query.
-    let secret = match users.get(user) {
+    let (secret, queried) = match users.get(user) {
         None if Role::of(cfg, user).is_some() && !cfg.auth_user(&req.database).is_empty() => {
             looked_up = auth_query(shared, cfg, req).await?;
-            looked_up.as_ref()
+            (looked_up.as_ref().and_then(Option::as_ref), looked_up.is_some())
         }
-        found => found,
+        found => (found, false),
     };
     let method = auth_method(shared, cfg, *peer, socket.is_tls(), req)?;
-    crate::auth::authenticate(socket, buf, method, user, secret, trust_names(cfg)).await?;
+    crate::auth::authenticate(socket, buf, method, user, secret, trust_names(cfg, queried)).await?;
     let Some(role) = Role::of(cfg, user) else {
         shared.cancels.metrics.record_client_connection(ClientResult::Refused);
         let msg = format!("user \"{user}\" may not use the admin console: list it in admin_users or stats_users");

@@ -35,6 +35,9 @@ pub enum ClientError {
     RefusedSetting { code: SqlState, message: String },
     #[error("sorry, too many clients already (max_client_conn)")]
     TooManyClients,
+    /// max_db_client_connections or max_user_client_connections (PgBouncer's words).
+    #[error("client connections exceeded ({})", .0.key())]
+    ClientCap(crate::state::caps::CapExceeded),
     /// The console's DISABLE closed the database to new clients.
     #[error("{}", crate::state::disabled::disabled_message(.0))]
     Disabled(String),
@@ -56,6 +59,11 @@ pub enum ClientError {
     /// client_tls_sslmode requires TLS and the client did not ask for it.
     #[error("SSL required: this server accepts only TLS connections (client_tls_sslmode)")]
     TlsRequired,
+    /// Postgres refused a replication client's own server (no REPLICATION
+    /// attribute, no pg_hba.conf line for replication): PgBouncer's words,
+    /// Postgres's SQLSTATE, and its message as the DETAIL.
+    #[error("login failed")]
+    ServerLoginFailed { code: SqlState, detail: String },
 }
 
 impl From<WireError> for ClientError {
@@ -79,7 +87,7 @@ impl ClientError {
             ClientError::UnsupportedProtocol(..) => sqlstate::FEATURE_NOT_SUPPORTED,
             ClientError::BadStartupParameter(_) => sqlstate::PROTOCOL_VIOLATION,
             ClientError::RefusedSetting { code, .. } => *code,
-            ClientError::TooManyClients => sqlstate::TOO_MANY_CONNECTIONS,
+            ClientError::TooManyClients | ClientError::ClientCap(_) => sqlstate::TOO_MANY_CONNECTIONS,
             ClientError::Disabled(_) => sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE,
             ClientError::LoginTimeout => sqlstate::PROTOCOL_VIOLATION,
             ClientError::NoServer(
@@ -90,8 +98,10 @@ impl ClientError {
             ) => sqlstate::TOO_MANY_CONNECTIONS,
             ClientError::NoServer(PoolError::LoginRejected { code, .. }) => *code,
             ClientError::NoServer(PoolError::LoginFailing { .. }) => sqlstate::PROTOCOL_VIOLATION,
-            ClientError::Watchdog { code, .. } => *code,
-            ClientError::NoServer(PoolError::Closed) | ClientError::ShuttingDown => sqlstate::ADMIN_SHUTDOWN,
+            ClientError::Watchdog { code, .. } | ClientError::ServerLoginFailed { code, .. } => *code,
+            ClientError::NoServer(PoolError::Closed | PoolError::ShuttingDown) | ClientError::ShuttingDown => {
+                sqlstate::ADMIN_SHUTDOWN
+            }
             ClientError::ServerLost => sqlstate::CONNECTION_FAILURE,
             ClientError::BadServerMessage(_) => sqlstate::PROTOCOL_VIOLATION,
             ClientError::Gone | ClientError::Io(_) => sqlstate::CONNECTION_FAILURE,
@@ -107,6 +117,14 @@ impl ClientError {
         match self {
             ClientError::Auth(a) => a.client_message(),
             other => other.to_string(),
+        }
+    }
+
+    /// What the client's ErrorResponse says in DETAIL, if anything.
+    pub fn detail(&self) -> Option<&str> {
+        match self {
+            ClientError::ServerLoginFailed { detail, .. } => Some(detail),
+            _ => None,
         }
     }
 }

@@ -93,7 +93,7 @@ impl Budget {
 }
 
 /// The end of a pooled client's login, once greeted (or refused): counts
-/// the login, logs it, and lists the client (at `local`) for SHOW CLIENTS
+/// the login, logs it, and lists the client (with its `listing`) for SHOW CLIENTS
 /// and KILL until its session ends.
 pub(super) fn finish_pooled(
     greeted: Result<(LoggedIn, Option<Box<Lease>>), ClientError>,
@@ -101,7 +101,7 @@ pub(super) fn finish_pooled(
     shared: &Shared,
     cfg: &Config,
     peer: ConnAddr,
-    local: Option<ConnAddr>,
+    listing: super::Listing,
 ) -> Result<Pooled, ClientError> {
     count_login(shared, &greeted);
     let (login, held) = greeted?;
@@ -110,12 +110,15 @@ pub(super) fn finish_pooled(
         tracing::info!(application_name, "client logged in");
     }
     let listed = shared.client_list.register(NewClient {
+        id: listing.id,
         owner: Owner::Pool(login.pool.clone()),
         peer,
-        local,
+        local: listing.local,
         application_name: application_name.to_owned(),
         key_pid: login.reg.pid,
         slot: Some(login.reg.slot.clone()),
+        replication: Default::default(),
+        counted: Some(listing.counted),
     });
     Ok(Pooled { buf, login, held, listed })
 }
@@ -130,6 +133,9 @@ pub(super) async fn settle(
     start: Start,
 ) -> Result<(LoggedIn, Hello), ClientError> {
     let Start { mut req, minor, peer } = start;
+    if shared.is_stopping() {
+        return Err(ClientError::ShuttingDown);
+    }
     let (key, credentials) = authenticate_pooled(socket, buf, shared, cfg, &mut req, peer).await?;
     if shared.admin.is_disabled(&key.database) {
         return Err(ClientError::Disabled(key.database));

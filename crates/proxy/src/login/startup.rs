@@ -13,6 +13,7 @@ use crate::config::Config;
 use crate::params::{self, ParamMap, TRACKED};
 use crate::protocol::{
     messages,
+    replication::Replication,
     startup::{self, StartupPacket},
 };
 use crate::tls::ClientTls;
@@ -142,25 +143,48 @@ pub struct Request {
     pub declared_deadline: Option<Duration>,
     /// `_pq_.*` protocol options, which weir does not support.
     pub protocol_options: Vec<String>,
+    /// The `replication` parameter: a replication client gets a server of
+    /// its own (`crate::replication`).
+    pub replication: Replication,
+    /// A replication client's `options`, as it sent them: its server is its
+    /// alone, so they go to Postgres whole (CREATE SUBSCRIPTION's
+    /// `extra_float_digits` among them), as PgBouncer sends them.
+    pub raw_options: Option<String>,
 }
+
+/// The start of the refusal of a parameter weir does not take (PgBouncer's words).
+const UNSUPPORTED: &str = "unsupported startup parameter:";
 
 /// Sorts the startup parameters. Nothing is silently lost: each is used,
 /// applied to servers, explicitly ignored by config, or refused.
 pub fn interpret(raw: &[(&str, &str)], cfg: &Config) -> Result<Request, ClientError> {
     let mut req = Request::default();
+    // First whether this is a replication client, wherever the parameter
+    // stands: its `options` are then kept whole, not read.
+    for &(_, v) in raw.iter().filter(|(k, _)| *k == "replication") {
+        req.replication = Replication::parse(v).ok_or_else(|| {
+            ClientError::BadStartupParameter(format!("invalid value for parameter \"replication\": \"{v}\""))
+        })?;
+    }
     for &(k, v) in raw {
         match k {
             "user" => v.clone_into(&mut req.user),
             "database" => v.clone_into(&mut req.database),
+            "options" if req.replication.is_some() => req.raw_options = Some(v.to_owned()),
             "options" => {
+                // With `options` in ignore_startup_parameters, what weir cannot
+                // use in it is dropped; what it can is still used (PgBouncer's).
+                let lenient = cfg.weir.ignore_startup_parameters.iter().any(|p| p.eq_ignore_ascii_case("options"));
                 for (name, value) in params::parse_options(v).map_err(ClientError::BadStartupParameter)? {
-                    take_setting(&mut req, &name, &value, cfg)?;
+                    match take_setting(&mut req, &name, &value, cfg) {
+                        Err(ClientError::BadStartupParameter(m)) if m.starts_with(UNSUPPORTED) && lenient => {}
+                        Err(ClientError::BadStartupParameter(m)) if m.starts_with(UNSUPPORTED) => {
+                            let msg = format!("unsupported startup parameter in options: {name}");
+                            return Err(ClientError::BadStartupParameter(msg));
+                        }
+                        other => other?,
+                    }
                 }
-            }
-            "replication" if v != "false" && v != "0" => {
-                return Err(ClientError::BadStartupParameter(
-                    "replication connections are not supported by weir".into(),
-                ))
             }
             "replication" => {}
             _ if k.starts_with("_pq_.") => req.protocol_options.push(k.to_owned()),
@@ -193,7 +217,7 @@ fn take_setting(req: &mut Request, name: &str, value: &str, cfg: &Config) -> Res
     } else if listed(&cfg.weir.track_extra_parameters) && params::valid_name(name) {
         req.settings.set(&name.to_ascii_lowercase(), value);
     } else {
-        return Err(ClientError::BadStartupParameter(format!("unsupported startup parameter: {name}")));
+        return Err(ClientError::BadStartupParameter(format!("{UNSUPPORTED} {name}")));
     }
     Ok(())
 }
@@ -232,8 +256,22 @@ mod tests {
         assert!(matches!(interpret(&[("database", "x")], &cfg()), Err(ClientError::NoUser)));
         let bad = interpret(&[("user", "u"), ("weir.bogus", "1")], &cfg());
         assert!(matches!(bad, Err(ClientError::BadStartupParameter(_))));
-        let repl = interpret(&[("user", "u"), ("replication", "database")], &cfg());
+        let repl = interpret(&[("user", "u"), ("replication", "maybe")], &cfg());
         assert!(matches!(repl, Err(ClientError::BadStartupParameter(_))));
+    }
+
+    #[test]
+    fn a_replication_clients_options_are_kept_whole() {
+        let opts = "-c extra_float_digits=3 -c work_mem=1GB";
+        let r = interpret(&[("user", "u"), ("options", opts), ("replication", "database")], &cfg()).unwrap();
+        assert_eq!(r.replication, Replication::Logical);
+        assert_eq!(r.raw_options.as_deref(), Some(opts), "read before the parameter that says so");
+        assert!(r.settings.is_empty());
+        let r = interpret(&[("user", "u"), ("replication", "on"), ("application_name", "a")], &cfg()).unwrap();
+        assert_eq!((r.replication, r.params.get("application_name")), (Replication::Physical, Some("a")));
+        let r = interpret(&[("user", "u"), ("replication", "false"), ("options", "-c search_path=s")], &cfg()).unwrap();
+        assert_eq!((r.replication, r.raw_options), (Replication::None, None));
+        assert_eq!(r.settings.get("search_path"), Some("s"));
     }
 
     #[test]
@@ -241,7 +279,7 @@ mod tests {
         let unlisted = interpret(&[("user", "u"), ("options", "-c work_mem=1GB")], &cfg());
         match unlisted {
             Err(ClientError::BadStartupParameter(m)) => {
-                assert_eq!(m, "unsupported startup parameter: work_mem")
+                assert_eq!(m, "unsupported startup parameter in options: work_mem")
             }
             other => panic!("{other:?}"),
         }

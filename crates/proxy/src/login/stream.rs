@@ -172,13 +172,19 @@ impl AsyncWrite for ClientStream {
 /// How long a refused client's unread bytes are drained after its FATAL.
 const ERROR_LINGER: Duration = Duration::from_millis(500);
 
+/// How long weir tries to hand a client its FATAL (and its close) when the
+/// client does not read, its socket full: then the connection is dropped
+/// without them.
+const GOODBYE_LIMIT: Duration = Duration::from_secs(5);
+
 /// Closes after a FATAL without losing it to a reset: closing a socket with
 /// unread input sends RST, which can discard the error before the client
 /// reads it. So FIN first, then read and drop what the client still sends
 /// until it closes too (or briefly).
 pub(crate) async fn close_after_error(socket: &mut ClientStream) {
-    let _ = socket.shutdown().await;
-    drain(socket, &mut [0u8; 4096], ERROR_LINGER).await;
+    if tokio::time::timeout(GOODBYE_LIMIT, socket.shutdown()).await.is_ok() {
+        drain(socket, &mut [0u8; 4096], ERROR_LINGER).await;
+    }
 }
 
 /// How long a client that left mid-query is given to close its end first.
@@ -208,11 +214,22 @@ async fn drain(socket: &mut ClientStream, sink: &mut [u8], linger: Duration) {
     let _ = tokio::time::timeout(linger, drain).await;
 }
 
-/// Sends a FATAL and closes (see `close_after_error`).
+/// Sends a FATAL and closes (see `close_after_error`); a client that does
+/// not take the FATAL within `GOODBYE_LIMIT` is closed without it.
 pub(crate) async fn fatal_and_close(socket: &mut ClientStream, code: crate::protocol::SqlState, message: &str) {
+    fatal_detail_and_close(socket, code, message, None).await;
+}
+
+/// `fatal_and_close` with a DETAIL, if given.
+pub(crate) async fn fatal_detail_and_close(
+    socket: &mut ClientStream,
+    code: crate::protocol::SqlState,
+    message: &str,
+    detail: Option<&str>,
+) {
     let mut out = BytesMut::new();
-    messages::error_response(&mut out, Severity::Fatal, code, message);
-    if socket.write_all(&out).await.is_ok() {
+    messages::error_response_detail(&mut out, Severity::Fatal, code, message, detail);
+    if let Ok(Ok(())) = tokio::time::timeout(GOODBYE_LIMIT, socket.write_all(&out)).await {
         close_after_error(socket).await;
     }
 }

@@ -32,7 +32,7 @@ use super::evict::Cap;
 use super::state::State;
 use super::{Handed, Pool, PoolError};
 use crate::params::ParamMap;
-use crate::server::{self, ConnectError, CountSlot, ServerConn};
+use crate::server::{ConnectError, CountSlot, ServerConn};
 
 impl Pool {
     /// Starts the connects that demand and limits call for. Called with the lock held.
@@ -91,7 +91,7 @@ impl Pool {
             let pool = self.clone();
             let spec = Arc::new(st.opts.spec.clone());
             tokio::spawn(async move {
-                let result = server::connect(spec, &pool.metrics).await;
+                let result = super::hosts::connect(&pool, spec).await;
                 pool.connected(result, (slot, user_slot));
             });
         }
@@ -206,7 +206,7 @@ impl Pool {
     /// until then a client that finds no server is failed with the cached
     /// error (`State::login_failing`).
     fn login_rejected(&self, st: &mut State, code: crate::protocol::SqlState, message: String) {
-        tracing::warn!(database = %self.key.database, user = %self.key.user, sqlstate = code.code(), "server login failed: {message}");
+        tracing::warn!(database = %self.key.database, user = %self.key.user, sqlstate = code.code(), "server login failed: FATAL {message}");
         st.retry_at = Some(Instant::now() + st.opts.login_retry_max);
         if st.idle.is_empty() && st.active == 0 && st.recovering == 0 {
             while let Some(w) = st.waiters.pop_front() {

@@ -25,6 +25,10 @@ pub enum PoolError {
     LoginFailing { message: String },
     #[error("the pool is shutting down")]
     Closed,
+    /// SHUTDOWN WAIT_FOR_SERVERS lends no server for a new transaction
+    /// (PgBouncer's words); the client is closed.
+    #[error("server shutting down")]
+    ShuttingDown,
     /// 53300 at once: the queue is at its bound.
     #[error(
         "the queue for a server is full ({waiting} clients already waiting, {key} = {waiting}); the query was not run"
@@ -58,7 +62,10 @@ impl PoolError {
             PoolError::QueueFull { .. } => Some(D::QueueFull),
             PoolError::Shed { .. } => Some(D::Shed),
             PoolError::TooLate { .. } => Some(D::Deadline),
-            PoolError::LoginRejected { .. } | PoolError::LoginFailing { .. } | PoolError::Closed => None,
+            PoolError::LoginRejected { .. }
+            | PoolError::LoginFailing { .. }
+            | PoolError::Closed
+            | PoolError::ShuttingDown => None,
         }
     }
 }

@@ -68,6 +68,12 @@ impl Lease {
         }
     }
 
+    /// The connection itself, out of the loan (still counted `active`: the
+    /// caller settles the count).
+    pub(super) fn into_conn(mut self) -> Box<ServerConn> {
+        self.conn.take().expect("lease holds a connection until dropped")
+    }
+
     /// The server is broken (it died or spoke nonsense): close it, counted with
     /// `reason`, and let the pool replace it.
     pub fn close(mut self, reason: CloseReason) {

@@ -3,19 +3,24 @@
 //! dirty, and upkeep. Server connections belong to the pool, never to a client:
 //! a client borrows one through a `Lease`. Admission control (the queue's
 //! bound, shedding, deadline-aware start) is in `admission`; the end of
-//! waits whose budget ran out, one timer per pool, in `expiry`.
+//! waits whose budget ran out, one timer per pool, in `expiry`; the places
+//! replication clients hold, each with a server of its own, in
+//! `replication`.
 
 mod admission;
 mod connector;
+mod control;
 mod error;
 mod evict;
 mod expiry;
 mod fleet;
+mod hosts;
 mod inspect;
 mod lease;
 mod places;
 mod pools;
 mod recovery;
+mod replication;
 mod state;
 mod upkeep;
 
@@ -34,9 +39,11 @@ use crate::timer::within;
 
 pub use admission::{AdmissionConfig, Estimator, QueueCount};
 pub use error::PoolError;
+pub use hosts::{HostKey, HostSet, HostView, HostsConfig};
 pub use inspect::IdleServer;
 pub use lease::Lease;
 pub use pools::{PoolKey, Pools};
+pub use replication::ReplicationPlace;
 pub use state::PoolSnapshot;
 use state::State;
 
@@ -56,6 +63,8 @@ pub struct PoolOptions {
     pub check_query: String,
     pub check_timeout: Duration,
     pub admission: AdmissionConfig,
+    /// The database's hosts, balancing, target and name look-ups.
+    pub hosts: HostsConfig,
 }
 
 /// A pool's configured limits, as `/metrics` exports them.
@@ -82,6 +91,8 @@ pub struct Pool {
     user_servers: Arc<pools::DbCount>,
     /// Waiters across all pools (`max_waiting_clients_total`).
     queued_total: Arc<QueueCount>,
+    /// The database's hosts, shared with its other users' pools.
+    hosts: Arc<HostSet>,
 }
 
 impl Pool {
@@ -91,6 +102,7 @@ impl Pool {
         db_servers: Arc<pools::DbCount>,
         user_servers: Arc<pools::DbCount>,
         queued_total: Arc<QueueCount>,
+        hosts: Arc<HostSet>,
     ) -> Arc<Pool> {
         let metrics = PoolMetrics::new(key.database.clone(), key.user.clone());
         metrics.set_limits(limits(&opts.settings));
@@ -103,7 +115,9 @@ impl Pool {
             db_servers,
             user_servers,
             queued_total,
+            hosts,
         });
+        pool.hosts.join(&pool);
         pool.db_servers.pools.lock().push(Arc::downgrade(&pool));
         pool.user_servers.pools.lock().push(Arc::downgrade(&pool));
         pool.state.lock().opts.spec.probe_room = pool.probe_room();
@@ -118,6 +132,7 @@ impl Pool {
         opts.spec.probe_room = self.probe_room();
         self.metrics.set_limits(limits(&opts.settings));
         self.estimate.configure(&opts.admission);
+        self.hosts.configure(opts.hosts.clone());
         let mut st = self.state.lock();
         st.opts = opts;
         self.want_connects(&mut st);
@@ -126,6 +141,16 @@ impl Pool {
     /// The current settings.
     pub fn settings(&self) -> PoolSettings {
         self.state.lock().opts.settings.clone()
+    }
+
+    /// client_idle_timeout for this pool's clients (zero: off).
+    pub fn client_idle_timeout(&self) -> Duration {
+        self.state.lock().opts.settings.client_idle_timeout
+    }
+
+    /// query_wait_notify for this pool's clients (zero: off).
+    pub fn query_wait_notify(&self) -> Duration {
+        self.state.lock().opts.settings.query_wait_notify
     }
 
     /// The current wait limit: query_wait_timeout, or query_timeout when
@@ -180,6 +205,7 @@ impl Pool {
                         }
                         Ok(Handed::Expired) => return Err(timed_out()),
                         Ok(Handed::Rejected(code, message)) => return Err(PoolError::LoginRejected { code, message }),
+                        Err(_) if self.state.lock().is_stopping() => return Err(PoolError::ShuttingDown),
                         Err(_) => return Err(PoolError::Closed),
                     }
                 }
@@ -249,6 +275,9 @@ impl Pool {
         deadline: Instant,
     ) -> Result<Result<Box<ServerConn>, Waiting>, PoolError> {
         let mut st = self.state.lock();
+        if st.is_stopping() {
+            return Err(PoolError::ShuttingDown);
+        }
         if !st.paused {
             while let Some(mut conn) = st.idle.pop() {
                 if let Some(reason) = State::unusable(&mut conn, now) {
@@ -346,6 +375,11 @@ impl Pool {
     pub(crate) fn give_back(self: &Arc<Self>, mut conn: Box<ServerConn>, needs_reset: bool, now: Option<Instant>) {
         if let Some(reason) = conn.broken {
             self.state.lock().active -= 1;
+            if reason == CloseReason::RoleChanged {
+                // It answered 25006 where writes are wanted, or reported a
+                // new in_hot_standby: its host's role is asked again.
+                self.hosts.doubt(&HostKey::of(&conn.spec));
+            }
             self.discard(conn, reason);
             return;
         }
@@ -386,8 +420,12 @@ impl Pool {
     /// Gives `conn` to the oldest waiter that can still use it at `now`,
     /// else parks it idle.
     fn hand_over(self: &Arc<Self>, st: &mut State, conn: Box<ServerConn>, now: Instant) {
-        if st.reconnect_before.is_some_and(|t| conn.created < t) {
-            conn.close(CloseReason::Admin);
+        let retired = match st.reconnect_before.is_some_and(|t| conn.created < t) {
+            true => Some(CloseReason::Admin),
+            false => st.retired(&conn),
+        };
+        if let Some(reason) = retired {
+            conn.close(reason);
             self.want_connects(st);
             self.wake_blocked_siblings();
             return;
@@ -434,48 +472,9 @@ impl Pool {
         snap
     }
 
-    pub fn pause(self: &Arc<Self>) {
-        self.state.lock().paused = true;
-    }
-
-    pub fn resume(self: &Arc<Self>) {
-        let mut st = self.state.lock();
-        st.paused = false;
-        // Each turn either serves a waiter or parks the server and ends.
-        while st.live_waiters_up_to(1) > 0 {
-            let Some(conn) = st.idle.pop() else { break };
-            self.hand_over(&mut st, conn, Instant::now());
-        }
-        self.want_connects(&mut st);
-    }
-
-    /// RECONNECT: every connection open now closes once released (idle ones
-    /// at once); new ones replace them as needed.
-    pub fn reconnect(self: &Arc<Self>) {
-        self.state.lock().reconnect_before = Some(Instant::now());
-        self.close_idle(CloseReason::Admin);
-        self.want_connects(&mut self.state.lock());
-    }
-
-    /// When the last RECONNECT marked this pool's connections, if one did.
-    pub fn reconnect_mark(&self) -> Option<Instant> {
-        self.state.lock().reconnect_before
-    }
-
-    /// True while a connection RECONNECT marked is still open (WAIT_CLOSE).
-    pub fn reconnect_pending(&self) -> bool {
-        let Some(mark) = self.reconnect_mark() else { return false };
-        let wall = std::time::SystemTime::now() - mark.elapsed();
-        self.metrics.live_servers().iter().any(|s| s.connected_at < wall)
-    }
-
-    /// Closes every idle connection (KILL, shutdown).
-    pub fn close_idle(self: &Arc<Self>, reason: CloseReason) {
-        let idle = std::mem::take(&mut self.state.lock().idle);
-        for conn in idle {
-            conn.close(reason);
-        }
-        self.wake_blocked_siblings();
+    /// The database's hosts as the pool knows them.
+    pub fn hosts(&self) -> &Arc<HostSet> {
+        &self.hosts
     }
 }
 

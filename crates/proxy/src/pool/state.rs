@@ -70,6 +70,33 @@ pub(super) struct State {
     pub reconnect_before: Option<Instant>,
     /// The pool's part in a fleet of weirs sharing one budget (`fleet`).
     pub fleet: super::fleet::Fleet,
+    /// Hosts whose servers opened before a moment retire when released
+    /// (`retire_host`, `retired`).
+    retiring: Vec<Retiring>,
+    /// Places replication clients hold (`replication.rs`): each is a server
+    /// connection of its client's alone, never lent, counted in `total`.
+    replicating: u32,
+    /// SHUTDOWN WAIT_FOR_SERVERS: no server is lent again.
+    stopping: bool,
+}
+
+/// The servers of one host opened before `before` retire with `reason`.
+#[derive(Debug)]
+struct Retiring {
+    host: super::HostKey,
+    before: Instant,
+    reason: CloseReason,
+}
+
+impl Retiring {
+    fn applies(&self, conn: &ServerConn) -> bool {
+        let spec = &conn.spec;
+        let same_host = match &self.host {
+            super::HostKey::Addr(a) => spec.addr == Some(*a),
+            super::HostKey::Named(h, p) => spec.addr.is_none() && spec.host == *h && spec.port == *p,
+        };
+        same_host && conn.created < self.before
+    }
 }
 
 /// Counters for SHOW POOLS and tests.
@@ -88,16 +115,32 @@ pub struct PoolSnapshot {
     /// What a client queued now would wait, as predicted (zero while the
     /// pool has room or the estimate is young).
     pub predicted_wait: Duration,
+    /// Server connections of replication clients, each its client's alone
+    /// (counted under pool_size, never in `active`).
+    pub replication: u32,
 }
 
 impl PoolSnapshot {
     /// Nothing lent, opening, being cleaned up or waited for.
     pub fn is_unused(&self) -> bool {
-        self.active == 0 && self.connecting == 0 && self.recovering == 0 && self.waiting == 0
+        self.active == 0 && self.connecting == 0 && self.recovering == 0 && self.waiting == 0 && self.replication == 0
     }
 }
 
 impl State {
+    /// Lends no server from now on (SHUTDOWN WAIT_FOR_SERVERS): the pool
+    /// is paused for good and its waiters are let go (they learn it from
+    /// `is_stopping`).
+    pub(super) fn stop_lending(&mut self) {
+        self.paused = true;
+        self.stopping = true;
+        self.waiters.clear();
+    }
+
+    pub(super) fn is_stopping(&self) -> bool {
+        self.stopping
+    }
+
     pub(super) fn new(opts: PoolOptions) -> Self {
         State {
             opts,
@@ -111,6 +154,7 @@ impl State {
             recovering: 0,
             probing: 0,
             paused: false,
+            stopping: false,
             failures: 0,
             refusals: 0,
             retry_at: None,
@@ -122,7 +166,49 @@ impl State {
             server_params: None,
             reconnect_before: None,
             fleet: Default::default(),
+            retiring: Vec::new(),
+            replicating: 0,
         }
+    }
+
+    /// The servers of `host` open now retire with `reason`: the idle ones
+    /// are returned (to close now), lent ones close when released. Rules
+    /// older than server_lifetime go (their servers have retired anyway).
+    /// Boxed as in `idle`.
+    #[allow(clippy::vec_box)]
+    pub(super) fn retire_host(
+        &mut self,
+        host: &super::HostKey,
+        reason: CloseReason,
+        now: Instant,
+    ) -> Vec<Box<ServerConn>> {
+        let lifetime = self.opts.lifetime;
+        self.retiring.retain(|r| now.saturating_duration_since(r.before) < lifetime && r.host != *host);
+        let rule = Retiring { host: host.clone(), before: now, reason };
+        let (doomed, kept) = std::mem::take(&mut self.idle).into_iter().partition(|c| rule.applies(c));
+        self.idle = kept;
+        self.retiring.push(rule);
+        doomed
+    }
+
+    /// Why a released server must close instead of going back, if a host
+    /// rule says so. Nothing to look at (one length check) unless a host's
+    /// role changed or its name moved within server_lifetime.
+    pub(super) fn retired(&self, conn: &ServerConn) -> Option<CloseReason> {
+        if self.retiring.is_empty() {
+            return None;
+        }
+        self.retiring.iter().find(|r| r.applies(conn)).map(|r| r.reason)
+    }
+
+    /// A replication client took a place of the pool.
+    pub(super) fn replication_started(&mut self) {
+        self.replicating += 1;
+    }
+
+    /// A replication client gave its place back.
+    pub(super) fn replication_ended(&mut self) {
+        self.replicating -= 1;
     }
 
     pub(super) fn push_waiter(
@@ -211,7 +297,13 @@ impl State {
 
     /// All server connections the pool accounts for.
     pub(super) fn total(&self) -> u32 {
-        self.idle.len() as u32 + self.active + self.connecting + self.recovering + self.probing + self.fleet.busy
+        self.idle.len() as u32
+            + self.active
+            + self.connecting
+            + self.recovering
+            + self.probing
+            + self.fleet.busy
+            + self.replicating
     }
 
     /// The size limit now: pool_size, plus the reserve once a waiter has
@@ -269,6 +361,7 @@ impl State {
             paused: self.paused,
             pool_size: self.opts.settings.pool_size,
             predicted_wait: Duration::ZERO,
+            replication: self.replicating,
         }
     }
 }

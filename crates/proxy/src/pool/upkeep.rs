@@ -4,7 +4,8 @@
 //! connection, so a pool does not expire all at once), keep min_pool_size
 //! warm, retry connects held back by max_db_connections, point idle
 //! connections at the current settings after a reload, close idle ones
-//! above a capacity a reload lowered, and publish the state gauges.
+//! above a capacity a reload lowered, publish the state gauges, and let the
+//! database's host set ask its hosts that do not match again (`survey`).
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -64,6 +65,11 @@ fn sweep(pool: &Arc<Pool>) {
     }
     let mut st = pool.state.lock();
     pool.want_connects(&mut st);
+    // Under the pool's lock: the set takes its own and never a pool's
+    // while it holds it.
+    if !st.paused {
+        pool.hosts.survey(&st.opts.spec);
+    }
 }
 
 /// After a reload lowered pool_size or reserve_pool_size, idle connections
@@ -79,12 +85,13 @@ fn shrink(st: &mut super::state::State, doomed: &mut Vec<(Box<crate::server::Ser
 
 /// After a reload, idle connections take the pool's current connect spec,
 /// so the watchdog settings it carries apply from their next loan.
+/// Each keeps the host it was opened to.
 fn refresh_specs(st: &mut super::state::State) {
-    let Some(stale) = st.idle.iter().position(|c| *c.spec != st.opts.spec) else { return };
-    let spec = Arc::new(st.opts.spec.clone());
+    let Some(stale) = st.idle.iter().position(|c| !c.spec.same_settings(&st.opts.spec)) else { return };
+    let spec = &st.opts.spec;
     for conn in &mut st.idle[stale..] {
-        if *conn.spec != *spec {
-            conn.spec = spec.clone();
+        if !conn.spec.same_settings(spec) {
+            conn.spec = Arc::new(spec.aimed(&conn.spec.host, conn.spec.port, conn.spec.addr));
         }
     }
 }
@@ -101,6 +108,7 @@ fn publish(pool: &Arc<Pool>, last: PoolSnapshot) -> PoolSnapshot {
     m.add_servers(ServerState::Idle, d(now.idle, last.idle));
     m.add_servers(ServerState::Active, d(now.active + now.recovering, last.active + last.recovering));
     m.add_servers(ServerState::Login, d(now.connecting, last.connecting));
+    m.add_servers(ServerState::Replication, d(now.replication, last.replication));
     m.add_clients(ClientState::Waiting, d(now.waiting, last.waiting));
     m.set_maxwait(now.maxwait);
     m.set_predicted_wait(now.predicted_wait);

@@ -42,12 +42,24 @@ impl Severity {
 
 /// Appends an ErrorResponse (or a NoticeResponse for notice severities).
 pub fn error_response(buf: &mut BytesMut, severity: Severity, code: SqlState, message: &str) {
+    error_response_detail(buf, severity, code, message, None);
+}
+
+/// `error_response` with a DETAIL field, if `detail` is given.
+pub fn error_response_detail(
+    buf: &mut BytesMut,
+    severity: Severity,
+    code: SqlState,
+    message: &str,
+    detail: Option<&str>,
+) {
     let t = match severity {
         Severity::Error | Severity::Fatal => tag::ERROR_RESPONSE,
         Severity::Notice | Severity::Warning => tag::NOTICE_RESPONSE,
     };
     let at = begin(buf, t);
-    for (field, value) in [(b'S', severity.as_str()), (b'V', severity.as_str()), (b'C', code.code()), (b'M', message)] {
+    let fields = [(b'S', severity.as_str()), (b'V', severity.as_str()), (b'C', code.code()), (b'M', message)];
+    for (field, value) in fields.into_iter().chain(detail.map(|d| (b'D', d))) {
         buf.put_u8(field);
         buf.put_slice(value.as_bytes());
         buf.put_u8(0);

@@ -1,10 +1,12 @@
 //! The PostgreSQL v3 wire protocol as weir needs it, with no I/O: tag and
-//! SQLSTATE constants, header-peeking framing, the startup packet, and the
-//! handful of messages weir writes itself.
+//! SQLSTATE constants, header-peeking framing, the startup packet, the
+//! handful of messages weir writes itself, and replication connections'
+//! startup parameter and message boundaries.
 
 pub(crate) mod extended;
 pub(crate) mod frame;
 pub mod messages;
+pub(crate) mod replication;
 pub mod sqlstate;
 pub(crate) mod startup;
 pub mod tags;

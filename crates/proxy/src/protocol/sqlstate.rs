@@ -21,6 +21,9 @@ pub const INVALID_CATALOG_NAME: SqlState = SqlState("3D000");
 pub const TOO_MANY_CONNECTIONS: SqlState = SqlState("53300");
 pub const WARNING: SqlState = SqlState("01000");
 pub const IN_FAILED_SQL_TRANSACTION: SqlState = SqlState("25P02");
+/// A write refused by a read-only transaction (a standby, or
+/// default_transaction_read_only).
+pub const READ_ONLY_SQL_TRANSACTION: SqlState = SqlState("25006");
 pub const INVALID_SQL_STATEMENT_NAME: SqlState = SqlState("26000");
 pub const DUPLICATE_PREPARED_STATEMENT: SqlState = SqlState("42P05");
 pub const QUERY_CANCELED: SqlState = SqlState("57014");
@@ -31,6 +34,8 @@ pub const SYNTAX_ERROR: SqlState = SqlState("42601");
 pub const PROGRAM_LIMIT_EXCEEDED: SqlState = SqlState("54000");
 pub const INTERNAL_ERROR: SqlState = SqlState("XX000");
 pub const IDLE_IN_TRANSACTION_SESSION_TIMEOUT: SqlState = SqlState("25P03");
+/// Postgres 17's transaction_timeout.
+pub const TRANSACTION_TIMEOUT: SqlState = SqlState("25P04");
 pub const INSUFFICIENT_PRIVILEGE: SqlState = SqlState("42501");
 pub const UNDEFINED_OBJECT: SqlState = SqlState("42704");
 pub const CANT_CHANGE_RUNTIME_PARAM: SqlState = SqlState("55P02");
@@ -58,6 +63,7 @@ const ALL: &[SqlState] = &[
     PROGRAM_LIMIT_EXCEEDED,
     INTERNAL_ERROR,
     IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
+    TRANSACTION_TIMEOUT,
     INSUFFICIENT_PRIVILEGE,
     UNDEFINED_OBJECT,
     CANT_CHANGE_RUNTIME_PARAM,

@@ -26,7 +26,9 @@ pub(crate) async fn run(conn: &mut ServerConn, sql: &str, user: &str) -> Result<
         buf.extend_from_slice(v.as_bytes());
         Ok(IsNull::No)
     };
-    frontend::bind("", "", [0i16], [user], param, [0i16], &mut out).map_err(|e| match e {
+    // A query without `$1` gets no parameter (PgBouncer runs it as written).
+    let params: &[&str] = if sql.contains("$1") { &[user] } else { &[] };
+    frontend::bind("", "", [0i16], params.iter().copied(), param, [0i16], &mut out).map_err(|e| match e {
         frontend::BindError::Conversion(e) => AuthQueryError::Query(e.to_string()),
         frontend::BindError::Serialization(e) => bad(e),
     })?;
@@ -42,7 +44,8 @@ pub(crate) async fn run(conn: &mut ServerConn, sql: &str, user: &str) -> Result<
         match frame.tag {
             be::DATA_ROW if !seen_row => {
                 seen_row = true;
-                result = Ok(second_column(frame.body()).ok_or(AuthQueryError::Query("malformed DataRow".into()))?);
+                result =
+                    Ok(Some(second_column(frame.body()).ok_or(AuthQueryError::Query("malformed DataRow".into()))?));
             }
             be::ERROR_RESPONSE => {
                 let f = messages::parse_error_fields(frame.body()).map_err(|e| AuthQueryError::Query(e.to_string()))?;

@@ -9,14 +9,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use tokio::net::{TcpStream, UnixStream};
 use weir_metrics::{CloseReason, ConnAddr, ConnectFailure, ConnectRefusal, PoolMetrics, ServerConnGuard};
 
 use super::cancel::{CancelAddr, CancelGate, CancelTarget};
 use super::conversation::Conversation;
 use super::handshake::{login, LoginError, LoginParams};
 use super::probe::Watch;
-use super::socket::{self, Liveness};
+use super::socket::Liveness;
 use super::statements::ServerStatements;
 use super::stream::ServerStream;
 use crate::params::ParamMap;
@@ -28,8 +27,13 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// Everything needed to open one server connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectSpec {
+    /// The host to dial: a name or address (also the TLS server name), or a
+    /// Unix socket folder starting with `/`.
     pub host: String,
     pub port: u16,
+    /// The address the pool chose for `host` (one of its addresses); None:
+    /// `host` is looked up at the connect.
+    pub addr: Option<std::net::SocketAddr>,
     pub user: String,
     pub credentials: crate::auth::Credentials,
     pub dbname: String,
@@ -97,6 +101,14 @@ pub(crate) enum ConnectError {
     /// The database's connect_query failed.
     #[error("connect_query failed: {0}")]
     ConnectQuery(String),
+    /// No host of the database matched its target_session_attrs within
+    /// server_connect_timeout (what each was found to be).
+    #[error("no host matches target_session_attrs = {target} ({hosts})")]
+    NoMatchingHost { target: &'static str, hosts: String },
+    /// The login of the database's search for a host was refused: Postgres's
+    /// SQLSTATE and message.
+    #[error("server login failed: {message}")]
+    Rejected { code: SqlState, message: String },
 }
 
 impl ConnectError {
@@ -109,6 +121,20 @@ impl ConnectError {
             ConnectError::Login(_) | ConnectError::Tls { .. } | ConnectError::ConnectQuery(_) => {
                 ConnectFailure::Protocol
             }
+            ConnectError::NoMatchingHost { .. } => ConnectFailure::NoMatchingHost,
+            ConnectError::Rejected { .. } => ConnectFailure::Auth,
+        }
+    }
+
+    /// The server could not be reached, or is starting up or shutting
+    /// down (57P03): its host counts as unreachable. Any other error came
+    /// from a server that answered.
+    pub(crate) fn unreachable(&self) -> bool {
+        match self {
+            ConnectError::Timeout(_) | ConnectError::Io(_) => true,
+            ConnectError::Login(LoginError::Eof | LoginError::Io(_)) => true,
+            ConnectError::Login(LoginError::Server { code, .. }) => code == sqlstate::CANNOT_CONNECT_NOW.code(),
+            _ => false,
         }
     }
 
@@ -129,7 +155,8 @@ impl ConnectError {
     /// as temporary.
     pub(crate) fn rejection(&self) -> Option<(SqlState, String)> {
         match self {
-            ConnectError::Timeout(_) | ConnectError::Io(_) => None,
+            ConnectError::Timeout(_) | ConnectError::Io(_) | ConnectError::NoMatchingHost { .. } => None,
+            ConnectError::Rejected { code, message } => Some((*code, message.clone())),
             ConnectError::Tls { .. } | ConnectError::ConnectQuery(_) => Some((self.sqlstate(), self.to_string())),
             ConnectError::Login(e) => match e {
                 LoginError::Server { code, .. } if code == sqlstate::CANNOT_CONNECT_NOW.code() => None,
@@ -150,6 +177,7 @@ impl ConnectError {
     pub(crate) fn sqlstate(&self) -> SqlState {
         match self {
             ConnectError::Login(e) => e.sqlstate(),
+            ConnectError::Rejected { code, .. } => *code,
             _ => sqlstate::SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
         }
     }
@@ -204,6 +232,12 @@ pub struct ServerConn {
     pub(crate) broken: Option<CloseReason>,
     /// weir's prepared statements on this server (transaction mode).
     pub(crate) statements: ServerStatements,
+    /// Its place among its host's servers (`tether`): the pool ends it at
+    /// once when the host fails over.
+    pub(crate) tether: Option<super::tether::Tether>,
+    /// Its database wants writes (target_session_attrs = read-write): a
+    /// 25006 from it retires it when released.
+    pub(crate) wants_writes: bool,
     guard: ServerConnGuard,
 }
 
@@ -227,6 +261,8 @@ pub struct ServerSide<'a> {
     pub params: &'a mut ParamMap,
     pub broken: &'a mut Option<CloseReason>,
     pub statements: &'a mut ServerStatements,
+    /// A refused write (25006) retires the server (read-write databases).
+    pub wants_writes: bool,
 }
 
 /// A place in a shared connection count, given back on drop.
@@ -268,6 +304,7 @@ impl ServerConn {
                 params: &mut self.params,
                 broken: &mut self.broken,
                 statements: &mut self.statements,
+                wants_writes: self.wants_writes,
             },
         }
     }
@@ -338,6 +375,7 @@ pub(crate) async fn connect(spec: Arc<ConnectSpec>, metrics: &Arc<PoolMetrics>) 
 /// `connect` without the connect_query.
 async fn connect_plain(spec: Arc<ConnectSpec>, metrics: &Arc<PoolMetrics>) -> Result<ServerConn, ConnectError> {
     let started = Instant::now();
+    let id = super::next_socket_id();
     let result = tokio::time::timeout(spec.connect_timeout, open(&spec)).await;
     let (stream, rbuf, login) = match result {
         Ok(Ok(v)) => v,
@@ -351,6 +389,7 @@ async fn connect_plain(spec: Arc<ConnectSpec>, metrics: &Arc<PoolMetrics>) -> Re
     let mut guard = ServerConnGuard::opened(metrics.clone(), started.elapsed());
     let statements = ServerStatements::default();
     guard.describe(weir_metrics::ServerInfo {
+        id,
         pid: login.backend_pid,
         addr: addr.shown(spec.port),
         local_addr,
@@ -382,6 +421,8 @@ async fn connect_plain(spec: Arc<ConnectSpec>, metrics: &Arc<PoolMetrics>) -> Re
         spec,
         broken: None,
         statements,
+        tether: None,
+        wants_writes: false,
         guard,
     })
 }
@@ -409,7 +450,7 @@ pub(super) async fn open(
     }
     match open_with(spec, NEWEST_MINOR).await {
         Err(ConnectError::Login(e)) if e.refuses_version() => {
-            tracing::info!(host = %spec.host, port = spec.port, error = %e, "the server refused protocol 3.2; using 3.0");
+            tracing::info!(server = %spec.shown(), error = %e, "the server refused protocol 3.2; using 3.0");
             spec.refuses_3_2.set();
             open_with(spec, 0).await
         }
@@ -422,16 +463,7 @@ async fn open_with(
     spec: &ConnectSpec,
     minor: u16,
 ) -> Result<(ServerStream, BytesMut, super::handshake::LoginResult), ConnectError> {
-    let mut stream = if spec.host.starts_with('/') {
-        ServerStream::Unix(UnixStream::connect(socket_path(&spec.host, spec.port)).await?)
-    } else {
-        let tcp = TcpStream::connect((spec.host.as_str(), spec.port)).await?;
-        socket::apply(&tcp, &spec.liveness)?;
-        match &spec.tls {
-            Some(tls) => negotiate_tls(tcp, tls, &spec.host).await?,
-            None => ServerStream::Plain(tcp),
-        }
-    };
+    let mut stream = super::dial::stream(spec).await?;
     let mut buf = BytesMut::with_capacity(8192);
     let params = LoginParams {
         user: &spec.user,
@@ -442,35 +474,6 @@ async fn open_with(
     };
     let result = login(&mut stream, &mut buf, &params).await?;
     Ok((stream, buf, result))
-}
-
-/// The server's one-byte answers to SSLRequest.
-const SSL_ACCEPTED: u8 = b'S';
-const SSL_REFUSED: u8 = b'N';
-
-/// SSLRequest, then exactly one byte: `S` starts the handshake (anything
-/// the server sent after its `S` is read by rustls as TLS records and fails
-/// the handshake, never taken as plaintext: CVE-2021-23222's class); `N`
-/// continues in plaintext only with `prefer`.
-pub(super) async fn negotiate_tls(
-    mut tcp: TcpStream,
-    tls: &crate::tls::ServerTls,
-    host: &str,
-) -> Result<ServerStream, ConnectError> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let fail = |why: String| ConnectError::Tls { mode: tls.mode.as_str(), why };
-    tcp.write_all(&crate::protocol::messages::encryption_request(crate::protocol::tags::startup::SSL_REQUEST)).await?;
-    match tcp.read_u8().await? {
-        SSL_ACCEPTED => {}
-        SSL_REFUSED if tls.mode == crate::config::ServerTlsMode::Prefer => return Ok(ServerStream::Plain(tcp)),
-        SSL_REFUSED => return Err(fail("the server does not accept TLS".into())),
-        other => return Err(fail(format!("unexpected answer to SSLRequest: byte {other:#04x}"))),
-    }
-    let name = rustls::pki_types::ServerName::try_from(host.to_owned())
-        .map_err(|e| fail(format!("host \"{host}\" is not a valid TLS server name: {e}")))?;
-    let connector = tls.connector.as_ref().map_err(|e| fail(e.clone()))?;
-    let stream = connector.connect(name, tcp).await.map_err(|e| fail(crate::tls::explain(&e, "server")))?;
-    Ok(ServerStream::Tls(Box::new(stream)))
 }
 
 #[cfg(test)]

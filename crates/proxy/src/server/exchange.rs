@@ -2,6 +2,8 @@
 //! simple query, and drain output until every ReadyForQuery owed has come.
 //! Used by recovery, health checks and parameter re-application.
 
+use std::time::Duration;
+
 use bytes::{Buf, BytesMut};
 use tokio::io::AsyncWriteExt;
 use weir_metrics::CloseReason;
@@ -12,6 +14,13 @@ use crate::params::ParamMap;
 use crate::protocol::messages::{self, ErrorFields};
 use crate::protocol::tags::{backend as be, frontend as fe};
 use crate::wire::{self, WireError};
+
+/// How long weir's own statements around a client's transaction may take:
+/// the client's settings applied before it, read back after it. They answer
+/// at once on a live server; one silent this long is taken for dead (a path
+/// that froze while still acknowledging, which neither keepalive nor
+/// TCP_USER_TIMEOUT notices).
+pub(crate) const SETTINGS_LIMIT: Duration = Duration::from_secs(10);
 
 impl ServerConn {
     /// Makes this server's session parameters match a client's reported
@@ -24,7 +33,18 @@ impl ServerConn {
         }
         let sql = ParamMap::sync_sql(params, settings, &self.params, &self.settings);
         if let Some(sql) = &sql {
-            run(self, sql).await?;
+            // Boxed: rare, and kept out of every request's future.
+            match Box::pin(tokio::time::timeout(SETTINGS_LIMIT, run(self, sql))).await {
+                Ok(ran) => ran?,
+                Err(_) => {
+                    crate::span::client_event!(
+                        warn,
+                        pid = self.cancel.pid,
+                        "the server did not answer the client's settings within {SETTINGS_LIMIT:?}; closing it"
+                    );
+                    return Err(CloseReason::Unresponsive);
+                }
+            }
             self.settings = settings.clone();
             for (k, v) in params.iter() {
                 self.params.set(k, v);

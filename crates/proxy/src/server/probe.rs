@@ -3,13 +3,17 @@
 //! busy server from a dead path. The clocks that decide when to probe run in
 //! the client's transfer (`client::transfer_watchdog`).
 //!
-//! Socket options (keepalive, TCP_USER_TIMEOUT, see `socket.rs`) catch a path
-//! that drops packets, because the kernel's own probes go unanswered. They
-//! cannot catch a path whose far end still ACKs but forwards nothing (a stuck
-//! userspace relay, load balancer or pooler in between): the kernel sees a
-//! healthy, quiet connection, exactly like a long query. So when a server that
-//! owes a response has sent no byte for `server_check_silence`, weir asks
-//! Postgres itself, on a fresh connection over the same address:
+//! Keepalive (see `socket.rs`) catches a quiet path that drops packets,
+//! because the kernel's own probes go unanswered. No socket option catches a
+//! path whose far end still ACKs but forwards nothing (a stuck userspace
+//! relay, load balancer or pooler in between): the kernel sees a healthy,
+//! quiet connection, exactly like a long query. And TCP_USER_TIMEOUT (off by
+//! default, as in PgBouncer) cannot tell a dead path from a backend that
+//! stops reading while it works: it would cut off a COPY or a pipeline
+//! behind a lock wait. So when a server that owes a response has sent no
+//! byte, or has taken none of the bytes weir has for it, for
+//! `server_check_silence`, weir asks Postgres itself, on a fresh connection
+//! over the same address:
 //!
 //! 1. connect and log in as the pool's user, within `server_connect_timeout`;
 //!    a timeout or I/O error means the path or the server is dead;
@@ -18,6 +22,8 @@
 //!    backend is still working on our query (it is just slow); no row means it
 //!    is gone, has finished (its answer was lost on the way) or is stuck
 //!    writing to a path that does not drain, and the connection is dead.
+//!    When weir has bytes the server does not take, a backend waiting to read
+//!    (`ClientRead`) is cut off from them, and that is dead too.
 //!
 //! An ErrorResponse during the probe's login (too many connections, a
 //! password problem) proves the server answers but not that our backend is
@@ -59,8 +65,8 @@ const PROBE_MAX_MESSAGE: usize = 1 << 20;
 const MAX_PROBES: usize = 4;
 static PROBES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_PROBES);
 
-/// Addresses whose last probe could not connect: (host, port, when, why).
-static DEAD_PATHS: Mutex<Vec<(String, u16, Instant, String)>> = Mutex::new(Vec::new());
+/// Addresses whose last probe could not connect: (where, when, why).
+static DEAD_PATHS: Mutex<Vec<(String, Instant, String)>> = Mutex::new(Vec::new());
 
 /// Watchdog settings for conversations on a server connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -75,6 +81,8 @@ pub struct Watch {
     pub silence: Option<Duration>,
     /// `idle_transaction_timeout` (None = off).
     pub idle_transaction: Option<Duration>,
+    /// `transaction_timeout` (None = off).
+    pub transaction: Option<Duration>,
 }
 
 impl Watch {
@@ -85,6 +93,18 @@ impl Watch {
             cancel_grace: g.server_check_timeout,
             silence: nonzero(Some(g.server_check_silence)),
             idle_transaction: nonzero(g.idle_transaction_timeout),
+            transaction: nonzero(g.transaction_timeout),
+        }
+    }
+
+    /// The watch of one pool: `[weir]`'s, with the timeouts its user may
+    /// set for itself (`[users]`) as resolved in its settings.
+    pub fn for_pool(g: &crate::config::General, settings: &crate::config::PoolSettings) -> Self {
+        Watch {
+            query_timeout: settings.query_timeout,
+            idle_transaction: settings.idle_transaction_timeout,
+            transaction: settings.transaction_timeout,
+            ..Watch::from_config(g)
         }
     }
 }
@@ -125,8 +145,9 @@ impl std::fmt::Debug for ProbeRoom {
     }
 }
 
-/// Checks, on a new connection, whether backend `pid` is still working.
-pub(crate) async fn probe(spec: &ConnectSpec, pid: i32) -> Verdict {
+/// Checks, on a new connection, whether backend `pid` is still working;
+/// `unsent`: weir has bytes for it that its socket does not take.
+pub(crate) async fn probe(spec: &ConnectSpec, pid: i32, unsent: bool) -> Verdict {
     let _permit = PROBES.acquire().await.expect("the probe semaphore is never closed");
     if let Some(why) = recently_dead(spec) {
         return Verdict::Dead(why);
@@ -138,7 +159,7 @@ pub(crate) async fn probe(spec: &ConnectSpec, pid: i32) -> Verdict {
         },
         None => None,
     };
-    let verdict = match tokio::time::timeout(spec.connect_timeout, ask(spec, pid)).await {
+    let verdict = match tokio::time::timeout(spec.connect_timeout, ask(spec, pid, unsent)).await {
         Err(_) => path_dead(
             spec,
             format!("a fresh connection to the server did not answer within {:?}", spec.connect_timeout),
@@ -150,6 +171,9 @@ pub(crate) async fn probe(spec: &ConnectSpec, pid: i32) -> Verdict {
         Ok(Err(ProbeError::Connect(e))) => path_dead(spec, format!("a fresh connection to the server failed: {e}")),
         Ok(Err(e)) => Verdict::Dead(format!("a fresh connection to the server failed: {e}")),
         Ok(Ok(true)) => Verdict::Alive,
+        Ok(Ok(false)) if unsent => {
+            Verdict::Dead(format!("backend {pid} is not reading, or waits for bytes that do not reach it"))
+        }
         Ok(Ok(false)) => Verdict::Dead(format!("backend {pid} is no longer working on the query")),
     };
     drop(place);
@@ -180,7 +204,7 @@ async fn postmaster_answers(spec: &ConnectSpec) -> std::io::Result<()> {
         s.write_all(&request).await?;
         s.read_exact(&mut answer).await?;
     } else {
-        let mut s = tokio::net::TcpStream::connect((spec.host.as_str(), spec.port)).await?;
+        let mut s = super::dial::tcp(spec).await?;
         s.write_all(&request).await?;
         s.read_exact(&mut answer).await?;
     }
@@ -190,14 +214,16 @@ async fn postmaster_answers(spec: &ConnectSpec) -> std::io::Result<()> {
 /// Why the address's last probe failed, if that was within server_connect_timeout.
 fn recently_dead(spec: &ConnectSpec) -> Option<String> {
     let mut dead = DEAD_PATHS.lock();
-    dead.retain(|(_, _, at, _)| at.elapsed() < spec.connect_timeout);
-    dead.iter().find(|(h, p, _, _)| *h == spec.host && *p == spec.port).map(|(_, _, _, why)| why.clone())
+    dead.retain(|(_, at, _)| at.elapsed() < spec.connect_timeout);
+    let path = spec.shown();
+    dead.iter().find(|(p, _, _)| *p == path).map(|(_, _, why)| why.clone())
 }
 
 fn path_dead(spec: &ConnectSpec, why: String) -> Verdict {
     let mut dead = DEAD_PATHS.lock();
-    dead.retain(|(h, p, _, _)| !(*h == spec.host && *p == spec.port));
-    dead.push((spec.host.clone(), spec.port, Instant::now(), why.clone()));
+    let path = spec.shown();
+    dead.retain(|(p, _, _)| *p != path);
+    dead.push((path, Instant::now(), why.clone()));
     Verdict::Dead(why)
 }
 
@@ -212,10 +238,10 @@ enum ProbeError {
 }
 
 /// Logs in and asks whether `pid` is active; true if it is.
-async fn ask(spec: &ConnectSpec, pid: i32) -> Result<bool, ProbeError> {
+async fn ask(spec: &ConnectSpec, pid: i32, unsent: bool) -> Result<bool, ProbeError> {
     let (mut stream, mut buf, _) = open(spec).await?;
     let mut out = BytesMut::new();
-    messages::query(&mut out, &active_sql(pid));
+    messages::query(&mut out, &active_sql(pid, unsent));
     stream.write_all(&out).await?;
     let mut rows = 0;
     let mut failed = false;
@@ -235,10 +261,13 @@ async fn ask(spec: &ConnectSpec, pid: i32) -> Result<bool, ProbeError> {
     Ok(rows > 0 || failed)
 }
 
-fn active_sql(pid: i32) -> String {
+/// Whether `pid` works on a query: active, and not stuck writing to us (nor,
+/// when weir has bytes it does not take, waiting to read them).
+fn active_sql(pid: i32, unsent: bool) -> String {
+    let waits = if unsent { "('ClientWrite', 'ClientRead')" } else { "('ClientWrite')" };
     format!(
         "SELECT 1 FROM pg_catalog.pg_stat_activity WHERE pid = {pid} AND state = 'active' \
-         AND wait_event IS DISTINCT FROM 'ClientWrite'"
+         AND coalesce(wait_event, '') NOT IN {waits}"
     )
 }
 
@@ -266,6 +295,7 @@ mod tests {
         let spec = ConnectSpec {
             host: "127.0.0.1".into(),
             port,
+            addr: None,
             user: "u".into(),
             credentials: crate::auth::Credentials::None,
             dbname: "d".into(),
@@ -278,6 +308,6 @@ mod tests {
             probe_room: ProbeRoom::default(),
             refuses_3_2: Default::default(),
         };
-        assert!(matches!(probe(&spec, 1).await, Verdict::Dead(_)));
+        assert!(matches!(probe(&spec, 1, false).await, Verdict::Dead(_)));
     }
 }

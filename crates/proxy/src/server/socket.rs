@@ -1,5 +1,9 @@
-//! Socket options: TCP_NODELAY, keepalive and TCP_USER_TIMEOUT, so that a
-//! silently dropped path is detected in seconds rather than Linux's ~15 min.
+//! Socket options: TCP_NODELAY, keepalive, so that a quiet path that died is
+//! detected in seconds rather than the kernel's 2 hours, and TCP_USER_TIMEOUT
+//! when configured (off by default: it cannot tell a dead path from a peer
+//! that stops reading while it works, a backend in a lock wait mid-COPY or a
+//! client reading a large result slowly; the watchdog's probe can). Client
+//! sockets get the keepalive only (`keepalive`).
 
 use std::time::Duration;
 
@@ -31,14 +35,22 @@ impl Liveness {
 /// Applies NODELAY, keepalive and TCP_USER_TIMEOUT to a server socket.
 pub(crate) fn apply(stream: &TcpStream, l: &Liveness) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
-    let sock = SockRef::from(stream);
-    if l.keepalive {
-        let ka = TcpKeepalive::new().with_time(l.keepidle).with_interval(l.keepintvl).with_retries(l.keepcnt);
-        sock.set_tcp_keepalive(&ka)?;
-    }
+    keepalive(stream, l)?;
     #[cfg(any(target_os = "linux", target_os = "android"))]
     if let Some(t) = l.user_timeout {
-        sock.set_tcp_user_timeout(Some(t))?;
+        SockRef::from(stream).set_tcp_user_timeout(Some(t))?;
+    }
+    Ok(())
+}
+
+/// Applies the keepalive settings (if on) to a socket, a server's or a
+/// client's: a peer whose path died while the connection sat quiet (an idle
+/// client, one idle in a transaction or silent mid-COPY, an idle server) is
+/// found after `keepidle + keepintvl * keepcnt`.
+pub(crate) fn keepalive(stream: &TcpStream, l: &Liveness) -> std::io::Result<()> {
+    if l.keepalive {
+        let ka = TcpKeepalive::new().with_time(l.keepidle).with_interval(l.keepintvl).with_retries(l.keepcnt);
+        SockRef::from(stream).set_tcp_keepalive(&ka)?;
     }
     Ok(())
 }
@@ -60,12 +72,16 @@ mod tests {
         assert_eq!(sock.keepalive_time().unwrap(), l.keepidle);
         assert_eq!(sock.keepalive_interval().unwrap(), l.keepintvl);
         assert_eq!(sock.keepalive_retries().unwrap(), l.keepcnt);
-        #[cfg(target_os = "linux")]
-        assert_eq!(sock.tcp_user_timeout().unwrap(), l.user_timeout);
-        // Defaults detect a dead path within ~10 s, not Linux's ~15 min.
+        // Defaults detect a quiet dead path within ~10 s, not the kernel's 2 h.
         let worst = l.keepidle + l.keepintvl * l.keepcnt;
         assert!(worst <= std::time::Duration::from_secs(10), "{worst:?}");
-        assert!(l.user_timeout.is_some_and(|t| t <= std::time::Duration::from_secs(10)));
+        assert_eq!(l.user_timeout, None, "off by default, as PgBouncer's");
+        #[cfg(target_os = "linux")]
+        {
+            let set = Liveness { user_timeout: Some(std::time::Duration::from_secs(8)), ..l };
+            apply(&stream, &set).unwrap();
+            assert_eq!(sock.tcp_user_timeout().unwrap(), set.user_timeout, "applied when configured");
+        }
     }
 
     #[tokio::test]

@@ -5,7 +5,6 @@
 //! active) is read from its cancel slot, which the session keeps current.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -15,6 +14,7 @@ use weir_metrics::{ClientState, ConnAddr};
 
 use crate::cancel_keys::CancelSlot;
 use crate::pool::{Pool, PoolKey, Pools};
+use crate::protocol::replication::Replication;
 
 /// Whose client it is: a pool's (its database and user are the pool's), or
 /// the admin console's (boxed: the rare case, and every entry has the size
@@ -52,10 +52,22 @@ pub(crate) struct ClientEntry {
     /// The client's cancel slot, which also holds its KILL/drain switch
     /// (None for console clients).
     slot: Option<Arc<CancelSlot>>,
+    /// A replication client (its server is its own, never pooled).
+    pub replication: Replication,
+    /// Its place in the per-database and per-user client counts, given
+    /// back when the entry goes.
+    counted_as: Option<super::caps::CapGuard>,
 }
 
 impl ClientEntry {
+    /// The user the client logged in as (a forced user's pool is keyed on
+    /// the forced user; SHOW CLIENTS names the client's own, as PgBouncer).
     pub(crate) fn user(&self) -> &str {
+        self.counted_as.as_ref().map_or(&self.owner.key().user, |c| c.user())
+    }
+
+    /// The user of the client's pool (a forced user, if its database has one).
+    pub(crate) fn pool_user(&self) -> &str {
         &self.owner.key().user
     }
 
@@ -114,12 +126,16 @@ pub(crate) fn farewell_code(why: &str) -> crate::protocol::sqlstate::SqlState {
 /// The details a client registers with.
 #[derive(Debug)]
 pub(crate) struct NewClient {
+    /// Its connection id (`server::next_socket_id`, taken at login).
+    pub id: u64,
     pub owner: Owner,
     pub peer: ConnAddr,
     pub local: Option<ConnAddr>,
     pub application_name: String,
     pub key_pid: i32,
     pub slot: Option<Arc<CancelSlot>>,
+    pub replication: Replication,
+    pub counted: Option<super::caps::CapGuard>,
 }
 
 /// Pooled clients of one (database, user) by where they stand.
@@ -133,7 +149,6 @@ pub(crate) struct ClientCounts {
 /// All logged-in clients.
 #[derive(Debug, Default)]
 pub(crate) struct ClientList {
-    next: AtomicU64,
     clients: Mutex<BTreeMap<u64, Arc<ClientEntry>>>,
 }
 
@@ -159,7 +174,7 @@ impl ClientList {
 
     /// Lists a client until the returned guard drops.
     pub(crate) fn register(self: &Arc<Self>, c: NewClient) -> ClientGuard {
-        let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        let id = c.id;
         let entry = Arc::new(ClientEntry {
             id,
             registry: Arc::downgrade(self),
@@ -171,6 +186,8 @@ impl ClientList {
             connected_at: SystemTime::now(),
             key_pid: c.key_pid,
             slot: c.slot,
+            replication: c.replication,
+            counted_as: c.counted,
         });
         self.clients.lock().insert(id, entry.clone());
         ClientGuard { entry }
@@ -185,6 +202,13 @@ impl ClientList {
         self.clients.lock().len()
     }
 
+    /// Kills the pooled client with connection id `id`; false when there is
+    /// no such client (a console client is not killed: false as well).
+    pub(crate) fn kill_id(&self, id: u64, why: &'static str) -> bool {
+        let found = self.clients.lock().get(&id).filter(|c| !c.console).cloned();
+        found.inspect(|c| c.kill(why)).is_some()
+    }
+
     /// Kills the pooled clients of `database` (every pooled client when None).
     /// Returns how many were told to go.
     pub(crate) fn kill_database(&self, database: Option<&str>, why: &'static str) -> usize {
@@ -197,16 +221,24 @@ impl ClientList {
     /// client_idle_timeout (PgBouncer's): kills the pooled clients that hold
     /// no server and whose latest request (or login, if none) began at least
     /// `timeout` ago. Returns how many. Runs every gauge tick.
-    pub(crate) fn kill_idle(&self, timeout: std::time::Duration) -> usize {
+    pub(crate) fn kill_idle(&self) -> usize {
         let (now, wall) = (Instant::now(), SystemTime::now());
         let idle_for = |c: &ClientEntry| match c.requested_at() {
             Some(at) => now.saturating_duration_since(at),
             None => wall.duration_since(c.connected_at).unwrap_or_default(),
         };
+        // Each pool's limit (its user's own, or `[weir]`'s), read once per pool.
+        let mut limits: HashMap<*const Pool, std::time::Duration> = HashMap::new();
+        let mut limit =
+            |pool: &Arc<Pool>| *limits.entry(Arc::as_ptr(pool)).or_insert_with(|| pool.client_idle_timeout());
         let doomed: Vec<_> = self
             .all()
             .into_iter()
-            .filter(|c| !c.console && c.state() == ClientState::Idle && idle_for(c) >= timeout)
+            .filter(|c| {
+                let Owner::Pool(pool) = &c.owner else { return false };
+                let timeout = limit(pool);
+                !timeout.is_zero() && c.state() == ClientState::Idle && idle_for(c) >= timeout
+            })
             .collect();
         doomed.iter().for_each(|c| c.kill(IDLE_TIMEOUT));
         doomed.len()
@@ -287,14 +319,21 @@ impl ClientList {
 mod tests {
     use super::*;
 
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    static NEXT_TEST_ID: AtomicU64 = AtomicU64::new(1);
+
     fn client(db: &str, slot: Option<Arc<CancelSlot>>) -> NewClient {
         NewClient {
+            id: NEXT_TEST_ID.fetch_add(1, Ordering::Relaxed),
             owner: Owner::Console(Box::new(PoolKey { user: "u".into(), database: db.into() })),
             peer: "127.0.0.1:1".parse::<std::net::SocketAddr>().unwrap().into(),
             local: None,
             application_name: String::new(),
             key_pid: 1,
             slot,
+            replication: Replication::None,
+            counted: None,
         }
     }
 

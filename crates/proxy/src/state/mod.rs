@@ -4,8 +4,13 @@
 //! the drain and stop. `app` owns the listener and starts and ends a running
 //! weir through this; the client tasks and the console read and change it.
 
+pub(crate) mod caps;
 pub(crate) mod client_list;
 pub(crate) mod disabled;
+mod shutdown;
+mod stopping;
+
+pub use stopping::StopMode;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -43,8 +48,12 @@ pub struct Shared {
     pub clients: AtomicUsize,
     /// Logged-in clients (SHOW CLIENTS, KILL, the drain).
     pub(crate) client_list: Arc<ClientList>,
+    /// Clients by database and user (max_db/user_client_connections).
+    pub(crate) caps: Arc<caps::ClientCaps>,
     /// Cancelled when the drain starts: no new clients, idle clients leave.
     pub shutdown: crate::signal::Signal,
+    /// Set by SHUTDOWN WAIT_FOR_SERVERS / WAIT_FOR_CLIENTS (`stopping`).
+    pub stopping: crate::signal::Signal,
     /// Cancelled when the drain (or a stop) is complete.
     pub(crate) stopped: CancellationToken,
     /// Every client task (and the accept loop).
@@ -133,6 +142,7 @@ impl Shared {
     }
 
     pub fn new(cfg: Config, users: UserList) -> Shared {
+        let cancels = CancelKeys::for_peer(cfg.weir.peer_id);
         Shared {
             config: ConfigCell::new(cfg),
             users: ArcSwap::from_pointee(users),
@@ -140,10 +150,12 @@ impl Shared {
             client_tls: ArcSwapOption::empty(),
             pools: Pools::new(),
             auth_query_cache: Default::default(),
-            cancels: CancelKeys::new(),
+            cancels,
             clients: AtomicUsize::new(0),
             client_list: ClientList::new(),
+            caps: Arc::default(),
             shutdown: crate::signal::Signal::new(),
+            stopping: crate::signal::Signal::new(),
             stopped: CancellationToken::new(),
             tracker: TaskTracker::new(),
             config_path: Mutex::new(None),
@@ -167,7 +179,31 @@ impl Shared {
         if self.is_paused(&key.database) {
             pool.pause();
         }
+        if self.is_stopping() {
+            pool.stop_lending();
+        }
         Some(pool)
+    }
+
+    /// Opens the pool of each database with a forced user and a
+    /// min_pool_size, so that its upkeep keeps min_pool_size servers open
+    /// before any client comes (PgBouncer's janitor fills such pools from
+    /// the start, and after a RELOAD adds one).
+    pub fn open_forced_pools(&self) {
+        let cfg = self.config.load();
+        let users = self.users.load();
+        for name in cfg.databases.keys() {
+            let Some((forced, password)) = cfg.forced_user(name) else { continue };
+            if cfg.pool_settings(name).is_none_or(|s| s.min_pool_size == 0) {
+                continue;
+            }
+            let credentials = match password {
+                Some(p) => crate::auth::Credentials::Password(p.to_owned()),
+                None => crate::auth::Credentials::of_stored(users.get(forced)),
+            };
+            let key = PoolKey { database: name.clone(), user: forced.to_owned() };
+            self.pool_for(&cfg, &key, credentials);
+        }
     }
 
     pub fn is_paused(&self, database: &str) -> bool {
@@ -265,20 +301,39 @@ impl Shared {
         keep("unix_socket_dir, unix_socket_mode or unix_socket_group", unix_changed);
         keep("log_format", cfg.weir.log_format != old.weir.log_format);
         keep("worker_threads", cfg.weir.worker_threads != old.weir.worker_threads);
-        keep("metrics.listen_addr", cfg.metrics.listen_addr != old.metrics.listen_addr);
+        // The keys handed out carry the peer id: it cannot change under them.
+        keep("peer_id", cfg.weir.peer_id != old.weir.peer_id);
+        keep("so_reuseport", cfg.weir.so_reuseport != old.weir.so_reuseport);
+        cfg.weir.peer_id = old.weir.peer_id;
+        cfg.weir.so_reuseport = old.weir.so_reuseport;
+        let metrics = |m: &crate::config::MetricsSection| (m.listen_addr, m.enabled);
+        keep("metrics.listen_addr", metrics(&cfg.metrics) != metrics(&old.metrics));
         cfg.weir.listen_addr = old.weir.listen_addr.clone();
         cfg.weir.unix_socket_dir = old.weir.unix_socket_dir.clone();
         cfg.weir.unix_socket_mode = old.weir.unix_socket_mode.clone();
         cfg.weir.unix_socket_group = old.weir.unix_socket_group.clone();
         cfg.weir.log_format = old.weir.log_format;
         cfg.weir.worker_threads = old.weir.worker_threads;
-        cfg.metrics.listen_addr = old.metrics.listen_addr;
+        cfg.metrics = old.metrics.clone();
         self.users.store(Arc::new(users));
         self.hba.store(hba);
         self.client_tls.store(client_tls);
+        let server_tls = |g: &crate::config::General| {
+            (
+                g.server_tls_sslmode,
+                g.server_tls_ca_file.clone(),
+                g.server_tls_cert_file.clone(),
+                g.server_tls_key_file.clone(),
+            )
+        };
+        let tls_changed = server_tls(&cfg.weir) != server_tls(&old.weir);
         self.pools.reconfigure(&cfg);
+        if tls_changed {
+            self.pools.all().iter().for_each(|p| p.new_server_settings());
+        }
         crate::verbosity::set(cfg.weir.verbose);
         self.config.store(cfg);
+        self.open_forced_pools();
         Ok(notes)
     }
 
@@ -303,7 +358,7 @@ impl Shared {
             let _ = tokio::time::timeout(Duration::from_secs(2), self.tracker.wait()).await;
         }
         let settle = cfg.weir.server_reset_timeout.max(cfg.weir.server_connect_timeout) + Duration::from_millis(500);
-        if !quiesce(&self.pools.all(), CloseReason::Shutdown, Some(settle)).await {
+        if quiesce(&self.pools.all(), CloseReason::Shutdown, Some(settle)).await != Quiesced::Closed {
             tracing::warn!("some server connections were still busy when the drain ended");
         }
         tracing::info!("drained");
@@ -322,24 +377,39 @@ impl Shared {
     }
 }
 
+/// How a `quiesce` ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quiesced {
+    /// No server of the pools is lent, being recovered or connecting.
+    Closed,
+    /// The limit passed first.
+    TimedOut,
+    /// A pool was resumed meanwhile (RESUME, SIGUSR2): the wait is over, and
+    /// the servers that come back now stay.
+    Resumed,
+}
+
 /// Pauses `pools` and closes their server connections with `reason` as they
-/// become idle, until none is lent, being recovered or connecting, or until
-/// `limit` (None: no limit). Returns true when they all closed. Cancel-safe.
-pub async fn quiesce(pools: &[Arc<Pool>], reason: CloseReason, limit: Option<Duration>) -> bool {
+/// become idle, until none is lent, being recovered or connecting, until
+/// `limit` (None: no limit), or until one of them is resumed. Cancel-safe.
+pub async fn quiesce(pools: &[Arc<Pool>], reason: CloseReason, limit: Option<Duration>) -> Quiesced {
     pools.iter().for_each(|p| p.pause());
     let deadline = limit.map(|l| tokio::time::Instant::now() + l);
     loop {
         let mut busy = false;
         for pool in pools {
-            pool.close_idle(reason);
             let s = pool.snapshot();
+            if !s.paused {
+                return Quiesced::Resumed;
+            }
+            pool.close_idle(reason);
             busy |= s.active + s.recovering + s.connecting > 0;
         }
         if !busy {
-            return true;
+            return Quiesced::Closed;
         }
         if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
-            return false;
+            return Quiesced::TimedOut;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

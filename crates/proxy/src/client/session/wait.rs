@@ -2,12 +2,20 @@
 //! socket and the cancel registry meanwhile), deadline-aware start, and the
 //! last look at the client before its query goes to a server.
 
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use super::Session;
+use tokio::io::AsyncWriteExt;
+
 use crate::pool::{Lease, PoolError};
+use crate::protocol::messages::{self, Severity};
+use crate::protocol::sqlstate;
 use crate::protocol::{scan_frames, tags::frontend as fe};
 use crate::wire;
+
+/// The NOTICE query_wait_notify sends (PgBouncer's words).
+const QUEUED_NOTICE: &str = "No server connection available in postgres backend, client being queued";
 
 /// While queued, read at most this much more from the client (to see it leave).
 const WAIT_READ_LIMIT: usize = 1 << 20;
@@ -84,6 +92,14 @@ impl Session<'_> {
         let (slot, pool) = (&self.reg.slot, &self.pool);
         let acquire = pool.acquire_with(arrived, deadline);
         tokio::pin!(acquire);
+        // query_wait_notify: a NOTICE once the wait has lasted that long, on
+        // the client's alarm timer (idle while no conversation runs; the
+        // watchdog re-arms it), so the wait's future holds no timer of its own.
+        let notify_after = pool.query_wait_notify();
+        let mut notify = !notify_after.is_zero();
+        if notify {
+            self.alarm.set(arrived + notify_after);
+        }
         // Biased: a cancel that came in the same instant a server freed up
         // wins, and the server goes on to the next waiter. A departure in
         // that instant wins too, through `settle`'s last look at the socket
@@ -98,11 +114,19 @@ impl Session<'_> {
                     Ok(lease) => Wait::Got(lease),
                     Err(e) => Wait::Failed(e),
                 },
+                () = std::future::poll_fn(|cx| if self.alarm.poll_fired(cx) { Poll::Ready(()) } else { Poll::Pending }), if notify => {
+                    notify = false;
+                    let mut out = bytes::BytesMut::new();
+                    messages::error_response(&mut out, Severity::Notice, sqlstate::SUCCESSFUL_COMPLETION, QUEUED_NOTICE);
+                    if self.client.write_all(&out).await.is_err() {
+                        break Wait::Gone;
+                    }
+                }
                 r = wire::fill(self.client, &mut self.client_in), if self.client_in.len() < WAIT_READ_LIMIT => {
                     if let Ok(n) = r {
                         pool.metrics.record_received(n);
                     }
-                    if r.is_err() || self.terminate_buffered() {
+                    if r.is_err() || terminate_in(&self.client_in, self.max_message) {
                         break Wait::Gone;
                     }
                 }
@@ -144,11 +168,16 @@ impl Session<'_> {
     }
 
     pub(super) fn terminate_buffered(&self) -> bool {
-        let mut seen = false;
-        let _ = scan_frames(&self.client_in, self.max_message as usize, |tag, _| {
-            seen = tag == fe::TERMINATE;
-            !seen
-        });
-        seen
+        terminate_in(&self.client_in, self.max_message)
     }
+}
+
+/// Whether the client's buffered bytes hold a Terminate.
+fn terminate_in(buf: &[u8], max_message: u32) -> bool {
+    let mut seen = false;
+    let _ = scan_frames(buf, max_message as usize, |tag, _| {
+        seen = tag == fe::TERMINATE;
+        !seen
+    });
+    seen
 }

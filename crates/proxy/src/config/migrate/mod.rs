@@ -18,7 +18,12 @@ use super::General;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Migration {
     pub toml: String,
+    /// Settings not carried over (no weir equivalent, or weir's nearest used).
     pub warnings: Vec<String>,
+    /// Values PgBouncer itself refuses (a word where a number belongs): also
+    /// in `warnings`; weir run on the ini refuses it (a RELOAD fails) as
+    /// PgBouncer does.
+    pub errors: Vec<String>,
 }
 
 /// PgBouncer keys measured in seconds that weir stores as durations.
@@ -34,19 +39,22 @@ const SECONDS: &[&str] = &[
     "query_wait_timeout",
     "query_timeout",
     "idle_transaction_timeout",
+    "transaction_timeout",
+    "query_wait_notify",
+    "client_idle_timeout",
     "autodb_idle_timeout",
     "tcp_keepidle",
     "tcp_keepintvl",
 ];
 
 /// Keys where PgBouncer's `0` means "off" and weir's optional key is left unset.
-const ZERO_IS_UNSET: &[&str] = &["query_timeout", "idle_transaction_timeout", "tcp_user_timeout"];
+const ZERO_IS_UNSET: &[&str] =
+    &["query_timeout", "idle_transaction_timeout", "transaction_timeout", "tcp_user_timeout"];
 
 /// Keys where PgBouncer's `0` means "off" (or "OS default") and weir has no
 /// such setting: weir's default is kept, with the reason.
 const ZERO_KEEPS_DEFAULT: &[(&str, &str)] = &[
     ("server_idle_timeout", "weir always closes idle servers eventually"),
-    ("server_lifetime", "weir does not use a server connection only once"),
     ("client_login_timeout", "weir always bounds the login"),
     ("query_wait_timeout", "weir always bounds the wait for a server"),
     ("server_connect_timeout", "weir always bounds the connect"),
@@ -63,7 +71,6 @@ const UNSUPPORTED: &[(&str, &str)] = &[
     ("syslog_", "weir logs to stderr; let the supervisor collect it"),
     ("pidfile", "weir does not daemonize"),
     ("user", "weir does not switch users; run it as the user it should be"),
-    ("peer_id", "weir has no peering"),
 ];
 
 /// Reads `pgbouncer.ini` text and writes the equivalent weir config.
@@ -87,7 +94,22 @@ enum IniLine {
 fn parse_ini(text: &str) -> Vec<IniLine> {
     let mut section = String::new();
     let mut out = Vec::new();
+    // A line ending in `\` goes on on the next one (PgBouncer's continuation).
+    let mut lines: Vec<(usize, String)> = Vec::new();
+    let mut continues = false;
     for (i, raw) in text.lines().enumerate() {
+        let (body, more) = match raw.trim_end().strip_suffix('\\') {
+            Some(b) => (b, true),
+            None => (raw, false),
+        };
+        match lines.last_mut() {
+            Some((_, joined)) if continues => joined.push_str(body),
+            _ => lines.push((i, body.to_owned())),
+        }
+        continues = more;
+    }
+    for (i, raw) in &lines {
+        let (i, raw) = (*i, raw.as_str());
         let line = strip_comment(raw).trim();
         if line.is_empty() {
             continue;
@@ -143,7 +165,9 @@ struct Mapper {
     metrics_port: u16,
     databases: Vec<(String, Vec<(String, String)>)>,
     users: Vec<(String, Vec<(String, String)>)>,
+    peers: Vec<(String, Vec<(String, String)>)>,
     warnings: Vec<String>,
+    errors: Vec<String>,
 }
 
 impl Mapper {
@@ -152,6 +176,7 @@ impl Mapper {
             "pgbouncer" => self.setting(key, value, line),
             "databases" => self.database(key, value, line),
             "users" => self.user(key, value, line),
+            "peers" => self.peer(key, value, line),
             other => self.warn(line, format!("[{other}] {key}: section not supported by weir")),
         }
     }
@@ -186,6 +211,9 @@ impl Mapper {
             _ => Err(unsupported(key)),
         };
         if let Err(why) = result {
+            if is_invalid_value(&why) {
+                self.errors.push(format!("line {line}: {key} = {value}: {why}"));
+            }
             self.warn(line, format!("{key} = {value}: {why}"));
         }
     }
@@ -272,8 +300,14 @@ impl Mapper {
         let mut out = Vec::new();
         for (k, v) in conninfo(value) {
             let kv = match k.as_str() {
-                "pool_size" | "max_user_connections" => int(&v).map(|n| (k.clone(), n)),
+                "pool_size" | "reserve_pool_size" | "max_user_connections" | "max_user_client_connections" => {
+                    int(&v).map(|n| (k.clone(), n))
+                }
                 "pool_mode" => pool_mode_value(&v).map(|m| (k.clone(), m)),
+                "query_timeout" | "idle_transaction_timeout" | "client_idle_timeout" | "transaction_timeout" => v
+                    .parse::<f64>()
+                    .map_err(|_| "not a number of seconds".to_string())
+                    .map(|n| (k.clone(), quoted(&seconds(n)))),
                 _ => Err("not supported per user by weir".into()),
             };
             match kv {
@@ -282,6 +316,29 @@ impl Mapper {
             }
         }
         self.users.push((name.to_owned(), out));
+    }
+
+    /// One `[peers]` line: `id = host=... port=... pool_size=...`.
+    fn peer(&mut self, id: &str, value: &str, line: usize) {
+        if !id.parse::<u16>().is_ok_and(|n| (1..=super::MAX_PEER_ID).contains(&n)) {
+            return self.warn(line, format!("[peers] {id}: a peer's id is a number from 1 to 16383; skipped"));
+        }
+        let mut out = Vec::new();
+        for (k, v) in conninfo(value) {
+            let kv = match k.as_str() {
+                "host" => Ok((k.clone(), quoted(&v))),
+                // port, pool_size
+                k if keys::peer_keys().contains(&k) => int(&v).map(|n| (k.to_owned(), n)),
+                _ => Err("not a peer's key (host, port, pool_size)".into()),
+            };
+            match kv {
+                Ok(kv) => out.push(kv),
+                Err(why) => self.warn(line, format!("[peers] {id}: {k}={v}: {why}")),
+            }
+        }
+        // A later line for the same id replaces the earlier, as in PgBouncer.
+        self.peers.retain(|(name, _)| name != id);
+        self.peers.push((id.to_owned(), out));
     }
 
     /// One `[databases]` line: `name = host=... port=... dbname=...`;
@@ -295,19 +352,36 @@ impl Mapper {
                 Err(why) => self.warn(line, format!("[databases] {name}: {k}={v}: {why}")),
             }
         }
+        if out.iter().any(|(k, v)| k == "host" && v.contains(',')) {
+            self.warn(
+                line,
+                format!(
+                    "[databases] {name}: several hosts: PgBouncer connects to each in turn without checking which \
+                     accepts writes, and weir keeps that (target_session_attrs = \"any\"); add \
+                     target_session_attrs = \"read-write\" to [databases.{}] if clients write, so weir keeps \
+                     servers only on the primary and finds the new one after a failover",
+                    toml_key(name)
+                ),
+            );
+        }
         self.databases.push((name.to_owned(), out));
     }
 
     fn database_key(&self, k: &str, v: &str) -> Result<Option<(String, String)>, String> {
         let kv = |key: &str, val: String| Ok(Some((key.to_owned(), val)));
         match k {
-            "host" if v.contains(',') => Err("weir connects to one host per database".into()),
             "host" => kv("host", quoted(v)),
-            "port" | "pool_size" | "min_pool_size" | "max_db_connections" => kv(k, int(v)?),
+            "port" => kv(k, ports(v)?),
+            "load_balance_hosts" => match v {
+                "round-robin" | "disable" => kv(k, quoted(v)),
+                _ => Err("PgBouncer's values are round-robin and disable".into()),
+            },
+            "pool_size" | "min_pool_size" | "max_db_connections" | "max_db_client_connections" => kv(k, int(v)?),
             "reserve_pool" | "reserve_pool_size" => kv("reserve_pool_size", int(v)?),
             "pool_mode" => kv("pool_mode", pool_mode_value(v)?),
-            "dbname" | "user" | "password" | "auth_user" | "connect_query" | "application_name" | "client_encoding"
-            | "datestyle" | "timezone" => kv(k, quoted(v)),
+            "server_lifetime" => kv(k, quoted(&seconds(v.parse::<f64>().map_err(|_| "not a number of seconds")?))),
+            "dbname" | "user" | "password" | "auth_user" | "auth_dbname" | "auth_query" | "connect_query"
+            | "application_name" | "client_encoding" | "datestyle" | "timezone" => kv(k, quoted(v)),
             _ => Err("not supported per database by weir".into()),
         }
     }
@@ -332,6 +406,12 @@ impl Mapper {
             // PgBouncer's default; weir's own default is transaction.
             self.general.push(("pool_mode".into(), quoted("session")));
         }
+        if !self.general.iter().any(|(k, _)| k == "sigterm") {
+            // PgBouncer 1.23's SIGTERM (SHUTDOWN WAIT_FOR_CLIENTS): a rolling
+            // restart of instances that share a port depends on it.
+            let keep = "\"wait_for_clients\"  # PgBouncer's SIGTERM, kept; weir's own default is \"drain\"";
+            self.general.push(("sigterm".into(), keep.into()));
+        }
         for key in ["log_connections", "log_disconnections"] {
             if !self.general.iter().any(|(k, _)| k == key) {
                 // PgBouncer's default (its login and `closing because` lines); weir's own is off.
@@ -353,7 +433,8 @@ impl Mapper {
             self.warnings
                 .push("auth_file is not set: weir needs one unless auth_type = \"trust\" or \"any\"; add it".into());
         }
-        Migration { toml: with_differences(self.render()), warnings: self.warnings }
+        let toml = with_differences(self.render());
+        Migration { toml, warnings: self.warnings, errors: self.errors }
     }
 
     fn render(&self) -> String {
@@ -371,7 +452,7 @@ impl Mapper {
              listen_addr = \"127.0.0.1:{}\"\n",
             self.metrics_port
         );
-        for (section, entries) in [("databases", &self.databases), ("users", &self.users)] {
+        for (section, entries) in [("databases", &self.databases), ("users", &self.users), ("peers", &self.peers)] {
             for (name, kvs) in entries {
                 let _ = writeln!(out, "\n[{section}.{}]", toml_key(name));
                 for (k, v) in kvs {
@@ -446,6 +527,21 @@ fn conninfo(s: &str) -> Vec<(String, String)> {
         }
         out.push((key, value));
     }
+}
+
+/// One port as a TOML integer; a list (libpq's) as a string.
+fn ports(v: &str) -> Result<String, String> {
+    let ports: super::Ports = v.trim().parse()?;
+    Ok(match ports.as_slice() {
+        [one] => one.to_string(),
+        _ => quoted(&ports.to_string()),
+    })
+}
+
+/// The reasons `int`, `boolean` and `duration` give for a value of the wrong
+/// kind (PgBouncer refuses these), as against a setting weir lacks.
+fn is_invalid_value(why: &str) -> bool {
+    ["not a whole number", "not a boolean", "not a number", "not a valid duration"].iter().any(|p| why.starts_with(p))
 }
 
 fn int(v: &str) -> Result<String, String> {

@@ -7,6 +7,16 @@
 //! A client of protocol 3.2 gets a 32-byte random key, as Postgres 18 gives;
 //! one of 3.0 or 3.1 gets 4 bytes. Either maps to whatever key the server
 //! connection has.
+//!
+//! With `peer_id` set, every key carries it, in PgBouncer's layout (so weirs
+//! and PgBouncers can be peers): the pid's second and third bytes hold the
+//! id (low byte first), and the two low bits of the key's last byte a
+//! forwarding budget, minted at 3. A CancelRequest for another peer's key is
+//! sent on to that peer (`peers`) with the budget one less, and dropped when
+//! it is spent or no `[peers]` entry owns the id: a request passes at most
+//! three weirs, whatever their `[peers]` say, and a loop ends there.
+
+mod peers;
 
 use std::collections::hash_map::{Entry, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -38,11 +48,23 @@ pub struct Secret {
 }
 
 impl Secret {
-    fn mint(rng: &mut impl Rng, long: bool) -> Secret {
+    /// A random key; with peering, its forwarding budget set (`peers`).
+    fn mint(rng: &mut impl Rng, long: bool, peering: bool) -> Secret {
         let len = if long { LONG_KEY_LEN } else { SHORT_KEY_LEN };
         let mut bytes = [0u8; LONG_KEY_LEN];
         rng.fill(&mut bytes[..len]);
+        if peering {
+            bytes[len - 1] |= peers::TTL_MASK;
+        }
         Secret { len: len as u8, bytes }
+    }
+
+    /// The first four bytes, which tell two keys of one pid apart.
+    fn tag(key: &[u8]) -> u32 {
+        let mut t = [0u8; 4];
+        let n = key.len().min(4);
+        t[..n].copy_from_slice(&key[..n]);
+        u32::from_be_bytes(t)
     }
 
     /// The key as BackendKeyData carries it.
@@ -184,10 +206,25 @@ impl Hasher for PidHasher {
 
 type Slots = HashMap<i32, (Secret, Arc<CancelSlot>), BuildHasherDefault<PidHasher>>;
 
+/// Keys whose pid another client holds, by pid and the key's first bytes:
+/// with peering a pid has 15 random bits, and past about 30,000 clients a
+/// free one may not be found.
+type SharedPids = HashMap<(i32, u32), (Secret, Arc<CancelSlot>)>;
+
+/// How many random pids a new client tries before sharing one.
+const PID_TRIES: usize = 64;
+
 /// All clients' keys.
 #[derive(Debug, Default)]
 pub struct CancelKeys {
     slots: Mutex<Slots>,
+    /// Keys sharing a pid with one in `slots` (only with peering, and only
+    /// when nearly every pid is taken).
+    shared: Mutex<SharedPids>,
+    /// This weir's peer id (0: no peering), fixed for the process.
+    peer_id: u16,
+    /// Cancel requests in flight to each peer (`[peers]`' pool_size).
+    peers: peers::PeerGates,
     pub metrics: GlobalMetrics,
 }
 
@@ -197,17 +234,31 @@ pub struct Registration {
     registry: Arc<CancelKeys>,
     pub pid: i32,
     pub slot: Arc<CancelSlot>,
+    /// Set when the key is in `CancelKeys::shared`, under this tag.
+    shared_tag: Option<u32>,
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.registry.slots.lock().remove(&self.pid);
+        match self.shared_tag {
+            Some(tag) => {
+                self.registry.shared.lock().remove(&(self.pid, tag));
+            }
+            None => {
+                self.registry.slots.lock().remove(&self.pid);
+            }
+        }
     }
 }
 
 impl CancelKeys {
     pub fn new() -> Arc<Self> {
         Arc::new(CancelKeys::default())
+    }
+
+    /// The keys of a weir with `peer_id` (0: no peering).
+    pub fn for_peer(peer_id: u16) -> Arc<Self> {
+        Arc::new(CancelKeys { peer_id, ..CancelKeys::default() })
     }
 
     /// Gives a new client a unique random key (a 4-byte secret, as 3.0's).
@@ -226,13 +277,67 @@ impl CancelKeys {
             switch: Default::default(),
         });
         let mut rng = rand::thread_rng();
+        let peering = self.peer_id != 0;
+        if peering {
+            // The pid carries the peer id: not the server's.
+            pid = None;
+        }
         let mut slots = self.slots.lock();
-        loop {
-            let pid = pid.take().unwrap_or_else(|| rng.gen_range(1..i32::MAX));
+        for _ in 0..PID_TRIES {
+            let pid = pid.take().unwrap_or_else(|| peers::mint_pid(&mut rng, self.peer_id));
             if let Entry::Vacant(free) = slots.entry(pid) {
-                let secret = Secret::mint(&mut rng, long);
+                let secret = Secret::mint(&mut rng, long, peering);
                 free.insert((secret, slot.clone()));
-                return (Registration { registry: self.clone(), pid, slot }, secret);
+                return (Registration { registry: self.clone(), pid, slot, shared_tag: None }, secret);
+            }
+        }
+        drop(slots);
+        // Nearly every pid is taken (peering, tens of thousands of
+        // clients): share one, told apart by the key's first bytes.
+        let mut shared = self.shared.lock();
+        loop {
+            let pid = peers::mint_pid(&mut rng, self.peer_id);
+            let secret = Secret::mint(&mut rng, long, peering);
+            let tag = Secret::tag(secret.as_bytes());
+            if let Entry::Vacant(free) = shared.entry((pid, tag)) {
+                free.insert((secret, slot.clone()));
+                return (Registration { registry: self.clone(), pid, slot, shared_tag: Some(tag) }, secret);
+            }
+        }
+    }
+
+    /// The peers cancels went to: (peer id, forwards under way, waiting for
+    /// their turn under the peer's pool_size), for SHOW PEER_POOLS.
+    pub fn peer_forwards(&self) -> Vec<(u16, usize, usize)> {
+        self.peers.shown()
+    }
+
+    /// Handles a CancelRequest as it came: for this weir's own key, `cancel`;
+    /// for another peer's, sends it on to that peer (`[peers]` in `cfg`);
+    /// else drops it. The handle, if any, is the forward's.
+    pub fn route(
+        self: &Arc<Self>,
+        cfg: &crate::config::Config,
+        pid: i32,
+        key: &[u8],
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        match peers::route(self.peer_id, pid, key) {
+            peers::Route::Local(key) => self.cancel(pid, &key).1,
+            peers::Route::Peer { id, key } => match cfg.peer(id) {
+                Some(peer) => {
+                    self.metrics.record_cancel(CancelOutcome::Peer);
+                    Some(self.peers.forward(id, peer, cfg.weir.default_pool_size, pid, key))
+                }
+                None => {
+                    tracing::info!(peer = id, "cancel request for a peer [peers] does not list: dropped");
+                    self.metrics.record_cancel(CancelOutcome::Unknown);
+                    None
+                }
+            },
+            peers::Route::Drop(why) => {
+                tracing::info!("cancel request dropped: {why}");
+                self.metrics.record_cancel(CancelOutcome::Unknown);
+                None
             }
         }
     }
@@ -244,15 +349,17 @@ impl CancelKeys {
     /// (libpq, pgx and pgjdbc take the close as "delivered"; answering sooner
     /// let a late cancel hit the client's next query).
     pub fn cancel(&self, pid: i32, key: &[u8]) -> (CancelOutcome, Option<tokio::task::JoinHandle<()>>) {
-        let slot = {
-            let slots = self.slots.lock();
-            match slots.get(&pid) {
-                Some((s, slot)) if s.matches(key) => slot.clone(),
-                _ => {
-                    self.metrics.record_cancel(CancelOutcome::Unknown);
-                    return (CancelOutcome::Unknown, None);
-                }
-            }
+        let found = match self.slots.lock().get(&pid) {
+            Some((s, slot)) if s.matches(key) => Some(slot.clone()),
+            _ => None,
+        };
+        let found = found.or_else(|| {
+            let shared = self.shared.lock();
+            shared.get(&(pid, Secret::tag(key))).filter(|(s, _)| s.matches(key)).map(|(_, slot)| slot.clone())
+        });
+        let Some(slot) = found else {
+            self.metrics.record_cancel(CancelOutcome::Unknown);
+            return (CancelOutcome::Unknown, None);
         };
         let (outcome, forwarding) = {
             let mut at = slot.at.lock();
@@ -288,6 +395,54 @@ impl CancelKeys {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn cfg(text: &str) -> crate::config::Config {
+        crate::config::Config::from_toml(&format!("[weir]\nauth_type = \"trust\"\n{text}"), std::path::Path::new("."))
+            .unwrap()
+    }
+
+    /// A peer's keys carry its id and a full forwarding budget; a request
+    /// that spent some of it still finds its client; a key of an unknown
+    /// peer, or with its budget spent, is dropped.
+    #[tokio::test]
+    async fn peers_keys_route_home_and_strangers_are_dropped() {
+        let keys = CancelKeys::for_peer(300);
+        let cfg = cfg("peer_id = 300\n[peers.7]\nhost = \"/nonexistent\"\n");
+        for long in [false, true] {
+            let (reg, secret) = keys.register_as(Some(4242), long);
+            assert_ne!(reg.pid, 4242, "with peering the pid carries the id, never the server's");
+            assert_eq!(peers::owner(reg.pid), 300);
+            assert_eq!(secret.as_bytes().last().unwrap() & peers::TTL_MASK, peers::TTL_MASK);
+            reg.slot.set_waiting(std::time::Instant::now());
+            let mut spent = secret.as_bytes().to_vec();
+            *spent.last_mut().unwrap() &= !peers::TTL_MASK;
+            assert!(keys.route(&cfg, reg.pid, &spent).is_none(), "answered here");
+            assert!(reg.slot.wait_cancelled(), "the request found its client");
+        }
+        let stranger = i32::from_be_bytes([1, 9, 0, 1]);
+        assert!(keys.route(&cfg, stranger, &[1, 2, 3, 3]).is_none());
+        assert_eq!(keys.metrics.cancels(CancelOutcome::Unknown), 1, "peer 9 is nobody's: dropped");
+        let of_seven = i32::from_be_bytes([1, 7, 0, 1]);
+        assert!(keys.route(&cfg, of_seven, &[1, 2, 3, 0]).is_none(), "its budget is spent");
+        let forward = keys.route(&cfg, of_seven, &[1, 2, 3, 3]).expect("sent on to peer 7");
+        forward.await.unwrap();
+        assert_eq!(keys.metrics.cancels(CancelOutcome::Peer), 1);
+    }
+
+    /// With every pid taken, new clients share pids and are told apart by
+    /// their keys.
+    #[tokio::test]
+    async fn a_full_pid_space_shares_pids() {
+        let keys = CancelKeys::for_peer(1);
+        let regs: Vec<_> = (0..40_000).map(|_| keys.register_as(None, false)).collect();
+        assert!(!keys.shared.lock().is_empty(), "some share a pid");
+        for (reg, secret) in regs.iter().step_by(997) {
+            reg.slot.set_waiting(std::time::Instant::now());
+            assert_eq!(keys.cancel(reg.pid, secret.as_bytes()).0, CancelOutcome::AnsweredLocally);
+        }
+        drop(regs);
+        assert!(keys.slots.lock().is_empty() && keys.shared.lock().is_empty());
+    }
 
     #[tokio::test]
     async fn long_keys_for_3_2_and_exact_matches_only() {
