@@ -152,7 +152,7 @@ async fn a_failed_hot_parse_leaves_no_unnamed_statement() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_named_parse_in_a_failed_transaction_gets_its_25p02() {
-    let h = harness("").await;
+    let h = harness(1, "transaction", "trust", "").await;
     let steps = vec![
         step(0, vec![parse("s1", "select 1"), sync()], 1),
         step(0, vec![query("begin")], 1),
@@ -171,7 +171,7 @@ async fn a_named_parse_in_a_failed_transaction_gets_its_25p02() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn set_local_search_path_plans_statements_in_that_path() {
-    let h = harness("").await;
+    let h = harness(1, "transaction", "trust", "").await;
     h.psql(
         "create schema sl; grant usage on schema sl to public; \
          create table public.tl (v int); insert into public.tl values (1); \
@@ -193,7 +193,7 @@ async fn set_local_search_path_plans_statements_in_that_path() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_describe_in_a_failed_transaction_of_a_statement_weir_prepares_first() {
-    let h = harness("").await;
+    let h = harness(1, "transaction", "trust", "").await;
     h.psql("create table dt (a int); grant all on dt to public;");
     let steps = vec![
         step(0, vec![query("begin")], 1),
