@@ -32,16 +32,25 @@ async fn rows(server: &Arc<weir_testkit::PgPair>, first: bool) -> i64 {
     blocking(move || PairHarness::ledger_rows(if first { &pair.first } else { &pair.second })).await
 }
 
-/// The rows of `acked` that are on `server`.
+/// The rows of `acked` that are on `server` (one array parameter: the list
+/// can be longer than a command line may be).
 async fn on_server(pair: &Arc<weir_testkit::PgPair>, first: bool, acked: Vec<i64>) -> usize {
-    let pair = pair.clone();
-    blocking(move || {
-        let server: &PgServer = if first { &pair.first } else { &pair.second };
-        let list: Vec<String> = acked.iter().map(i64::to_string).collect();
-        let sql = format!("select count(*) from ledger where id in ({})", list.join(","));
-        server.psql(weir_testkit::APP_DB, &sql).expect("count acknowledged rows").parse().expect("a count")
-    })
-    .await
+    let server: &PgServer = if first { &pair.first } else { &pair.second };
+    let conninfo = format!(
+        "host={} port={} user={} dbname={}",
+        server.host(),
+        server.port(),
+        server.superuser(),
+        weir_testkit::APP_DB
+    );
+    let (client, conn) =
+        tokio_postgres::connect(&conninfo, tokio_postgres::NoTls).await.expect("connect to the server");
+    tokio::spawn(conn);
+    let row = client
+        .query_one("select count(*) from ledger where id = any($1)", &[&acked])
+        .await
+        .expect("count acknowledged rows");
+    usize::try_from(row.get::<_, i64>(0)).expect("a count")
 }
 
 /// Stops the primary (fast) and promotes the standby; returns when the

@@ -226,8 +226,10 @@ impl Flow {
         // Once the server owes nothing and goes back, bytes it sent after
         // the settling ReadyForQuery were not asked for: they stay with the
         // connection (which the pool then closes), never reach this client.
-        let releasing = self.settled && self.release && client.prepared.pinned().is_none() && server.conv.is_clean();
-        if self.to_client.is_empty() && !server.unread.is_empty() && !releasing {
+        // When it does not go back, they are the replies to what the client
+        // pipelined behind its Sync, and are taken in this turn too: no
+        // other event may come to take them.
+        while self.to_client.is_empty() && !server.unread.is_empty() && !self.releasing(client, server) {
             let Some(got) = from_server(server, client, cw)? else { return Ok(Next::ClientGone) };
             if got.sent > 0 {
                 metrics.record_sent(got.sent);
@@ -250,6 +252,10 @@ impl Flow {
                     }
                 }
             }
+            if !got.settled {
+                // Every whole message was taken.
+                break;
+            }
         }
         if let Some(owed) = self.to_client.is_empty().then(|| client.prepared.synthetic()).flatten() {
             self.to_client = owed.bytes;
@@ -259,12 +265,20 @@ impl Flow {
             if self.terminating {
                 return Ok(Next::ClientGone);
             }
-            if self.settled && self.release && client.prepared.pinned().is_none() && server.conv.is_clean() {
+            if self.releasing(client, server) {
                 return Ok(Next::End(Ended::Released));
             }
             self.settled = false;
         }
         Ok(Next::Go)
+    }
+}
+
+impl Flow {
+    /// The server owes nothing and goes back to the pool.
+    #[inline]
+    fn releasing(&self, client: &ClientSide<'_>, server: &ServerSide<'_>) -> bool {
+        self.settled && self.release && client.prepared.pinned().is_none() && server.conv.is_clean()
     }
 }
 
