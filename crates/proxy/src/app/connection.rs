@@ -120,7 +120,10 @@ async fn run(
     Ok(Some(Box::pin(farewell(session.into_client(), why).instrument(span.clone())).await))
 }
 
-/// What a login became, once `enter` returns.
+/// What a login became, once `enter` returns. Matched at once and the
+/// session moved out, so its size is never held; a box would add an
+/// allocation to every login.
+#[allow(clippy::large_enum_variant)]
 enum Entered<'a> {
     /// The pooled session, to run.
     Session(Session<'a>),

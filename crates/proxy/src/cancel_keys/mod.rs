@@ -435,7 +435,7 @@ mod tests {
     async fn a_full_pid_space_shares_pids() {
         let keys = CancelKeys::for_peer(1);
         let regs: Vec<_> = (0..40_000).map(|_| keys.register_as(None, false)).collect();
-        assert!(keys.shared.lock().len() > 0, "some share a pid");
+        assert!(!keys.shared.lock().is_empty(), "some share a pid");
         for (reg, secret) in regs.iter().step_by(997) {
             reg.slot.set_waiting(std::time::Instant::now());
             assert_eq!(keys.cancel(reg.pid, secret.as_bytes()).0, CancelOutcome::AnsweredLocally);
