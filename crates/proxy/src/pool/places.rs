@@ -10,7 +10,7 @@ use std::sync::{Arc, Weak};
 use weir_metrics::CloseReason;
 
 use super::Pool;
-use crate::server::probe::{ProbePlaces, ProbeRoom};
+use crate::server::watch::{ProbePlaces, ProbeRoom};
 use crate::server::CountSlot;
 
 /// The pool seen from its connect spec (weak: a spec outlives no pool).

@@ -141,7 +141,7 @@ async fn send_cancel(target: &CancelTarget) -> std::io::Result<()> {
         (CancelAddr::Unix(path), _) => ServerStream::Unix(UnixStream::connect(path).await?),
         (CancelAddr::Tcp(addr), Some((tls, host))) => {
             let tcp = TcpStream::connect(addr).await?;
-            super::conn::negotiate_tls(tcp, tls, host).await.map_err(std::io::Error::other)?
+            super::dial::negotiate_tls(tcp, tls, host).await.map_err(std::io::Error::other)?
         }
         (CancelAddr::Tcp(addr), None) => ServerStream::Plain(TcpStream::connect(addr).await?),
     };

@@ -1,174 +1,24 @@
-//! One server connection: connect with a bound on the whole handshake, apply
-//! socket options, log in, and carry the state the pool and sessions need
-//! (including the spec it was opened with, for watchdog probes, and whether
-//! someone found it broken).
+//! One logged-in server connection (`ServerConn`): opened through `dial`
+//! with a bound on the whole handshake and the database's connect_query,
+//! counted open and closed, and carrying the state the pool and sessions
+//! need (including the spec it was opened with, for watchdog probes, and
+//! whether someone found it broken).
 
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use tokio::net::{TcpStream, UnixStream};
-use weir_metrics::{CloseReason, ConnAddr, ConnectFailure, ConnectRefusal, PoolMetrics, ServerConnGuard};
+use weir_metrics::{CloseReason, ConnAddr, PoolMetrics, ServerConnGuard};
 
 use super::cancel::{CancelAddr, CancelGate, CancelTarget};
 use super::conversation::Conversation;
-use super::handshake::{login, LoginError, LoginParams};
-use super::probe::Watch;
-use super::socket::{self, Liveness};
+use super::dial::{open, socket_path, ConnectError, ConnectSpec};
 use super::statements::ServerStatements;
 use super::stream::ServerStream;
 use crate::params::ParamMap;
-use crate::protocol::startup::NEWEST_MINOR;
-use crate::protocol::{sqlstate, SqlState};
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-
-/// Everything needed to open one server connection.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConnectSpec {
-    pub host: String,
-    pub port: u16,
-    pub user: String,
-    pub credentials: crate::auth::Credentials,
-    pub dbname: String,
-    pub liveness: Liveness,
-    pub connect_timeout: Duration,
-    /// Watchdog settings for conversations on connections opened with this spec.
-    pub watch: Watch,
-    /// TLS towards the server (server_tls_sslmode); None: plain TCP.
-    pub tls: Option<Arc<crate::tls::ServerTls>>,
-    /// Startup parameters sent to the server (a database's application_name,
-    /// client_encoding, datestyle, timezone).
-    pub startup_params: Vec<(String, String)>,
-    /// Run once after login (a database's connect_query); empty: none.
-    pub connect_query: String,
-    /// Where the silence probe's connection counts (the pool's places).
-    pub probe_room: super::probe::ProbeRoom,
-    /// Set once the server has refused a protocol 3.2 startup outright (a
-    /// pooler that does not negotiate, such as PgBouncer 1.18): its
-    /// connections then ask for 3.0.
-    pub refuses_3_2: Learned,
-}
-
-/// A fact learned from the server, not configured: copied with the spec,
-/// and never a difference between two specs.
-#[derive(Debug, Default)]
-pub struct Learned(std::sync::atomic::AtomicBool);
-
-impl Learned {
-    fn get(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
-    }
-
-    fn set(&self) {
-        self.0.store(true, Ordering::Relaxed)
-    }
-}
-
-impl Clone for Learned {
-    fn clone(&self) -> Self {
-        Learned(self.get().into())
-    }
-}
-
-impl PartialEq for Learned {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-
-impl Eq for Learned {}
-
-/// Why a connect failed.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum ConnectError {
-    #[error("connecting to the server timed out after {0:?}")]
-    Timeout(Duration),
-    #[error("could not connect to the server: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("server login failed: {0}")]
-    Login(#[from] LoginError),
-    /// server_tls_sslmode could not be met: no TLS offered, a certificate
-    /// that does not verify, a failed handshake.
-    #[error("server TLS (server_tls_sslmode = {mode}): {why}")]
-    Tls { mode: &'static str, why: String },
-    /// The database's connect_query failed.
-    #[error("connect_query failed: {0}")]
-    ConnectQuery(String),
-}
-
-impl ConnectError {
-    pub(crate) fn failure_label(&self) -> ConnectFailure {
-        match self {
-            ConnectError::Timeout(_) => ConnectFailure::Timeout,
-            ConnectError::Io(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => ConnectFailure::Refused,
-            ConnectError::Io(_) => ConnectFailure::Io,
-            ConnectError::Login(e) if e.is_auth_failure() => ConnectFailure::Auth,
-            ConnectError::Login(_) | ConnectError::Tls { .. } | ConnectError::ConnectQuery(_) => {
-                ConnectFailure::Protocol
-            }
-        }
-    }
-
-    /// Which limit Postgres named, if it refused the login with 53300 (too
-    /// many connections): backpressure the pool backs off from, not a failure.
-    pub(crate) fn refusal(&self) -> Option<ConnectRefusal> {
-        let ConnectError::Login(LoginError::Server { code, message }) = self else { return None };
-        (code.as_str() == sqlstate::TOO_MANY_CONNECTIONS.code()).then(|| refusal_reason(message))
-    }
-
-    /// A login Postgres (or weir's credentials) refused, as PgBouncer tells
-    /// its waiting clients: the SQLSTATE and Postgres's own message. Also a
-    /// server that breaks the protocol, a TLS requirement it cannot meet and
-    /// a failing connect_query, which no retry mends. None for a connect
-    /// error (refused, timeout, reset, a connection closed during login),
-    /// which is retried while clients wait, and for 57P03 (the database
-    /// system is starting up or shutting down), which PgBouncer also treats
-    /// as temporary.
-    pub(crate) fn rejection(&self) -> Option<(SqlState, String)> {
-        match self {
-            ConnectError::Timeout(_) | ConnectError::Io(_) => None,
-            ConnectError::Tls { .. } | ConnectError::ConnectQuery(_) => Some((self.sqlstate(), self.to_string())),
-            ConnectError::Login(e) => match e {
-                LoginError::Server { code, .. } if code == sqlstate::CANNOT_CONNECT_NOW.code() => None,
-                // Too many connections: backpressure (`refusal`), not a rejection.
-                LoginError::Server { code, .. } if code == sqlstate::TOO_MANY_CONNECTIONS.code() => None,
-                LoginError::Eof | LoginError::Io(_) => None,
-                LoginError::Server { .. }
-                | LoginError::NoPassword
-                | LoginError::WrongCredentials { .. }
-                | LoginError::StaleVerifier
-                | LoginError::WrongPasswordType
-                | LoginError::Protocol(_) => Some((e.sqlstate(), e.client_message())),
-            },
-        }
-    }
-
-    /// The SQLSTATE a waiting client sees when this is why it got no server.
-    pub(crate) fn sqlstate(&self) -> SqlState {
-        match self {
-            ConnectError::Login(e) => e.sqlstate(),
-            _ => sqlstate::SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
-        }
-    }
-}
-
-/// The limit a 53300 message names (Postgres's texts, 15 to 18).
-fn refusal_reason(message: &str) -> ConnectRefusal {
-    if message.contains("too many connections for role") {
-        ConnectRefusal::RoleLimit
-    } else if message.contains("too many connections for database") {
-        ConnectRefusal::DatabaseLimit
-    } else if message.contains("too many clients already") {
-        ConnectRefusal::MaxConnections
-    } else if message.contains("connection slots are reserved") {
-        ConnectRefusal::ReservedSlots
-    } else {
-        ConnectRefusal::Other
-    }
-}
 
 /// A logged-in server connection. Owned by the pool; lent to one client at a time.
 #[derive(Debug)]
@@ -391,108 +241,4 @@ async fn connect_plain(spec: Arc<ConnectSpec>, metrics: &Arc<PoolMetrics>) -> Re
 fn cancel_target(addr: CancelAddr, pid: i32, key: Box<[u8]>, tls: Option<&ConnectSpec>) -> CancelTarget {
     let tls = tls.and_then(|s| Some((s.tls.clone()?, s.host.clone())));
     CancelTarget { addr, pid, gate: Arc::new(CancelGate::new(key, tls)) }
-}
-
-/// The Unix socket of a Postgres whose `host` is the folder `dir`, as libpq
-/// names it: `<dir>/.s.PGSQL.<port>`.
-pub(crate) fn socket_path(dir: &str, port: u16) -> PathBuf {
-    Path::new(dir).join(format!(".s.PGSQL.{port}"))
-}
-
-/// Connect (TCP with socket options, or a `host` starting with `/`: the
-/// server's Unix socket, never TLS, as libpq) and login, unbounded (callers
-/// bound it). Bytes the server sent after ReadyForQuery stay in the
-/// returned buffer.
-pub(super) async fn open(
-    spec: &ConnectSpec,
-) -> Result<(ServerStream, BytesMut, super::handshake::LoginResult), ConnectError> {
-    if spec.refuses_3_2.get() {
-        return open_with(spec, 0).await;
-    }
-    match open_with(spec, NEWEST_MINOR).await {
-        Err(ConnectError::Login(e)) if e.refuses_version() => {
-            tracing::info!(host = %spec.host, port = spec.port, error = %e, "the server refused protocol 3.2; using 3.0");
-            spec.refuses_3_2.set();
-            open_with(spec, 0).await
-        }
-        other => other,
-    }
-}
-
-/// `open`, asking for protocol 3.`minor`.
-async fn open_with(
-    spec: &ConnectSpec,
-    minor: u16,
-) -> Result<(ServerStream, BytesMut, super::handshake::LoginResult), ConnectError> {
-    let mut stream = if spec.host.starts_with('/') {
-        ServerStream::Unix(UnixStream::connect(socket_path(&spec.host, spec.port)).await?)
-    } else {
-        let tcp = TcpStream::connect((spec.host.as_str(), spec.port)).await?;
-        socket::apply(&tcp, &spec.liveness)?;
-        match &spec.tls {
-            Some(tls) => negotiate_tls(tcp, tls, &spec.host).await?,
-            None => ServerStream::Plain(tcp),
-        }
-    };
-    let mut buf = BytesMut::with_capacity(8192);
-    let params = LoginParams {
-        user: &spec.user,
-        credentials: &spec.credentials,
-        database: &spec.dbname,
-        startup_params: &spec.startup_params,
-        minor,
-    };
-    let result = login(&mut stream, &mut buf, &params).await?;
-    Ok((stream, buf, result))
-}
-
-/// The server's one-byte answers to SSLRequest.
-const SSL_ACCEPTED: u8 = b'S';
-const SSL_REFUSED: u8 = b'N';
-
-/// SSLRequest, then exactly one byte: `S` starts the handshake (anything
-/// the server sent after its `S` is read by rustls as TLS records and fails
-/// the handshake, never taken as plaintext: CVE-2021-23222's class); `N`
-/// continues in plaintext only with `prefer`.
-pub(super) async fn negotiate_tls(
-    mut tcp: TcpStream,
-    tls: &crate::tls::ServerTls,
-    host: &str,
-) -> Result<ServerStream, ConnectError> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let fail = |why: String| ConnectError::Tls { mode: tls.mode.as_str(), why };
-    tcp.write_all(&crate::protocol::messages::encryption_request(crate::protocol::tags::startup::SSL_REQUEST)).await?;
-    match tcp.read_u8().await? {
-        SSL_ACCEPTED => {}
-        SSL_REFUSED if tls.mode == crate::config::ServerTlsMode::Prefer => return Ok(ServerStream::Plain(tcp)),
-        SSL_REFUSED => return Err(fail("the server does not accept TLS".into())),
-        other => return Err(fail(format!("unexpected answer to SSLRequest: byte {other:#04x}"))),
-    }
-    let name = rustls::pki_types::ServerName::try_from(host.to_owned())
-        .map_err(|e| fail(format!("host \"{host}\" is not a valid TLS server name: {e}")))?;
-    let connector = tls.connector.as_ref().map_err(|e| fail(e.clone()))?;
-    let stream = connector.connect(name, tcp).await.map_err(|e| fail(crate::tls::explain(&e, "server")))?;
-    Ok(ServerStream::Tls(Box::new(stream)))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn refused(message: &str) -> Option<ConnectRefusal> {
-        let e = LoginError::Server { code: sqlstate::TOO_MANY_CONNECTIONS.code().into(), message: message.into() };
-        ConnectError::Login(e).refusal()
-    }
-
-    #[test]
-    fn refusals_are_classified_by_the_limit_postgres_names() {
-        assert_eq!(refused("too many connections for role \"app\""), Some(ConnectRefusal::RoleLimit));
-        assert_eq!(refused("too many connections for database \"db\""), Some(ConnectRefusal::DatabaseLimit));
-        assert_eq!(refused("sorry, too many clients already"), Some(ConnectRefusal::MaxConnections));
-        let reserved = "remaining connection slots are reserved for roles with the SUPERUSER attribute";
-        assert_eq!(refused(reserved), Some(ConnectRefusal::ReservedSlots));
-        assert_eq!(refused("something new"), Some(ConnectRefusal::Other));
-        let other = LoginError::Server { code: "28P01".into(), message: "too many clients already".into() };
-        assert_eq!(ConnectError::Login(other).refusal(), None, "only 53300 is a refusal");
-    }
 }

@@ -1,13 +1,15 @@
-//! Server connections: weir's logins to Postgres (`handshake`), socket
-//! options for fast dead-peer detection, the per-connection protocol
-//! conversation state, cancel forwarding, and the liveness probe behind the
-//! watchdog. A `ServerConn` never belongs to a client; the pool lends it
-//! out.
+//! Server connections: dialling Postgres (`dial`) and weir's logins to it
+//! (`handshake`), the connection the pool lends (`conn`), socket options
+//! for fast dead-peer detection, the per-connection protocol conversation
+//! state, cancel forwarding, and the watchdog's settings and liveness probe
+//! (`watch`, `probe`). A `ServerConn` never belongs to a client; the pool
+//! lends it out.
 
 pub(crate) mod auth_lookup;
 pub(crate) mod cancel;
 pub(crate) mod conn;
 pub(crate) mod conversation;
+pub(crate) mod dial;
 pub(crate) mod exchange;
 pub(crate) mod handshake;
 pub(crate) mod probe;
@@ -17,10 +19,12 @@ pub(crate) mod scram_client;
 pub(crate) mod socket;
 pub(crate) mod statements;
 pub(crate) mod stream;
+pub(crate) mod watch;
 
 pub(crate) use cancel::forward_cancel;
-pub(crate) use conn::{connect, ConnectError, ConnectSpec, CountSlot, ServerConn, ServerSide};
+pub(crate) use conn::{connect, CountSlot, ServerConn, ServerSide};
 pub(crate) use conversation::Conversation;
+pub(crate) use dial::{ConnectError, ConnectSpec};
 
 /// The next connection id: one sequence for clients and server connections
 /// alike, as PgBouncer numbers its sockets (the `id` of SHOW CLIENTS,
