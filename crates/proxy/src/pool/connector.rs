@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 
-use super::evict::Cap;
+use super::room::Cap;
 use super::state::State;
 use super::{Handed, Pool, PoolError};
 use crate::params::ParamMap;

@@ -11,7 +11,7 @@
 //!
 //! The place freed goes to the pool that evicted, not to whichever pool
 //! asks first: the evicted connection's count slot moves into the evicting
-//! pool's next connect (`State::room`), which is made even if its waiter
+//! pool's next connect (`room::Room`, in the pool's `State`), which is made even if its waiter
 //! was served meanwhile (PgBouncer launches right after it evicts).
 //! Otherwise two held-back pools could each evict while the other took the
 //! freed place, or the place could go unused, and the database would end one
@@ -30,32 +30,15 @@ use bytes::BytesMut;
 use weir_metrics::CloseReason;
 
 use super::pools::DbCount;
+use super::room::Cap;
 use super::state::State;
 use super::Pool;
 use crate::protocol::messages;
 use crate::server::exchange::write;
-use crate::server::{CountSlot, ServerConn};
+use crate::server::ServerConn;
 
 /// The longest weir waits for an evicted backend to close its socket.
 const GOODBYE_LIMIT: Duration = Duration::from_secs(1);
-
-/// Which cap held a connect back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Cap {
-    /// max_db_connections: the pools of this database share the count.
-    Db,
-    /// max_user_connections: the pools of this user share the count.
-    User,
-}
-
-impl Cap {
-    fn key(self) -> &'static str {
-        match self {
-            Cap::Db => "max_db_connections",
-            Cap::User => "max_user_connections",
-        }
-    }
-}
 
 impl Pool {
     fn counts(&self, cap: Cap) -> &Arc<DbCount> {
@@ -165,42 +148,6 @@ impl Pool {
         }
         // The idle stack lends from the top: the bottom waited longest.
         Some(st.idle.remove(0))
-    }
-}
-
-/// A place an eviction freed, kept for the evicting pool's next connect.
-#[derive(Debug, Default)]
-pub(super) struct Room {
-    db: Option<CountSlot>,
-    user: Option<CountSlot>,
-}
-
-impl Room {
-    pub(super) fn give(&mut self, cap: Cap, slot: CountSlot) {
-        match cap {
-            Cap::Db => self.db = Some(slot),
-            Cap::User => self.user = Some(slot),
-        }
-    }
-
-    /// The kept place under `cap`, if there is one.
-    pub(super) fn take(&mut self, cap: Cap) -> Option<CountSlot> {
-        match cap {
-            Cap::Db => self.db.take(),
-            Cap::User => self.user.take(),
-        }
-    }
-
-    /// A place is kept.
-    pub(super) fn kept(&self) -> bool {
-        self.db.is_some() || self.user.is_some()
-    }
-
-    /// Gives up whatever place is still kept; Some when one was.
-    pub(super) fn release(&mut self) -> Option<()> {
-        let had = self.kept();
-        *self = Room::default();
-        had.then_some(())
     }
 }
 

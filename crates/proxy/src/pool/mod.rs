@@ -19,6 +19,7 @@ mod places;
 mod pools;
 mod recovery;
 mod replication;
+mod room;
 mod state;
 mod upkeep;
 

@@ -60,7 +60,7 @@ pub(super) struct State {
     pub evicting: bool,
     /// A place in the database's or user's count an eviction freed for
     /// this pool's next connect.
-    pub room: super::evict::Room,
+    pub room: super::room::Room,
     pub last_error: Option<String>,
     /// Postgres's message for the pool's last login, when Postgres refused
     /// it (cleared by the next server that logs in).
@@ -69,7 +69,7 @@ pub(super) struct State {
     /// RECONNECT: connections opened before this close when released.
     pub reconnect_before: Option<Instant>,
     /// The pool's part in a fleet of weirs sharing one budget (`fleet`).
-    pub fleet: super::fleet::Fleet,
+    pub fleet: super::fleet::part::Fleet,
     /// Places replication clients hold (`replication.rs`): each is a server
     /// connection of its client's alone, never lent, counted in `total`.
     replicating: u32,
