@@ -147,9 +147,7 @@ impl Pool {
                 st.retry_at = None;
                 st.last_error = None;
                 st.rejected = None;
-                conn.slot = Some(slot);
-                conn.user_slot = Some(user_slot);
-                conn.retire_at = conn.created + jittered(st.opts.lifetime);
+                conn.admit(slot, user_slot, jittered(st.opts.lifetime));
                 if st.server_params.is_none() {
                     st.server_params = Some(Arc::new(conn.params.clone()));
                 }

@@ -26,15 +26,13 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
 use weir_metrics::CloseReason;
 
 use super::pools::DbCount;
 use super::room::Cap;
 use super::state::State;
 use super::Pool;
-use crate::protocol::messages;
-use crate::server::exchange::write;
+use crate::server::exchange::goodbye;
 use crate::server::ServerConn;
 
 /// The longest weir waits for an evicted backend to close its socket.
@@ -65,10 +63,10 @@ impl Pool {
             let freed = match evicted {
                 Some(mut conn) => {
                     let slot = match cap {
-                        Cap::Db => conn.slot.take(),
-                        Cap::User => conn.user_slot.take(),
+                        Cap::Db => conn.take_db_slot(),
+                        Cap::User => conn.take_user_slot(),
                     };
-                    goodbye(conn).await;
+                    goodbye(conn, GOODBYE_LIMIT, CloseReason::Evicted).await;
                     slot
                 }
                 None => None,
@@ -136,7 +134,7 @@ impl Pool {
         if st.total() <= st.opts.settings.min_pool_size {
             return None;
         }
-        st.idle.first().map(|c| c.last_used)
+        st.idle.first().map(|c| c.last_used())
     }
 
     /// Takes this pool's longest-idle connection, unless the pool is at
@@ -149,22 +147,4 @@ impl Pool {
         // The idle stack lends from the top: the bottom waited longest.
         Some(st.idle.remove(0))
     }
-}
-
-/// Ends an evicted connection: Terminate, then wait (at most
-/// `GOODBYE_LIMIT`) for Postgres to close the socket, which it does once the
-/// backend has left pg_stat_activity; only then does the connection's place
-/// in the database's count free up (on close).
-async fn goodbye(mut conn: Box<ServerConn>) {
-    let mut out = BytesMut::new();
-    messages::terminate(&mut out);
-    let wait = async {
-        if write(&mut conn, &out).await.is_ok() {
-            while crate::wire::fill(&mut conn.stream, &mut conn.rbuf).await.is_ok() {
-                conn.rbuf.clear();
-            }
-        }
-    };
-    let _ = tokio::time::timeout(GOODBYE_LIMIT, wait).await;
-    conn.close(CloseReason::Evicted);
 }

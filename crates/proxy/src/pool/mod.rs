@@ -204,7 +204,7 @@ impl Pool {
             // the connection goes back to the pool through recovery.
             now = Instant::now();
             let lease = Lease::new(self.clone(), conn, now);
-            let vetted = if self.state.lock().check_due(lease.conn().last_used, now) {
+            let vetted = if self.state.lock().check_due(lease.conn().last_used(), now) {
                 // Boxed: rare, and kept out of every wait's future.
                 let checked = Box::pin(self.check_within(lease, deadline)).await;
                 now = Instant::now();
@@ -241,7 +241,7 @@ impl Pool {
         if st.paused {
             return None;
         }
-        let last_used = st.idle.last()?.last_used;
+        let last_used = st.idle.last()?.last_used();
         if st.check_due(last_used, now) {
             return None;
         }
@@ -379,7 +379,7 @@ impl Pool {
             return;
         }
         let now = now.unwrap_or_else(Instant::now);
-        conn.last_used = now;
+        conn.used_at(now);
         let mut st = self.state.lock();
         st.active -= 1;
         self.hand_over(&mut st, conn, now);
@@ -392,7 +392,7 @@ impl Pool {
         match result {
             Ok(mut conn) => {
                 let now = Instant::now();
-                conn.last_used = now;
+                conn.used_at(now);
                 self.hand_over(&mut st, conn, now);
             }
             Err((conn, reason)) => {

@@ -41,8 +41,8 @@ impl ProbePlaces for Places {
         } else if !st.idle.is_empty() {
             // The bottom of the idle stack waited longest.
             let mut conn = st.idle.remove(0);
-            let db = conn.slot.take().or_else(|| CountSlot::take(&pool.db_servers.count, max_db));
-            let user = conn.user_slot.take().or_else(|| CountSlot::take(&pool.user_servers.count, max_user));
+            let db = conn.take_db_slot().or_else(|| CountSlot::take(&pool.db_servers.count, max_db));
+            let user = conn.take_user_slot().or_else(|| CountSlot::take(&pool.user_servers.count, max_user));
             conn.close(CloseReason::Evicted);
             (db?, user?)
         } else {

@@ -287,7 +287,7 @@ impl State {
         if conn.has_unexpected_input() {
             return Some(CloseReason::ServerClosed);
         }
-        if now >= conn.retire_at {
+        if now >= conn.retire_at() {
             return Some(CloseReason::Lifetime);
         }
         None

@@ -44,9 +44,9 @@ fn sweep(pool: &Arc<Pool>) {
             let conn = &mut st.idle[i];
             let reason = if conn.has_unexpected_input() {
                 Some(CloseReason::ServerClosed)
-            } else if Instant::now() >= conn.retire_at {
+            } else if Instant::now() >= conn.retire_at() {
                 Some(CloseReason::Lifetime)
-            } else if conn.last_used.elapsed() >= idle_limit(idle_timeout, conn.id) {
+            } else if conn.last_used().elapsed() >= idle_limit(idle_timeout, conn.id) {
                 Some(CloseReason::IdleTimeout)
             } else {
                 None
@@ -72,7 +72,7 @@ fn sweep(pool: &Arc<Pool>) {
 /// they are released.
 fn shrink(st: &mut super::state::State, doomed: &mut Vec<(Box<crate::server::ServerConn>, CloseReason)>) {
     while st.over_capacity() && !st.idle.is_empty() {
-        let oldest = (0..st.idle.len()).min_by_key(|&i| st.idle[i].last_used).unwrap_or(0);
+        let oldest = (0..st.idle.len()).min_by_key(|&i| st.idle[i].last_used()).unwrap_or(0);
         doomed.push((st.idle.remove(oldest), CloseReason::PoolShrink));
     }
 }
@@ -80,11 +80,11 @@ fn shrink(st: &mut super::state::State, doomed: &mut Vec<(Box<crate::server::Ser
 /// After a reload, idle connections take the pool's current connect spec,
 /// so the watchdog settings it carries apply from their next loan.
 fn refresh_specs(st: &mut super::state::State) {
-    let Some(stale) = st.idle.iter().position(|c| *c.spec != st.opts.spec) else { return };
+    let Some(stale) = st.idle.iter().position(|c| **c.spec() != st.opts.spec) else { return };
     let spec = Arc::new(st.opts.spec.clone());
     for conn in &mut st.idle[stale..] {
-        if *conn.spec != *spec {
-            conn.spec = spec.clone();
+        if **conn.spec() != *spec {
+            conn.respec(spec.clone());
         }
     }
 }

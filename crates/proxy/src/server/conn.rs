@@ -37,18 +37,18 @@ pub struct ServerConn {
     pub(super) matched: Option<crate::params::Stamps>,
     pub(crate) cancel: CancelTarget,
     pub(crate) created: Instant,
-    pub(crate) last_used: Instant,
+    last_used: Instant,
     /// When a client's checkout last took this connection from the pool
     /// (that client's transaction time starts there; see `pool::Lease`).
-    pub(crate) taken_at: Instant,
+    taken_at: Instant,
     /// When this connection retires (server_lifetime with jitter).
-    pub(crate) retire_at: Instant,
+    retire_at: Instant,
     /// Holds this connection's place in its database's connection count.
-    pub(crate) slot: Option<CountSlot>,
+    slot: Option<CountSlot>,
     /// Its place under max_user_connections.
-    pub(crate) user_slot: Option<CountSlot>,
+    user_slot: Option<CountSlot>,
     /// What it was opened with (the pool's upkeep refreshes it after a reload).
-    pub(crate) spec: Arc<ConnectSpec>,
+    spec: Arc<ConnectSpec>,
     /// Set by whoever found the connection unusable (a watchdog): the pool
     /// closes it with this reason instead of recovering it.
     pub(crate) broken: Option<CloseReason>,
@@ -120,6 +120,65 @@ impl ServerConn {
                 statements: &mut self.statements,
             },
         }
+    }
+
+    /// Holds the connection's places in its database's and its user's
+    /// connection counts, and sets when it retires: `lifetime` after it
+    /// opened (server_lifetime, with the pool's jitter).
+    pub(crate) fn admit(&mut self, db: CountSlot, user: CountSlot, lifetime: Duration) {
+        self.slot = Some(db);
+        self.user_slot = Some(user);
+        self.retire_at = self.created + lifetime;
+    }
+
+    /// Gives up its place in the database's count, to whoever takes it over
+    /// (an eviction, a probe, a replication client); None if it holds none.
+    pub(crate) fn take_db_slot(&mut self) -> Option<CountSlot> {
+        self.slot.take()
+    }
+
+    /// Gives up its place under max_user_connections, as `take_db_slot`.
+    pub(crate) fn take_user_slot(&mut self) -> Option<CountSlot> {
+        self.user_slot.take()
+    }
+
+    /// When the connection retires (server_lifetime).
+    pub(crate) fn retire_at(&self) -> Instant {
+        self.retire_at
+    }
+
+    /// When the connection was last used (released to the pool, or checked).
+    pub(crate) fn last_used(&self) -> Instant {
+        self.last_used
+    }
+
+    /// The connection was used at `now`.
+    pub(crate) fn used_at(&mut self, now: Instant) {
+        self.last_used = now;
+    }
+
+    /// When a client's checkout last took the connection from the pool.
+    pub(crate) fn taken_at(&self) -> Instant {
+        self.taken_at
+    }
+
+    /// A client's checkout took the connection at `at` (its transaction time
+    /// starts there).
+    pub(crate) fn taken(&mut self, at: Instant) {
+        self.taken_at = at;
+    }
+
+    /// What the connection was opened with (or, after a reload, what the
+    /// pool would open it with now).
+    pub(crate) fn spec(&self) -> &Arc<ConnectSpec> {
+        &self.spec
+    }
+
+    /// After a reload: the connection carries the pool's current spec, so
+    /// the watchdog settings in it apply from its next loan. The open
+    /// connection itself is unchanged.
+    pub(crate) fn respec(&mut self, spec: Arc<ConnectSpec>) {
+        self.spec = spec;
     }
 
     pub fn backend_pid(&self) -> i32 {
