@@ -119,18 +119,15 @@ impl Pool {
     /// Runs `want_connects` again at `at` (the end of a back-off, or when the
     /// reserve opens), unless a wake-up at or before `at` is already set.
     fn wake_at(self: &Arc<Self>, st: &mut State, at: Instant) {
-        if st.wake_at.is_some_and(|w| w <= at && w > Instant::now()) {
+        if !st.set_wake(at, Instant::now()) {
             return;
         }
-        st.wake_at = Some(at);
         let pool = Arc::downgrade(self);
         tokio::spawn(async move {
             tokio::time::sleep_until(at.into()).await;
             if let Some(pool) = pool.upgrade() {
                 let mut st = pool.state.lock();
-                if st.wake_at == Some(at) {
-                    st.wake_at = None;
-                }
+                st.woke(at);
                 pool.want_connects(&mut st);
             }
         });
@@ -148,9 +145,7 @@ impl Pool {
                 st.last_error = None;
                 st.rejected = None;
                 conn.admit(slot, user_slot, jittered(st.opts.lifetime));
-                if st.server_params.is_none() {
-                    st.server_params = Some(Arc::new(conn.params.clone()));
-                }
+                st.keep_server_params(|| Arc::new(conn.params.clone()));
                 self.hand_over(&mut st, Box::new(conn), Instant::now());
             }
             Err(e) if e.refusal().is_some() => {
@@ -220,14 +215,14 @@ impl Pool {
     /// back-off meanwhile; a login Postgres refuses fails it at once).
     /// Shared, not copied: every login reads them.
     pub async fn server_params(self: &Arc<Self>, deadline: Instant) -> Result<Arc<ParamMap>, PoolError> {
-        if let Some(p) = self.state.lock().server_params.clone() {
+        if let Some(p) = self.state.lock().server_params() {
             return Ok(p);
         }
         let lease = self.acquire(deadline).await?;
         let params = Arc::new(lease.conn().params.clone());
         // Bound first: a lock guard in the tail expression would outlive
         // `lease`, whose drop takes the same lock.
-        let shared = self.state.lock().server_params.get_or_insert(params).clone();
+        let shared = self.state.lock().keep_server_params(|| params);
         Ok(shared)
     }
 }

@@ -51,10 +51,9 @@ impl Pool {
     /// held together; then this pool tries again with the freed place.
     pub(super) fn make_room(self: &Arc<Self>, st: &mut State, cap: Cap) {
         self.counts(cap).blocked.store(true, Ordering::Release);
-        if st.evicting {
+        if !st.begin_eviction() {
             return;
         }
-        st.evicting = true;
         let pool = self.clone();
         tokio::spawn(async move {
             // Demand may have gone (a server came back) since the refusal.
@@ -72,7 +71,7 @@ impl Pool {
                 None => None,
             };
             let mut st = pool.state.lock();
-            st.evicting = false;
+            st.end_eviction();
             if let Some(slot) = freed {
                 st.room.give(cap, slot);
                 // Used by the next connect, or (demand went meanwhile) given

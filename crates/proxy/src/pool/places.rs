@@ -48,7 +48,7 @@ impl ProbePlaces for Places {
         } else {
             return None;
         };
-        st.probing += 1;
+        st.probe_started();
         drop(st);
         Some(Box::new(Place { pool, _slots: slots }))
     }
@@ -57,7 +57,7 @@ impl ProbePlaces for Places {
 impl Drop for Place {
     fn drop(&mut self) {
         let mut st = self.pool.state.lock();
-        st.probing -= 1;
+        st.probe_ended();
         self.pool.want_connects(&mut st);
         drop(st);
         self.pool.wake_blocked_siblings();
