@@ -5,9 +5,11 @@
 //! - `refill` — the pool refill curve after a mass termination
 //! - `soak`   — a long run of churn and faults, checked from Postgres's data
 //! - `fleet`  — N poolers sharing one Postgres's connection limit: fairness, moved load, a killed instance
+//! - `failover` — a primary stopped and its standby promoted, then the old primary back as a standby: writers' errors, waits and rows
 //! - `replication` — a logical replication stream through weir, and weir's memory meanwhile
 #![forbid(unsafe_code)]
 
+mod failover;
 mod fleet;
 mod listening;
 mod pgbouncer;
@@ -26,9 +28,10 @@ fn main() -> anyhow::Result<()> {
         Some("refill") => refill::run(rest),
         Some("soak") => soak::run(rest),
         Some("fleet") => fleet::run(rest),
+        Some("failover") => failover::run(rest),
         Some("replication") => replication::run(rest),
         _ => {
-            eprintln!("usage: weir-bench suite|storm|refill|soak|fleet|replication [options]");
+            eprintln!("usage: weir-bench suite|storm|refill|soak|fleet|failover|replication [options]");
             std::process::exit(2);
         }
     }

@@ -12,12 +12,14 @@
 //!
 //! `weir-bench refill [--pool N] [--delays 0,50,100] [--window-ms 3000] [--no-pgbouncer]`
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+
+use crate::pgbouncer::Running;
 use tokio_postgres::{Client, NoTls};
 use weir_testkit::{PgOptions, PgServer, Relay, APP_DB, TRUST_PASS, TRUST_USER};
 
@@ -77,7 +79,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
 async fn refill(args: Args) -> anyhow::Result<()> {
     let pg = PgServer::start(PgOptions { max_connections: 300, log_connections: false, ..PgOptions::default() })
         .context("starting the throwaway Postgres")?;
-    let dir = work_dir()?;
+    let dir = crate::pgbouncer::work_dir("refill")?;
     let pgbouncer = args.pgbouncer && crate::pgbouncer::installed();
     let mut curves = Vec::new();
     for &delay in &args.delays {
@@ -200,21 +202,6 @@ async fn busy_client(url: String, stop: Arc<AtomicBool>) {
     }
 }
 
-/// A running pooler; PgBouncer is stopped (by its own pid) when dropped.
-enum Running {
-    Weir(weir::Weir),
-    PgBouncer(crate::pgbouncer::PgBouncer),
-}
-
-impl Running {
-    async fn stop(self) {
-        match self {
-            Running::Weir(w) => w.shutdown().await,
-            Running::PgBouncer(b) => drop(b),
-        }
-    }
-}
-
 async fn start_weir(port: u16, pool: usize, dir: &Path) -> anyhow::Result<(String, Running)> {
     let text = format!(
         "[weir]\nlisten_addr = \"127.0.0.1:0\"\nauth_type = \"trust\"\npool_mode = \"transaction\"\n\
@@ -241,15 +228,6 @@ async fn start_pgbouncer(port: u16, pool: usize, dir: &Path) -> anyhow::Result<(
         tokio::task::spawn_blocking(move || crate::pgbouncer::PgBouncer::start(&dir, &databases, &settings)).await??;
     let url = format!("postgres://{TRUST_USER}:{TRUST_PASS}@{}/{APP_DB}", bouncer.addr);
     Ok((url, Running::PgBouncer(bouncer)))
-}
-
-fn work_dir() -> anyhow::Result<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = std::env::temp_dir().join(format!("weir-refill-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    // PgBouncer runs as postgres when we are root and writes its log here.
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777))?;
-    Ok(dir)
 }
 
 fn print_table(args: &Args, curves: &[Curve], note: Option<&str>) {

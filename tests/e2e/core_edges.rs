@@ -1,7 +1,8 @@
 //! Edges of the forwarded byte stream with real clients: messages far larger
 //! than weir's whole-message threshold (queries, parameters, COPY rows, rows),
-//! portals fetched a few rows at a time (PortalSuspended), empty queries, and
-//! parameter changes that a rollback undoes.
+//! portals fetched a few rows at a time (PortalSuspended), empty queries,
+//! parameter changes that a rollback undoes, and replies to what a client
+//! wrote past its Sync, which the server sends right behind a ReadyForQuery.
 
 use bytes::Bytes;
 use futures_util::SinkExt;
@@ -119,4 +120,35 @@ async fn rolled_back_set_is_forgotten() {
         assert_eq!(one_text(&a, "show application_name").await, "kept");
     })
     .await
+}
+
+/// A client writes past its Sync and flushes: the replies to what follows
+/// the Sync come right behind the ReadyForQuery, often in the same read.
+/// They reach the client with nothing more from it, in both pool modes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_behind_a_ready_for_query_reach_the_client_at_once() {
+    use weir::protocol::tags::{backend as be, frontend as fe};
+    use weir_e2e::extended::{bind, parse, sync};
+    use weir_e2e::raw::{tagged, Raw};
+    bounded(120, async {
+        for mode in ["session", "transaction"] {
+            let h = Harness::start(Opts { pool_mode: mode, auth_type: "trust", ..Opts::default() }).await;
+            let mut c = Raw::login(h.addr(), weir_e2e::TRUST_USER, "", &[]).await.expect("login");
+            let flush = tagged(fe::FLUSH, &[]);
+            for round in 0..30 {
+                let batch = [bind("missing", &[]), sync(), parse("", "select * from missing"), flush.clone()];
+                c.send(&batch.concat()).await.unwrap();
+                let mut tags = String::new();
+                for _ in 0..3 {
+                    let (tag, _) =
+                        c.read_msg().await.unwrap_or_else(|e| panic!("{mode}, round {round}: {e}; got {tags}"));
+                    tags.push(tag as char);
+                }
+                assert_eq!(tags, "EZE", "{mode}, round {round}");
+                c.send(&sync()).await.unwrap();
+                assert_eq!(c.read_msg().await.unwrap().0, be::READY_FOR_QUERY);
+            }
+        }
+    })
+    .await;
 }

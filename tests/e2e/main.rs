@@ -19,6 +19,7 @@ mod core_protocol;
 mod drivers;
 mod dropin;
 mod encoding;
+mod failover;
 mod fleet;
 mod fleet_share;
 mod hangs;

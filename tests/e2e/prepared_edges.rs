@@ -7,7 +7,14 @@
 //! * an unnamed Parse queued behind a Sync or simple query that leaves the
 //!   transaction failed gets Postgres's 25P02, not a ParseComplete of weir's;
 //! * after an unnamed Parse that failed, a Bind of the unnamed statement
-//!   gets Postgres's 26000, not whatever unnamed statement the server holds.
+//!   gets Postgres's 26000, not whatever unnamed statement the server holds;
+//! * a named Parse of a statement the server holds, in a failed transaction
+//!   or behind a query that fails it, gets Postgres's 25P02, and leaves the
+//!   server's unnamed statement alone;
+//! * `SET LOCAL search_path` plans the client's statements in that path
+//!   until the transaction ends;
+//! * a Describe, in a failed transaction, of a statement weir must prepare
+//!   first describes one that returns no rows, as Postgres does there.
 
 use std::net::SocketAddr;
 
@@ -141,4 +148,64 @@ async fn a_failed_hot_parse_leaves_no_unnamed_statement() {
         step(0, run_it(), 1),
     ];
     same_as_postgres(&h, &[&[]], &steps, "Bind after a failed unnamed Parse").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_parse_in_a_failed_transaction_gets_its_25p02() {
+    let h = harness(1, "transaction", "trust", "").await;
+    let steps = vec![
+        step(0, vec![parse("s1", "select 1"), sync()], 1),
+        step(0, vec![query("begin")], 1),
+        // Behind a query that fails the transaction, the server holding it.
+        step(0, vec![query("select 1/0"), parse("s2", "select 1"), sync()], 2),
+        // In the failed transaction: the unnamed statement stays, and a
+        // Describe of it (no rows) is answered there.
+        step(0, vec![parse("", ""), sync()], 1),
+        step(0, vec![parse("s3", "select 1"), sync()], 1),
+        step(0, vec![describe_statement(""), sync()], 1),
+        step(0, vec![query("rollback")], 1),
+        step(0, vec![bind("s2", &[]), execute(), sync()], 1),
+    ];
+    same_as_postgres(&h, &[&[]], &steps, "named Parse in a failed transaction").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_local_search_path_plans_statements_in_that_path() {
+    let h = harness(1, "transaction", "trust", "").await;
+    h.psql(
+        "create schema sl; grant usage on schema sl to public; \
+         create table public.tl (v int); insert into public.tl values (1); \
+         create table sl.tl (v text); insert into sl.tl values ('sl'); \
+         grant select on public.tl, sl.tl to public;",
+    );
+    let q = "select v from tl";
+    let steps = vec![
+        // Prepared on the one server under the default search_path.
+        step(0, vec![parse("a", q), bind("a", &[]), execute(), sync()], 1),
+        step(1, vec![query("begin")], 1),
+        step(1, vec![query("set local search_path = sl, public")], 1),
+        step(1, vec![parse("b", q), describe_statement("b"), bind("b", &[]), execute(), sync()], 1),
+        step(1, vec![query("commit")], 1),
+        step(1, vec![parse("c", q), bind("c", &[]), execute(), sync()], 1),
+    ];
+    same_as_postgres(&h, &[&[], &[]], &steps, "SET LOCAL search_path").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_describe_in_a_failed_transaction_of_a_statement_weir_prepares_first() {
+    let h = harness(1, "transaction", "trust", "").await;
+    h.psql("create table dt (a int); grant all on dt to public;");
+    let steps = vec![
+        step(0, vec![query("begin")], 1),
+        // Prepared in a transaction that rolls back: weir closes it and
+        // prepares it again before its next use.
+        step(0, vec![parse("ins", "insert into dt values ($1::int)"), sync()], 1),
+        step(0, vec![query("rollback")], 1),
+        step(0, vec![query("begin")], 1),
+        step(0, vec![bind("missing", &[]), sync()], 1),
+        step(0, vec![describe_statement("ins"), sync()], 1),
+        step(0, vec![query("rollback")], 1),
+        step(0, vec![describe_statement("ins"), bind("ins", &["7"]), execute(), sync()], 1),
+    ];
+    same_as_postgres(&h, &[&[]], &steps, "Describe in a failed transaction").await;
 }

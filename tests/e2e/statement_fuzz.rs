@@ -1,42 +1,51 @@
 //! A differential fuzzer for the statement path: sequences of
 //! extended-protocol messages from several clients at once (named and
 //! unnamed Parse, Bind, Describe of statements and portals, Execute with row
-//! limits, Close, Flush, Sync, simple queries, errors on purpose, DDL in
+//! limits, Close, Flush, Sync, pipelines past a Sync, simple queries,
+//! transaction blocks, errors on purpose, DDL and `SET LOCAL search_path` in
 //! between) run against Postgres directly and through weir in session and
 //! transaction mode; each client's replies are compared message by message,
-//! with what differs by nature masked (ParameterStatus, table OIDs). Every
-//! reply must arrive: a read that waits past `REPLY_LIMIT` fails the case.
+//! with what differs by nature masked (ParameterStatus, table OIDs, long
+//! numbers in error texts). Every reply must arrive (`client.rs`), and none
+//! beyond: each client ends with a Sync of its own.
 //!
-//! Cases come from a fixed seed; a failing case is shrunk (steps, then
-//! ops, removed while it still fails) and printed in the case text
-//! (`case.rs`), which `REGRESSIONS` keeps. `WEIR_FUZZ_CASES` and
-//! `WEIR_FUZZ_SEED` set the run's size and seed (scripts/statement-fuzz.sh);
-//! `WEIR_FUZZ_FROM` skips the cases before that number (one case of a
-//! seed runs alone with `WEIR_FUZZ_FROM=n WEIR_FUZZ_CASES=n+1`).
+//! Case `n` of a seed is made from its own seed (`case_rng`) and runs from
+//! a clean start: its lane's tables put back, a fresh weir in each mode
+//! (`lane.rs`), so it runs the same alone, in any lane, after any other
+//! case. Lanes run cases side by side, each in a database of its own. A
+//! failing case is shrunk (steps, then ops, removed while it still fails)
+//! and printed in the case text (`case.rs`), which `REGRESSIONS` keeps;
+//! what would differ by nature is kept out of cases by the rules of
+//! `case.rs` (`valid`), each with its reason.
+//!
+//! `WEIR_FUZZ_CASES` and `WEIR_FUZZ_SEED` set the run's size and seed
+//! (scripts/statement-fuzz.sh), `WEIR_FUZZ_FROM` skips the cases before that
+//! number (`WEIR_FUZZ_FROM=n WEIR_FUZZ_CASES=n+1` runs case n alone),
+//! `WEIR_FUZZ_LANES` sets the lanes, `WEIR_FUZZ_CASE` runs one case given
+//! as text instead, and `WEIR_FUZZ_LOG` (a tracing filter, `weir=debug`)
+//! prints weir's log.
 
 mod case;
+mod client;
+mod lane;
 
-use std::collections::VecDeque;
-use std::net::SocketAddr;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
-use bytes::Bytes;
-use rand::SeedableRng;
-use weir::protocol::tags::backend as be;
-use weir_e2e::raw::{error_fields, Raw};
-use weir_e2e::{Harness, Opts, PgServer, APP_DB, TRUST_USER};
+use weir_e2e::{PgOptions, PgServer};
 
-use case::{encode, generate, parse_case, smaller, valid, Case, Op};
+use case::{case_rng, generate, parse_case, valid, Case};
+use lane::{Lane, Verdict, CLIENTS};
 
-/// How long a client waits for a reply it is owed.
-const REPLY_LIMIT: Duration = Duration::from_secs(5);
-const CLIENTS: usize = 3;
 const STEPS: usize = 24;
 /// Cases per CI run (a fixed seed), and the seed.
-const CI_CASES: u64 = 30;
+const CI_CASES: u64 = 300;
 const CI_SEED: u64 = 0x5eed_0032;
-/// Re-runs a shrink may spend.
-const SHRINK_BUDGET: usize = 80;
+/// Lanes: cases run side by side, each lane in a database of its own.
+const LANES: usize = 3;
+/// A run stops after this many failing cases.
+const MAX_FAILURES: usize = 12;
 
 /// Shrunk failures found by the fuzzer, kept as regression cases.
 const REGRESSIONS: &[&str] = &[
@@ -73,275 +82,192 @@ const REGRESSIONS: &[&str] = &[
     // not the 25P02 of weir's Parse before it.
     "1:Ps1=5;Bp1=s3;S | 1:Ps4=0;Ps2=4;Bp1=s1;Ps3=3;Ps4=3;Ps1=1;Ps4=2;S | 1:Q0 | 1:Ps3=8;S | \
      1:F;B_=s1;CP_;E_/1;B_=s2;S",
+    // The same, for a statement whose text refers to `$n` it does not
+    // declare: Postgres counts the highest.
+    "1:Ps3=7;Ps3=8;S | 1:Q0 | 1:B_=s1;S;F | 1:CP_;Bp1=s3;B_=s3;Ps1=0;F",
+    // A named Parse of a statement the server holds, behind a query that
+    // fails the transaction: Postgres's 25P02, not weir's ParseComplete.
+    "0:Ps1=0;S | 0:Q0 | 0:Q10;Ps2=0;S | 0:Q2",
+    // A named Parse in a failed transaction leaves the server's unnamed
+    // statement alone (described after it, as Postgres does there).
+    "0:Ps2=0;S | 0:Q0 | 0:P_=4;S | 0:B_=s4;S | 0:Ps1=0;S | 0:DS_;S | 0:Q2",
+    // SET LOCAL search_path: the statement is planned in `sb`, not shared
+    // with one planned for another client in `public`.
+    "0:Ps1=3;S | 1:Q0 | 1:Q12 | 1:Ps2=3;Bp1=s2;Ep1/0;S | 1:Q2",
+    // A Describe, in a failed transaction, of a statement weir must prepare
+    // first (uncertain after the rollback): Postgres describes one that
+    // returns no rows.
+    "0:Q0 | 0:Ps1=4;S | 0:Q2 | 0:Q0 | 0:B_=s4;S | 0:DSs1;S | 0:Q2",
+    // A DEALLOCATE behind a Parse not yet answered: its ParseComplete first.
+    "2:Ps3=5 | 2:Q9",
+    // Errors on statements a later batch closed name them as the client did.
+    "1:Ps2=1;P_=5;Ps2=7 | 1:DSs1;Ps2=6;DS_;DSs2;S;Bp1=s2;S;P_=1;CSs2;P_=2;S",
+    "0:Ps4=3;S | 0:B_=s4!;S;CSs4;Bp1=s2!;S",
+    "1:Q0 | 1:P_=2;S | 1:Bp1=_!;S;Q2;Bp1=s3;B_=s1;S",
+    // A Parse of a name the client holds, in a failed transaction, with a
+    // text that parses there (an empty one): Postgres's 42P05, where weir
+    // preparing the held statement first got 25P02.
+    "1:Ps1=7 | 1:Q0;F;Bp1=s3;DPp1 | 1:Bp1=s2;CSs1;Ps3=7;CSs4;B_=s3;DSs2;DSs3;S;Ps1=8;B_=s1",
+    "2:Ps4=3;Bp1=s4;Bp1=s3;F | 2:CSs2;P_=4;F;S | 2:Q0 | 2:F;B_=s2;DSs1;S | \
+     2:Ps4=8;Ps3=5;Ps3=8;Bp1=s4;S;B_=s1;B_=s3;Bp1=s4;S",
+    "2:Ps1=8 | 2:Q0 | 2:Ps3=1;Ps1=4;F | 2:F;P_=8;S;B_=_;E_/0;P_=3;CP_;CSs3;B_=_;F",
+    // Written past a Sync while the server skips to it (its error already
+    // read): what the skipped messages changed is undone first.
+    "1:P_=2;S | 2:B_=s4;F | 2:Ps3=2;B_=s3;S;Bp1=s3;S",
+    "2:Ps2=0;S | 1:DSs1;F | 1:Ps4=0;S;F;B_=s4!;Ps2=0;E_/2;P_=3;P_=7;S;B_=s4;CP_;E_/0;S",
+    "1:Ps1=5 | 1:Ps1=7;F | 1:Ps4=5;S;Ps3=8;DSs3;Ps4=2;CSs2;Bp1=s4;Ps2=5;DSs1;S;Q0",
+    "2:Ps2=5;S;Ps2=1;F;P_=2;CSs4;F;S | 2:CSs3;Ps2=8;B_=s1;E_/0;F | 2:Ps1=5;S;DSs1;P_=6;Ps2=2;B_=_!;S",
+    "2:Bp1=s1;F | 1:P_=8;DS_;Ps1=7;Ps3=5;P_=3;S | 2:F;Ps2=7;Ps4=6;B_=s2;S | \
+     1:Ps2=8;Bp1=s2;P_=4;S;B_=s2;CSs3;Ps4=2;E_/2;F | 0:F;F;DSs3;F;CSs4;P_=7;S;Bp1=s3;CSs1;Ep1/0;B_=s1;F | \
+     0:Ps1=3;Ep1/0;Ep1/2;DSs1;Ep1/2;DPp1;E_/1;S;B_=s1;Ps3=8;CSs3;B_=s1;DSs1;DP_;E_/1;S;CSs4;B_=s1;Ps3=6;Ps3=2;F",
+    // Replies the server sent behind a ReadyForQuery, to what the client
+    // wrote past its Sync or query, in the same read: held until the next
+    // bytes came (the client hung).
+    "1:Bp1=s4;S;P_=6;F",
+    "2:Q12;P_=0;F",
+    "1:Q0;DSs2;F;F",
+    // Messages written past a Sync use the statements as that batch left
+    // them: a Parse or Close of a name, skipped after an error before it,
+    // leaves the name as it was.
+    "1:Ps4=2;DSs2;CSs4;S;Ps4=5;F;F",
+    "2:Bp1=s4;Ps2=3;S;B_=s2",
+    "1:Bp1=s1;Ps3=7;S;Bp1=s3!",
+    "0:Bp1=s1;Ps1=0;S;Bp1=s1",
+    "1:B_=s1;Ps2=8;S;Q0;DSs2;F;F;F;F",
+    "1:Ps4=7;S | 2:Bp1=s2;DPp1;F | 1:CSs3;Bp1=s2;DPp1;Bp1=s4;Bp1=s4;S;F;Bp1=s4;P_=6;B_=_;B_=_;Bp1=_;F",
+    "2:Q0 | 2:B_=s3 | 2:P_=0 | 2:Bp1=_;P_=1 | 2:P_=1;CPp1;E_/0;Bp1=s2;S;DS_;Bp1=s3;CPp1;S",
+    "2:Q0 | 2:Bp1=s1;S | 2:Q8;B_=s1;E_/2;CSs2;Ps2=0;DPp1;CPp1;Ps3=2;S;Ps3=8;CSs3;P_=2 | \
+     2:Ps3=5;Bp1=s2!;S;DSs1;B_=s3;B_=s3;CPp1;B_=s2;Ps2=7;B_=s2;S | 2:CSs1;Bp1=s3;Bp1=s4;Ps2=5;B_=s3;S",
 ];
 
-/// One message as compared: its tag and its body with inherent differences masked.
-type Msg = (char, String);
-
-/// Where a case runs.
+/// A case to run: a kept regression case, or generated case `n`.
 #[derive(Clone, Copy)]
-struct Target {
-    addr: SocketAddr,
-    name: &'static str,
+enum Job {
+    Kept(usize),
+    Generated(u64),
+    /// The case text in `WEIR_FUZZ_CASE`.
+    Given,
 }
 
-/// Runs a case on a target: each client's compared replies, or the first
-/// failure to get them.
-async fn run(case: &Case, t: Target) -> Result<Vec<Vec<Msg>>, String> {
-    let mut clients = Vec::new();
-    for _ in 0..case.clients {
-        let raw = Raw::login_within(REPLY_LIMIT, t.addr, TRUST_USER, "", &[]).await?;
-        clients.push(Client { raw, owed: VecDeque::new(), seen: Vec::new(), defined: Vec::new() });
-    }
-    for (i, step) in case.steps.iter().enumerate() {
-        let c = &mut clients[step.client];
-        c.raw.send(&encode(step, &mut c.defined)).await?;
-        for op in &step.ops {
-            c.owe(op);
-        }
-        if step.reads() {
-            c.read_owed().await.map_err(|e| format!("{}: step {i} (client {}): {e}", t.name, step.client))?;
-        }
-    }
-    let mut out = Vec::new();
-    for c in clients {
-        out.push(c.seen);
-        c.raw.terminate().await;
-    }
-    Ok(out)
-}
-
-/// What a client is owed, in order.
-#[derive(Debug, PartialEq)]
-enum Owed {
-    /// One extended message's reply (its last message).
-    Reply,
-    /// ReadyForQuery for a Sync or a simple query.
-    Ready,
-}
-
-struct Client {
-    raw: Raw,
-    owed: VecDeque<Owed>,
-    seen: Vec<Msg>,
-    defined: Vec<(String, usize)>,
-}
-
-impl Client {
-    fn owe(&mut self, op: &Op) {
-        match op {
-            Op::Flush => {}
-            Op::Sync | Op::Query(_) => self.owed.push_back(Owed::Ready),
-            _ => self.owed.push_back(Owed::Reply),
+impl Job {
+    fn case(self, seed: u64) -> Case {
+        match self {
+            Job::Kept(i) => parse_case(REGRESSIONS[i]),
+            Job::Given => parse_case(&std::env::var("WEIR_FUZZ_CASE").unwrap_or_default()),
+            Job::Generated(n) => generate(&mut case_rng(seed, n), CLIENTS, STEPS),
         }
     }
 
-    /// Reads until nothing is owed: every reply to what was sent, where an
-    /// ErrorResponse to an extended message stands for the rest up to the
-    /// next Sync (skipped).
-    async fn read_owed(&mut self) -> Result<(), String> {
-        while !self.owed.is_empty() {
-            let (tag, body) = self.raw.read_msg().await.map_err(|e| format!("{e}; still owed {:?}", self.owed))?;
-            self.note(tag, &body);
+    fn describe(self, seed: u64) -> String {
+        match self {
+            Job::Kept(i) => format!("regression case {i}"),
+            Job::Given => "the case in WEIR_FUZZ_CASE".to_owned(),
+            Job::Generated(n) => {
+                format!("case {n} of seed {seed} (alone: scripts/statement-fuzz.sh {} {seed} {n})", n + 1)
+            }
         }
-        Ok(())
     }
+}
 
-    fn note(&mut self, tag: u8, body: &Bytes) {
-        let reply = self.owed.front() == Some(&Owed::Reply);
-        match tag {
-            be::PARAMETER_STATUS => return,
-            be::READY_FOR_QUERY => while self.owed.pop_front().is_some_and(|o| o == Owed::Reply) {},
-            be::ERROR_RESPONSE if reply => {
-                while self.owed.front() == Some(&Owed::Reply) {
-                    self.owed.pop_front();
+/// What the lanes share: the jobs, the next one to take, what failed.
+struct Run {
+    seed: u64,
+    jobs: Vec<Job>,
+    next: AtomicUsize,
+    stop: AtomicBool,
+    failures: Mutex<Vec<String>>,
+    unrunnable: Mutex<Vec<String>>,
+}
+
+impl Run {
+    /// Takes jobs until none is left (or enough failed), each checked on `lane`.
+    async fn drive(&self, lane: Lane) {
+        while !self.stop.load(Ordering::Relaxed) {
+            let Some(&job) = self.jobs.get(self.next.fetch_add(1, Ordering::Relaxed)) else { return };
+            let case = job.case(self.seed);
+            assert!(valid(&case), "{} breaks the rules: {case}", job.describe(self.seed));
+            match lane.check(&case).await {
+                Verdict::Same => {}
+                Verdict::Unrunnable(e) => {
+                    self.unrunnable.lock().unwrap().push(format!("{}: {e}\n  {case}", job.describe(self.seed)))
+                }
+                Verdict::Differs(mode, diff) => {
+                    let (small, small_diff) = match job {
+                        Job::Kept(_) | Job::Given => (case, None),
+                        Job::Generated(_) => lane.shrink(case, mode).await,
+                    };
+                    let mut failures = self.failures.lock().unwrap();
+                    failures.push(format!(
+                        "{} fails on {}:\n  shrunk: {small}\n  {}",
+                        job.describe(self.seed),
+                        mode.name(),
+                        small_diff.unwrap_or(diff)
+                    ));
+                    if failures.len() >= MAX_FAILURES {
+                        self.stop.store(true, Ordering::Relaxed);
+                    }
                 }
             }
-            be::PARSE_COMPLETE
-            | be::BIND_COMPLETE
-            | be::CLOSE_COMPLETE
-            | be::NO_DATA
-            | be::ROW_DESCRIPTION
-            | be::COMMAND_COMPLETE
-            | be::EMPTY_QUERY_RESPONSE
-            | be::PORTAL_SUSPENDED
-                if reply =>
-            {
-                self.owed.pop_front();
-            }
-            _ => {}
         }
-        self.seen.push((tag as char, masked(tag, body)));
     }
 }
 
-/// A message body as compared: table OIDs and column numbers of a
-/// RowDescription and long numbers in error texts masked.
-fn masked(tag: u8, body: &[u8]) -> String {
-    match tag {
-        be::ROW_DESCRIPTION => {
-            let mut out = String::new();
-            let mut at = 2;
-            while at < body.len() {
-                let end = at + body[at..].iter().position(|&b| b == 0).unwrap_or(body.len() - at);
-                out.push_str(&String::from_utf8_lossy(&body[at..end]));
-                // Skip the table OID (4) and column number (2); keep the rest (12).
-                let rest = (end + 7).min(body.len());
-                let next = (end + 19).min(body.len());
-                out.push_str(&format!(" {:?}; ", &body[rest..next]));
-                at = next;
-            }
-            out
-        }
-        be::ERROR_RESPONSE | be::NOTICE_RESPONSE => {
-            let (code, message) = error_fields(body);
-            let mut m = String::new();
-            let mut digits = 0;
-            for ch in message.chars() {
-                digits = if ch.is_ascii_digit() { digits + 1 } else { 0 };
-                m.push(if digits >= 5 { '#' } else { ch });
-            }
-            format!("{code} {m}")
-        }
-        _ => String::from_utf8_lossy(body).into_owned(),
+async fn fuzz(seed: u64, cases: u64, from: u64, lanes: usize) {
+    let pg =
+        tokio::task::spawn_blocking(|| PgServer::start(PgOptions { log_connections: false, ..PgOptions::default() }))
+            .await
+            .unwrap()
+            .expect("start postgres");
+    let pg = Arc::new(pg);
+    let mut jobs: Vec<Job> = (0..REGRESSIONS.len()).map(Job::Kept).collect();
+    jobs.extend((from..cases).map(Job::Generated));
+    if std::env::var("WEIR_FUZZ_CASE").is_ok() {
+        jobs = vec![Job::Given];
     }
-}
-
-/// The places a case runs: Postgres directly, and weir in front of the same
-/// Postgres in session and in transaction mode, the latter with unnamed
-/// statements served from server-side ones from their second Parse (the
-/// default) and from their first.
-struct Bench {
-    pg: std::sync::Arc<PgServer>,
-    direct: Target,
-    modes: Vec<(Target, Harness)>,
-}
-
-impl Bench {
-    async fn start() -> Bench {
-        let first = Harness::start(opts("session", 2)).await;
-        let pg = first.pg.clone();
-        let second = Harness::start_with(pg.clone(), opts("transaction", 2)).await;
-        let third = Harness::start_with(pg.clone(), opts("transaction", 1)).await;
-        let direct = Target { addr: format!("127.0.0.1:{}", pg.port()).parse().unwrap(), name: "direct" };
-        let modes = vec![
-            (Target { addr: first.addr(), name: "session" }, first),
-            (Target { addr: second.addr(), name: "transaction" }, second),
-            (Target { addr: third.addr(), name: "transaction, unnamed prepared at once" }, third),
-        ];
-        Bench { pg, direct, modes }
+    let run = Arc::new(Run {
+        seed,
+        jobs,
+        next: AtomicUsize::new(0),
+        stop: AtomicBool::new(false),
+        failures: Mutex::default(),
+        unrunnable: Mutex::default(),
+    });
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for n in 0..lanes {
+        let lane = Lane::open(pg.clone(), n).await;
+        let run = run.clone();
+        tasks.push(tokio::spawn(async move { run.drive(lane).await }));
     }
-
-    async fn run(&self, case: &Case, t: Target) -> Result<Vec<Vec<Msg>>, String> {
-        let pg = self.pg.clone();
-        let sql = "create table if not exists fz (a int); grant all on fz to public; truncate fz; \
-                   insert into fz values (1), (2), (3); drop index if exists fz_i;";
-        tokio::task::spawn_blocking(move || pg.psql(APP_DB, sql).expect("fuzz setup")).await.unwrap();
-        run(case, t).await
+    for t in tasks {
+        t.await.expect("lane");
     }
-
-    /// None when every target agrees with Postgres (or Postgres itself could
-    /// not run the case); else the target and what differed.
-    async fn check(&self, case: &Case) -> Option<(Target, String)> {
-        let Ok(want) = self.run(case, self.direct).await else { return None };
-        for (t, _) in &self.modes {
-            if let Some(diff) = self.differs(case, *t, &want).await {
-                return Some((*t, diff));
-            }
-        }
-        None
-    }
-
-    async fn differs(&self, case: &Case, t: Target, want: &[Vec<Msg>]) -> Option<String> {
-        let got = match self.run(case, t).await {
-            Ok(got) => got,
-            Err(e) => return Some(e),
-        };
-        for (c, (w, g)) in want.iter().zip(&got).enumerate() {
-            let n = w.iter().zip(g).take_while(|(a, b)| a == b).count();
-            if n < w.len() || n < g.len() {
-                return Some(format!(
-                    "client {c}, reply {n}: Postgres sent {:?}, weir ({}) sent {:?}\n  Postgres: {}\n  weir: {}",
-                    w.get(n),
-                    t.name,
-                    g.get(n),
-                    w.iter().map(|m| m.0).collect::<String>(),
-                    g.iter().map(|m| m.0).collect::<String>(),
-                ));
-            }
-        }
-        None
-    }
-
-    /// Removes steps and ops while the case still fails on `t`.
-    async fn shrink(&self, mut case: Case, t: Target) -> (Case, String) {
-        let mut budget = SHRINK_BUDGET;
-        let mut last = String::new();
-        'outer: while budget > 0 {
-            for smaller in smaller(&case).into_iter().filter(valid) {
-                if budget == 0 {
-                    break 'outer;
-                }
-                budget -= 1;
-                let Ok(want) = self.run(&smaller, self.direct).await else { continue };
-                if let Some(diff) = self.differs(&smaller, t, &want).await {
-                    case = smaller;
-                    last = diff;
-                    continue 'outer;
-                }
-            }
-            break;
-        }
-        (case, last)
-    }
-}
-
-fn opts(mode: &'static str, prepare_unnamed_after: u32) -> Opts {
-    Opts {
-        pool_size: CLIENTS as u32,
-        pool_mode: mode,
-        auth_type: "trust",
-        // A small cache, so that statements are evicted and prepared again.
-        general: format!("max_prepared_statements = 3\nprepare_unnamed_after = {prepare_unnamed_after}\n"),
-        ..Opts::default()
-    }
-}
-
-async fn fuzz(seed: u64, cases: u64, from: u64) {
-    let bench = Bench::start().await;
-    let mut failures = Vec::new();
-    for text in REGRESSIONS {
-        let case = parse_case(text);
-        assert!(valid(&case), "regression case breaks the rules: {text}");
-        if let Some((t, diff)) = bench.check(&case).await {
-            failures.push(format!("regression case fails on {}:\n  {text}\n  {diff}", t.name));
-        }
-    }
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    for n in 0..cases {
-        let case = generate(&mut rng, CLIENTS, STEPS);
-        assert!(valid(&case), "generated case breaks the rules: {case}");
-        if n < from {
-            continue;
-        }
-        if let Some((t, diff)) = bench.check(&case).await {
-            let (small, small_diff) = bench.shrink(case.clone(), t).await;
-            let small_diff = if small_diff.is_empty() { diff.clone() } else { small_diff };
-            failures
-                .push(format!("case {n} of seed {seed:#x} fails on {}:\n  shrunk: {small}\n  {small_diff}", t.name));
-            if failures.len() >= 3 {
-                break;
-            }
-        }
-    }
-    println!("statement fuzzer: seed {seed:#x}, {cases} cases and {} regression cases", REGRESSIONS.len());
+    let secs = started.elapsed().as_secs_f64();
+    let ran = run.next.load(Ordering::Relaxed).min(run.jobs.len());
+    println!(
+        "statement fuzzer: seed {seed}, cases {from}..{cases} and {} regression cases: {ran} run in {secs:.1} s \
+         ({:.2} cases/s, {lanes} lanes)",
+        REGRESSIONS.len(),
+        ran as f64 / secs
+    );
+    let unrunnable = run.unrunnable.lock().unwrap();
+    let failures = run.failures.lock().unwrap();
+    assert!(unrunnable.is_empty(), "Postgres did not answer {} cases:\n{}", unrunnable.len(), unrunnable.join("\n"));
     assert!(failures.is_empty(), "{} failing cases:\n{}", failures.len(), failures.join("\n"));
+}
+
+fn env(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|s| s.parse().ok())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn weir_answers_as_postgres_does() {
-    let seed = std::env::var("WEIR_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(CI_SEED);
-    let cases = std::env::var("WEIR_FUZZ_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(CI_CASES);
-    let from = std::env::var("WEIR_FUZZ_FROM").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
-    fuzz(seed, cases, from).await;
+    if let Ok(filter) = std::env::var("WEIR_FUZZ_LOG") {
+        let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new(filter)).try_init();
+    }
+    let seed = env("WEIR_FUZZ_SEED").unwrap_or(CI_SEED);
+    let cases = env("WEIR_FUZZ_CASES").unwrap_or(CI_CASES);
+    let from = env("WEIR_FUZZ_FROM").unwrap_or(0);
+    let lanes = env("WEIR_FUZZ_LANES").map_or(LANES, |n| n.max(1) as usize);
+    fuzz(seed, cases, from, lanes).await;
 }

@@ -359,7 +359,7 @@ async fn server_tls_cancels_go_over_tls() {
     let h = Harness::start(opts).await;
     let (port, seen) = recording_forwarder(format!("127.0.0.1:{}", h.pg.port()).parse().unwrap()).await;
     let mut cfg = (*h.weir().shared().config.load()).clone();
-    cfg.databases.get_mut("app").unwrap().port = port;
+    cfg.databases.get_mut("app").unwrap().port = weir::config::Ports::one(port);
     h.weir().reload(cfg).expect("reload towards the forwarder");
     let c = tokio::time::timeout(LIMIT, weir_e2e::connect(&h.url(TRUST_USER, TRUST_PASS))).await.unwrap().unwrap();
     let token = c.cancel_token();

@@ -80,6 +80,15 @@ label_enum! {
         FleetShare => "fleet_share",
         /// The server violated the wire protocol.
         ProtocolError => "protocol_error",
+        /// Logged in, but not what the database's `target_session_attrs`
+        /// asks for (a standby where writes are wanted): weir tries the next host.
+        RoleMismatch => "role_mismatch",
+        /// Its host's role changed (a standby promoted, a primary that
+        /// answered 25006 or came back read-only): retired when released.
+        RoleChanged => "role_changed",
+        /// Its host name now resolves elsewhere, or the host left the
+        /// database's list: retired when released.
+        HostGone => "host_gone",
         /// A replication connection ended with its client: the server is the
         /// client's alone, never pooled, and closes when the client leaves.
         ReplicationEnded => "replication_ended",
@@ -104,6 +113,8 @@ label_enum! {
         Io => "io",
         /// The server violated the protocol during startup.
         Protocol => "protocol",
+        /// No host of the database matched its `target_session_attrs`.
+        NoMatchingHost => "no_matching_host",
     }
 }
 
@@ -198,7 +209,7 @@ mod tests {
         check(DropReason::ALL, DropReason::index, DropReason::as_label);
         check(CancelOutcome::ALL, CancelOutcome::index, CancelOutcome::as_label);
         check(ClientResult::ALL, ClientResult::index, ClientResult::as_label);
-        assert_eq!(CloseReason::COUNT, 16);
+        assert_eq!(CloseReason::COUNT, 19);
         assert_eq!(CloseReason::ClientGoneUnclean.to_string(), "client_gone_unclean");
         assert_eq!(CloseReason::Dropped.as_label(), "dropped");
     }

@@ -12,6 +12,8 @@
 //!   and one sample per pool (for rendering).
 //! * [`stats`] — [`StatTotals`] and [`Period`], `SHOW STATS` totals and averages.
 //! * [`guard`] — [`ServerConnGuard`], exactly-once open/close accounting.
+//! * [`hosts`] — [`HostSetMetrics`], each database's hosts: their roles,
+//!   failovers and how long each took.
 //! * [`global`] — [`GlobalMetrics`], process-wide counters and build info.
 //! * `text` — [`render_all`], the Prometheus text (0.0.4) of every live pool,
 //!   and the scrape: process figures, the recorder's series, the pools.
@@ -20,7 +22,8 @@
 //!   `/metrics`, `/healthz` and `/readyz`.
 //!
 //! Imports inside the crate run one way: `exporter` → `http` → `text` →
-//! `pool` → `hist`, `rate`, `stats` and the vocabularies; `guard` → `pool`.
+//! `pool` → `hist`, `rate`, `stats` and the vocabularies; `text` → `hosts` →
+//! `hist`; `guard` → `pool`.
 //!
 //! # What `metrics-exporter-prometheus` does, and what is written here
 //!
@@ -62,6 +65,7 @@ pub mod exporter;
 pub mod global;
 pub mod guard;
 pub mod hist;
+pub mod hosts;
 mod http;
 pub mod names;
 pub mod pool;
@@ -75,10 +79,11 @@ pub use close::{CancelOutcome, ClientResult, CloseReason, ConnectFailure, Connec
 pub use exporter::{install, render, Exporter, MetricsError};
 pub use global::{record_reload, set_build_info, set_max_client_conn, GlobalMetrics, ReloadResult};
 pub use guard::ServerConnGuard;
+pub use hosts::HostSetMetrics;
 pub use http::ReadyFn;
 pub use names::describe_all;
 pub use pool::{BeingCanceled, Limits, PoolMetrics, ServerInfo, SharedCount};
 pub use rate::{RateWindow, Window};
-pub use state::{ClientState, ServerState};
+pub use state::{ClientState, HostRole, ServerState};
 pub use stats::{Period, StatTotals};
 pub use text::render_all;

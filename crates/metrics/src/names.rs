@@ -20,6 +20,11 @@ pub const LABEL_OUTCOME: &str = "outcome";
 pub const LABEL_RESULT: &str = "result";
 /// Label key: weir version for `weir_build_info`.
 pub const LABEL_VERSION: &str = "version";
+/// Label key: one host of a database's list, as `address:port` (or the
+/// Unix socket's folder and port).
+pub const LABEL_HOST: &str = "host";
+/// Label key: a host's role (primary, read_only, standby, unreachable, unknown).
+pub const LABEL_ROLE: &str = "role";
 
 /// Counter (database,user): server connections successfully opened.
 pub const SERVER_CONNECTIONS_OPENED_TOTAL: &str = "weir_server_connections_opened_total";
@@ -105,6 +110,18 @@ pub const MAX_CLIENT_CONN: &str = "weir_max_client_conn";
 pub const CONFIG_RELOADS_TOTAL: &str = "weir_config_reloads_total";
 /// Gauge (version): always 1; carries the weir version as a label.
 pub const BUILD_INFO: &str = "weir_build_info";
+/// Gauge (database,host,role): 1 for the role each host of a database was
+/// last found in, 0 for the others.
+pub const HOST_ROLE: &str = "weir_host_role";
+/// Gauge (database): hosts of the database known to match its
+/// `target_session_attrs` now (0 while weir searches for one).
+pub const HOSTS_MATCHING: &str = "weir_hosts_matching";
+/// Counter (database): failovers: another host came to match after the one
+/// that matched failed.
+pub const FAILOVERS_TOTAL: &str = "weir_failovers_total";
+/// Histogram (database): from the first failed connect to the host that
+/// matched, to the first server that matched on another host.
+pub const FAILOVER_DURATION_SECONDS: &str = "weir_failover_duration_seconds";
 
 /// Kind of a metric, for [`ALL`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -201,7 +218,19 @@ pub const ALL: &[(&str, Kind, &str)] = &[
     (MAX_CLIENT_CONN, Kind::Gauge, "The configured max_client_conn."),
     (CONFIG_RELOADS_TOTAL, Kind::Counter, "Configuration reloads, by result (ok or failed)."),
     (BUILD_INFO, Kind::Gauge, "Build information; the value is always 1."),
+    (HOST_ROLE, Kind::Gauge, "1 for the role each host of a database was last found in (target_session_attrs)."),
+    (HOSTS_MATCHING, Kind::Gauge, "Hosts of the database known to match its target_session_attrs (0: searching)."),
+    (FAILOVERS_TOTAL, Kind::Counter, "Failovers: another host came to match after the matching one failed."),
+    (
+        FAILOVER_DURATION_SECONDS,
+        Kind::Histogram,
+        "From the first failed connect to the matching host to the first matching server on another host.",
+    ),
 ];
+
+/// The per-database host-set metrics: rendered from the live host sets
+/// (`crate::hosts`), not kept in the `metrics` facade.
+pub const PER_HOST_SET: &[&str] = &[HOST_ROLE, HOSTS_MATCHING, FAILOVERS_TOTAL, FAILOVER_DURATION_SECONDS];
 
 /// The per-pool metrics: rendered from the live pools (`crate::text`), not
 /// kept in the `metrics` facade, so that a removed pool's series leave.
@@ -264,7 +293,7 @@ pub fn histogram_names() -> impl Iterator<Item = &'static str> {
 /// Registers the help text (and unit) of every process-wide metric with the
 /// current recorder (per-pool ones are rendered with their own help text).
 pub fn describe_all() {
-    for &(name, kind, help) in ALL.iter().filter(|(n, _, _)| !PER_POOL.contains(n)) {
+    for &(name, kind, help) in ALL.iter().filter(|(n, _, _)| !PER_POOL.contains(n) && !PER_HOST_SET.contains(n)) {
         match kind {
             Kind::Counter => metrics::describe_counter!(name, help),
             Kind::Gauge => metrics::describe_gauge!(name, help),
@@ -287,8 +316,8 @@ mod tests {
             assert!(!help.is_empty());
             assert!(seen.insert(*name), "duplicate {name}");
         }
-        assert_eq!(ALL.len(), 38);
-        assert_eq!(histogram_names().count(), 3);
-        assert!(PER_POOL.iter().all(|n| lookup(n).is_some()));
+        assert_eq!(ALL.len(), 42);
+        assert_eq!(histogram_names().count(), 4);
+        assert!(PER_POOL.iter().chain(PER_HOST_SET).all(|n| lookup(n).is_some()));
     }
 }

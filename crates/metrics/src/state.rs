@@ -30,3 +30,20 @@ label_enum! {
         Idle => "idle",
     }
 }
+
+label_enum! {
+    /// What a database's host was last found to be (`weir_host_role`, SHOW
+    /// SERVERS and SHOW DATABASES).
+    HostRole {
+        /// Not in recovery, and accepts writes.
+        Primary => "primary",
+        /// Not in recovery, but default_transaction_read_only is on.
+        ReadOnly => "read_only",
+        /// In recovery (a hot standby).
+        Standby => "standby",
+        /// The last connect to it failed.
+        Unreachable => "unreachable",
+        /// Not known yet, or in doubt since its last answer.
+        Unknown => "unknown",
+    }
+}

@@ -37,9 +37,12 @@ pub(crate) fn scrape(handle: &PrometheusHandle) -> String {
     text
 }
 
-/// The Prometheus text of every live pool's series.
+/// The Prometheus text of every live pool's series, then every live host
+/// set's (`crate::hosts`).
 pub fn render_all() -> String {
-    render_pools(&live_pools())
+    let mut text = render_pools(&live_pools());
+    text.push_str(&crate::hosts::render_host_sets());
+    text
 }
 
 /// The text for `pools`, grouped by (database, user).

@@ -9,6 +9,24 @@ use std::sync::Arc;
 pub(crate) const TRACKED: &[&str] =
     &["application_name", "client_encoding", "DateStyle", "TimeZone", "IntervalStyle", "standard_conforming_strings"];
 
+/// Parameters Postgres reports that no client can change: never synced, and
+/// never taken into a client's parameters (a standby promoted under a
+/// client's server reports a new in_hot_standby; it is the server's, not the
+/// client's).
+pub(crate) const FIXED: &[&str] = &[
+    "server_version",
+    "server_encoding",
+    "integer_datetimes",
+    "is_superuser",
+    "session_authorization",
+    "in_hot_standby",
+];
+
+/// True for a name in `FIXED` (as Postgres matches names: any case).
+pub(crate) fn is_fixed(name: &str) -> bool {
+    FIXED.iter().any(|f| f.eq_ignore_ascii_case(name))
+}
+
 /// Parameter values by name. The `TRACKED` ones sit in fixed slots, so
 /// comparing a client's with a server's is six string comparisons and no
 /// lookups; any other name goes in a short list in insertion order (small,

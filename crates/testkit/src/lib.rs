@@ -3,7 +3,8 @@
 //!
 //! * [`PgServer`] — a throwaway PostgreSQL (initdb into a temp dir, started on
 //!   a free port, with pre-created `scram_user` / `md5_user` / `trust_user`
-//!   roles and an `app` database), cleaned up on drop.
+//!   roles and an `app` database), cleaned up on drop; [`PgPair`], a primary
+//!   and its streaming standby on one port at two loopback addresses.
 //! * [`Relay`] — a fault-injecting TCP relay (latency, connect delay, freeze,
 //!   RST, refusal) to put between weir and Postgres.
 //! * [`pgbouncer::PgBouncer`] — Debian's PgBouncer, for side-by-side
@@ -17,7 +18,7 @@ pub mod relay;
 
 pub use error::TestkitError;
 pub use postgres::{
-    PgOptions, PgServer, StopMode, APP_DB, MD5_PASS, MD5_USER, SCRAM_PASS, SCRAM_USER, TRUST_PASS, TRUST_USER,
+    PgOptions, PgPair, PgServer, StopMode, APP_DB, MD5_PASS, MD5_USER, SCRAM_PASS, SCRAM_USER, TRUST_PASS, TRUST_USER,
 };
 pub use relay::Relay;
 

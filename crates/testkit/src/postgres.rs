@@ -19,10 +19,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crate::error::TestkitError;
 
 mod host;
+mod pair;
 use host::{
     clear_pg_env, find_bin_dir, kill_postmaster, make_temp_dir, read_lossy, run, running_as_root, runuser_path,
     shell_quote, tail,
 };
+pub use pair::PgPair;
 
 /// Role authenticated with SCRAM-SHA-256.
 pub const SCRAM_USER: &str = "scram_user";
@@ -100,6 +102,9 @@ pub struct PgServer {
     root_dir: PathBuf,
     data_dir: PathBuf,
     bin_dir: PathBuf,
+    /// The address it listens on (127.0.0.1, or another loopback address
+    /// for a primary/standby pair).
+    host: String,
     port: u16,
     as_root: bool,
     keep: bool,
@@ -109,18 +114,29 @@ impl PgServer {
     /// Creates, configures and starts a new server. Blocks until it accepts
     /// connections and the test roles and database exist.
     pub fn start(opts: PgOptions) -> Result<PgServer, TestkitError> {
+        Self::start_on(HOST, None, opts)
+    }
+
+    /// An empty server (nothing in its folder yet) for `host`; its Drop
+    /// cleans up whatever is made in it, on every error path.
+    fn unstarted(host: &str) -> Result<PgServer, TestkitError> {
         let bin_dir = find_bin_dir()?;
         let as_root = running_as_root();
         let root_dir = make_temp_dir(as_root)?;
-        // From here on `srv`'s Drop cleans up whatever exists, on every error path.
-        let mut srv = PgServer {
+        Ok(PgServer {
             data_dir: root_dir.join("data"),
             root_dir,
             bin_dir,
+            host: host.to_owned(),
             port: 0,
             as_root,
             keep: std::env::var("WEIR_KEEP_PG").is_ok_and(|v| v == "1"),
-        };
+        })
+    }
+
+    /// `start` on `host` (a loopback address), on `port` or a free one.
+    fn start_on(host: &str, port: Option<u16>, opts: PgOptions) -> Result<PgServer, TestkitError> {
+        let mut srv = Self::unstarted(host)?;
         srv.initdb()?;
         srv.write_hba(opts.replication)?;
         let conf_path = srv.data_dir.join("postgresql.conf");
@@ -130,8 +146,11 @@ impl PgServer {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            srv.port =
-                crate::try_free_port().map_err(|e| TestkitError::io("binding 127.0.0.1:0 to find a free port", e))?;
+            srv.port = match port {
+                Some(p) => p,
+                None => crate::try_free_port()
+                    .map_err(|e| TestkitError::io("binding 127.0.0.1:0 to find a free port", e))?,
+            };
             let conf = format!("{base_conf}\n{}", srv.conf_block(&opts));
             std::fs::write(&conf_path, conf)
                 .map_err(|e| TestkitError::io(format!("writing {}", conf_path.display()), e))?;
@@ -143,7 +162,7 @@ impl PgServer {
                     let new_log = log.get(log_before as usize..).unwrap_or(&log);
                     let port_taken = new_log.contains("Address already in use")
                         || new_log.contains("could not create any TCP/IP sockets");
-                    if port_taken && attempt < START_ATTEMPTS {
+                    if port_taken && port.is_none() && attempt < START_ATTEMPTS {
                         tracing::debug!(port = srv.port, attempt, "postgres port taken, retrying");
                         continue;
                     }
@@ -165,9 +184,9 @@ impl PgServer {
         self.port
     }
 
-    /// Always `"127.0.0.1"`.
+    /// The address it listens on: `"127.0.0.1"`, or a pair's own loopback address.
     pub fn host(&self) -> &str {
-        HOST
+        &self.host
     }
 
     /// The folder of the server's Unix socket (`unix_socket_directories`):
@@ -233,7 +252,7 @@ impl PgServer {
         };
         let port = self.port.to_string();
         let mut cmd = Command::new(&psql);
-        cmd.args(["-h", HOST, "-p", &port, "-U", SUPERUSER, "-d", db])
+        cmd.args(["-h", &self.host, "-p", &port, "-U", SUPERUSER, "-d", db])
             .args(["-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1", "-c", sql])
             .env("PGCONNECT_TIMEOUT", "10");
         clear_pg_env(&mut cmd);
@@ -273,6 +292,7 @@ impl PgServer {
 # written by weir-testkit
 local all all trust
 host all postgres 127.0.0.1/32 trust
+host replication postgres 127.0.0.0/8 trust
 host all trust_user 127.0.0.1/32 trust
 host all md5_user 127.0.0.1/32 md5
 host all all 127.0.0.1/32 scram-sha-256
@@ -300,7 +320,7 @@ host replication all 127.0.0.1/32 scram-sha-256
         let mut s = String::from("# ---- weir-testkit ----\n");
         let _ = write!(
             s,
-            "listen_addresses = '127.0.0.1'\n\
+            "listen_addresses = '{host}'\n\
              port = {port}\n\
              unix_socket_directories = '{sock_dir}'\n\
              max_connections = {maxc}\n\
@@ -314,6 +334,7 @@ host replication all 127.0.0.1/32 scram-sha-256
              log_line_prefix = '%m [%p] %u@%d '\n\
              password_encryption = 'scram-sha-256'\n\
              track_counts = on\n",
+            host = self.host,
             port = self.port,
             maxc = opts.max_connections,
             logc = onoff(opts.log_connections),

@@ -12,7 +12,7 @@
 use std::fmt;
 
 use rand::rngs::StdRng;
-use rand::Rng;
+use rand::{Rng, SeedableRng};
 use weir::protocol::tags::frontend as fe;
 use weir_e2e::raw::tagged;
 
@@ -44,11 +44,14 @@ pub const QUERIES: &[&str] = &[
     "deallocate s3",
     "select 1/0",
     "select 42 as x",
+    "set local search_path = sb, public",
 ];
 const TX_BEGIN: usize = 0;
 const TX_ENDS: [usize; 2] = [1, 2];
 const DDL: [usize; 2] = [6, 7];
 const INSERTS: [usize; 1] = [4];
+/// Names resolve in `sb` first until the transaction block ends.
+const SET_LOCAL_PATH: usize = 12;
 
 const STATEMENTS: &[&str] = &["_", "s1", "s2", "s3", "s4"];
 const PORTALS: &[&str] = &["_", "p1"];
@@ -87,18 +90,115 @@ pub struct Case {
     pub steps: Vec<Step>,
 }
 
+/// The statement text that writes to a table.
+const INSERT_TEXT: usize = 4;
+
+impl Case {
+    /// Whether a run of it may change the tables (an insert, an index made
+    /// or dropped).
+    pub fn writes(&self) -> bool {
+        self.steps.iter().flat_map(|s| &s.ops).any(|op| match op {
+            Op::Query(q) => DDL.contains(q) || INSERTS.contains(q),
+            Op::Parse { text, .. } => *text == INSERT_TEXT,
+            _ => false,
+        })
+    }
+}
+
 /// What the generator believes about one client.
 #[derive(Default, Clone)]
 struct Belief {
     /// Extended messages sent since the last Sync.
     open: bool,
-    /// Unnamed statement and portals defined since the last Sync.
+    /// Unnamed statement and portals defined since the last Sync (or in
+    /// the transaction block still open: its server stays the same).
     unnamed: bool,
     portals: Vec<String>,
+    /// Named statements it parsed and did not close, as far as it knows.
+    named: Vec<String>,
     /// A transaction block is open.
     in_tx: bool,
-    /// Parameter counts of the named statements it defined.
-    defined: Vec<(String, usize)>,
+    /// What the rules track (`Rules`).
+    rules: Rules,
+}
+
+/// What the rules that keep a case clear of differences by nature track of
+/// one client: where its names resolve, as far as the case's text tells
+/// (`SET LOCAL search_path` in a transaction block, until it ends), where
+/// they resolved for each of its named Parses, and its unnamed portal.
+///
+/// A named statement is used (Bind, Describe) only where its names resolve
+/// as they did when it was parsed. Used elsewhere, Postgres plans it again
+/// under the new search_path and refuses a changed result type (0A000),
+/// where weir, on a server that lacks the statement, prepares it under the
+/// new search_path: its rows (or the types its Describe shows) are those of
+/// the other table. That difference is inherent to sharing statements
+/// across server connections, and the rules keep cases clear of it.
+///
+/// It also keeps the unnamed portal unused after a simple query in a
+/// transaction block, until the block ends, but by the messages after a
+/// Bind of it before the next Sync (the Bind replaces it, or fails and the
+/// rest is skipped): a query that fails there leaves its unnamed portal
+/// behind, failed, with its statements in memory Postgres has freed, and
+/// an Execute of it can crash the backend (seen with 15.18: a segfault,
+/// and every connection ended by the restart).
+#[derive(Default, Clone)]
+struct Rules {
+    in_tx: bool,
+    local: bool,
+    parsed: Vec<(String, bool)>,
+    query_in_block: bool,
+    unnamed_bound: bool,
+}
+
+impl Rules {
+    fn query(&mut self, q: usize) {
+        self.unnamed_bound = false;
+        if self.in_tx {
+            self.query_in_block = true;
+        }
+        if q == TX_BEGIN {
+            self.in_tx = true;
+        }
+        if q == SET_LOCAL_PATH && self.in_tx {
+            self.local = true;
+        }
+        if TX_ENDS.contains(&q) {
+            self.in_tx = false;
+            self.local = false;
+            self.query_in_block = false;
+        }
+    }
+
+    fn bind(&mut self, portal: &str) {
+        self.unnamed_bound |= portal == "_";
+    }
+
+    fn sync(&mut self) {
+        self.unnamed_bound = false;
+    }
+
+    /// Whether the portal `p` may be used now.
+    fn portal_usable(&self, p: &str) -> bool {
+        p != "_" || !self.query_in_block || self.unnamed_bound
+    }
+
+    fn parse(&mut self, stmt: &str) {
+        if stmt != "_" {
+            self.parsed.push((stmt.to_owned(), self.local));
+        }
+    }
+
+    /// Whether the named statement `stmt` may be used now.
+    fn usable(&self, stmt: &str) -> bool {
+        stmt == "_" || self.parsed.iter().all(|(n, local)| n != stmt || *local == self.local)
+    }
+}
+
+/// The generator of case `n` of `seed`: each case is made from its own
+/// seed, so that any one of them is made alone.
+pub fn case_rng(seed: u64, n: u64) -> StdRng {
+    StdRng::seed_from_u64(seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15))
 }
 
 /// A random case: `clients` clients, up to `steps` steps.
@@ -125,39 +225,73 @@ pub fn generate(rng: &mut StdRng, clients: usize, steps: usize) -> Case {
     Case { clients, steps: out }
 }
 
+/// One step: a simple query, or extended messages up to a Sync, a Flush
+/// or neither; after a Sync, sometimes more of either in the same write
+/// (a pipeline: what follows reaches the server before the Sync's outcome
+/// reaches the client).
 fn step_ops(rng: &mut StdRng, b: &mut Belief, quiet_others: bool) -> Vec<Op> {
-    if !b.open && rng.gen_bool(0.25) {
-        let mut q = rng.gen_range(0..QUERIES.len());
-        // DDL and inserts wait for locks: only when no one else holds any,
-        // and never inside a transaction block (which would keep the lock).
-        let locks = DDL.contains(&q) || INSERTS.contains(&q);
-        if (DDL.contains(&q) && (b.in_tx || !quiet_others)) || (locks && !quiet_others) {
-            q = 3;
-        }
-        if q == TX_BEGIN {
-            b.in_tx = true;
-        }
-        if TX_ENDS.contains(&q) {
-            b.in_tx = false;
-        }
-        return vec![Op::Query(q)];
-    }
     let mut ops = Vec::new();
-    for _ in 0..rng.gen_range(1..=7) {
-        ops.push(extended_op(rng, b, quiet_others));
-        b.open = true;
-    }
-    match rng.gen_range(0..10) {
-        0..=5 => {
-            ops.push(Op::Sync);
-            b.open = false;
-            b.unnamed = false;
-            b.portals.clear();
+    loop {
+        if !b.open && rng.gen_bool(0.25) {
+            ops.push(Op::Query(query(rng, b, quiet_others)));
+            if rng.gen_bool(0.8) {
+                return ops;
+            }
+            continue;
         }
-        6..=8 => ops.push(Op::Flush),
-        _ => {}
+        for _ in 0..rng.gen_range(1..=7) {
+            ops.push(extended_op(rng, b, quiet_others));
+            b.open = true;
+        }
+        match rng.gen_range(0..10) {
+            0..=5 => {
+                ops.push(Op::Sync);
+                b.rules.sync();
+                b.open = false;
+                if !b.in_tx {
+                    b.unnamed = false;
+                    b.portals.clear();
+                }
+                if rng.gen_bool(0.7) {
+                    return ops;
+                }
+            }
+            6..=8 => {
+                ops.push(Op::Flush);
+                return ops;
+            }
+            _ => return ops,
+        }
     }
-    ops
+}
+
+/// A simple query: transaction blocks begun and ended often, so that
+/// statements meet failed and rolled back transactions.
+fn query(rng: &mut StdRng, b: &mut Belief, quiet_others: bool) -> usize {
+    let mut q = if !b.in_tx && rng.gen_bool(0.2) {
+        TX_BEGIN
+    } else if b.in_tx && rng.gen_bool(0.15) {
+        TX_ENDS[rng.gen_range(0..TX_ENDS.len())]
+    } else {
+        rng.gen_range(0..QUERIES.len())
+    };
+    // DDL and inserts wait for locks: only when no one else holds any,
+    // and never inside a transaction block (which would keep the lock).
+    let locks = DDL.contains(&q) || INSERTS.contains(&q);
+    if (DDL.contains(&q) && (b.in_tx || !quiet_others)) || (locks && !quiet_others) {
+        q = 3;
+    }
+    // A simple query drops the unnamed statement.
+    b.unnamed = false;
+    if q == TX_BEGIN {
+        b.in_tx = true;
+    }
+    if TX_ENDS.contains(&q) {
+        b.in_tx = false;
+        b.portals.clear();
+    }
+    b.rules.query(q);
+    q
 }
 
 fn pick(rng: &mut StdRng, from: &[&str]) -> String {
@@ -166,46 +300,67 @@ fn pick(rng: &mut StdRng, from: &[&str]) -> String {
 
 fn extended_op(rng: &mut StdRng, b: &mut Belief, quiet_others: bool) -> Op {
     loop {
+        let usable: Vec<String> = b.portals.iter().filter(|p| b.rules.portal_usable(p)).cloned().collect();
         let op = match rng.gen_range(0..12) {
             0..=2 => {
                 let mut text = rng.gen_range(0..TEXTS.len());
-                if text == 4 && !quiet_others {
+                if text == INSERT_TEXT && !quiet_others {
                     text = 0;
                 }
                 let stmt = if rng.gen_bool(0.3) { "_".to_owned() } else { pick(rng, &STATEMENTS[1..]) };
                 if stmt == "_" {
                     b.unnamed = true;
-                } else if text != 6 {
-                    b.defined.retain(|(n, _)| *n != stmt);
-                    b.defined.push((stmt.clone(), TEXTS[text].1));
+                } else if text != 6 && !b.named.contains(&stmt) {
+                    b.named.push(stmt.clone());
                 }
+                b.rules.parse(&stmt);
                 Op::Parse { stmt, text }
             }
             3..=5 => {
-                let stmt = if b.unnamed && rng.gen_bool(0.5) { "_".to_owned() } else { pick(rng, &STATEMENTS[1..]) };
+                let stmt = statement(rng, b, 0.5);
+                if !b.rules.usable(&stmt) {
+                    continue;
+                }
                 let portal = pick(rng, PORTALS);
+                b.rules.bind(&portal);
                 if !b.portals.contains(&portal) {
                     b.portals.push(portal.clone());
                 }
                 Op::Bind { portal, stmt, wrong: rng.gen_bool(0.05) }
             }
             6 => {
-                let s = pick(rng, &STATEMENTS[1..]);
-                if s == "_" && !b.unnamed {
+                let s = statement(rng, b, 0.3);
+                if !b.rules.usable(&s) {
                     continue;
                 }
                 Op::DescribeS(s)
             }
-            7 if !b.portals.is_empty() => Op::DescribeP(b.portals[rng.gen_range(0..b.portals.len())].clone()),
-            8 | 9 if !b.portals.is_empty() => Op::Execute {
-                portal: b.portals[rng.gen_range(0..b.portals.len())].clone(),
+            7 if !usable.is_empty() => Op::DescribeP(usable[rng.gen_range(0..usable.len())].clone()),
+            8 | 9 if !usable.is_empty() => Op::Execute {
+                portal: usable[rng.gen_range(0..usable.len())].clone(),
                 rows: [0, 0, 1, 2][rng.gen_range(0..4)],
             },
-            10 => Op::CloseS(pick(rng, &STATEMENTS[1..])),
-            11 if !b.portals.is_empty() => Op::CloseP(b.portals[rng.gen_range(0..b.portals.len())].clone()),
+            10 => {
+                let s = pick(rng, &STATEMENTS[1..]);
+                b.named.retain(|n| *n != s);
+                Op::CloseS(s)
+            }
+            11 if !usable.is_empty() => Op::CloseP(usable[rng.gen_range(0..usable.len())].clone()),
             _ => Op::Flush,
         };
         return op;
+    }
+}
+
+/// A statement to use: the unnamed one (if defined) with probability
+/// `unnamed`, else mostly one the client holds, sometimes any name.
+fn statement(rng: &mut StdRng, b: &Belief, unnamed: f64) -> String {
+    if b.unnamed && rng.gen_bool(unnamed) {
+        "_".to_owned()
+    } else if !b.named.is_empty() && rng.gen_bool(0.75) {
+        b.named[rng.gen_range(0..b.named.len())].clone()
+    } else {
+        pick(rng, &STATEMENTS[1..])
     }
 }
 
@@ -355,28 +510,49 @@ pub fn parse_case(text: &str) -> Case {
 
 /// Whether a case keeps the rules that make its outcome the same through a
 /// pool: the unnamed statement and portals are used only after the client
-/// defined them since its last Sync (a pooled server may hold another
-/// client's). Shrinking keeps only such cases.
+/// defined them since its last Sync, or in the transaction block still open
+/// (else a pooled server may hold another client's); named statements only
+/// where names resolve as they did when they were parsed, and the unnamed
+/// portal only as `Rules` say. Shrinking keeps only such cases.
 pub fn valid(case: &Case) -> bool {
     let mut defined: Vec<Vec<String>> = vec![Vec::new(); case.clients];
+    let mut rules = vec![Rules::default(); case.clients];
     for step in &case.steps {
         let d = &mut defined[step.client];
+        let r = &mut rules[step.client];
         for op in &step.ops {
             let ok = match op {
                 Op::Parse { stmt, .. } => {
                     if stmt == "_" {
                         d.push("S_".into());
                     }
+                    r.parse(stmt);
                     true
                 }
                 Op::Bind { portal, stmt, .. } => {
                     d.push(format!("P{portal}"));
-                    stmt != "_" || d.contains(&"S_".to_owned())
+                    r.bind(portal);
+                    (stmt != "_" || d.contains(&"S_".to_owned())) && r.usable(stmt)
                 }
-                Op::DescribeS(st) => st != "_" || d.contains(&"S_".to_owned()),
-                Op::DescribeP(p) | Op::CloseP(p) | Op::Execute { portal: p, .. } => d.contains(&format!("P{p}")),
+                Op::DescribeS(st) => (st != "_" || d.contains(&"S_".to_owned())) && r.usable(st),
+                Op::Query(q) => {
+                    // It drops the unnamed statement; the block's end, its portals.
+                    d.retain(|x| x != "S_");
+                    if TX_ENDS.contains(q) {
+                        d.clear();
+                    }
+                    r.query(*q);
+                    true
+                }
+                Op::DescribeP(p) | Op::CloseP(p) | Op::Execute { portal: p, .. } => {
+                    d.contains(&format!("P{p}")) && r.portal_usable(p)
+                }
+                // In a transaction block the server stays the same.
                 Op::Sync => {
-                    d.clear();
+                    r.sync();
+                    if !r.in_tx {
+                        d.clear();
+                    }
                     true
                 }
                 _ => true,

@@ -6,6 +6,7 @@ pub mod console;
 pub mod extended;
 pub mod liveness;
 pub mod migrated;
+pub mod pair;
 pub mod pgbouncer;
 pub mod process;
 pub mod raw;

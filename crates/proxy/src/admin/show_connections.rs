@@ -6,10 +6,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use weir_metrics::ConnAddr;
+use weir_metrics::{ConnAddr, HostRole};
 
 use super::result::{int, text, Cell, Kind, ResultSet};
-use crate::pool::Pool;
+use crate::pool::{HostKey, Pool};
 use crate::state::Shared;
 
 use Kind::{Int, Int4, Text};
@@ -154,8 +154,19 @@ pub(super) fn clients(shared: &Arc<Shared>) -> ResultSet {
     rs
 }
 
+/// The role each server address of `pool`'s database was last found in.
+fn host_roles(pool: &Pool) -> HashMap<ConnAddr, HostRole> {
+    let addr = |k: &HostKey| match k {
+        HostKey::Addr(a) => Some(ConnAddr::Tcp(*a)),
+        HostKey::Named(h, p) if h.starts_with('/') => Some(ConnAddr::Unix(*p)),
+        HostKey::Named(..) => None,
+    };
+    pool.hosts().view().into_iter().filter_map(|v| Some((addr(&v.host)?, v.role))).collect()
+}
+
 pub(super) fn servers(shared: &Arc<Shared>) -> ResultSet {
-    let mut rs = connection_set(&[("client_key", Int)]);
+    // weir's own: the role of the server's host (target_session_attrs).
+    let mut rs = connection_set(&[("client_key", Int), ("host_role", Text)]);
     let check_delay = shared.config.load().weir.server_check_delay;
     let clients = shared.client_list.all();
     let linked: HashMap<i32, i32> = clients.iter().filter_map(|c| Some((c.server_pid()?, c.key_pid))).collect();
@@ -167,6 +178,7 @@ pub(super) fn servers(shared: &Arc<Shared>) -> ResultSet {
         .filter_map(|c| Some((c.server_pid()?, c.replication.as_label())))
         .collect();
     for pool in shared.pools.all() {
+        let roles = host_roles(&pool);
         let reconnecting = pool.reconnect_pending();
         let idle: HashMap<i32, Duration> = pool.idle_servers().into_iter().map(|s| (s.pid, s.idle_for)).collect();
         for s in pool.metrics.live_servers() {
@@ -199,7 +211,8 @@ pub(super) fn servers(shared: &Arc<Shared>) -> ResultSet {
                 prepared: Some(s.prepared_statements.get()),
                 id: s.id,
             };
-            rs.push(conn.cells([linked.get(&s.pid).and_then(|k| int(*k))]));
+            let role = roles.get(&s.addr).and_then(|r| text(r.as_label()));
+            rs.push(conn.cells([linked.get(&s.pid).and_then(|k| int(*k)), role]));
         }
     }
     rs

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use weir_metrics::Window;
+use weir_metrics::{HostRole, Window};
 
 use super::result::{float, int, text, Kind, ResultSet};
 use super::show_process::user_names;
@@ -140,6 +140,9 @@ pub(super) fn databases(shared: &Arc<Shared>) -> ResultSet {
         ("disabled", Int4),
         // weir's own.
         ("query_wait_timeout_ms", Int),
+        ("target_session_attrs", Text),
+        // Each host and its role: `address:port role`, comma-separated.
+        ("host_roles", Text),
     ]);
     let cfg = shared.config.load();
     let pools = shared.pools.all();
@@ -166,6 +169,8 @@ pub(super) fn databases(shared: &Arc<Shared>) -> ResultSet {
             int(u8::from(shared.is_paused(name))),
             int(u8::from(shared.admin.is_disabled(name))),
             int(s.query_wait_timeout.as_millis().min(i64::MAX as u128) as i64),
+            text(s.target_session_attrs.as_str()),
+            text(roles_of(shared, name, &s)),
         ]);
         rs.push(row);
     }
@@ -174,9 +179,19 @@ pub(super) fn databases(shared: &Arc<Shared>) -> ResultSet {
     let mut console = vec![text(name), None, int(cfg.weir.listen_addr.port()), text(name)];
     console.extend([text(name), int(2u8), int(0u8), int(0u8), int(0u8), text("statement"), int(0u8), int(0u8)]);
     console.extend(clients(name));
-    console.extend([int(0u8), int(0u8), None]);
+    console.extend([int(0u8), int(0u8), None, None, None]);
     rs.push(console);
     rs
+}
+
+/// `address:port role` for each host of database `name` (the configured
+/// hosts, unknown, before any pool of it connected).
+fn roles_of(shared: &Shared, name: &str, s: &crate::config::PoolSettings) -> String {
+    let listed: Vec<String> = match shared.pools.hosts(name) {
+        Some(set) => set.view().iter().map(|v| format!("{} {}", v.host, v.role.as_label())).collect(),
+        None => s.hosts.iter().map(|h| format!("{}:{} {}", h.host, h.port, HostRole::Unknown.as_label())).collect(),
+    };
+    listed.join(", ")
 }
 
 fn servers_total(pool: &Pool) -> u32 {

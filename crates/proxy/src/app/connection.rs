@@ -120,9 +120,8 @@ async fn run(
     Ok(Some(Box::pin(farewell(session.into_client(), why).instrument(span.clone())).await))
 }
 
-/// What a login became, once `enter` returns. Matched at once and the
-/// session moved out, so its size is never held; a box would add an
-/// allocation to every login.
+/// What a login became, once `enter` returns. Unpacked at once: the
+/// session is not boxed (its task holds it either way).
 #[allow(clippy::large_enum_variant)]
 enum Entered<'a> {
     /// The pooled session, to run.

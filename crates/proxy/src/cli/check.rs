@@ -3,7 +3,8 @@
 //! weir's rules); this module adds what needs the files the config names,
 //! all offline: the auth_file, the auth_hba_file and the TLS files exist and
 //! load, and unix_socket_dir is a folder weir can create its socket in (and
-//! unix_socket_group a known group). Warnings name what starts but fails
+//! unix_socket_group a known group). A database with several hosts or a
+//! target_session_attrs gets a line saying where its connections go. Warnings name what starts but fails
 //! at login, as in PgBouncer (an auth_user or forced user with only a SCRAM
 //! verifier there); they do not fail the check.
 
@@ -34,6 +35,9 @@ pub fn run(path: &Path) -> ExitCode {
         match Config::load(path) {
             Ok(cfg) => {
                 println!("{}: ok ({} database(s))", path.display(), cfg.databases.len());
+                for line in weir::config::hosts::explain(&cfg) {
+                    println!("{}: {line}", path.display());
+                }
                 for note in differences::for_config(&cfg) {
                     println!("{}: differs from PgBouncer on purpose: {note}", path.display());
                 }

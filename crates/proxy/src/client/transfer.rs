@@ -19,6 +19,7 @@ use super::prepared::ClientStatements;
 use super::transfer_watchdog::{AlarmTimer, Watchdog, WatchdogError};
 use crate::login::{ClientError, ClientStream};
 use crate::params::ParamMap;
+use crate::server::role::IN_HOT_STANDBY;
 use crate::server::{ServerConn, ServerSide};
 
 /// Read no more from a side while this much of its output is unsent.
@@ -213,6 +214,9 @@ impl Flow {
                 return Ok(Next::End(Ended::ServerGone { told: self.told }));
             };
             self.terminating = batch.terminate;
+            if !self.release && (batch.sent > 0 || !batch.out.is_empty()) {
+                wd.timer().session_xact_begun();
+            }
             self.to_server = batch.out;
             if batch.sent > 0 {
                 metrics.record_server_sent(batch.sent);
@@ -222,8 +226,10 @@ impl Flow {
         // Once the server owes nothing and goes back, bytes it sent after
         // the settling ReadyForQuery were not asked for: they stay with the
         // connection (which the pool then closes), never reach this client.
-        let releasing = self.settled && self.release && client.prepared.pinned().is_none() && server.conv.is_clean();
-        if self.to_client.is_empty() && !server.unread.is_empty() && !releasing {
+        // When it does not go back, they are the replies to what the client
+        // pipelined behind its Sync, and are taken in this turn too: no
+        // other event may come to take them.
+        while self.to_client.is_empty() && !server.unread.is_empty() && !self.releasing(client, server) {
             let Some(got) = from_server(server, client, cw)? else { return Ok(Next::ClientGone) };
             if got.sent > 0 {
                 metrics.record_sent(got.sent);
@@ -238,6 +244,17 @@ impl Flow {
                 if let Some(t) = self.query_started.take() {
                     metrics.record_query_time(t.elapsed());
                 }
+                // Session mode: a transaction ends where its server is idle
+                // again (transaction mode counts it as the server goes back).
+                if !self.release && got.settled && server.conv.is_clean() {
+                    if let Some(held) = wd.timer().session_xact_ended() {
+                        metrics.record_transaction(held);
+                    }
+                }
+            }
+            if !got.settled {
+                // Every whole message was taken.
+                break;
             }
         }
         if let Some(owed) = self.to_client.is_empty().then(|| client.prepared.synthetic()).flatten() {
@@ -248,12 +265,20 @@ impl Flow {
             if self.terminating {
                 return Ok(Next::ClientGone);
             }
-            if self.settled && self.release && client.prepared.pinned().is_none() && server.conv.is_clean() {
+            if self.releasing(client, server) {
                 return Ok(Next::End(Ended::Released));
             }
             self.settled = false;
         }
         Ok(Next::Go)
+    }
+}
+
+impl Flow {
+    /// The server owes nothing and goes back to the pool.
+    #[inline]
+    fn releasing(&self, client: &ClientSide<'_>, server: &ServerSide<'_>) -> bool {
+        self.settled && self.release && client.prepared.pinned().is_none() && server.conv.is_clean()
     }
 }
 
@@ -341,14 +366,25 @@ fn from_server<CW: AsyncWrite + Unpin>(
 ) -> Result<Option<FromServer>, ClientError> {
     let owed = server.conv.owed();
     let (server_params, client_params) = (&mut *server.params, &mut *client.params);
+    let mut role_changed = false;
     let scan = server.conv.scan_server(server.unread, |k, v| {
+        role_changed |= k == IN_HOT_STANDBY && server_params.get(k) != Some(v);
         server_params.set(k, v);
-        client_params.set(k, v);
+        if !crate::params::is_fixed(k) {
+            client_params.set(k, v);
+        }
     });
     let scanned = scan.map_err(|e| {
         *server.broken = Some(weir_metrics::CloseReason::ProtocolError);
         ClientError::BadServerMessage(e)
     })?;
+    // A standby promoted under this server, or a write it refused where
+    // writes are wanted (unless it says it is a writable primary: then the
+    // client's own transaction was read-only): it retires when released,
+    // and its host's role is asked again.
+    if role_changed || (scanned.refused_write && server.wants_writes && !says_writable(server.params)) {
+        server.broken.get_or_insert(weir_metrics::CloseReason::RoleChanged);
+    }
     let answered = owed.saturating_sub(server.conv.owed()) as usize;
     // A tracked client's replies may be rewritten: they go through `inbound` whole.
     let tracking = client.prepared.is_tracking();
@@ -380,6 +416,12 @@ async fn server_gone<CW: AsyncWrite + Unpin>(cw: &mut CW, flow: &Flow) -> Ended 
     }));
     let _ = flush.await;
     Ended::ServerGone { told: flow.told }
+}
+
+/// A Postgres 14+ server reports both: not in recovery, and its session's
+/// transactions start read-write. Older servers say nothing.
+fn says_writable(params: &ParamMap) -> bool {
+    params.get(IN_HOT_STANDBY) == Some("off") && params.get("default_transaction_read_only") == Some("off")
 }
 
 /// The client left. Client bytes already counted as sent are sent, so the

@@ -9,9 +9,13 @@ pub(super) fn host() -> String {
     "127.0.0.1".into()
 }
 
-pub(super) fn port() -> u16 {
-    5432
+pub(super) fn port() -> super::Ports {
+    super::Ports::one(5432)
 }
+
+/// PgBouncer's default. A search for a host that matches looks names up
+/// afresh at each round, whatever the cache holds.
+const DNS_MAX_TTL: Duration = Duration::from_secs(15);
 
 /// PgBouncer's default. Set it below your application's deadline.
 const QUERY_WAIT_TIMEOUT: Duration = Duration::from_secs(120);
@@ -101,6 +105,7 @@ impl Default for General {
             server_reset_timeout: Duration::from_secs(5),
             server_connect_timeout: SERVER_CONNECT_TIMEOUT,
             server_login_retry: Duration::from_secs(2),
+            dns_max_ttl: DNS_MAX_TTL,
             server_connect_concurrency: 8,
             server_idle_timeout: Duration::from_secs(600),
             server_lifetime: Duration::from_secs(3600),

@@ -6,6 +6,7 @@
 pub mod check;
 mod defaults;
 pub mod differences;
+pub mod hosts;
 pub(crate) mod keys;
 mod listen;
 pub mod migrate;
@@ -22,6 +23,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use serde::{Deserialize, Serialize};
 
+pub use hosts::{HostPort, LoadBalanceHosts, Ports, TargetSessionAttrs};
 pub use listen::{ListenAddr, MAX_SOCKET_PATH};
 pub use peers::{Peer, MAX_PEER_ID};
 pub use validate::ConfigError;
@@ -241,6 +243,10 @@ pub struct General {
     /// The longest back-off between failed connect attempts.
     #[serde(with = "humantime_serde")]
     pub server_login_retry: Duration,
+    /// How long a host name's addresses are reused before it is looked up
+    /// again (PgBouncer's key); "0s" looks names up at every connect.
+    #[serde(with = "humantime_serde")]
+    pub dns_max_ttl: Duration,
     pub server_connect_concurrency: u32,
     #[serde(with = "humantime_serde")]
     pub server_idle_timeout: Duration,
@@ -374,10 +380,17 @@ impl Default for MetricsSection {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Database {
+    /// One host or a comma-separated list (names, addresses, Unix socket
+    /// folders), as libpq's and PgBouncer's `host`.
     #[serde(default = "defaults::host")]
     pub host: String,
+    /// One port for every host, or one per host (`"5432,5433"`).
     #[serde(default = "defaults::port")]
-    pub port: u16,
+    pub port: Ports,
+    /// Which matching host a new connection goes to (PgBouncer's key).
+    pub load_balance_hosts: Option<LoadBalanceHosts>,
+    /// Which servers are kept after login (libpq's key).
+    pub target_session_attrs: Option<TargetSessionAttrs>,
     pub dbname: Option<String>,
     pub pool_size: Option<u32>,
     pub min_pool_size: Option<u32>,
@@ -442,8 +455,15 @@ pub struct UserSettings {
 /// The settings of one pool, resolved from `[weir]` and `[databases.X]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PoolSettings {
+    /// `host` as written (one host or a list).
     pub host: String,
+    /// The first port (one per host in `hosts`).
     pub port: u16,
+    /// The hosts in order, each with its port (empty when `host` or `port`
+    /// is invalid: `validate` refuses such a config).
+    pub hosts: Vec<HostPort>,
+    pub load_balance_hosts: LoadBalanceHosts,
+    pub target_session_attrs: TargetSessionAttrs,
     pub dbname: String,
     pub pool_mode: PoolMode,
     pub pool_size: u32,

@@ -89,7 +89,10 @@ impl Config {
         let pool_size = u.pool_size.or(db.pool_size).unwrap_or(g.default_pool_size);
         Some(PoolSettings {
             host: db.host.clone(),
-            port: db.port,
+            port: db.port.first(),
+            hosts: super::hosts::host_list(&db.host, &db.port).unwrap_or_default(),
+            load_balance_hosts: db.load_balance_hosts.unwrap_or_default(),
+            target_session_attrs: db.target_session_attrs.unwrap_or_default(),
             dbname: db.dbname.clone().unwrap_or_else(|| name.to_owned()),
             pool_mode: u.pool_mode.or(db.pool_mode).unwrap_or(g.pool_mode),
             pool_size,

@@ -79,6 +79,12 @@ impl Config {
             (false, true) => found.push(invalid("weir.auth_hba_file", "is used only with auth_type = \"hba\"")),
             _ => {}
         }
+        // The console's names (the login's CONSOLE_DATABASES): no server
+        // behind them to run auth_query on (PgBouncer's words).
+        if matches!(g.auth_dbname.as_str(), "pgbouncer" | "weir") {
+            let why = format!("cannot use the reserved \"{}\" database as an auth_dbname", g.auth_dbname);
+            found.push(invalid("weir.auth_dbname", why));
+        }
         if g.autodb_idle_timeout.is_zero() {
             found.push(invalid("weir.autodb_idle_timeout", "must be above zero"));
         }
@@ -156,6 +162,9 @@ impl Config {
         }
         if name == "weir" || name == "pgbouncer" {
             found.push(invalid(format!("databases.{name}"), "is reserved for the admin console"));
+        }
+        if let Err(why) = super::hosts::host_list(&db.host, &db.port) {
+            found.push(invalid(key("host"), why));
         }
         if s.pool_size == 0 {
             found.push(invalid(key("pool_size"), "must be at least 1"));

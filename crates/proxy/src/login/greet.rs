@@ -5,21 +5,11 @@
 use bytes::BytesMut;
 
 use super::startup::Request;
-use crate::params::{ParamMap, TRACKED};
+use crate::params::{ParamMap, FIXED, TRACKED};
 use crate::protocol::{
     messages,
     tags::{auth, status},
 };
-
-/// Parameters Postgres reports that no client can change: never synced.
-const FIXED: &[&str] = &[
-    "server_version",
-    "server_encoding",
-    "integer_datetimes",
-    "is_superuser",
-    "session_authorization",
-    "in_hot_standby",
-];
 
 /// The client's reported parameters: its own values over the server's
 /// defaults, for every one a client can change (a SET of any of them, such

@@ -9,10 +9,12 @@
 
 mod admission;
 mod connector;
+mod control;
 mod error;
 mod evict;
 mod expiry;
 mod fleet;
+mod hosts;
 mod inspect;
 mod lease;
 mod places;
@@ -38,6 +40,7 @@ use crate::timer::within;
 
 pub use admission::{AdmissionConfig, Estimator, QueueCount};
 pub use error::PoolError;
+pub use hosts::{HostKey, HostSet, HostView, HostsConfig};
 pub use inspect::IdleServer;
 pub use lease::Lease;
 pub use pools::{PoolKey, Pools};
@@ -61,6 +64,8 @@ pub struct PoolOptions {
     pub check_query: String,
     pub check_timeout: Duration,
     pub admission: AdmissionConfig,
+    /// The database's hosts, balancing, target and name look-ups.
+    pub hosts: HostsConfig,
 }
 
 /// A pool's configured limits, as `/metrics` exports them.
@@ -87,6 +92,8 @@ pub struct Pool {
     user_servers: Arc<pools::DbCount>,
     /// Waiters across all pools (`max_waiting_clients_total`).
     queued_total: Arc<QueueCount>,
+    /// The database's hosts, shared with its other users' pools.
+    hosts: Arc<HostSet>,
 }
 
 impl Pool {
@@ -96,6 +103,7 @@ impl Pool {
         db_servers: Arc<pools::DbCount>,
         user_servers: Arc<pools::DbCount>,
         queued_total: Arc<QueueCount>,
+        hosts: Arc<HostSet>,
     ) -> Arc<Pool> {
         let metrics = PoolMetrics::new(key.database.clone(), key.user.clone());
         metrics.set_limits(limits(&opts.settings));
@@ -108,7 +116,9 @@ impl Pool {
             db_servers,
             user_servers,
             queued_total,
+            hosts,
         });
+        pool.hosts.join(&pool);
         pool.db_servers.pools.lock().push(Arc::downgrade(&pool));
         pool.user_servers.pools.lock().push(Arc::downgrade(&pool));
         pool.state.lock().opts.spec.probe_room = pool.probe_room();
@@ -123,6 +133,7 @@ impl Pool {
         opts.spec.probe_room = self.probe_room();
         self.metrics.set_limits(limits(&opts.settings));
         self.estimate.configure(&opts.admission);
+        self.hosts.configure(opts.hosts.clone());
         let mut st = self.state.lock();
         st.opts = opts;
         self.want_connects(&mut st);
@@ -204,7 +215,8 @@ impl Pool {
             // the connection goes back to the pool through recovery.
             now = Instant::now();
             let lease = Lease::new(self.clone(), conn, now);
-            let vetted = if self.state.lock().check_due(lease.conn().last_used(), now) {
+            let used = (lease.conn().created, lease.conn().last_used());
+            let vetted = if self.state.lock().check_due(used, now) {
                 // Boxed: rare, and kept out of every wait's future.
                 let checked = Box::pin(self.check_within(lease, deadline)).await;
                 now = Instant::now();
@@ -241,8 +253,8 @@ impl Pool {
         if st.paused {
             return None;
         }
-        let last_used = st.idle.last()?.last_used();
-        if st.check_due(last_used, now) {
+        let top = st.idle.last()?;
+        if st.check_due((top.created, top.last_used()), now) {
             return None;
         }
         let conn = st.idle.last_mut()?;
@@ -365,6 +377,11 @@ impl Pool {
     pub(crate) fn give_back(self: &Arc<Self>, mut conn: Box<ServerConn>, needs_reset: bool, now: Option<Instant>) {
         if let Some(reason) = conn.broken {
             self.state.lock().active -= 1;
+            if reason == CloseReason::RoleChanged {
+                // It answered 25006 where writes are wanted, or reported a
+                // new in_hot_standby: its host's role is asked again.
+                self.hosts.doubt(&HostKey::of(conn.spec()));
+            }
             self.discard(conn, reason);
             return;
         }
@@ -405,8 +422,12 @@ impl Pool {
     /// Gives `conn` to the oldest waiter that can still use it at `now`,
     /// else parks it idle.
     fn hand_over(self: &Arc<Self>, st: &mut State, conn: Box<ServerConn>, now: Instant) {
-        if st.opened_before_reconnect(conn.created) {
-            conn.close(CloseReason::Admin);
+        let retired = match st.opened_before_reconnect(conn.created) {
+            true => Some(CloseReason::Admin),
+            false => st.retired(&conn),
+        };
+        if let Some(reason) = retired {
+            conn.close(reason);
             self.want_connects(st);
             self.wake_blocked_siblings();
             return;
@@ -453,73 +474,9 @@ impl Pool {
         snap
     }
 
-    pub fn pause(self: &Arc<Self>) {
-        self.state.lock().paused = true;
-    }
-
-    /// SHUTDOWN WAIT_FOR_SERVERS: lends no server again; its waiters and
-    /// every later request get `PoolError::ShuttingDown`.
-    pub fn stop_lending(self: &Arc<Self>) {
-        self.state.lock().stop_lending();
-    }
-
-    pub fn resume(self: &Arc<Self>) {
-        let mut st = self.state.lock();
-        st.paused = false;
-        // Each turn either serves a waiter or parks the server and ends.
-        while st.live_waiters_up_to(1) > 0 {
-            let Some(conn) = st.idle.pop() else { break };
-            self.hand_over(&mut st, conn, Instant::now());
-        }
-        self.want_connects(&mut st);
-    }
-
-    /// A change of how servers are reached (server TLS): the cached login
-    /// error and the back-off are forgotten, so the next client tries the
-    /// new settings at once (PgBouncer's), and every connection open now
-    /// closes once released, as after RECONNECT.
-    pub fn new_server_settings(self: &Arc<Self>) {
-        tracing::info!(
-            "{}/{}: server TLS settings changed: closing each obsolete connection once released",
-            self.key.database,
-            self.key.user
-        );
-        {
-            let mut st = self.state.lock();
-            st.rejected = None;
-            st.retry_at = None;
-            st.failures = 0;
-        }
-        self.reconnect();
-    }
-
-    /// RECONNECT: every connection open now closes once released (idle ones
-    /// at once); new ones replace them as needed.
-    pub fn reconnect(self: &Arc<Self>) {
-        self.state.lock().mark_reconnect(Instant::now());
-        self.close_idle(CloseReason::Admin);
-        self.want_connects(&mut self.state.lock());
-    }
-
-    /// When the last RECONNECT marked this pool's connections, if one did.
-    pub fn reconnect_mark(&self) -> Option<Instant> {
-        self.state.lock().reconnect_mark()
-    }
-
-    /// True while a connection RECONNECT marked is still open (WAIT_CLOSE).
-    pub fn reconnect_pending(&self) -> bool {
-        let Some(mark) = self.reconnect_mark() else { return false };
-        let wall = std::time::SystemTime::now() - mark.elapsed();
-        self.metrics.live_servers().iter().any(|s| s.connected_at < wall)
-    }
-
-    /// Closes every idle connection (KILL, shutdown).
-    pub fn close_idle(self: &Arc<Self>, reason: CloseReason) {
-        let idle = std::mem::take(&mut self.state.lock().idle);
-        for conn in idle {
-            conn.close(reason);
-        }
-        self.wake_blocked_siblings();
+    /// The database's hosts as the pool knows them.
+    pub fn hosts(&self) -> &Arc<HostSet> {
+        &self.hosts
     }
 }
 

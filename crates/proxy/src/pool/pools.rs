@@ -45,6 +45,8 @@ pub struct Pools {
     unused_since: Mutex<HashMap<PoolKey, Instant>>,
     /// Clients queued in any pool (`max_waiting_clients_total`).
     queued: Arc<super::QueueCount>,
+    /// Each database's hosts, shared by its pools.
+    hosts: Mutex<HashMap<String, Arc<super::HostSet>>>,
 }
 
 impl Pools {
@@ -66,6 +68,7 @@ impl Pools {
         let opts = PoolOptions::from_config(cfg, key, credentials)?;
         let db = count(&self.dbs, &key.database);
         let user = count(&self.users, &key.user);
+        let hosts = self.host_set(&key.database, &opts.hosts);
         let mut pools = self.pools.lock();
         // A database the fallback serves is registered with its first pool
         // (PgBouncer's log line, in the client's span).
@@ -75,7 +78,7 @@ impl Pools {
         Some(
             pools
                 .entry(key.clone())
-                .or_insert_with(|| Pool::new(key.clone(), opts, db, user, self.queued.clone()))
+                .or_insert_with(|| Pool::new(key.clone(), opts, db, user, self.queued.clone(), hosts))
                 .clone(),
         )
     }
@@ -108,7 +111,26 @@ impl Pools {
                 pool.close_idle(weir_metrics::CloseReason::IdleTimeout);
             }
         }
+        if !removed.is_empty() {
+            // A database whose last pool went takes its hosts along (and
+            // their series leave /metrics).
+            self.hosts.lock().retain(|db, set| set.in_use() || pools.keys().any(|k| k.database == *db));
+        }
         removed
+    }
+
+    /// The hosts of database `database` (once a pool of it exists).
+    pub fn hosts(&self, database: &str) -> Option<Arc<super::HostSet>> {
+        self.hosts.lock().get(database).cloned()
+    }
+
+    /// The host set of `database`, created if needed.
+    fn host_set(&self, database: &str, cfg: &super::HostsConfig) -> Arc<super::HostSet> {
+        self.hosts
+            .lock()
+            .entry(database.to_owned())
+            .or_insert_with(|| super::HostSet::new(database, cfg.clone()))
+            .clone()
     }
 
     /// Clients queued for a server across all pools.
@@ -162,8 +184,10 @@ impl PoolOptions {
         let settings = cfg.pool_settings_for(&key.database, Some(&key.user))?;
         let g = &cfg.weir;
         let spec = ConnectSpec {
-            host: settings.host.clone(),
+            // The first host; each connect is aimed at the host the pool chose.
+            host: settings.hosts.first().map_or_else(|| settings.host.clone(), |h| h.host.clone()),
             port: settings.port,
+            addr: None,
             user: key.user.clone(),
             credentials: credentials.into(),
             dbname: settings.dbname.clone(),
@@ -197,6 +221,14 @@ impl PoolOptions {
             check_delay: g.server_check_delay,
             check_query: g.server_check_query.clone(),
             check_timeout: g.server_check_timeout,
+            hosts: super::HostsConfig {
+                hosts: settings.hosts.clone(),
+                load_balance: settings.load_balance_hosts,
+                target: settings.target_session_attrs,
+                dns_max_ttl: g.dns_max_ttl,
+                connect_timeout: g.server_connect_timeout,
+                retry_max: g.server_login_retry,
+            },
             admission: super::AdmissionConfig {
                 max_waiting_total: g.max_waiting_clients_total,
                 shed: g.wait_shedding,

@@ -7,7 +7,8 @@
 //! first server freed for it (closed the same way). The place is the
 //! client's until its `ReplicationPlace` drops. The connection itself is
 //! opened with `replication_spec`: the pool's, with the client's startup
-//! parameters, and no connect_query (a physical walsender runs no SQL).
+//! parameters, and no connect_query (a physical walsender runs no SQL),
+//! through the database's hosts (`open_replication`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -15,7 +16,7 @@ use std::time::Instant;
 use weir_metrics::CloseReason;
 
 use super::{Lease, Pool, PoolError};
-use crate::server::{ConnectSpec, CountSlot, ServerConn};
+use crate::server::{ConnectError, ConnectSpec, CountSlot, ServerConn};
 
 /// A place a replication client holds in its pool; given back when dropped.
 #[derive(Debug)]
@@ -108,6 +109,13 @@ impl Pool {
         spec.startup_params.retain(|(k, _)| !client_params.iter().any(|(c, _)| c.eq_ignore_ascii_case(k)));
         spec.startup_params.extend(client_params.iter().cloned());
         spec
+    }
+
+    /// Opens a replication client's server through the database's hosts,
+    /// as the pool's own connects go: a host that matches
+    /// target_session_attrs, its role learned and told to the host set.
+    pub(crate) async fn open_replication(self: &Arc<Self>, spec: Arc<ConnectSpec>) -> Result<ServerConn, ConnectError> {
+        super::hosts::connect(self, spec).await
     }
 }
 

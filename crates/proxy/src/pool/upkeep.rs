@@ -4,7 +4,9 @@
 //! connection, so a pool does not expire all at once), keep min_pool_size
 //! warm, retry connects held back by max_db_connections, point idle
 //! connections at the current settings after a reload, close idle ones
-//! above a capacity a reload lowered, and publish the state gauges.
+//! above a capacity a reload lowered, let the waiters of a pool that stopped
+//! lending (SHUTDOWN WAIT_FOR_SERVERS) go, publish the state gauges, and let
+//! the database's host set ask its hosts that do not match again (`survey`).
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -38,6 +40,7 @@ fn sweep(pool: &Arc<Pool>) {
         let mut st = pool.state.lock();
         let min = st.opts.settings.min_pool_size as usize;
         let idle_timeout = st.opts.idle_timeout;
+        st.let_waiters_go();
         refresh_specs(&mut st);
         let mut i = 0;
         while i < st.idle.len() {
@@ -64,6 +67,11 @@ fn sweep(pool: &Arc<Pool>) {
     }
     let mut st = pool.state.lock();
     pool.want_connects(&mut st);
+    // Under the pool's lock: the set takes its own and never a pool's
+    // while it holds it.
+    if !st.paused {
+        pool.hosts.survey(&st.opts.spec);
+    }
 }
 
 /// After a reload lowered pool_size or reserve_pool_size, idle connections
@@ -79,12 +87,14 @@ fn shrink(st: &mut super::state::State, doomed: &mut Vec<(Box<crate::server::Ser
 
 /// After a reload, idle connections take the pool's current connect spec,
 /// so the watchdog settings it carries apply from their next loan.
+/// Each keeps the host it was opened to.
 fn refresh_specs(st: &mut super::state::State) {
-    let Some(stale) = st.idle.iter().position(|c| **c.spec() != st.opts.spec) else { return };
-    let spec = Arc::new(st.opts.spec.clone());
+    let Some(stale) = st.idle.iter().position(|c| !c.spec().same_settings(&st.opts.spec)) else { return };
+    let spec = &st.opts.spec;
     for conn in &mut st.idle[stale..] {
-        if **conn.spec() != *spec {
-            conn.respec(spec.clone());
+        if !conn.spec().same_settings(spec) {
+            let aimed = spec.aimed(&conn.spec().host, conn.spec().port, conn.spec().addr);
+            conn.respec(Arc::new(aimed));
         }
     }
 }

@@ -21,6 +21,9 @@ pub const INVALID_CATALOG_NAME: SqlState = SqlState("3D000");
 pub const TOO_MANY_CONNECTIONS: SqlState = SqlState("53300");
 pub const WARNING: SqlState = SqlState("01000");
 pub const IN_FAILED_SQL_TRANSACTION: SqlState = SqlState("25P02");
+/// A write refused by a read-only transaction (a standby, or
+/// default_transaction_read_only).
+pub const READ_ONLY_SQL_TRANSACTION: SqlState = SqlState("25006");
 pub const INVALID_SQL_STATEMENT_NAME: SqlState = SqlState("26000");
 pub const DUPLICATE_PREPARED_STATEMENT: SqlState = SqlState("42P05");
 pub const QUERY_CANCELED: SqlState = SqlState("57014");

@@ -133,7 +133,7 @@ async fn connect(pool: &Arc<Pool>, startup: &[(String, String)], deadline: Insta
     let mut pause = Duration::from_millis(100);
     loop {
         let started = Instant::now();
-        let e = match crate::server::connect(spec.clone(), &pool.metrics).await {
+        let e = match pool.open_replication(spec.clone()).await {
             Ok(conn) => return Ok(conn),
             Err(e) => e,
         };

@@ -54,6 +54,12 @@ pub struct ServerConn {
     pub(crate) broken: Option<CloseReason>,
     /// weir's prepared statements on this server (transaction mode).
     pub(crate) statements: ServerStatements,
+    /// Its place among its host's servers (`tether`): the pool ends it at
+    /// once when the host fails over.
+    tether: Option<super::tether::Tether>,
+    /// Its database wants writes (target_session_attrs = read-write): a
+    /// 25006 from it retires it when released.
+    wants_writes: bool,
     guard: ServerConnGuard,
 }
 
@@ -77,6 +83,8 @@ pub struct ServerSide<'a> {
     pub params: &'a mut ParamMap,
     pub broken: &'a mut Option<CloseReason>,
     pub statements: &'a mut ServerStatements,
+    /// A refused write (25006) retires the server (read-write databases).
+    pub wants_writes: bool,
 }
 
 /// A place in a shared connection count, given back on drop.
@@ -118,6 +126,7 @@ impl ServerConn {
                 params: &mut self.params,
                 broken: &mut self.broken,
                 statements: &mut self.statements,
+                wants_writes: self.wants_writes,
             },
         }
     }
@@ -129,6 +138,14 @@ impl ServerConn {
         self.slot = Some(db);
         self.user_slot = Some(user);
         self.retire_at = self.created + lifetime;
+    }
+
+    /// Ties the connection to its host (`tether`: the pool ends it at once
+    /// when the host fails over) and says whether its database wants writes
+    /// (target_session_attrs = read-write: a 25006 then retires it).
+    pub(crate) fn bind_to_host(&mut self, tether: Option<super::tether::Tether>, wants_writes: bool) {
+        self.tether = tether;
+        self.wants_writes = wants_writes;
     }
 
     /// Gives up its place in the database's count, to whoever takes it over
@@ -293,6 +310,8 @@ async fn connect_plain(spec: Arc<ConnectSpec>, metrics: &Arc<PoolMetrics>) -> Re
         spec,
         broken: None,
         statements,
+        tether: None,
+        wants_writes: false,
         guard,
     })
 }

@@ -6,7 +6,7 @@
 use bytes::BytesMut;
 
 use crate::protocol::{
-    messages, peek_header,
+    messages, peek_header, sqlstate,
     tags::{backend as be, frontend as fe, status},
     ProtocolError,
 };
@@ -92,6 +92,8 @@ pub struct Inbound {
     pub settled: bool,
     /// The server sent a FATAL error; it will close.
     pub fatal: bool,
+    /// The server refused a write: 25006 (read_only_sql_transaction).
+    pub refused_write: bool,
 }
 
 impl Conversation {
@@ -328,6 +330,8 @@ impl Conversation {
             }
             be::ERROR_RESPONSE => {
                 out.fatal |= messages::error_is_fatal(body)?;
+                out.refused_write |=
+                    messages::error_code(body)? == sqlstate::READ_ONLY_SQL_TRANSACTION.code().as_bytes();
             }
             be::COPY_IN_RESPONSE | be::COPY_BOTH_RESPONSE => {
                 self.copy_in = true;

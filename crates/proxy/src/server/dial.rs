@@ -1,10 +1,14 @@
 //! Dialling a server: everything needed to open one connection
-//! (`ConnectSpec`), opening it (TCP with socket options and TLS, or the
-//! server's Unix socket) and logging in, and why that failed
-//! (`ConnectError`). What the pool keeps of a connection once it is open is
-//! `conn::ServerConn`; the cancel forwarder and the liveness probe dial here
-//! too.
+//! (`ConnectSpec`), a host name looked up into its addresses (bounded by the
+//! caller), the stream to one host of a database (TCP to the address the
+//! pool chose, with socket options and TLS, or the server's Unix socket),
+//! the login over it, and why that failed (`ConnectError`). Which host to
+//! dial is the pool's choice (`pool::hosts`); a connect spec carries it
+//! (`ConnectSpec::aimed`). What the pool keeps of a connection once it is
+//! open is `conn::ServerConn`; the cancel forwarder, the liveness probe and
+//! the role check dial here too.
 
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -24,8 +28,13 @@ use crate::protocol::{sqlstate, SqlState};
 /// Everything needed to open one server connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectSpec {
+    /// The host to dial: a name or address (also the TLS server name), or a
+    /// Unix socket folder starting with `/`.
     pub host: String,
     pub port: u16,
+    /// The address the pool chose for `host` (one of its addresses); None:
+    /// `host` is looked up at the connect.
+    pub addr: Option<std::net::SocketAddr>,
     pub user: String,
     pub credentials: crate::auth::Credentials,
     pub dbname: String,
@@ -93,9 +102,26 @@ pub(crate) enum ConnectError {
     /// The database's connect_query failed.
     #[error("connect_query failed: {0}")]
     ConnectQuery(String),
+    /// No host of the database matched its target_session_attrs within
+    /// server_connect_timeout (what each was found to be).
+    #[error("no host matches target_session_attrs = {target} ({hosts})")]
+    NoMatchingHost { target: &'static str, hosts: String },
+    /// The login of the database's search for a host was refused: Postgres's
+    /// SQLSTATE and message.
+    #[error("server login failed: {message}")]
+    Rejected { code: SqlState, message: String },
 }
 
 impl ConnectError {
+    /// PgBouncer's words for a connect that never logged in, in its
+    /// `closing because:` line: "connect timeout" or "connect failed".
+    pub(crate) fn close_reason(&self) -> &'static str {
+        match self {
+            ConnectError::Timeout(_) => "connect timeout",
+            _ => "connect failed",
+        }
+    }
+
     pub(crate) fn failure_label(&self) -> ConnectFailure {
         match self {
             ConnectError::Timeout(_) => ConnectFailure::Timeout,
@@ -105,6 +131,20 @@ impl ConnectError {
             ConnectError::Login(_) | ConnectError::Tls { .. } | ConnectError::ConnectQuery(_) => {
                 ConnectFailure::Protocol
             }
+            ConnectError::NoMatchingHost { .. } => ConnectFailure::NoMatchingHost,
+            ConnectError::Rejected { .. } => ConnectFailure::Auth,
+        }
+    }
+
+    /// The server could not be reached, or is starting up or shutting
+    /// down (57P03): its host counts as unreachable. Any other error came
+    /// from a server that answered.
+    pub(crate) fn unreachable(&self) -> bool {
+        match self {
+            ConnectError::Timeout(_) | ConnectError::Io(_) => true,
+            ConnectError::Login(LoginError::Eof | LoginError::Io(_)) => true,
+            ConnectError::Login(LoginError::Server { code, .. }) => code == sqlstate::CANNOT_CONNECT_NOW.code(),
+            _ => false,
         }
     }
 
@@ -125,7 +165,8 @@ impl ConnectError {
     /// as temporary.
     pub(crate) fn rejection(&self) -> Option<(SqlState, String)> {
         match self {
-            ConnectError::Timeout(_) | ConnectError::Io(_) => None,
+            ConnectError::Timeout(_) | ConnectError::Io(_) | ConnectError::NoMatchingHost { .. } => None,
+            ConnectError::Rejected { code, message } => Some((*code, message.clone())),
             ConnectError::Tls { .. } | ConnectError::ConnectQuery(_) => Some((self.sqlstate(), self.to_string())),
             ConnectError::Login(e) => match e {
                 LoginError::Server { code, .. } if code == sqlstate::CANNOT_CONNECT_NOW.code() => None,
@@ -146,6 +187,7 @@ impl ConnectError {
     pub(crate) fn sqlstate(&self) -> SqlState {
         match self {
             ConnectError::Login(e) => e.sqlstate(),
+            ConnectError::Rejected { code, .. } => *code,
             _ => sqlstate::SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
         }
     }
@@ -166,6 +208,72 @@ fn refusal_reason(message: &str) -> ConnectRefusal {
     }
 }
 
+impl ConnectSpec {
+    /// This spec, dialling `host` and `port` (at `addr`, when the pool has
+    /// looked the name up; else the name is looked up at the connect).
+    pub(crate) fn aimed(&self, host: &str, port: u16, addr: Option<SocketAddr>) -> ConnectSpec {
+        ConnectSpec { host: host.to_owned(), port, addr, ..self.clone() }
+    }
+
+    /// True when `self` and `other` open connections the same way, wherever
+    /// each dials (a reload changed nothing a connection carries).
+    pub(crate) fn same_settings(&self, other: &ConnectSpec) -> bool {
+        // Every field named, so that a new one is not forgotten here.
+        let ConnectSpec {
+            host: _,
+            port: _,
+            addr: _,
+            user,
+            credentials,
+            dbname,
+            liveness,
+            connect_timeout,
+            watch,
+            tls,
+            startup_params,
+            connect_query,
+            probe_room: _,
+            refuses_3_2: _,
+        } = self;
+        *user == other.user
+            && *credentials == other.credentials
+            && *dbname == other.dbname
+            && *liveness == other.liveness
+            && *connect_timeout == other.connect_timeout
+            && *watch == other.watch
+            && *tls == other.tls
+            && *startup_params == other.startup_params
+            && *connect_query == other.connect_query
+    }
+
+    /// Where this spec dials: the address chosen, else `host:port`.
+    pub(crate) fn shown(&self) -> String {
+        match self.addr {
+            Some(a) => a.to_string(),
+            None => format!("{}:{}", self.host, self.port),
+        }
+    }
+}
+
+/// The addresses of `host` (a name or an IP address), in the resolver's
+/// order, each once. Unbounded: the caller bounds it (a stuck resolver must
+/// not hold anyone past a budget).
+pub(crate) async fn resolve(host: &str, port: u16) -> std::io::Result<Vec<SocketAddr>> {
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, port)]);
+    }
+    let mut addrs: Vec<SocketAddr> = Vec::new();
+    for a in tokio::net::lookup_host((host, port)).await? {
+        if !addrs.contains(&a) {
+            addrs.push(a);
+        }
+    }
+    if addrs.is_empty() {
+        return Err(std::io::Error::new(std::io::ErrorKind::NotFound, format!("{host} has no address")));
+    }
+    Ok(addrs)
+}
+
 /// The Unix socket of a Postgres whose `host` is the folder `dir`, as libpq
 /// names it: `<dir>/.s.PGSQL.<port>`.
 pub(crate) fn socket_path(dir: &str, port: u16) -> PathBuf {
@@ -182,7 +290,7 @@ pub(super) async fn open(spec: &ConnectSpec) -> Result<(ServerStream, BytesMut, 
     }
     match open_with(spec, NEWEST_MINOR).await {
         Err(ConnectError::Login(e)) if e.refuses_version() => {
-            tracing::info!(host = %spec.host, port = spec.port, error = %e, "the server refused protocol 3.2; using 3.0");
+            tracing::info!(server = %spec.shown(), error = %e, "the server refused protocol 3.2; using 3.0");
             spec.refuses_3_2.set();
             open_with(spec, 0).await
         }
@@ -192,16 +300,7 @@ pub(super) async fn open(spec: &ConnectSpec) -> Result<(ServerStream, BytesMut, 
 
 /// `open`, asking for protocol 3.`minor`.
 async fn open_with(spec: &ConnectSpec, minor: u16) -> Result<(ServerStream, BytesMut, LoginResult), ConnectError> {
-    let mut stream = if spec.host.starts_with('/') {
-        ServerStream::Unix(UnixStream::connect(socket_path(&spec.host, spec.port)).await?)
-    } else {
-        let tcp = TcpStream::connect((spec.host.as_str(), spec.port)).await?;
-        socket::apply(&tcp, &spec.liveness)?;
-        match &spec.tls {
-            Some(tls) => negotiate_tls(tcp, tls, &spec.host).await?,
-            None => ServerStream::Plain(tcp),
-        }
-    };
+    let mut stream = stream(spec).await?;
     let mut buf = BytesMut::with_capacity(8192);
     let params = LoginParams {
         user: &spec.user,
@@ -212,6 +311,29 @@ async fn open_with(spec: &ConnectSpec, minor: u16) -> Result<(ServerStream, Byte
     };
     let result = login(&mut stream, &mut buf, &params).await?;
     Ok((stream, buf, result))
+}
+
+/// The stream to the server `spec` aims at (a `host` starting with `/` is
+/// the server's Unix socket, never TLS, as libpq), before the startup
+/// packet. Unbounded (callers bound it).
+pub(super) async fn stream(spec: &ConnectSpec) -> Result<ServerStream, ConnectError> {
+    if spec.host.starts_with('/') {
+        return Ok(ServerStream::Unix(UnixStream::connect(socket_path(&spec.host, spec.port)).await?));
+    }
+    let tcp = tcp(spec).await?;
+    socket::apply(&tcp, &spec.liveness)?;
+    match &spec.tls {
+        Some(tls) => negotiate_tls(tcp, tls, &spec.host).await,
+        None => Ok(ServerStream::Plain(tcp)),
+    }
+}
+
+/// A TCP connection to the address chosen, else to `host:port` (looked up now).
+pub(super) async fn tcp(spec: &ConnectSpec) -> std::io::Result<TcpStream> {
+    match spec.addr {
+        Some(addr) => TcpStream::connect(addr).await,
+        None => TcpStream::connect((spec.host.as_str(), spec.port)).await,
+    }
 }
 
 /// The server's one-byte answers to SSLRequest.
@@ -253,6 +375,13 @@ mod tests {
     }
 
     #[test]
+    fn a_connect_that_never_logged_in_closes_in_pgbouncer_words() {
+        assert_eq!(ConnectError::Timeout(Duration::from_secs(2)).close_reason(), "connect timeout");
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert_eq!(ConnectError::Io(refused).close_reason(), "connect failed");
+    }
+
+    #[test]
     fn refusals_are_classified_by_the_limit_postgres_names() {
         assert_eq!(refused("too many connections for role \"app\""), Some(ConnectRefusal::RoleLimit));
         assert_eq!(refused("too many connections for database \"db\""), Some(ConnectRefusal::DatabaseLimit));
@@ -262,5 +391,16 @@ mod tests {
         assert_eq!(refused("something new"), Some(ConnectRefusal::Other));
         let other = LoginError::Server { code: "28P01".into(), message: "too many clients already".into() };
         assert_eq!(ConnectError::Login(other).refusal(), None, "only 53300 is a refusal");
+    }
+
+    #[tokio::test]
+    async fn addresses_resolve_without_a_lookup_and_names_through_one() {
+        assert_eq!(resolve("127.0.0.2", 5).await.unwrap(), vec!["127.0.0.2:5".parse().unwrap()]);
+        assert_eq!(resolve("::1", 5).await.unwrap(), vec!["[::1]:5".parse().unwrap()]);
+        let local = resolve("localhost", 7).await.unwrap();
+        assert!(!local.is_empty() && local.iter().all(|a| a.ip().is_loopback() && a.port() == 7), "{local:?}");
+        let mut seen = local.clone();
+        seen.dedup();
+        assert_eq!(seen.len(), local.len(), "each address once");
     }
 }

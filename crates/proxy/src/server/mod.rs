@@ -1,9 +1,11 @@
-//! Server connections: dialling Postgres (`dial`) and weir's logins to it
-//! (`handshake`), the connection the pool lends (`conn`), socket options
-//! for fast dead-peer detection, the per-connection protocol conversation
-//! state, cancel forwarding, and the watchdog's settings and liveness probe
-//! (`watch`, `probe`). A `ServerConn` never belongs to a client; the pool
-//! lends it out.
+//! Server connections: dialling Postgres (`dial`: names looked up, the
+//! stream to the host the pool chose, the login) and weir's logins to it
+//! (`handshake`), the connection the pool lends (`conn`), socket options for
+//! fast dead-peer detection, the per-connection protocol conversation state,
+//! cancel forwarding, the watchdog's settings and liveness probe (`watch`,
+//! `probe`), a server's role for target_session_attrs (`role`), and the tie
+//! that ends a host's servers at once on a failover (`tether`). A
+//! `ServerConn` never belongs to a client; the pool lends it out.
 
 pub(crate) mod auth_lookup;
 pub(crate) mod cancel;
@@ -15,10 +17,12 @@ pub(crate) mod handshake;
 pub(crate) mod probe;
 pub(crate) mod readback;
 mod recover;
+pub(crate) mod role;
 pub(crate) mod scram_client;
 pub(crate) mod socket;
 pub(crate) mod statements;
 pub(crate) mod stream;
+pub(crate) mod tether;
 pub(crate) mod watch;
 
 pub(crate) use cancel::forward_cancel;

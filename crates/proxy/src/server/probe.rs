@@ -64,8 +64,8 @@ const PROBE_MAX_MESSAGE: usize = 1 << 20;
 const MAX_PROBES: usize = 4;
 static PROBES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_PROBES);
 
-/// Addresses whose last probe could not connect: (host, port, when, why).
-static DEAD_PATHS: Mutex<Vec<(String, u16, Instant, String)>> = Mutex::new(Vec::new());
+/// Addresses whose last probe could not connect: (where, when, why).
+static DEAD_PATHS: Mutex<Vec<(String, Instant, String)>> = Mutex::new(Vec::new());
 
 /// What a probe found out.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,7 +135,7 @@ async fn postmaster_answers(spec: &ConnectSpec) -> std::io::Result<()> {
         s.write_all(&request).await?;
         s.read_exact(&mut answer).await?;
     } else {
-        let mut s = tokio::net::TcpStream::connect((spec.host.as_str(), spec.port)).await?;
+        let mut s = super::dial::tcp(spec).await?;
         s.write_all(&request).await?;
         s.read_exact(&mut answer).await?;
     }
@@ -145,14 +145,16 @@ async fn postmaster_answers(spec: &ConnectSpec) -> std::io::Result<()> {
 /// Why the address's last probe failed, if that was within server_connect_timeout.
 fn recently_dead(spec: &ConnectSpec) -> Option<String> {
     let mut dead = DEAD_PATHS.lock();
-    dead.retain(|(_, _, at, _)| at.elapsed() < spec.connect_timeout);
-    dead.iter().find(|(h, p, _, _)| *h == spec.host && *p == spec.port).map(|(_, _, _, why)| why.clone())
+    dead.retain(|(_, at, _)| at.elapsed() < spec.connect_timeout);
+    let path = spec.shown();
+    dead.iter().find(|(p, _, _)| *p == path).map(|(_, _, why)| why.clone())
 }
 
 fn path_dead(spec: &ConnectSpec, why: String) -> Verdict {
     let mut dead = DEAD_PATHS.lock();
-    dead.retain(|(h, p, _, _)| !(*h == spec.host && *p == spec.port));
-    dead.push((spec.host.clone(), spec.port, Instant::now(), why.clone()));
+    let path = spec.shown();
+    dead.retain(|(p, _, _)| *p != path);
+    dead.push((path, Instant::now(), why.clone()));
     Verdict::Dead(why)
 }
 
@@ -213,6 +215,7 @@ mod tests {
         let spec = ConnectSpec {
             host: "127.0.0.1".into(),
             port,
+            addr: None,
             user: "u".into(),
             credentials: crate::auth::Credentials::None,
             dbname: "d".into(),

@@ -5,13 +5,10 @@
 //! holds the statement, would have checked the Bind's parameter formats
 //! and count first and answered 08P01 (so too for any other error of that
 //! Parse but a cancel, a shutdown or a FATAL one, which are the session's,
-//! `inbound::refuses_first`). weir answers as Postgres would when
-//! it knows the statement's parameter count: a text with no `$` in it
-//! refers to no parameter, so the count is that of the parameter types its
-//! Parse declared (Postgres adds a parameter only for a `$n` it reads).
-//! A text with a `$` may refer to more parameters than it declares (or
-//! name a `$` in a string): weir does not know the count, and the server's
-//! own answer stands.
+//! `inbound::refuses_first`). weir answers as Postgres would: the
+//! statement's parameter count is that of the parameter types its Parse
+//! declared, or the highest `$n` its text refers to (`params.rs`). For a
+//! text weir cannot read to its end, the server's own answer stands.
 
 use std::sync::Arc;
 
@@ -83,18 +80,8 @@ fn refusal(bind: &[u8], rest_at: usize, stmt: &Statement) -> Option<Refusal> {
     if formats > 1 && formats != params {
         return Some(Refusal::Formats { formats, params });
     }
-    let requires = declared_params(stmt.text())?;
+    let requires = super::params::count(stmt.text())?;
     (params != requires).then_some(Refusal::Count { params, requires })
-}
-
-/// The parameter count of a statement whose Parse body after its name is
-/// `text` (query, NUL, parameter types), when its query names none.
-fn declared_params(text: &[u8]) -> Option<u16> {
-    let end = memchr::memchr(0, text)?;
-    if memchr::memchr(b'$', &text[..end]).is_some() {
-        return None;
-    }
-    read_u16(text, end + 1)
 }
 
 fn read_u16(bytes: &[u8], at: usize) -> Option<u16> {
@@ -142,10 +129,12 @@ mod tests {
     }
 
     #[test]
-    fn a_text_with_a_dollar_is_left_to_the_server() {
+    fn a_text_counts_the_parameters_it_refers_to() {
         let (m, at) = bind(0, 3);
-        assert_eq!(refusal(&m, at, &stmt("select $1::int", &[])), None);
-        assert_eq!(refusal(&m, at, &stmt("select $$a$$", &[])), None);
+        assert_eq!(refusal(&m, at, &stmt("select $1::int", &[])), Some(Refusal::Count { params: 3, requires: 1 }));
+        assert_eq!(refusal(&m, at, &stmt("select $$a$$", &[])), Some(Refusal::Count { params: 3, requires: 0 }));
+        assert_eq!(refusal(&m, at, &stmt("select $3", &[])), None);
+        assert_eq!(refusal(&m, at, &stmt("select '$1", &[])), None);
     }
 
     #[test]

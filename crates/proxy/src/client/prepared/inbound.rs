@@ -136,6 +136,7 @@ impl ClientStatements {
             match self.q.expect.pop_front() {
                 Some(Expect::FakeParse { .. }) => extended::parse_complete(out),
                 Some(Expect::FakeClose { .. }) => extended::close_complete(out),
+                Some(Expect::FakeDescribe { reply }) => out.extend_from_slice(&reply),
                 Some(Expect::FakeDeallocate { client, stmt }) => {
                     if self.status == status::FAILED {
                         let msg = "current transaction is aborted, commands ignored until end of transaction block";
@@ -183,7 +184,8 @@ impl ClientStatements {
                 self.drop_ignored_syncs();
                 true
             }
-            be::ROW_DESCRIPTION | be::NO_DATA => self.pop_if(|e| matches!(e, Expect::Describe { .. })),
+            be::PARAMETER_DESCRIPTION => self.on_parameters(msg),
+            be::ROW_DESCRIPTION | be::NO_DATA => self.on_description(tag, msg),
             be::COMMAND_COMPLETE | be::EMPTY_QUERY_RESPONSE | be::PORTAL_SUSPENDED => {
                 if server.has_provisional() && msg[HEADER_LEN.min(msg.len())..].starts_with(b"ROLLBACK") {
                     server.rolled_back();
@@ -328,10 +330,19 @@ impl ClientStatements {
         let body = msg.get(HEADER_LEN..)?;
         memchr::memmem::find(body, b"weir_")?;
         let named = |s: &Arc<Statement>| memchr::memmem::find(body, s.weir.as_bytes()).is_some();
-        // The unnamed statement first, then the named ones in name order.
+        // The unnamed statement first, then the named ones in name order,
+        // then the ones a Close, DEALLOCATE, unnamed Parse or simple query
+        // sent after the failing message dropped (not yet answered).
         let all = || {
             let unnamed = self.q.unnamed_stmt.iter().map(|s| (super::unnamed::UNNAMED, s));
-            unnamed.chain(self.statements.iter().map(|(k, s)| (k.as_slice(), s)))
+            let closed = self.q.expect.iter().filter_map(|e| match e {
+                Expect::FakeClose { client, stmt } | Expect::FakeDeallocate { client, stmt } => {
+                    Some((client.as_slice(), stmt))
+                }
+                Expect::Unnamed { prior: Some(stmt), .. } => Some((super::unnamed::UNNAMED, stmt)),
+                _ => None,
+            });
+            unnamed.chain(self.statements.iter().map(|(k, s)| (k.as_slice(), s))).chain(closed)
         };
         let (client, stmt) =
             all().find(|(_, s)| Arc::ptr_eq(s, failed) && named(s)).or_else(|| all().find(|(_, s)| named(s)))?;

@@ -25,14 +25,17 @@
 //! * the client's statement namespace as a backend has it: a Parse of a
 //!   name the client holds gets Postgres's own 42P05 (weir sends it to the
 //!   server under the held statement's name and renames the error), a Parse
-//!   in a failed transaction gets the server's 25P02;
+//!   in a failed transaction (or one that may be failing: a Sync or query
+//!   before it is unanswered) gets the server's 25P02, for weir's statement
+//!   closed and parsed again (`outcome.rs`);
 //! * the client's unnamed statement (`unnamed.rs`): one whose text the
 //!   client parses again (or its server already holds) is weir's statement
 //!   for that text, prepared once per server; any other is remembered so
 //!   that a Bind of it after the lease ends works on the next server;
 //! * a Bind of a statement weir prepares first, in a failed transaction:
-//!   Postgres's own refusal of its parameters (`bind_check.rs`), not the
-//!   25P02 weir's Parse gets;
+//!   Postgres's own refusal of its parameters (`bind_check.rs`, counted by
+//!   `params.rs`), not the 25P02 weir's Parse gets; a Describe of one that
+//!   returns no rows: its description, as learned (`describe.rs`);
 //! * pinning: a client that used LISTEN, a session advisory lock, WITH HOLD
 //!   cursors, SQL PREPARE or temporary tables keeps its server connection.
 //!
@@ -40,15 +43,22 @@
 //! shared, sends an unnamed Parse) is never tracked: its bytes pass
 //! through untouched, apart from a look at the head of each query's text
 //! and at message headers, which keep the reply queue (what the server
-//! still owes it; a word of 4-bit kinds while untracked, `owed.rs`). Tracking starts at its first named Parse, wherever that
-//! falls in a pipeline: the replies weir then writes itself (ParseComplete,
-//! CloseComplete, DEALLOCATE's answer) queue behind every reply still owed,
-//! and weir never holds a client message back waiting for the server.
+//! still owes it; a word of 4-bit kinds while untracked, `owed.rs`).
+//! Tracking starts at its first named Parse, wherever that falls in a
+//! pipeline: the replies weir then writes itself (ParseComplete,
+//! CloseComplete, DEALLOCATE's answer) queue behind every reply still owed.
+//! weir holds a client message back only where its meaning waits on the
+//! server's answer to a batch before it (`outcome.rs`): a message naming a
+//! statement, written past a Sync whose batch changed statements and may
+//! yet fail.
 
 mod bind_check;
+mod describe;
 mod inbound;
 mod outbound;
+mod outcome;
 mod owed;
+mod params;
 mod sql;
 #[cfg(test)]
 mod tests;
@@ -79,6 +89,8 @@ pub struct Statement {
     /// Its text may change a session setting (`sql::Sql::SessionSet`): each
     /// execution has the settings read back.
     pub sets: bool,
+    /// What a Describe of it gets, once seen (`describe.rs`).
+    described: describe::Description,
 }
 
 impl Statement {
@@ -100,7 +112,7 @@ impl Statement {
         let mut parse = BytesMut::new();
         extended::parse(&mut parse, &weir, query, param_types);
         let sets = sql::classify(query) == sql::Sql::SessionSet;
-        Statement { weir, parse: parse.freeze(), sets }
+        Statement { weir, parse: parse.freeze(), sets, described: describe::Description::new() }
     }
 
     /// Its query text, NUL, and parameter-type section: an unnamed Parse's
@@ -129,6 +141,14 @@ enum Expect {
     },
     Describe {
         managed: Option<Arc<Statement>>,
+    },
+    /// weir's own Describe of the client's statement (`describe.rs`).
+    OwnDescribe {
+        stmt: Arc<Statement>,
+    },
+    /// The client's Describe of a statement, answered by weir (`describe.rs`).
+    FakeDescribe {
+        reply: Bytes,
     },
     Execute,
     /// The client's Parse of a name it holds, sent as a Parse of that
@@ -180,6 +200,7 @@ impl Expect {
         matches!(
             self,
             Expect::FakeParse { .. }
+                | Expect::FakeDescribe { .. }
                 | Expect::FakeClose { .. }
                 | Expect::FakeDeallocate { .. }
                 | Expect::CopyEnd
@@ -208,6 +229,11 @@ struct Queues {
     unnamed: unnamed::Unnamed,
     /// How the client's settings resolve names (`ClientStatements::scope`).
     scope: u64,
+    /// A change of statements queued may yet be skipped (`outcome.rs`).
+    changes: bool,
+    /// The ParameterDescription of a Describe whose answer is being learned
+    /// (`describe.rs`).
+    parameters: Option<Bytes>,
 }
 
 /// `ClientStatements::lease`: a statement sent during this lease may have
@@ -346,6 +372,7 @@ impl ClientStatements {
         server.begin_lease();
         self.q.expect.clear();
         self.q.owed.clear();
+        self.q.changes = false;
         // This server's unnamed statement is not the client's.
         self.q.unnamed.lease_began();
         self.lease &= !SKIPPING;

@@ -226,6 +226,9 @@ impl ClientStatements {
         rw: &mut Rewrite,
     ) -> Result<Step, ProtocolError> {
         match m.tag {
+            fe::PARSE | fe::BIND | fe::DESCRIBE | fe::CLOSE | fe::QUERY if self.q.changes && self.awaits_outcome() => {
+                Ok(Step::Wait)
+            }
             fe::PARSE => self.on_parse(m, src, server, rw),
             fe::BIND => self.on_bind(m, src, server, rw),
             fe::DESCRIBE => self.on_describe(m, src, server, rw),
@@ -285,33 +288,27 @@ impl ClientStatements {
             }
         };
         if server.hold(&stmt.weir) {
-            if self.status == status::FAILED {
-                // Postgres answers 25P02 (or, for COMMIT/ROLLBACK, parses):
-                // the unnamed statement gets the server's own answer.
-                let mut unnamed = BytesMut::new();
-                extended::parse(&mut unnamed, "", p.query, p.param_types);
-                rw.splice(src, m.at, m.total, &unnamed);
-                self.q.expect.push_back(Expect::Parse {
-                    pass: true,
-                    weir: None,
-                    client: Some((name, stmt)),
-                    refused: None,
-                });
+            if self.status == status::FAILED || self.outcome_pending() {
+                let out = self.parse_again(&stmt, name, server);
+                rw.splice(src, m.at, m.total, &out);
                 return Ok(Step::Next);
             }
-            rw.splice(src, m.at, m.total, &[]);
-            self.q.expect.push_back(Expect::FakeParse { client: name, stmt });
+            let mut own = BytesMut::new();
+            self.expect_change(Expect::FakeParse { client: name, stmt: stmt.clone() });
+            self.describe_own(&stmt, m, src, p.name, &mut own);
+            rw.splice(src, m.at, m.total, &own);
             return Ok(Step::Next);
         }
-        let parse = self.server_parse(&stmt, server, Some((name, stmt.clone())));
+        let mut parse = self.server_parse(&stmt, server, Some((name, stmt.clone())));
+        self.describe_own(&stmt, m, src, p.name, &mut parse);
         rw.splice(src, m.at, m.total, &parse);
         Ok(Step::Next)
     }
 
-    /// A Parse of a name the client holds: Postgres checks the text, then
-    /// answers 42P05. The server does both for the held statement's weir
-    /// name (prepared first if this server lacks it); the error is renamed
-    /// on its way back, and the client keeps its statement.
+    /// A Parse of a name the client holds: Postgres checks the text (in a
+    /// failed transaction, whether it may run there), then answers 42P05.
+    /// The server does both for the held statement's weir name; the error
+    /// is renamed on its way back, and the client keeps its statement.
     fn duplicate(
         &mut self,
         p: &extended::ParseRef<'_>,
@@ -319,9 +316,15 @@ impl ClientStatements {
         new: Arc<Statement>,
         server: &mut ServerStatements,
     ) -> BytesMut {
-        let mut out = self.prepare_if_missing(&old, server).unwrap_or_default();
+        // PgBouncer's words; it closes the client here, weir answers as
+        // Postgres does and the client keeps its connection.
+        tracing::warn!("prepared statement '{}' was already prepared", String::from_utf8_lossy(p.name));
+        let mut out = match server.hold(&old.weir) {
+            true => BytesMut::new(),
+            false => self.stand_in(&old.weir, server),
+        };
         extended::parse(&mut out, &old.weir, p.query, p.param_types);
-        self.q.expect.push_back(Expect::DupParse { client: p.name.to_vec(), old: old.weir.clone(), new });
+        self.expect_change(Expect::DupParse { client: p.name.to_vec(), old: old.weir.clone(), new });
         out
     }
 
@@ -368,6 +371,11 @@ impl ClientStatements {
             _ => None,
         };
         if let Some(stmt) = &stmt {
+            if !server.contains(&stmt.weir) {
+                if let Some(step) = self.describe_unprepared(stmt, m, src, rw) {
+                    return Ok(step);
+                }
+            }
             self.ensure(stmt, src, m.at, server, rw);
             rw.splice_with(src, m.at, m.total, |out| extended::target(out, fe::DESCRIBE, TARGET_STATEMENT, &stmt.weir));
         }
@@ -383,13 +391,13 @@ impl ClientStatements {
                 self.drop_unnamed();
                 if let Some(stmt) = stmt {
                     rw.splice(src, m.at, m.total, &[]);
-                    self.q.expect.push_back(Expect::FakeClose { client: name.to_vec(), stmt });
+                    self.expect_change(Expect::FakeClose { client: name.to_vec(), stmt });
                     return Ok(Step::Next);
                 }
             } else if let Some(stmt) = self.statements.remove(name) {
                 // The server-side statement stays: other clients may share it.
                 rw.splice(src, m.at, m.total, &[]);
-                self.q.expect.push_back(Expect::FakeClose { client: name.to_vec(), stmt });
+                self.expect_change(Expect::FakeClose { client: name.to_vec(), stmt });
                 return Ok(Step::Next);
             }
         }
@@ -410,8 +418,8 @@ impl ClientStatements {
         self.drop_unnamed();
         if let (true, Sql::Deallocate(name)) = (m.whole(), classify(m.body())) {
             if let Some(stmt) = self.statements.remove(&name) {
-                rw.splice(src, m.at, m.total, &[]);
-                self.q.expect.push_back(Expect::FakeDeallocate { client: name, stmt });
+                rw.splice(src, m.at, m.total, self.flush_first());
+                self.expect_change(Expect::FakeDeallocate { client: name, stmt });
                 return Ok(Step::Next);
             }
         }
@@ -496,7 +504,7 @@ impl ClientStatements {
         self.metrics.record_server_parse();
         let pass = client.is_some();
         server.add_provisional(stmt.weir.clone());
-        self.q.expect.push_back(Expect::Parse { pass, weir: Some(stmt.weir.clone()), client, refused: None });
+        self.expect_change(Expect::Parse { pass, weir: Some(stmt.weir.clone()), client, refused: None });
         out
     }
 
@@ -506,7 +514,7 @@ impl ClientStatements {
         if server.take_uncertain(weir) {
             extended::target(pre, fe::CLOSE, TARGET_STATEMENT, weir);
             // Uncertain again if this Close is skipped or never answered.
-            self.q.expect.push_back(Expect::Close { pass: false, evicted: Some(weir.clone()) });
+            self.expect_change(Expect::Close { pass: false, evicted: Some(weir.clone()) });
         }
         let evicted = server.insert(weir.clone(), self.max as usize);
         if !evicted.is_empty() {
@@ -514,7 +522,7 @@ impl ClientStatements {
         }
         for old in evicted {
             extended::target(pre, fe::CLOSE, TARGET_STATEMENT, &old);
-            self.q.expect.push_back(Expect::Close { pass: false, evicted: Some(old) });
+            self.expect_change(Expect::Close { pass: false, evicted: Some(old) });
         }
     }
 }

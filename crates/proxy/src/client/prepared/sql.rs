@@ -285,7 +285,11 @@ fn set(w: &mut Words<'_>) -> Sql {
     let mut save = Words { s: w.s };
     let mut word = save.word();
     match word.as_slice() {
-        b"local" | b"transaction" | b"constraints" => return Sql::Other,
+        // A local search_path resolves names differently until the
+        // transaction ends: the client's statements are its own meanwhile
+        // (and its settings are read back once it ends).
+        b"local" => return if save.word() == b"search_path" { Sql::SessionSet } else { Sql::Other },
+        b"transaction" | b"constraints" => return Sql::Other,
         b"role" => return Sql::Pins("SET ROLE"),
         b"session" => {
             *w = save;

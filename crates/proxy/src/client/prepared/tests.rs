@@ -16,6 +16,7 @@ use crate::server::conversation::STREAM_THRESHOLD;
 
 mod edges;
 mod errors;
+mod outcomes;
 
 fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
     let mut m = vec![tag];
@@ -198,20 +199,24 @@ fn parse_of_a_statement_already_on_the_server_is_answered_in_order() {
     s.sent(&[parse("a", "select 1"), sync()].concat());
     s.recv(&[reply(be::PARSE_COMPLETE), rfq(b'I')].concat());
     // Another client's statement with the same text, same server: pipelined
-    // behind an unnamed query.
+    // behind an unnamed query, whose outcome (the transaction may fail)
+    // decides Postgres's answer: the server's, for weir's statement
+    // closed and parsed again.
     let mut other = Sim::new(20);
     other.server = std::mem::take(&mut s.server);
     other.stage.begin(&mut other.server, &other.conv);
     other.stage.tracking = true;
     let batch = [bind(""), execute(), sync(), parse("b", "select 1"), target(fe::DESCRIBE, b'S', "b"), sync()].concat();
     let sent = other.sent(&batch);
-    assert_eq!(tags(&sent), "BESDS", "no Parse goes to the server");
+    assert_eq!(tags(&sent), "BESCPDS");
     assert_eq!(other.weir("b"), s.weir("a"), "shared across clients");
     let seen = other.recv(
         &[
             reply(be::BIND_COMPLETE),
             msg(be::COMMAND_COMPLETE, b"SELECT 1\0"),
             rfq(b'I'),
+            reply(be::CLOSE_COMPLETE),
+            reply(be::PARSE_COMPLETE),
             msg(be::PARAMETER_DESCRIPTION, b"\0\0"),
             reply(be::NO_DATA),
             rfq(b'I'),

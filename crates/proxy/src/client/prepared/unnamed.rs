@@ -106,7 +106,7 @@ impl ClientStatements {
         let prior = self.q.unnamed_stmt.take();
         let was = std::mem::replace(&mut self.q.unnamed, Unnamed::Gone);
         if prior.is_some() || was != Unnamed::Gone {
-            self.q.expect.push_back(Expect::Unnamed { prior, was });
+            self.expect_change(Expect::Unnamed { prior, was });
         }
     }
 
@@ -118,7 +118,7 @@ impl ClientStatements {
 
     /// A Sync or simple query sent before this point is still unanswered:
     /// the transaction may have failed since the last ReadyForQuery.
-    fn outcome_pending(&self) -> bool {
+    pub(super) fn outcome_pending(&self) -> bool {
         self.q.expect.iter().any(|e| matches!(e, Expect::Sync | Expect::Query))
     }
 
@@ -138,7 +138,7 @@ impl ClientStatements {
         // one; if this Parse is skipped, the old one stays.
         let prior = self.q.unnamed_stmt.take();
         let was = std::mem::replace(&mut self.q.unnamed, Unnamed::Raw);
-        self.q.expect.push_back(Expect::Unnamed { prior, was });
+        self.expect_change(Expect::Unnamed { prior, was });
         let plain = self.q.hot > 0 && m.whole() && m.total <= MAX_TRACKED_PARSE && self.status != status::FAILED;
         let Some((stmt, hot)) = plain.then(|| self.sighting(body)).flatten() else {
             self.look_at(&body[1..], server);
@@ -154,14 +154,14 @@ impl ClientStatements {
         let hot = hot || held;
         if !hot || (held && pending) {
             // The server's own answer, whatever the transaction's state.
-            self.q.expect.push_back(Expect::Parse { pass: true, weir: None, client, refused: None });
+            self.expect_change(Expect::Parse { pass: true, weir: None, client, refused: None });
             return Ok(Step::Next);
         }
         self.q.unnamed = Unnamed::Held;
         if held {
             self.metrics.record_unnamed_hit();
             rw.splice(src, m.at, m.total, &[]);
-            self.q.expect.push_back(Expect::FakeParse { client: UNNAMED.to_vec(), stmt });
+            self.expect_change(Expect::FakeParse { client: UNNAMED.to_vec(), stmt });
             return Ok(Step::Next);
         }
         self.metrics.record_unnamed_prepare();

@@ -352,17 +352,31 @@ impl Mapper {
                 Err(why) => self.warn(line, format!("[databases] {name}: {k}={v}: {why}")),
             }
         }
+        if out.iter().any(|(k, v)| k == "host" && v.contains(',')) {
+            self.warn(
+                line,
+                format!(
+                    "[databases] {name}: several hosts: PgBouncer connects to each in turn without checking which \
+                     accepts writes, and weir keeps that (target_session_attrs = \"any\"); add \
+                     target_session_attrs = \"read-write\" to [databases.{}] if clients write, so weir keeps \
+                     servers only on the primary and finds the new one after a failover",
+                    toml_key(name)
+                ),
+            );
+        }
         self.databases.push((name.to_owned(), out));
     }
 
     fn database_key(&self, k: &str, v: &str) -> Result<Option<(String, String)>, String> {
         let kv = |key: &str, val: String| Ok(Some((key.to_owned(), val)));
         match k {
-            "host" if v.contains(',') => Err("weir connects to one host per database".into()),
             "host" => kv("host", quoted(v)),
-            "port" | "pool_size" | "min_pool_size" | "max_db_connections" | "max_db_client_connections" => {
-                kv(k, int(v)?)
-            }
+            "port" => kv(k, ports(v)?),
+            "load_balance_hosts" => match v {
+                "round-robin" | "disable" => kv(k, quoted(v)),
+                _ => Err("PgBouncer's values are round-robin and disable".into()),
+            },
+            "pool_size" | "min_pool_size" | "max_db_connections" | "max_db_client_connections" => kv(k, int(v)?),
             "reserve_pool" | "reserve_pool_size" => kv("reserve_pool_size", int(v)?),
             "pool_mode" => kv("pool_mode", pool_mode_value(v)?),
             "server_lifetime" => kv(k, quoted(&seconds(v.parse::<f64>().map_err(|_| "not a number of seconds")?))),
@@ -513,6 +527,15 @@ fn conninfo(s: &str) -> Vec<(String, String)> {
         }
         out.push((key, value));
     }
+}
+
+/// One port as a TOML integer; a list (libpq's) as a string.
+fn ports(v: &str) -> Result<String, String> {
+    let ports: super::Ports = v.trim().parse()?;
+    Ok(match ports.as_slice() {
+        [one] => one.to_string(),
+        _ => quoted(&ports.to_string()),
+    })
 }
 
 /// The reasons `int`, `boolean` and `duration` give for a value of the wrong

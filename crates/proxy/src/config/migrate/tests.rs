@@ -199,6 +199,27 @@ fn the_head_names_the_differences_the_config_meets() {
     Config::from_toml(&m.toml, std::path::Path::new(".")).expect("still valid");
 }
 
+#[test]
+fn host_lists_and_load_balance_hosts_carry_over() {
+    let ini = "[pgbouncer]\nauth_type = trust\nauth_file = u.txt\ndns_max_ttl = 5\n[databases]\n\
+               app = host=10.0.0.1,10.0.0.2 port=5433 load_balance_hosts=round-robin\n\
+               two = host=a,b port=5432,5433 load_balance_hosts=disable\n";
+    let m = from_pgbouncer_ini(ini);
+    let cfg = Config::from_toml(&m.toml, std::path::Path::new(".")).unwrap_or_else(|e| panic!("{e}\n{}", m.toml));
+    let app = cfg.pool_settings("app").unwrap();
+    let hosts: Vec<(&str, u16)> = app.hosts.iter().map(|h| (h.host.as_str(), h.port)).collect();
+    assert_eq!(hosts, [("10.0.0.1", 5433), ("10.0.0.2", 5433)]);
+    assert_eq!(app.load_balance_hosts, crate::config::LoadBalanceHosts::RoundRobin);
+    assert_eq!(app.target_session_attrs, crate::config::TargetSessionAttrs::Any, "PgBouncer checks no role");
+    let two = cfg.pool_settings("two").unwrap();
+    assert_eq!(two.hosts.iter().map(|h| h.port).collect::<Vec<_>>(), [5432, 5433]);
+    assert_eq!(two.load_balance_hosts, crate::config::LoadBalanceHosts::Disable);
+    assert_eq!(cfg.weir.dns_max_ttl, Duration::from_secs(5));
+    let advice: Vec<_> = m.warnings.iter().filter(|w| w.contains("target_session_attrs = \"read-write\"")).collect();
+    assert_eq!(advice.len(), 2, "each host list is told how to keep writes on the primary: {:#?}", m.warnings);
+    assert!(!m.warnings.iter().any(|w| w.contains("one host")), "{:#?}", m.warnings);
+}
+
 /// PgBouncer's test of peering appends these lines to its ini: they carry
 /// over, an id out of range or a key no peer has is warned about, and the
 /// SIGTERM kept is PgBouncer's.

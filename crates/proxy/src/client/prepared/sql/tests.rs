@@ -105,6 +105,8 @@ fn session_set_of_unreported_parameters_is_flagged() {
     assert_eq!(classify(b"set \"statement_timeout\" to 5"), Sql::SessionSet);
     assert_eq!(classify(b"set session characteristics as transaction read only"), Sql::SessionSet);
     assert_eq!(classify(b"set local work_mem to '1MB'"), Sql::Other);
+    assert_eq!(classify(b"set local search_path = sb, public"), Sql::SessionSet, "names resolve otherwise");
+    assert_eq!(classify(b"begin; SET LOCAL Search_Path TO sb"), Sql::SessionSet);
     assert_eq!(classify(b"set transaction isolation level serializable"), Sql::Other);
     assert_eq!(classify(b"SET TIME ZONE 'UTC'"), Sql::Other);
     assert_eq!(classify(b"set application_name = 'x'"), Sql::Other);

@@ -34,13 +34,30 @@ fn a_held_unnamed_parse_behind_an_unanswered_sync_goes_to_the_server() {
     // The server holds it: answered by weir.
     assert_eq!(tags(&s.sent(&[parse("", "select 1"), sync()].concat())), "S");
     assert_eq!(tags(&s.recv(&rfq(b'T'))), "1Z");
-    // Behind a Sync not yet answered, the server's own answer.
-    let sent = s.sent(&[parse("", "select 1/0"), execute(), sync(), parse("", "select 1"), sync()].concat());
-    assert_eq!(tags(&sent), "PESPS");
+    // Behind a Sync not yet answered (an Execute that fails the
+    // transaction), the server's own answer.
+    let sent = s.sent(&[bind(""), execute(), sync(), parse("", "select 1"), sync()].concat());
+    assert_eq!(tags(&sent), "BESPS");
     let f = frames(&sent);
     assert_eq!(read_parse(&f[3].1).unwrap().name, b"", "the client's own unnamed Parse");
-    let from_server = [error(), rfq(b'E'), error(), rfq(b'E')].concat();
-    assert_eq!(tags(&s.recv(&from_server)), "EZEZ");
+    let from_server = [reply(be::BIND_COMPLETE), error(), rfq(b'E'), error(), rfq(b'E')].concat();
+    assert_eq!(tags(&s.recv(&from_server)), "2EZEZ");
+}
+
+#[test]
+fn a_parse_behind_a_sync_waits_for_the_outcome_of_a_statement_change_before_it() {
+    let mut s = Sim::new(20);
+    s.sent(&[parse("s1", "select 1"), sync()].concat());
+    s.recv(&[reply(be::PARSE_COMPLETE), rfq(b'I')].concat());
+    // The Close may be skipped: the Parse of its name after the Sync waits.
+    let (sent, rest) =
+        s.send(&[bind("x"), target(fe::CLOSE, b'S', "s1"), sync(), parse("s1", "select 2"), sync()].concat());
+    assert_eq!(tags(&sent), "BS", "weir answers the Close; the Parse waits");
+    assert_eq!(tags(&s.recv(&[error(), rfq(b'I')].concat())), "EZ", "the Close was skipped");
+    // s1 is still the client's: the Parse gets the server's 42P05 for it.
+    let sent = s.sent(&rest);
+    assert_eq!(tags(&sent), "PS");
+    assert_eq!(read_parse(&frames(&sent)[0].1).unwrap().name, s.weir("s1").as_bytes());
 }
 
 #[test]

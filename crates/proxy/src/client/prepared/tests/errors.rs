@@ -40,15 +40,27 @@ fn parse_of_a_held_name_gets_the_servers_42p05_under_the_clients_name() {
 }
 
 #[test]
-fn parse_of_a_held_name_missing_on_this_server_prepares_it_first() {
+fn parse_of_a_held_name_missing_on_this_server_meets_a_stand_in() {
     let mut s = Sim::new(20);
     s.sent(&[parse("s1", "select 1"), sync()].concat());
     s.recv(&[reply(be::PARSE_COMPLETE), rfq(b'I')].concat());
+    let weir = s.weir("s1");
     s.switch_server(ServerStatements::default());
+    // An empty statement under its name (it parses even in a failed
+    // transaction), then the duplicate, which the server checks and refuses.
     let sent = s.sent(&[parse("s1", "select 1"), sync()].concat());
-    assert_eq!(tags(&sent), "PPS", "the held statement, then the duplicate");
-    let seen = s.recv(&[reply(be::PARSE_COMPLETE), error_with("42P05", "x"), rfq(b'I')].concat());
+    assert_eq!(tags(&sent), "CPPS");
+    let f = frames(&sent);
+    let stand_in = read_parse(&f[1].1).unwrap();
+    assert_eq!((stand_in.name, stand_in.query), (weir.as_bytes(), &b""[..]));
+    let from_server = error_with("42P05", &format!("prepared statement \"{weir}\" already exists"));
+    let seen = s.recv(&[reply(be::CLOSE_COMPLETE), reply(be::PARSE_COMPLETE), from_server, rfq(b'E')].concat());
     assert_eq!(tags(&seen), "EZ");
+    assert_eq!(error_of(&frames(&seen)[0].1).1, "prepared statement \"s1\" already exists");
+    // The stand-in is closed before the statement is prepared for real.
+    s.sent(&query("rollback"));
+    s.recv(&[msg(be::COMMAND_COMPLETE, b"ROLLBACK\0"), rfq(b'I')].concat());
+    assert_eq!(tags(&s.sent(&[bind("s1"), execute(), sync()].concat())), "CPBES");
 }
 
 #[test]
@@ -56,12 +68,21 @@ fn parse_in_a_failed_transaction_gets_the_servers_answer() {
     let mut s = Sim::new(20);
     s.sent(&[parse("a", "select 1"), sync()].concat());
     s.recv(&[reply(be::PARSE_COMPLETE), rfq(b'E')].concat());
+    let weir = s.weir("a");
     let sent = s.sent(&[parse("b", "select 1"), sync()].concat());
-    assert_eq!(tags(&sent), "PS", "not answered by weir");
-    assert_eq!(read_parse(&frames(&sent)[0].1).unwrap().name, b"", "the unnamed statement checks it");
-    let seen = s.recv(&[error_with("25P02", "current transaction is aborted"), rfq(b'E')].concat());
+    assert_eq!(tags(&sent), "CPS", "not answered by weir");
+    let f = frames(&sent);
+    assert_eq!(read_target(&f[0].1).unwrap(), (b'S', weir.as_bytes()));
+    assert_eq!(
+        read_parse(&f[1].1).unwrap().name,
+        weir.as_bytes(),
+        "weir's statement, parsed again, not the unnamed one"
+    );
+    let seen =
+        s.recv(&[reply(be::CLOSE_COMPLETE), error_with("25P02", "current transaction is aborted"), rfq(b'E')].concat());
     assert_eq!(tags(&seen), "EZ");
     assert!(!s.stage.statements.contains_key(&b"b"[..]));
+    assert!(!s.server.contains(&weir), "closed on the server");
 }
 
 #[test]
@@ -113,6 +134,7 @@ fn a_stale_statement_error_starts_a_new_generation_for_new_parses() {
     s.recv(&[error_with("XX000", "cache lookup failed for type 16385"), rfq(b'I')].concat());
     // Prepared again (what a driver does after the error): a statement of its own.
     s.sent(&[target(fe::CLOSE, b'S', "s"), parse("s", "select $1::t"), sync()].concat());
+    s.recv(&[reply(be::PARSE_COMPLETE), rfq(b'I')].concat());
     assert_ne!(s.weir("s"), weir, "a Parse after the error never maps to the stale statement");
     let sent = s.sent(&[bind("s"), execute(), sync()].concat());
     assert_eq!(tags(&sent), "BES");
@@ -188,9 +210,10 @@ fn a_bind_postgres_refuses_for_its_count_gets_that_not_the_25p02_of_weirs_parse(
     s.sent(&[bind("s1"), execute(), sync()].concat());
     let seen = s.recv(&aborted());
     assert_eq!(error_of(&frames(&seen)[0].1).0, "25P02");
-    // A text with a `$`: weir does not know its count, the server's answer stands.
+    // A text with a `$`: the count of the highest `$n`.
     s.sent(&[bind("s2"), execute(), sync()].concat());
     let seen = s.recv(&aborted());
-    assert_eq!(error_of(&frames(&seen)[0].1).0, "25P02");
+    let want = "bind message supplies 0 parameters, but prepared statement \"s2\" requires 1";
+    assert_eq!(error_of(&frames(&seen)[0].1), ("08P01".to_owned(), want.to_owned()));
     assert!(s.stage.statements.contains_key(&b"s1"[..]) && s.server.is_empty());
 }
