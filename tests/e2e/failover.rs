@@ -43,7 +43,8 @@ async fn on_server(pair: &Arc<weir_testkit::PgPair>, first: bool, acked: Vec<i64
         server.superuser(),
         weir_testkit::APP_DB
     );
-    let (client, conn) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls).await.expect("connect to the server");
+    let (client, conn) =
+        tokio_postgres::connect(&conninfo, tokio_postgres::NoTls).await.expect("connect to the server");
     tokio::spawn(conn);
     let row = client
         .query_one("select count(*) from ledger where id = any($1)", &[&acked])
