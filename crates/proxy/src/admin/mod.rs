@@ -9,7 +9,9 @@ pub mod control;
 pub mod result;
 mod set;
 pub mod show;
-mod show_more;
+mod show_connections;
+mod show_pools;
+mod show_process;
 pub mod stats;
 
 use std::sync::Arc;

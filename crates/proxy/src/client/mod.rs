@@ -8,9 +8,10 @@ pub mod session;
 pub mod transfer;
 pub mod transfer_watchdog;
 
-pub use crate::login::{ClientError, ClientStream};
 pub use session::Session;
 use transfer_watchdog::WatchdogError;
+
+use crate::login::{ClientError, ClientStream};
 
 /// The session a pooled login settled: its unread bytes, its server for
 /// life (session mode) and its listing come along.

@@ -95,7 +95,7 @@ async fn forward<CR: AsyncRead + Unpin, CW: AsyncWrite + Unpin>(
     // (query time). The first query's is the hand-over's reading (the
     // server's `taken_at`): the write follows it by microseconds, and it
     // saves a clock reading.
-    let mut flow = Flow::new(server.taken_at, release);
+    let mut flow = Flow::new(server.taken_at(), release);
     // The parts are used in place, not bound to locals of their own: each
     // local held across an await is another slot in a request's future.
     let mut s = server.parts();

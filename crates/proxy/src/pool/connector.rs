@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 
-use super::evict::Cap;
+use super::room::Cap;
 use super::state::State;
 use super::{Handed, Lease, Pool, PoolError};
 use crate::params::ParamMap;
@@ -119,18 +119,15 @@ impl Pool {
     /// Runs `want_connects` again at `at` (the end of a back-off, or when the
     /// reserve opens), unless a wake-up at or before `at` is already set.
     fn wake_at(self: &Arc<Self>, st: &mut State, at: Instant) {
-        if st.wake_at.is_some_and(|w| w <= at && w > Instant::now()) {
+        if !st.set_wake(at, Instant::now()) {
             return;
         }
-        st.wake_at = Some(at);
         let pool = Arc::downgrade(self);
         tokio::spawn(async move {
             tokio::time::sleep_until(at.into()).await;
             if let Some(pool) = pool.upgrade() {
                 let mut st = pool.state.lock();
-                if st.wake_at == Some(at) {
-                    st.wake_at = None;
-                }
+                st.woke(at);
                 pool.want_connects(&mut st);
             }
         });
@@ -147,12 +144,8 @@ impl Pool {
                 st.retry_at = None;
                 st.last_error = None;
                 st.rejected = None;
-                conn.slot = Some(slot);
-                conn.user_slot = Some(user_slot);
-                conn.retire_at = conn.created + jittered(st.opts.lifetime);
-                if st.server_params.is_none() {
-                    st.server_params = Some(Arc::new(conn.params.clone()));
-                }
+                conn.admit(slot, user_slot, jittered(st.opts.lifetime));
+                st.keep_server_params(|| Arc::new(conn.params.clone()));
                 self.hand_over(&mut st, Box::new(conn), Instant::now());
             }
             Err(e) if e.refusal().is_some() => {
@@ -189,7 +182,7 @@ impl Pool {
         if st.active == 0 && st.recovering == 0 {
             return false;
         }
-        let Some(mark) = st.reconnect_before else { return true };
+        let Some(mark) = st.reconnect_mark() else { return true };
         let wall = std::time::SystemTime::now() - mark.elapsed();
         self.metrics.live_servers().iter().any(|s| s.connected_at >= wall)
     }
@@ -247,14 +240,14 @@ impl Pool {
         deadline: Instant,
         keep: bool,
     ) -> Result<(Arc<ParamMap>, Option<Lease>), PoolError> {
-        if let Some(p) = self.state.lock().server_params.clone() {
+        if let Some(p) = self.state.lock().server_params() {
             return Ok((p, None));
         }
         let lease = self.acquire(deadline).await?;
         let params = Arc::new(lease.conn().params.clone());
         // Bound first: a lock guard in the tail expression would outlive
         // `lease`, whose drop takes the same lock.
-        let shared = self.state.lock().server_params.get_or_insert(params).clone();
+        let shared = self.state.lock().keep_server_params(|| params);
         Ok((shared, keep.then_some(lease)))
     }
 }

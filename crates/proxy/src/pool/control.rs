@@ -52,14 +52,14 @@ impl Pool {
     /// RECONNECT: every connection open now closes once released (idle ones
     /// at once); new ones replace them as needed.
     pub fn reconnect(self: &Arc<Self>) {
-        self.state.lock().reconnect_before = Some(Instant::now());
+        self.state.lock().mark_reconnect(Instant::now());
         self.close_idle(CloseReason::Admin);
         self.want_connects(&mut self.state.lock());
     }
 
     /// When the last RECONNECT marked this pool's connections, if one did.
     pub fn reconnect_mark(&self) -> Option<Instant> {
-        self.state.lock().reconnect_before
+        self.state.lock().reconnect_mark()
     }
 
     /// True while a connection RECONNECT marked is still open (WAIT_CLOSE).

@@ -11,7 +11,7 @@
 //!
 //! The place freed goes to the pool that evicted, not to whichever pool
 //! asks first: the evicted connection's count slot moves into the evicting
-//! pool's next connect (`State::room`), which is made even if its waiter
+//! pool's next connect (`room::Room`, in the pool's `State`), which is made even if its waiter
 //! was served meanwhile (PgBouncer launches right after it evicts).
 //! Otherwise two held-back pools could each evict while the other took the
 //! freed place, or the place could go unused, and the database would end one
@@ -26,36 +26,17 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
 use weir_metrics::CloseReason;
 
 use super::pools::DbCount;
+use super::room::Cap;
 use super::state::State;
 use super::Pool;
-use crate::protocol::messages;
-use crate::server::exchange::write;
-use crate::server::{CountSlot, ServerConn};
+use crate::server::exchange::goodbye;
+use crate::server::ServerConn;
 
 /// The longest weir waits for an evicted backend to close its socket.
 const GOODBYE_LIMIT: Duration = Duration::from_secs(1);
-
-/// Which cap held a connect back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Cap {
-    /// max_db_connections: the pools of this database share the count.
-    Db,
-    /// max_user_connections: the pools of this user share the count.
-    User,
-}
-
-impl Cap {
-    fn key(self) -> &'static str {
-        match self {
-            Cap::Db => "max_db_connections",
-            Cap::User => "max_user_connections",
-        }
-    }
-}
 
 impl Pool {
     fn counts(&self, cap: Cap) -> &Arc<DbCount> {
@@ -70,10 +51,9 @@ impl Pool {
     /// held together; then this pool tries again with the freed place.
     pub(super) fn make_room(self: &Arc<Self>, st: &mut State, cap: Cap) {
         self.counts(cap).blocked.store(true, Ordering::Release);
-        if st.evicting {
+        if !st.begin_eviction() {
             return;
         }
-        st.evicting = true;
         let pool = self.clone();
         tokio::spawn(async move {
             // Demand may have gone (a server came back) since the refusal.
@@ -82,16 +62,16 @@ impl Pool {
             let freed = match evicted {
                 Some(mut conn) => {
                     let slot = match cap {
-                        Cap::Db => conn.slot.take(),
-                        Cap::User => conn.user_slot.take(),
+                        Cap::Db => conn.take_db_slot(),
+                        Cap::User => conn.take_user_slot(),
                     };
-                    goodbye(conn).await;
+                    goodbye(conn, GOODBYE_LIMIT, CloseReason::Evicted).await;
                     slot
                 }
                 None => None,
             };
             let mut st = pool.state.lock();
-            st.evicting = false;
+            st.end_eviction();
             if let Some(slot) = freed {
                 st.room.give(cap, slot);
                 // Used by the next connect, or (demand went meanwhile) given
@@ -153,7 +133,7 @@ impl Pool {
         if st.total() <= st.opts.settings.min_pool_size {
             return None;
         }
-        st.idle.first().map(|c| c.last_used)
+        st.idle.first().map(|c| c.last_used())
     }
 
     /// Takes this pool's longest-idle connection, unless the pool is at
@@ -166,58 +146,4 @@ impl Pool {
         // The idle stack lends from the top: the bottom waited longest.
         Some(st.idle.remove(0))
     }
-}
-
-/// A place an eviction freed, kept for the evicting pool's next connect.
-#[derive(Debug, Default)]
-pub(super) struct Room {
-    db: Option<CountSlot>,
-    user: Option<CountSlot>,
-}
-
-impl Room {
-    pub(super) fn give(&mut self, cap: Cap, slot: CountSlot) {
-        match cap {
-            Cap::Db => self.db = Some(slot),
-            Cap::User => self.user = Some(slot),
-        }
-    }
-
-    /// The kept place under `cap`, if there is one.
-    pub(super) fn take(&mut self, cap: Cap) -> Option<CountSlot> {
-        match cap {
-            Cap::Db => self.db.take(),
-            Cap::User => self.user.take(),
-        }
-    }
-
-    /// A place is kept.
-    pub(super) fn kept(&self) -> bool {
-        self.db.is_some() || self.user.is_some()
-    }
-
-    /// Gives up whatever place is still kept; Some when one was.
-    pub(super) fn release(&mut self) -> Option<()> {
-        let had = self.kept();
-        *self = Room::default();
-        had.then_some(())
-    }
-}
-
-/// Ends an evicted connection: Terminate, then wait (at most
-/// `GOODBYE_LIMIT`) for Postgres to close the socket, which it does once the
-/// backend has left pg_stat_activity; only then does the connection's place
-/// in the database's count free up (on close).
-async fn goodbye(mut conn: Box<ServerConn>) {
-    let mut out = BytesMut::new();
-    messages::terminate(&mut out);
-    let wait = async {
-        if write(&mut conn, &out).await.is_ok() {
-            while crate::wire::fill(&mut conn.stream, &mut conn.rbuf).await.is_ok() {
-                conn.rbuf.clear();
-            }
-        }
-    };
-    let _ = tokio::time::timeout(GOODBYE_LIMIT, wait).await;
-    conn.close(CloseReason::Evicted);
 }

@@ -14,19 +14,19 @@
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use super::{Handed, Pool};
+use super::Pool;
 
 /// With no waiter, how often the task looks whether its pool still exists.
 const IDLE_RECHECK: Duration = Duration::from_secs(1);
 
 pub(super) fn spawn(pool: &Arc<Pool>) {
     let weak = Arc::downgrade(pool);
-    let wake = pool.state.lock().expiry.clone();
+    let wake = pool.state.lock().expiry_wake();
     tokio::spawn(async move {
         let mut timer = Box::pin(tokio::time::sleep(IDLE_RECHECK));
         loop {
             // The pool is not held across the wait: the task ends with it.
-            let Some(at) = Weak::upgrade(&weak).map(|pool| pool.state.lock().expiry_at) else { return };
+            let Some(at) = Weak::upgrade(&weak).map(|pool| pool.state.lock().expiry_at()) else { return };
             timer.as_mut().reset(at.unwrap_or_else(|| Instant::now() + IDLE_RECHECK).into());
             // Both branches are cancel-safe: a notification not taken stays
             // stored for the next `notified`, and the timer is reset above.
@@ -43,25 +43,8 @@ pub(super) fn spawn(pool: &Arc<Pool>) {
 }
 
 impl Pool {
-    /// Tells every waiter whose deadline has passed by `now` that its wait
-    /// is over (gone clients are dropped on the way), and sets the expiry to
-    /// the earliest deadline left.
     fn expire_waiters(&self, now: Instant) {
-        let mut st = self.state.lock();
-        let mut next: Option<Instant> = None;
-        let mut i = 0;
-        while i < st.waiters.len() {
-            let w = &st.waiters[i];
-            if w.deadline <= now || w.tx.is_closed() {
-                if let Some(w) = st.waiters.remove(i) {
-                    let _ = w.tx.send(Handed::Expired);
-                }
-                continue;
-            }
-            next = Some(next.map_or(w.deadline, |n| n.min(w.deadline)));
-            i += 1;
-        }
-        st.expiry_at = next;
+        self.state.lock().expire_waiters(now);
     }
 }
 

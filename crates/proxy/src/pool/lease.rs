@@ -28,19 +28,19 @@ impl Lease {
     /// reads no clock of its own). Kept in the boxed connection, not here:
     /// the lease is part of every request's future.
     pub(super) fn new(pool: Arc<Pool>, mut conn: Box<ServerConn>, taken_at: std::time::Instant) -> Self {
-        conn.taken_at = taken_at;
+        conn.taken(taken_at);
         Lease { pool, conn: Some(conn), needs_reset: false }
     }
 
     /// When the connection was taken from the pool (or `restamp`ed).
     pub fn taken_at(&self) -> std::time::Instant {
-        self.conn().taken_at
+        self.conn().taken_at()
     }
 
     /// The connection counts as taken at `now` (after its check, or for a
     /// session-mode lease taken at login, at its first request).
     pub fn restamp(&mut self, now: std::time::Instant) {
-        self.conn_mut().taken_at = now;
+        self.conn_mut().taken(now);
     }
 
     pub fn conn(&self) -> &ServerConn {

@@ -21,6 +21,7 @@ mod places;
 mod pools;
 mod recovery;
 mod replication;
+mod room;
 mod state;
 mod upkeep;
 
@@ -214,7 +215,7 @@ impl Pool {
             // the connection goes back to the pool through recovery.
             now = Instant::now();
             let lease = Lease::new(self.clone(), conn, now);
-            let used = (lease.conn().created, lease.conn().last_used);
+            let used = (lease.conn().created, lease.conn().last_used());
             let vetted = if self.state.lock().check_due(used, now) {
                 // Boxed: rare, and kept out of every wait's future.
                 let checked = Box::pin(self.check_within(lease, deadline)).await;
@@ -253,7 +254,7 @@ impl Pool {
             return None;
         }
         let top = st.idle.last()?;
-        if st.check_due((top.created, top.last_used), now) {
+        if st.check_due((top.created, top.last_used()), now) {
             return None;
         }
         let conn = st.idle.last_mut()?;
@@ -379,7 +380,7 @@ impl Pool {
             if reason == CloseReason::RoleChanged {
                 // It answered 25006 where writes are wanted, or reported a
                 // new in_hot_standby: its host's role is asked again.
-                self.hosts.doubt(&HostKey::of(&conn.spec));
+                self.hosts.doubt(&HostKey::of(conn.spec()));
             }
             self.discard(conn, reason);
             return;
@@ -395,7 +396,7 @@ impl Pool {
             return;
         }
         let now = now.unwrap_or_else(Instant::now);
-        conn.last_used = now;
+        conn.used_at(now);
         let mut st = self.state.lock();
         st.active -= 1;
         self.hand_over(&mut st, conn, now);
@@ -408,7 +409,7 @@ impl Pool {
         match result {
             Ok(mut conn) => {
                 let now = Instant::now();
-                conn.last_used = now;
+                conn.used_at(now);
                 self.hand_over(&mut st, conn, now);
             }
             Err((conn, reason)) => {
@@ -421,7 +422,7 @@ impl Pool {
     /// Gives `conn` to the oldest waiter that can still use it at `now`,
     /// else parks it idle.
     fn hand_over(self: &Arc<Self>, st: &mut State, conn: Box<ServerConn>, now: Instant) {
-        let retired = match st.reconnect_before.is_some_and(|t| conn.created < t) {
+        let retired = match st.opened_before_reconnect(conn.created) {
             true => Some(CloseReason::Admin),
             false => st.retired(&conn),
         };

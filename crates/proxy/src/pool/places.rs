@@ -10,7 +10,7 @@ use std::sync::{Arc, Weak};
 use weir_metrics::CloseReason;
 
 use super::Pool;
-use crate::server::probe::{ProbePlaces, ProbeRoom};
+use crate::server::watch::{ProbePlaces, ProbeRoom};
 use crate::server::CountSlot;
 
 /// The pool seen from its connect spec (weak: a spec outlives no pool).
@@ -41,14 +41,14 @@ impl ProbePlaces for Places {
         } else if !st.idle.is_empty() {
             // The bottom of the idle stack waited longest.
             let mut conn = st.idle.remove(0);
-            let db = conn.slot.take().or_else(|| CountSlot::take(&pool.db_servers.count, max_db));
-            let user = conn.user_slot.take().or_else(|| CountSlot::take(&pool.user_servers.count, max_user));
+            let db = conn.take_db_slot().or_else(|| CountSlot::take(&pool.db_servers.count, max_db));
+            let user = conn.take_user_slot().or_else(|| CountSlot::take(&pool.user_servers.count, max_user));
             conn.close(CloseReason::Evicted);
             (db?, user?)
         } else {
             return None;
         };
-        st.probing += 1;
+        st.probe_started();
         drop(st);
         Some(Box::new(Place { pool, _slots: slots }))
     }
@@ -57,7 +57,7 @@ impl ProbePlaces for Places {
 impl Drop for Place {
     fn drop(&mut self) {
         let mut st = self.pool.state.lock();
-        st.probing -= 1;
+        st.probe_ended();
         self.pool.want_connects(&mut st);
         drop(st);
         self.pool.wake_blocked_siblings();

@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 use super::{Pool, PoolOptions};
 use crate::auth::Credentials;
 use crate::config::Config;
-use crate::server::{probe::Watch, socket::Liveness, ConnectSpec};
+use crate::server::{socket::Liveness, watch::Watch, ConnectSpec};
 
 /// Which pool: the database name clients ask for, and the user.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

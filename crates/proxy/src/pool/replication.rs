@@ -84,8 +84,8 @@ impl Pool {
         // A pooled connection holds its places from its connect on (were
         // one missing, it is counted again, past the cap: the client has
         // had its turn).
-        let db = conn.slot.take().unwrap_or_else(|| self.uncapped(&self.db_servers.count));
-        let user = conn.user_slot.take().unwrap_or_else(|| self.uncapped(&self.user_servers.count));
+        let db = conn.take_db_slot().unwrap_or_else(|| self.uncapped(&self.db_servers.count));
+        let user = conn.take_user_slot().unwrap_or_else(|| self.uncapped(&self.user_servers.count));
         crate::span::client_event!(info,
             database = %self.key.database,
             user = %self.key.user,

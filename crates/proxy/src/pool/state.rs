@@ -35,9 +35,9 @@ pub(super) struct State {
     /// When the pool's expiry (`expiry.rs`) is set to look for waiters past
     /// their deadline: never later than the earliest deadline queued (it may
     /// be earlier: a waiter served in time leaves it stale). None: no waiter.
-    pub expiry_at: Option<Instant>,
+    expiry_at: Option<Instant>,
     /// Wakes the expiry when a waiter's deadline comes before `expiry_at`.
-    pub expiry: std::sync::Arc<tokio::sync::Notify>,
+    expiry: std::sync::Arc<tokio::sync::Notify>,
     /// Lent to clients.
     pub active: u32,
     /// Connects in flight.
@@ -45,7 +45,7 @@ pub(super) struct State {
     /// Being cleaned up after a client left them dirty.
     pub recovering: u32,
     /// Liveness probe sessions holding a place of the pool (`places.rs`).
-    pub probing: u32,
+    probing: u32,
     pub paused: bool,
     pub failures: u32,
     /// Connects refused in a row with 53300 (too many connections): while
@@ -54,22 +54,22 @@ pub(super) struct State {
     pub refusals: u32,
     pub retry_at: Option<Instant>,
     /// When the connector's wake-up timer is set to fire (retry or reserve).
-    pub wake_at: Option<Instant>,
+    wake_at: Option<Instant>,
     /// A task is closing another pool's idle connection to make room
     /// under max_db_connections (`evict.rs`).
-    pub evicting: bool,
+    evicting: bool,
     /// A place in the database's or user's count an eviction freed for
     /// this pool's next connect.
-    pub room: super::evict::Room,
+    pub room: super::room::Room,
     pub last_error: Option<String>,
     /// Postgres's message for the pool's last login, when Postgres refused
     /// it (cleared by the next server that logs in).
     pub rejected: Option<String>,
-    pub server_params: Option<std::sync::Arc<ParamMap>>,
+    server_params: Option<std::sync::Arc<ParamMap>>,
     /// RECONNECT: connections opened before this close when released.
-    pub reconnect_before: Option<Instant>,
+    reconnect_before: Option<Instant>,
     /// The pool's part in a fleet of weirs sharing one budget (`fleet`).
-    pub fleet: super::fleet::Fleet,
+    pub fleet: super::fleet::part::Fleet,
     /// Hosts whose servers opened before a moment retire when released
     /// (`retire_host`, `retired`).
     retiring: Vec<Retiring>,
@@ -90,7 +90,7 @@ struct Retiring {
 
 impl Retiring {
     fn applies(&self, conn: &ServerConn) -> bool {
-        let spec = &conn.spec;
+        let spec = conn.spec();
         let same_host = match &self.host {
             super::HostKey::Addr(a) => spec.addr == Some(*a),
             super::HostKey::Named(h, p) => spec.addr.is_none() && spec.host == *h && spec.port == *p,
@@ -176,6 +176,102 @@ impl State {
             retiring: Vec::new(),
             replicating: 0,
         }
+    }
+
+    /// When the expiry is set to look for waiters past their deadline.
+    pub(super) fn expiry_at(&self) -> Option<Instant> {
+        self.expiry_at
+    }
+
+    /// What wakes the expiry when a waiter's deadline comes before `expiry_at`.
+    pub(super) fn expiry_wake(&self) -> std::sync::Arc<tokio::sync::Notify> {
+        self.expiry.clone()
+    }
+
+    /// Tells every waiter whose deadline has passed by `now` that its wait
+    /// is over (gone clients are dropped on the way), and sets the expiry to
+    /// the earliest deadline left.
+    pub(super) fn expire_waiters(&mut self, now: Instant) {
+        let mut next: Option<Instant> = None;
+        let mut i = 0;
+        while i < self.waiters.len() {
+            let w = &self.waiters[i];
+            if w.deadline <= now || w.tx.is_closed() {
+                if let Some(w) = self.waiters.remove(i) {
+                    let _ = w.tx.send(super::Handed::Expired);
+                }
+                continue;
+            }
+            next = Some(next.map_or(w.deadline, |n| n.min(w.deadline)));
+            i += 1;
+        }
+        self.expiry_at = next;
+    }
+
+    /// A liveness probe's session took a place of the pool.
+    pub(super) fn probe_started(&mut self) {
+        self.probing += 1;
+    }
+
+    /// A liveness probe's session gave its place back.
+    pub(super) fn probe_ended(&mut self) {
+        self.probing -= 1;
+    }
+
+    /// Marks an eviction for this pool under way; false if one already is.
+    pub(super) fn begin_eviction(&mut self) -> bool {
+        !std::mem::replace(&mut self.evicting, true)
+    }
+
+    /// The eviction under way ended.
+    pub(super) fn end_eviction(&mut self) {
+        self.evicting = false;
+    }
+
+    /// RECONNECT at `at`: connections opened before it close when released.
+    pub(super) fn mark_reconnect(&mut self, at: Instant) {
+        self.reconnect_before = Some(at);
+    }
+
+    /// When the last RECONNECT marked the pool's connections, if one did.
+    pub(super) fn reconnect_mark(&self) -> Option<Instant> {
+        self.reconnect_before
+    }
+
+    /// A connection opened at `created` is older than the last RECONNECT.
+    pub(super) fn opened_before_reconnect(&self, created: Instant) -> bool {
+        self.reconnect_before.is_some_and(|t| created < t)
+    }
+
+    /// Sets the connector's wake-up for `at`, unless one at or before it is
+    /// still to come (then false: nothing to set).
+    pub(super) fn set_wake(&mut self, at: Instant, now: Instant) -> bool {
+        if self.wake_at.is_some_and(|w| w <= at && w > now) {
+            return false;
+        }
+        self.wake_at = Some(at);
+        true
+    }
+
+    /// The wake-up set for `at` has fired (a later one may have replaced it).
+    pub(super) fn woke(&mut self, at: Instant) {
+        if self.wake_at == Some(at) {
+            self.wake_at = None;
+        }
+    }
+
+    /// The server's reported parameters, once a connection has logged in.
+    pub(super) fn server_params(&self) -> Option<std::sync::Arc<ParamMap>> {
+        self.server_params.clone()
+    }
+
+    /// The server's reported parameters, keeping `params()` if none are kept
+    /// yet (the first server to log in sets them).
+    pub(super) fn keep_server_params(
+        &mut self,
+        params: impl FnOnce() -> std::sync::Arc<ParamMap>,
+    ) -> std::sync::Arc<ParamMap> {
+        self.server_params.get_or_insert_with(params).clone()
     }
 
     /// The servers of `host` open now retire with `reason`: the idle ones
@@ -348,7 +444,7 @@ impl State {
         if conn.has_unexpected_input() {
             return Some(CloseReason::ServerClosed);
         }
-        if now >= conn.retire_at {
+        if now >= conn.retire_at() {
             return Some(CloseReason::Lifetime);
         }
         None

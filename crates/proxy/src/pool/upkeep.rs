@@ -47,9 +47,9 @@ fn sweep(pool: &Arc<Pool>) {
             let conn = &mut st.idle[i];
             let reason = if conn.has_unexpected_input() {
                 Some(CloseReason::ServerClosed)
-            } else if Instant::now() >= conn.retire_at {
+            } else if Instant::now() >= conn.retire_at() {
                 Some(CloseReason::Lifetime)
-            } else if conn.last_used.elapsed() >= idle_limit(idle_timeout, conn.id) {
+            } else if conn.last_used().elapsed() >= idle_limit(idle_timeout, conn.id) {
                 Some(CloseReason::IdleTimeout)
             } else {
                 None
@@ -80,7 +80,7 @@ fn sweep(pool: &Arc<Pool>) {
 /// they are released.
 fn shrink(st: &mut super::state::State, doomed: &mut Vec<(Box<crate::server::ServerConn>, CloseReason)>) {
     while st.over_capacity() && !st.idle.is_empty() {
-        let oldest = (0..st.idle.len()).min_by_key(|&i| st.idle[i].last_used).unwrap_or(0);
+        let oldest = (0..st.idle.len()).min_by_key(|&i| st.idle[i].last_used()).unwrap_or(0);
         doomed.push((st.idle.remove(oldest), CloseReason::PoolShrink));
     }
 }
@@ -89,11 +89,12 @@ fn shrink(st: &mut super::state::State, doomed: &mut Vec<(Box<crate::server::Ser
 /// so the watchdog settings it carries apply from their next loan.
 /// Each keeps the host it was opened to.
 fn refresh_specs(st: &mut super::state::State) {
-    let Some(stale) = st.idle.iter().position(|c| !c.spec.same_settings(&st.opts.spec)) else { return };
+    let Some(stale) = st.idle.iter().position(|c| !c.spec().same_settings(&st.opts.spec)) else { return };
     let spec = &st.opts.spec;
     for conn in &mut st.idle[stale..] {
-        if !conn.spec.same_settings(spec) {
-            conn.spec = Arc::new(spec.aimed(&conn.spec.host, conn.spec.port, conn.spec.addr));
+        if !conn.spec().same_settings(spec) {
+            let aimed = spec.aimed(&conn.spec().host, conn.spec().port, conn.spec().addr);
+            conn.respec(Arc::new(aimed));
         }
     }
 }

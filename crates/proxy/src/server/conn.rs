@@ -1,211 +1,24 @@
-//! One server connection: connect with a bound on the whole handshake, apply
-//! socket options, log in, and carry the state the pool and sessions need
-//! (including the spec it was opened with, for watchdog probes, and whether
-//! someone found it broken).
+//! One logged-in server connection (`ServerConn`): opened through `dial`
+//! with a bound on the whole handshake and the database's connect_query,
+//! counted open and closed, and carrying the state the pool and sessions
+//! need (including the spec it was opened with, for watchdog probes, and
+//! whether someone found it broken).
 
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use weir_metrics::{CloseReason, ConnAddr, ConnectFailure, ConnectRefusal, PoolMetrics, ServerConnGuard};
+use weir_metrics::{CloseReason, ConnAddr, PoolMetrics, ServerConnGuard};
 
 use super::cancel::{CancelAddr, CancelGate, CancelTarget};
 use super::conversation::Conversation;
-use super::handshake::{login, LoginError, LoginParams};
-use super::probe::Watch;
-use super::socket::Liveness;
+use super::dial::{open, socket_path, ConnectError, ConnectSpec};
 use super::statements::ServerStatements;
 use super::stream::ServerStream;
 use crate::params::ParamMap;
-use crate::protocol::startup::NEWEST_MINOR;
-use crate::protocol::{sqlstate, SqlState};
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-
-/// Everything needed to open one server connection.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConnectSpec {
-    /// The host to dial: a name or address (also the TLS server name), or a
-    /// Unix socket folder starting with `/`.
-    pub host: String,
-    pub port: u16,
-    /// The address the pool chose for `host` (one of its addresses); None:
-    /// `host` is looked up at the connect.
-    pub addr: Option<std::net::SocketAddr>,
-    pub user: String,
-    pub credentials: crate::auth::Credentials,
-    pub dbname: String,
-    pub liveness: Liveness,
-    pub connect_timeout: Duration,
-    /// Watchdog settings for conversations on connections opened with this spec.
-    pub watch: Watch,
-    /// TLS towards the server (server_tls_sslmode); None: plain TCP.
-    pub tls: Option<Arc<crate::tls::ServerTls>>,
-    /// Startup parameters sent to the server (a database's application_name,
-    /// client_encoding, datestyle, timezone).
-    pub startup_params: Vec<(String, String)>,
-    /// Run once after login (a database's connect_query); empty: none.
-    pub connect_query: String,
-    /// Where the silence probe's connection counts (the pool's places).
-    pub probe_room: super::probe::ProbeRoom,
-    /// Set once the server has refused a protocol 3.2 startup outright (a
-    /// pooler that does not negotiate, such as PgBouncer 1.18): its
-    /// connections then ask for 3.0.
-    pub refuses_3_2: Learned,
-}
-
-/// A fact learned from the server, not configured: copied with the spec,
-/// and never a difference between two specs.
-#[derive(Debug, Default)]
-pub struct Learned(std::sync::atomic::AtomicBool);
-
-impl Learned {
-    fn get(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
-    }
-
-    fn set(&self) {
-        self.0.store(true, Ordering::Relaxed)
-    }
-}
-
-impl Clone for Learned {
-    fn clone(&self) -> Self {
-        Learned(self.get().into())
-    }
-}
-
-impl PartialEq for Learned {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-
-impl Eq for Learned {}
-
-/// Why a connect failed.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum ConnectError {
-    #[error("connecting to the server timed out after {0:?}")]
-    Timeout(Duration),
-    #[error("could not connect to the server: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("server login failed: {0}")]
-    Login(#[from] LoginError),
-    /// server_tls_sslmode could not be met: no TLS offered, a certificate
-    /// that does not verify, a failed handshake.
-    #[error("server TLS (server_tls_sslmode = {mode}): {why}")]
-    Tls { mode: &'static str, why: String },
-    /// The database's connect_query failed.
-    #[error("connect_query failed: {0}")]
-    ConnectQuery(String),
-    /// No host of the database matched its target_session_attrs within
-    /// server_connect_timeout (what each was found to be).
-    #[error("no host matches target_session_attrs = {target} ({hosts})")]
-    NoMatchingHost { target: &'static str, hosts: String },
-    /// The login of the database's search for a host was refused: Postgres's
-    /// SQLSTATE and message.
-    #[error("server login failed: {message}")]
-    Rejected { code: SqlState, message: String },
-}
-
-impl ConnectError {
-    /// PgBouncer's words for a connect that never logged in, in its
-    /// `closing because:` line: "connect timeout" or "connect failed".
-    pub(crate) fn close_reason(&self) -> &'static str {
-        match self {
-            ConnectError::Timeout(_) => "connect timeout",
-            _ => "connect failed",
-        }
-    }
-
-    pub(crate) fn failure_label(&self) -> ConnectFailure {
-        match self {
-            ConnectError::Timeout(_) => ConnectFailure::Timeout,
-            ConnectError::Io(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => ConnectFailure::Refused,
-            ConnectError::Io(_) => ConnectFailure::Io,
-            ConnectError::Login(e) if e.is_auth_failure() => ConnectFailure::Auth,
-            ConnectError::Login(_) | ConnectError::Tls { .. } | ConnectError::ConnectQuery(_) => {
-                ConnectFailure::Protocol
-            }
-            ConnectError::NoMatchingHost { .. } => ConnectFailure::NoMatchingHost,
-            ConnectError::Rejected { .. } => ConnectFailure::Auth,
-        }
-    }
-
-    /// The server could not be reached, or is starting up or shutting
-    /// down (57P03): its host counts as unreachable. Any other error came
-    /// from a server that answered.
-    pub(crate) fn unreachable(&self) -> bool {
-        match self {
-            ConnectError::Timeout(_) | ConnectError::Io(_) => true,
-            ConnectError::Login(LoginError::Eof | LoginError::Io(_)) => true,
-            ConnectError::Login(LoginError::Server { code, .. }) => code == sqlstate::CANNOT_CONNECT_NOW.code(),
-            _ => false,
-        }
-    }
-
-    /// Which limit Postgres named, if it refused the login with 53300 (too
-    /// many connections): backpressure the pool backs off from, not a failure.
-    pub(crate) fn refusal(&self) -> Option<ConnectRefusal> {
-        let ConnectError::Login(LoginError::Server { code, message }) = self else { return None };
-        (code.as_str() == sqlstate::TOO_MANY_CONNECTIONS.code()).then(|| refusal_reason(message))
-    }
-
-    /// A login Postgres (or weir's credentials) refused, as PgBouncer tells
-    /// its waiting clients: the SQLSTATE and Postgres's own message. Also a
-    /// server that breaks the protocol, a TLS requirement it cannot meet and
-    /// a failing connect_query, which no retry mends. None for a connect
-    /// error (refused, timeout, reset, a connection closed during login),
-    /// which is retried while clients wait, and for 57P03 (the database
-    /// system is starting up or shutting down), which PgBouncer also treats
-    /// as temporary.
-    pub(crate) fn rejection(&self) -> Option<(SqlState, String)> {
-        match self {
-            ConnectError::Timeout(_) | ConnectError::Io(_) | ConnectError::NoMatchingHost { .. } => None,
-            ConnectError::Rejected { code, message } => Some((*code, message.clone())),
-            ConnectError::Tls { .. } | ConnectError::ConnectQuery(_) => Some((self.sqlstate(), self.to_string())),
-            ConnectError::Login(e) => match e {
-                LoginError::Server { code, .. } if code == sqlstate::CANNOT_CONNECT_NOW.code() => None,
-                // Too many connections: backpressure (`refusal`), not a rejection.
-                LoginError::Server { code, .. } if code == sqlstate::TOO_MANY_CONNECTIONS.code() => None,
-                LoginError::Eof | LoginError::Io(_) => None,
-                LoginError::Server { .. }
-                | LoginError::NoPassword
-                | LoginError::WrongCredentials { .. }
-                | LoginError::StaleVerifier
-                | LoginError::WrongPasswordType
-                | LoginError::Protocol(_) => Some((e.sqlstate(), e.client_message())),
-            },
-        }
-    }
-
-    /// The SQLSTATE a waiting client sees when this is why it got no server.
-    pub(crate) fn sqlstate(&self) -> SqlState {
-        match self {
-            ConnectError::Login(e) => e.sqlstate(),
-            ConnectError::Rejected { code, .. } => *code,
-            _ => sqlstate::SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
-        }
-    }
-}
-
-/// The limit a 53300 message names (Postgres's texts, 15 to 18).
-fn refusal_reason(message: &str) -> ConnectRefusal {
-    if message.contains("too many connections for role") {
-        ConnectRefusal::RoleLimit
-    } else if message.contains("too many connections for database") {
-        ConnectRefusal::DatabaseLimit
-    } else if message.contains("too many clients already") {
-        ConnectRefusal::MaxConnections
-    } else if message.contains("connection slots are reserved") {
-        ConnectRefusal::ReservedSlots
-    } else {
-        ConnectRefusal::Other
-    }
-}
 
 /// A logged-in server connection. Owned by the pool; lent to one client at a time.
 #[derive(Debug)]
@@ -224,18 +37,18 @@ pub struct ServerConn {
     pub(super) matched: Option<crate::params::Stamps>,
     pub(crate) cancel: CancelTarget,
     pub(crate) created: Instant,
-    pub(crate) last_used: Instant,
+    last_used: Instant,
     /// When a client's checkout last took this connection from the pool
     /// (that client's transaction time starts there; see `pool::Lease`).
-    pub(crate) taken_at: Instant,
+    taken_at: Instant,
     /// When this connection retires (server_lifetime with jitter).
-    pub(crate) retire_at: Instant,
+    retire_at: Instant,
     /// Holds this connection's place in its database's connection count.
-    pub(crate) slot: Option<CountSlot>,
+    slot: Option<CountSlot>,
     /// Its place under max_user_connections.
-    pub(crate) user_slot: Option<CountSlot>,
+    user_slot: Option<CountSlot>,
     /// What it was opened with (the pool's upkeep refreshes it after a reload).
-    pub(crate) spec: Arc<ConnectSpec>,
+    spec: Arc<ConnectSpec>,
     /// Set by whoever found the connection unusable (a watchdog): the pool
     /// closes it with this reason instead of recovering it.
     pub(crate) broken: Option<CloseReason>,
@@ -243,10 +56,10 @@ pub struct ServerConn {
     pub(crate) statements: ServerStatements,
     /// Its place among its host's servers (`tether`): the pool ends it at
     /// once when the host fails over.
-    pub(crate) tether: Option<super::tether::Tether>,
+    tether: Option<super::tether::Tether>,
     /// Its database wants writes (target_session_attrs = read-write): a
     /// 25006 from it retires it when released.
-    pub(crate) wants_writes: bool,
+    wants_writes: bool,
     guard: ServerConnGuard,
 }
 
@@ -316,6 +129,73 @@ impl ServerConn {
                 wants_writes: self.wants_writes,
             },
         }
+    }
+
+    /// Holds the connection's places in its database's and its user's
+    /// connection counts, and sets when it retires: `lifetime` after it
+    /// opened (server_lifetime, with the pool's jitter).
+    pub(crate) fn admit(&mut self, db: CountSlot, user: CountSlot, lifetime: Duration) {
+        self.slot = Some(db);
+        self.user_slot = Some(user);
+        self.retire_at = self.created + lifetime;
+    }
+
+    /// Ties the connection to its host (`tether`: the pool ends it at once
+    /// when the host fails over) and says whether its database wants writes
+    /// (target_session_attrs = read-write: a 25006 then retires it).
+    pub(crate) fn bind_to_host(&mut self, tether: Option<super::tether::Tether>, wants_writes: bool) {
+        self.tether = tether;
+        self.wants_writes = wants_writes;
+    }
+
+    /// Gives up its place in the database's count, to whoever takes it over
+    /// (an eviction, a probe, a replication client); None if it holds none.
+    pub(crate) fn take_db_slot(&mut self) -> Option<CountSlot> {
+        self.slot.take()
+    }
+
+    /// Gives up its place under max_user_connections, as `take_db_slot`.
+    pub(crate) fn take_user_slot(&mut self) -> Option<CountSlot> {
+        self.user_slot.take()
+    }
+
+    /// When the connection retires (server_lifetime).
+    pub(crate) fn retire_at(&self) -> Instant {
+        self.retire_at
+    }
+
+    /// When the connection was last used (released to the pool, or checked).
+    pub(crate) fn last_used(&self) -> Instant {
+        self.last_used
+    }
+
+    /// The connection was used at `now`.
+    pub(crate) fn used_at(&mut self, now: Instant) {
+        self.last_used = now;
+    }
+
+    /// When a client's checkout last took the connection from the pool.
+    pub(crate) fn taken_at(&self) -> Instant {
+        self.taken_at
+    }
+
+    /// A client's checkout took the connection at `at` (its transaction time
+    /// starts there).
+    pub(crate) fn taken(&mut self, at: Instant) {
+        self.taken_at = at;
+    }
+
+    /// What the connection was opened with (or, after a reload, what the
+    /// pool would open it with now).
+    pub(crate) fn spec(&self) -> &Arc<ConnectSpec> {
+        &self.spec
+    }
+
+    /// After a reload: the connection carries the pool's current spec, so
+    /// the watchdog settings in it apply from its next loan. The open
+    /// connection itself is unchanged.
+    pub(crate) fn respec(&mut self, spec: Arc<ConnectSpec>) {
+        self.spec = spec;
     }
 
     pub fn backend_pid(&self) -> i32 {
@@ -439,77 +319,4 @@ async fn connect_plain(spec: Arc<ConnectSpec>, metrics: &Arc<PoolMetrics>) -> Re
 fn cancel_target(addr: CancelAddr, pid: i32, key: Box<[u8]>, tls: Option<&ConnectSpec>) -> CancelTarget {
     let tls = tls.and_then(|s| Some((s.tls.clone()?, s.host.clone())));
     CancelTarget { addr, pid, gate: Arc::new(CancelGate::new(key, tls)) }
-}
-
-/// The Unix socket of a Postgres whose `host` is the folder `dir`, as libpq
-/// names it: `<dir>/.s.PGSQL.<port>`.
-pub(crate) fn socket_path(dir: &str, port: u16) -> PathBuf {
-    Path::new(dir).join(format!(".s.PGSQL.{port}"))
-}
-
-/// Connect (TCP with socket options, or a `host` starting with `/`: the
-/// server's Unix socket, never TLS, as libpq) and login, unbounded (callers
-/// bound it). Bytes the server sent after ReadyForQuery stay in the
-/// returned buffer.
-pub(super) async fn open(
-    spec: &ConnectSpec,
-) -> Result<(ServerStream, BytesMut, super::handshake::LoginResult), ConnectError> {
-    if spec.refuses_3_2.get() {
-        return open_with(spec, 0).await;
-    }
-    match open_with(spec, NEWEST_MINOR).await {
-        Err(ConnectError::Login(e)) if e.refuses_version() => {
-            tracing::info!(server = %spec.shown(), error = %e, "the server refused protocol 3.2; using 3.0");
-            spec.refuses_3_2.set();
-            open_with(spec, 0).await
-        }
-        other => other,
-    }
-}
-
-/// `open`, asking for protocol 3.`minor`.
-async fn open_with(
-    spec: &ConnectSpec,
-    minor: u16,
-) -> Result<(ServerStream, BytesMut, super::handshake::LoginResult), ConnectError> {
-    let mut stream = super::dial::stream(spec).await?;
-    let mut buf = BytesMut::with_capacity(8192);
-    let params = LoginParams {
-        user: &spec.user,
-        credentials: &spec.credentials,
-        database: &spec.dbname,
-        startup_params: &spec.startup_params,
-        minor,
-    };
-    let result = login(&mut stream, &mut buf, &params).await?;
-    Ok((stream, buf, result))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn refused(message: &str) -> Option<ConnectRefusal> {
-        let e = LoginError::Server { code: sqlstate::TOO_MANY_CONNECTIONS.code().into(), message: message.into() };
-        ConnectError::Login(e).refusal()
-    }
-
-    #[test]
-    fn a_connect_that_never_logged_in_closes_in_pgbouncer_words() {
-        assert_eq!(ConnectError::Timeout(Duration::from_secs(2)).close_reason(), "connect timeout");
-        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
-        assert_eq!(ConnectError::Io(refused).close_reason(), "connect failed");
-    }
-
-    #[test]
-    fn refusals_are_classified_by_the_limit_postgres_names() {
-        assert_eq!(refused("too many connections for role \"app\""), Some(ConnectRefusal::RoleLimit));
-        assert_eq!(refused("too many connections for database \"db\""), Some(ConnectRefusal::DatabaseLimit));
-        assert_eq!(refused("sorry, too many clients already"), Some(ConnectRefusal::MaxConnections));
-        let reserved = "remaining connection slots are reserved for roles with the SUPERUSER attribute";
-        assert_eq!(refused(reserved), Some(ConnectRefusal::ReservedSlots));
-        assert_eq!(refused("something new"), Some(ConnectRefusal::Other));
-        let other = LoginError::Server { code: "28P01".into(), message: "too many clients already".into() };
-        assert_eq!(ConnectError::Login(other).refusal(), None, "only 53300 is a refusal");
-    }
 }

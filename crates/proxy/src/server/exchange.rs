@@ -1,6 +1,7 @@
 //! weir's own short exchanges on a server connection: write bytes, run a
 //! simple query, and drain output until every ReadyForQuery owed has come.
-//! Used by recovery, health checks and parameter re-application.
+//! Used by recovery, health checks, parameter re-application and the
+//! goodbye of an evicted connection.
 
 use std::time::Duration;
 
@@ -163,4 +164,23 @@ fn read_failure(e: WireError) -> CloseReason {
 
 async fn fill(conn: &mut ServerConn) -> Result<(), CloseReason> {
     wire::fill(&mut conn.stream, &mut conn.rbuf).await.map(|_| ()).map_err(|_| CloseReason::ServerClosed)
+}
+
+/// Ends a connection weir no longer wants while Postgres still counts it:
+/// Terminate, then wait (at most `limit`) for Postgres to close the socket,
+/// which it does once the backend has left pg_stat_activity; only then is
+/// the connection closed with `reason`, and its place in its database's
+/// count freed.
+pub(crate) async fn goodbye(mut conn: Box<ServerConn>, limit: Duration, reason: CloseReason) {
+    let mut out = BytesMut::new();
+    messages::terminate(&mut out);
+    let wait = async {
+        if write(&mut conn, &out).await.is_ok() {
+            while crate::wire::fill(&mut conn.stream, &mut conn.rbuf).await.is_ok() {
+                conn.rbuf.clear();
+            }
+        }
+    };
+    let _ = tokio::time::timeout(limit, wait).await;
+    conn.close(reason);
 }

@@ -1,9 +1,10 @@
-//! Server connections: weir's logins to Postgres (`handshake`), socket
-//! options for fast dead-peer detection, the per-connection protocol
-//! conversation state, cancel forwarding, and the liveness probe behind the
-//! watchdog, dialling (`dial`: names looked up, the stream to the host the
-//! pool chose), a server's role for target_session_attrs (`role`), and the
-//! tie that ends a host's servers at once on a failover (`tether`). A
+//! Server connections: dialling Postgres (`dial`: names looked up, the
+//! stream to the host the pool chose, the login) and weir's logins to it
+//! (`handshake`), the connection the pool lends (`conn`), socket options for
+//! fast dead-peer detection, the per-connection protocol conversation state,
+//! cancel forwarding, the watchdog's settings and liveness probe (`watch`,
+//! `probe`), a server's role for target_session_attrs (`role`), and the tie
+//! that ends a host's servers at once on a failover (`tether`). A
 //! `ServerConn` never belongs to a client; the pool lends it out.
 
 pub(crate) mod auth_lookup;
@@ -22,10 +23,12 @@ pub(crate) mod socket;
 pub(crate) mod statements;
 pub(crate) mod stream;
 pub(crate) mod tether;
+pub(crate) mod watch;
 
 pub(crate) use cancel::forward_cancel;
-pub(crate) use conn::{connect, ConnectError, ConnectSpec, CountSlot, ServerConn, ServerSide};
+pub(crate) use conn::{connect, CountSlot, ServerConn, ServerSide};
 pub(crate) use conversation::Conversation;
+pub(crate) use dial::{ConnectError, ConnectSpec};
 
 /// The next connection id: one sequence for clients and server connections
 /// alike, as PgBouncer numbers its sockets (the `id` of SHOW CLIENTS,

@@ -1,5 +1,5 @@
 //! Application-level liveness of a server connection that owes an answer:
-//! the settings (`Watch`) and the out-of-band probe that tells a silent but
+//! the out-of-band probe (its settings are `watch::Watch`) that tells a silent but
 //! busy server from a dead path. The clocks that decide when to probe run in
 //! the client's transfer (`client::transfer_watchdog`).
 //!
@@ -47,13 +47,12 @@
 //! taken as dead, without another attempt, for `server_connect_timeout`.
 
 use parking_lot::Mutex;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
 
-use super::conn::{open, ConnectError, ConnectSpec};
+use super::dial::{open, socket_path, ConnectError, ConnectSpec};
 use super::handshake::LoginError;
 use crate::protocol::{messages, tags::backend as be};
 use crate::wire::{self, WireError};
@@ -68,47 +67,6 @@ static PROBES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_PR
 /// Addresses whose last probe could not connect: (where, when, why).
 static DEAD_PATHS: Mutex<Vec<(String, Instant, String)>> = Mutex::new(Vec::new());
 
-/// Watchdog settings for conversations on a server connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Watch {
-    /// `query_timeout`: cancel a query that runs longer (None = off).
-    pub query_timeout: Option<Duration>,
-    /// How long a cancelled query may take to end before the connection is
-    /// declared frozen (`server_check_timeout`).
-    pub cancel_grace: Duration,
-    /// `server_check_silence`: probe a server owing an answer that has been
-    /// silent this long (None = off).
-    pub silence: Option<Duration>,
-    /// `idle_transaction_timeout` (None = off).
-    pub idle_transaction: Option<Duration>,
-    /// `transaction_timeout` (None = off).
-    pub transaction: Option<Duration>,
-}
-
-impl Watch {
-    pub fn from_config(g: &crate::config::General) -> Self {
-        let nonzero = |d: Option<Duration>| d.filter(|d| !d.is_zero());
-        Watch {
-            query_timeout: nonzero(g.query_timeout),
-            cancel_grace: g.server_check_timeout,
-            silence: nonzero(Some(g.server_check_silence)),
-            idle_transaction: nonzero(g.idle_transaction_timeout),
-            transaction: nonzero(g.transaction_timeout),
-        }
-    }
-
-    /// The watch of one pool: `[weir]`'s, with the timeouts its user may
-    /// set for itself (`[users]`) as resolved in its settings.
-    pub fn for_pool(g: &crate::config::General, settings: &crate::config::PoolSettings) -> Self {
-        Watch {
-            query_timeout: settings.query_timeout,
-            idle_transaction: settings.idle_transaction_timeout,
-            transaction: settings.transaction_timeout,
-            ..Watch::from_config(g)
-        }
-    }
-}
-
 /// What a probe found out.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Verdict {
@@ -116,33 +74,6 @@ pub(crate) enum Verdict {
     Alive,
     /// The path or the backend is dead; the reason is for logs and the client.
     Dead(String),
-}
-
-/// Gives a probe its place among its pool's server connections.
-pub trait ProbePlaces: Send + Sync {
-    /// A place held until the returned value is dropped; None when every
-    /// place of the pool is busy.
-    fn take(&self) -> Option<Box<dyn Send + Sync>>;
-}
-
-/// Where a connect spec's probes count (the pool's places); none for a spec
-/// no pool owns. Any two compare equal: it is no part of what a connection
-/// is opened with.
-#[derive(Clone, Default)]
-pub struct ProbeRoom(pub Option<Arc<dyn ProbePlaces>>);
-
-impl PartialEq for ProbeRoom {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-
-impl Eq for ProbeRoom {}
-
-impl std::fmt::Debug for ProbeRoom {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() { "ProbeRoom(pool)" } else { "ProbeRoom(none)" })
-    }
 }
 
 /// Checks, on a new connection, whether backend `pid` is still working;
@@ -200,7 +131,7 @@ async fn postmaster_answers(spec: &ConnectSpec) -> std::io::Result<()> {
     let request = messages::encryption_request(crate::protocol::tags::startup::SSL_REQUEST);
     let mut answer = [0u8; 1];
     if spec.host.starts_with('/') {
-        let mut s = tokio::net::UnixStream::connect(super::conn::socket_path(&spec.host, spec.port)).await?;
+        let mut s = tokio::net::UnixStream::connect(socket_path(&spec.host, spec.port)).await?;
         s.write_all(&request).await?;
         s.read_exact(&mut answer).await?;
     } else {
@@ -273,21 +204,10 @@ fn active_sql(pid: i32, unsent: bool) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::time::Duration;
 
-    #[test]
-    fn zero_durations_turn_checks_off() {
-        let mut g = crate::config::General {
-            server_check_silence: Duration::ZERO,
-            query_timeout: Some(Duration::ZERO),
-            ..Default::default()
-        };
-        let w = Watch::from_config(&g);
-        assert_eq!(w.silence, None);
-        assert_eq!(w.query_timeout, None);
-        g.server_check_silence = Duration::from_secs(5);
-        assert_eq!(Watch::from_config(&g).silence, Some(Duration::from_secs(5)));
-    }
+    use super::super::watch::{ProbeRoom, Watch};
+    use super::*;
 
     #[tokio::test]
     async fn unreachable_server_is_dead() {

@@ -10,7 +10,7 @@ use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
 use weir_metrics::{CloseReason, HostRole};
 
-use super::conn::{open, ConnectError, ConnectSpec};
+use super::dial::{open, ConnectError, ConnectSpec};
 use super::exchange::run_rows;
 use super::ServerConn;
 use crate::config::TargetSessionAttrs;

@@ -31,19 +31,21 @@
 //!   client there may release it (pg_advisory_unlock_all(), DISCARD ALL).
 //!   The next round takes it again, whichever server it runs on.
 
+pub(super) mod part;
 pub(super) mod share;
 
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::oneshot;
 use weir_metrics::CloseReason;
 
 use super::state::State;
 use super::Pool;
 use crate::server::exchange::run_rows;
 use crate::server::ServerConn;
+use part::{MIN_GAP, SAMPLES};
 use share::Member;
 
 /// The period while an instance wants more than it holds at the limit,
@@ -55,11 +57,6 @@ const SLOW: Duration = Duration::from_secs(1);
 const HOLD: Duration = Duration::from_secs(2);
 /// How long a tick waits for its beacon before it takes any server.
 const BEACON_WAIT: Duration = Duration::from_millis(500);
-/// Demand samples kept: `want` is the largest of the last four rounds (a
-/// second at the 250 ms pace, 400 ms at the 100 ms one).
-const SAMPLES: usize = 4;
-/// The least time between two rounds, however often waiters wake them.
-const MIN_GAP: Duration = Duration::from_millis(50);
 
 /// The pause after a refused connect while below the enforced share: the
 /// round's pace, from 200 to 250 ms (so at most 5 refusals a second).
@@ -71,44 +68,6 @@ pub(super) fn refusal_pause() -> Duration {
 fn instance_id() -> u32 {
     static ID: OnceLock<u32> = OnceLock::new();
     *ID.get_or_init(|| rand::thread_rng().gen_range(1..=0xff_ffff))
-}
-
-/// A pool's part in the fleet, inside its `State`.
-#[derive(Debug, Default)]
-pub(super) struct Fleet {
-    /// The server that holds this pool's announcement (its id).
-    beacon: Option<u64>,
-    /// A tick waiting for a server: the next one released comes here first.
-    claim: Option<(oneshot::Sender<Box<ServerConn>>, Instant)>,
-    /// Servers the fleet query holds now (0 or 1).
-    pub busy: u32,
-    /// The share, while enforced (the fleet at its limit).
-    pub cap: Option<u32>,
-    limited_until: Option<Instant>,
-    refusals_seen: u64,
-    demand: [u32; SAMPLES],
-    sample: usize,
-    /// Wakes the round early: a waiter found no free server.
-    wake: Arc<Notify>,
-    woken_at: Option<Instant>,
-}
-
-impl Fleet {
-    /// A waiter joined a pool with no free server: its demand is announced
-    /// at the next round, which starts now rather than at its period (at
-    /// most once per `MIN_GAP`).
-    pub(super) fn waiter_queued(&mut self, enabled: bool, now: Instant) {
-        if enabled && self.woken_at.is_none_or(|t| now.duration_since(t) >= MIN_GAP) {
-            self.woken_at = Some(now);
-            self.wake.notify_one();
-        }
-    }
-
-    /// Whether this pool is below the share enforced now: a refused connect
-    /// then retries at the round's pace.
-    pub(super) fn below_share(&self, total: u32) -> bool {
-        self.cap.is_some_and(|cap| total < cap)
-    }
 }
 
 impl Pool {
@@ -362,6 +321,7 @@ fn text_columns(body: &[u8]) -> Option<Vec<Option<String>>> {
 
 #[cfg(test)]
 mod tests {
+    use super::part::Fleet;
     use super::*;
 
     #[test]
@@ -373,19 +333,6 @@ mod tests {
         row.extend_from_slice(&0i32.to_be_bytes());
         assert_eq!(text_columns(&row), Some(vec![Some("12".into()), None, Some(String::new())]));
         assert_eq!(text_columns(&row[..5]), None, "truncated");
-    }
-
-    #[test]
-    fn a_waiter_wakes_the_round_at_most_once_per_gap() {
-        let mut f = Fleet::default();
-        let t = Instant::now();
-        f.waiter_queued(false, t);
-        assert_eq!(f.woken_at, None, "off: no wake");
-        f.waiter_queued(true, t);
-        f.waiter_queued(true, t + MIN_GAP / 2);
-        assert_eq!(f.woken_at, Some(t));
-        f.waiter_queued(true, t + MIN_GAP);
-        assert_eq!(f.woken_at, Some(t + MIN_GAP));
     }
 
     #[test]

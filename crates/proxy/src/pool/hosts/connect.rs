@@ -106,10 +106,8 @@ async fn dial(pool: &Arc<Pool>, base: &ConnectSpec, host: &Target, target: Targe
         conn.close(CloseReason::RoleMismatch);
         return Dialled::Next(None);
     }
-    if let Some(tcp) = conn.stream.tcp() {
-        conn.tether = host.tethers.tie(tcp);
-    }
-    conn.wants_writes = target == TargetSessionAttrs::ReadWrite;
+    let tether = conn.stream.tcp().and_then(|tcp| host.tethers.tie(tcp));
+    conn.bind_to_host(tether, target == TargetSessionAttrs::ReadWrite);
     Dialled::Server(Box::new(conn))
 }
 
@@ -122,7 +120,7 @@ async fn learn_role(conn: &mut ServerConn, target: TargetSessionAttrs) -> Result
     if target == TargetSessionAttrs::Any {
         return Ok(None);
     }
-    let limit = conn.spec.connect_timeout;
+    let limit = conn.spec().connect_timeout;
     match tokio::time::timeout(limit, conn.role()).await {
         Ok(Ok(role)) => Ok(Some(role.host_role())),
         Ok(Err(reason)) => Err(format!("the role query failed ({})", reason.as_label())),

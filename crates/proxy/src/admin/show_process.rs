@@ -1,17 +1,25 @@
-//! The SHOW commands for things PgBouncer keeps and weir mostly does not:
-//! USERS, MEM, SOCKETS / ACTIVE_SOCKETS, DNS_HOSTS, DNS_ZONES, FDS, STATE;
-//! and PEERS and PEER_POOLS.
-//! Each has PgBouncer's columns and types; where weir has no such thing the
-//! set is empty, never filled with made-up figures.
+//! The SHOW commands about this process rather than its pools and
+//! connections: CONFIG, USERS, PEERS and PEER_POOLS, STATE, and the lists
+//! PgBouncer keeps and weir does not (MEM, DNS_HOSTS, DNS_ZONES, FDS). Each
+//! has PgBouncer's columns and types; where weir has no such thing the set is
+//! empty, never filled with made-up figures.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use super::result::{int, text, Kind, ResultSet};
-use super::show::{clients, servers, CONNECTION_COLUMNS};
+use crate::config::keys;
 use crate::state::Shared;
 
 use Kind::{Bytea, Int, Int4, Text};
+
+pub(super) fn config(shared: &Arc<Shared>) -> ResultSet {
+    let mut rs = ResultSet::new(&[("key", Text), ("value", Text), ("default", Text), ("changeable", Text)]);
+    for row in keys::config_rows(&shared.config.load()) {
+        rs.push(vec![text(row.key), row.value, row.default, text(if row.changeable { "yes" } else { "no" })]);
+    }
+    rs
+}
 
 /// Users weir knows: the auth_file's, the `[users]` section's, those with
 /// a pool (auth_query, trust) and those with a client now. The console's
@@ -97,35 +105,6 @@ pub(super) fn peer_pools(shared: &Shared) -> ResultSet {
 /// SHOW MEM: PgBouncer's slab caches; weir allocates per connection and has none.
 pub(super) fn mem() -> ResultSet {
     ResultSet::new(&[("name", Text), ("size", Int4), ("used", Int4), ("free", Int4), ("memtotal", Int4)])
-}
-
-/// The buffer columns SOCKETS adds; weir does not expose its buffer
-/// positions, so they are NULL.
-const BUFFER_COLUMNS: &[(&str, Kind)] = &[
-    ("recv_pos", Int4),
-    ("pkt_pos", Int4),
-    ("pkt_remain", Int4),
-    ("send_pos", Int4),
-    ("send_remain", Int4),
-    ("pkt_avail", Int4),
-    ("send_avail", Int4),
-];
-
-/// SHOW SOCKETS (every client and server) or ACTIVE_SOCKETS (those in use).
-pub(super) fn sockets(shared: &Arc<Shared>, active_only: bool) -> ResultSet {
-    let mut rs = ResultSet::new(&[CONNECTION_COLUMNS, BUFFER_COLUMNS].concat());
-    let state = rs.column("state").unwrap_or(3);
-    for set in [clients(shared), servers(shared)] {
-        for row in set.rows {
-            if active_only && row[state].as_deref() != Some("active") {
-                continue;
-            }
-            let mut row: Vec<_> = row.into_iter().take(CONNECTION_COLUMNS.len()).collect();
-            row.extend(BUFFER_COLUMNS.iter().map(|_| None));
-            rs.push(row);
-        }
-    }
-    rs
 }
 
 /// SHOW DNS_HOSTS: weir resolves with the system resolver and caches nothing.
