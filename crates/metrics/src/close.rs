@@ -209,7 +209,7 @@ mod tests {
         check(DropReason::ALL, DropReason::index, DropReason::as_label);
         check(CancelOutcome::ALL, CancelOutcome::index, CancelOutcome::as_label);
         check(ClientResult::ALL, ClientResult::index, ClientResult::as_label);
-        assert_eq!(CloseReason::COUNT, 19);
+        assert_eq!(CloseReason::COUNT, 20);
         assert_eq!(CloseReason::ClientGoneUnclean.to_string(), "client_gone_unclean");
         assert_eq!(CloseReason::Dropped.as_label(), "dropped");
     }
