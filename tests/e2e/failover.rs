@@ -37,9 +37,11 @@ async fn on_server(pair: &Arc<weir_testkit::PgPair>, first: bool, acked: Vec<i64
     let pair = pair.clone();
     blocking(move || {
         let server: &PgServer = if first { &pair.first } else { &pair.second };
-        let list: Vec<String> = acked.iter().map(i64::to_string).collect();
-        let sql = format!("select count(*) from ledger where id in ({})", list.join(","));
-        server.psql(weir_testkit::APP_DB, &sql).expect("count acknowledged rows").parse().expect("a count")
+        // The ids on the server, matched here: a list of the acknowledged
+        // ones in the statement would pass the argument limit of psql's exec.
+        let ids = server.psql(weir_testkit::APP_DB, "select id from ledger").expect("the ledger's ids");
+        let there: std::collections::HashSet<i64> = ids.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        acked.iter().filter(|id| there.contains(id)).count()
     })
     .await
 }

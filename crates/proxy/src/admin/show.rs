@@ -422,7 +422,8 @@ fn databases(shared: &Arc<Shared>) -> ResultSet {
     let mut console = vec![text(name), None, int(cfg.weir.listen_addr.port()), text(name)];
     console.extend([text(name), int(2u8), int(0u8), int(0u8), int(0u8), text("statement"), int(0u8), int(0u8)]);
     console.extend(clients(name));
-    console.extend([int(0u8), int(0u8), None]);
+    // No wait budget, target or hosts of its own.
+    console.extend([int(0u8), int(0u8), None, None, None]);
     rs.push(console);
     rs
 }
