@@ -118,7 +118,10 @@ if $keep; then
 else
     trap 'stop_leftovers; rm -rf "$work" "$basetemp"' EXIT
 fi
+# The suite's own limit is 30 s a test; on a loaded machine its Postgres
+# fixtures alone can take that long (WEIR_SUITE_TIMEOUT, seconds).
 "${as_user[@]}" "$venv/bin/python" -m pytest -p no:cacheprovider -n "${WEIR_SUITE_JOBS:-2}" --junitxml="$report" -q -rN --tb=native --basetemp="$basetemp" \
+    --timeout="${WEIR_SUITE_TIMEOUT:-90}" \
     -o asyncio_default_fixture_loop_scope=function "${args[@]}"
 set -e
 "$venv/bin/python" "$here/compare.py" "$report" "$here/expected-${tag#pgbouncer_}.txt"

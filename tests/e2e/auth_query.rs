@@ -182,6 +182,23 @@ async fn auth_user_missing_from_auth_file_logs_in_without_a_password() {
     assert!(msg.contains("asked for a password but none is configured"), "{msg}");
 }
 
+/// Postgres refuses the auth_user's own login (here: the database is
+/// missing): the client gets Postgres's SQLSTATE and words, not a password
+/// prompt, and learns whose login it was.
+#[tokio::test]
+async fn auth_user_login_refused_by_postgres_reaches_the_client_as_postgres_said() {
+    let general = format!("auth_user = \"{AUTH_USER}\"\n");
+    let database = "dbname = \"no_such_pg_db\"\n".to_owned();
+    let h = Harness::start(Opts { auth_type: "md5", general, database, ..Opts::default() }).await;
+    h.psql(&format!("create role {AUTH_USER} superuser login password '{AUTH_PASS}'"));
+    set_users(&h, &format!("\"{AUTH_USER}\" \"{AUTH_PASS}\"\n"));
+    let e = select_one(&h.url("aq_unknown", "pw")).await.unwrap_err();
+    assert_eq!(sqlstate(&e).as_deref(), Some("3D000"), "{e}");
+    let msg = e.as_db_error().map(|d| d.message().to_owned()).unwrap_or_default();
+    assert!(msg.contains("database \"no_such_pg_db\" does not exist"), "{msg}");
+    assert!(msg.contains(AUTH_USER), "names the auth_user: {msg}");
+}
+
 /// CVE-2025-12819's class: a client's startup `search_path` must never reach
 /// the auth_query connection. Here a schema shadows pg_shadow with a row
 /// holding the attacker's password hash for a real role; were the client's

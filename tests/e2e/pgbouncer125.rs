@@ -92,7 +92,7 @@ async fn transaction_timeout_ends_a_transaction_and_keeps_its_server() {
     c.batch_execute("begin").await.unwrap();
     let e = c.simple_query("select pg_sleep(60)").await.expect_err("the transaction outlives transaction_timeout");
     let (code, message) = refusal(&e);
-    assert_eq!(code, "25P04");
+    assert_eq!(code, "08P01");
     assert!(message.contains("transaction timeout"), "{message}");
     wait_closed(&c, "the client to be closed").await;
     // The one server was rolled back and kept: the next client gets it.

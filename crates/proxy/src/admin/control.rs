@@ -25,11 +25,19 @@ use crate::state::{quiesce, Quiesced, Shared, StopMode};
 pub struct AdminError {
     pub code: SqlState,
     pub message: String,
+    /// The reason is in the log already (with more detail): the console's
+    /// own line for the refusal leaves it out.
+    pub logged: bool,
 }
 
 impl AdminError {
     pub fn new(code: SqlState, message: impl Into<String>) -> Self {
-        AdminError { code, message: message.into() }
+        AdminError { code, message: message.into(), logged: false }
+    }
+
+    /// An error whose reason was logged where it arose.
+    fn logged(code: SqlState, message: impl Into<String>) -> Self {
+        AdminError { logged: true, ..AdminError::new(code, message) }
     }
 }
 
@@ -152,7 +160,7 @@ pub fn reload(shared: &Arc<Shared>) -> Outcome {
         }
         Err(e) => {
             tracing::error!(error = %e, "RELOAD failed; keeping the old config");
-            Err(AdminError::new(
+            Err(AdminError::logged(
                 sqlstate::CONFIG_FILE_ERROR,
                 format!("RELOAD failed, see logs for additional details; the old config stays in effect: {e}"),
             ))

@@ -89,12 +89,16 @@ impl Console<'_> {
     async fn query(&mut self, frame: &Frame, out: &mut BytesMut) -> Result<(), ClientError> {
         let mut body = frame.body();
         let sql = read_cstr(&mut body)?.to_owned();
+        self.shared.admin.count_query();
         match command::parse(&sql) {
             Ok(cmds) if cmds.is_empty() => result::empty_query(out),
             Ok(cmds) => {
                 for cmd in cmds {
                     if let Err(e) = self.command(&cmd, out).await? {
-                        tracing::info!(command = ?cmd, error = %e, "admin command refused");
+                        match e.logged {
+                            true => tracing::info!(command = ?cmd, "admin command refused"),
+                            false => tracing::info!(command = ?cmd, error = %e, "admin command refused"),
+                        }
                         messages::error_response(out, Severity::Error, e.code, &e.message);
                         break;
                     }

@@ -81,6 +81,11 @@ fn by_database(shared: &Shared) -> BTreeMap<String, Db> {
         d.failures += m.connect_failures_total();
         d.dropped += m.dropped_queries_total();
     }
+    // The console's database: its queries, each a transaction of its own.
+    let console = dbs.entry(crate::login::CONSOLE_DATABASE.to_owned()).or_default();
+    let queries = shared.admin.queries();
+    console.totals.queries += queries;
+    console.totals.xacts += queries;
     dbs
 }
 

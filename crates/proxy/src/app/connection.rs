@@ -120,8 +120,8 @@ async fn run(
     Ok(Some(Box::pin(farewell(session.into_client(), why).instrument(span.clone())).await))
 }
 
-/// What a login became, once `enter` returns. Made once per connection
-/// and matched at once: boxing the session would only add an allocation.
+/// What a login became, once `enter` returns. Unpacked at once: the
+/// session is not boxed (its task holds it either way).
 #[allow(clippy::large_enum_variant)]
 enum Entered<'a> {
     /// The pooled session, to run.

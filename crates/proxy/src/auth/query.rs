@@ -4,7 +4,7 @@
 //! whose password comes from the auth_file, with the extended protocol and
 //! the user name as `$1` (never interpolated), within the client's login
 //! deadline. Answers are cached per (database, user): found verifiers for
-//! `auth_query_cache_ttl`, "no such user" briefly.
+//! `auth_query_cache_ttl`, "no such user" briefly, and none past a reload.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -26,6 +26,11 @@ pub(crate) enum AuthQueryError {
     UnknownDatabase(String),
     #[error("auth_query: no server connection for auth_user \"{user}\": {why}")]
     NoServer { user: String, why: String },
+    /// Postgres refused auth_user's login: the client gets Postgres's
+    /// SQLSTATE and message, as the pool's own waiters do, and the name of
+    /// the auth_user whose login it was.
+    #[error("{message} (auth_user \"{user}\")")]
+    Rejected { user: String, code: crate::protocol::SqlState, message: String },
     #[error("auth_query failed: {0}")]
     Query(String),
     #[error("auth_query: the server connection failed")]
@@ -57,6 +62,12 @@ impl AuthQueryCache {
         let (at, secret) = entries.get(key)?;
         let ttl = if secret.is_some() { ttl } else { ttl.min(NEGATIVE_TTL) };
         (at.elapsed() < ttl).then(|| secret.clone())
+    }
+
+    /// Forgets every answer (a reload may have changed auth_query,
+    /// auth_user or auth_dbname).
+    pub(crate) fn clear(&self) {
+        self.entries.lock().clear();
     }
 
     fn put(&self, key: (String, String), secret: Option<Found>) {

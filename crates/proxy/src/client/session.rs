@@ -161,7 +161,12 @@ impl<'a> Session<'a> {
                 return Ok(true);
             }
             // SHUTDOWN WAIT_FOR_SERVERS: no new transaction; the client goes.
-            Wait::Failed(PoolError::ShuttingDown) => return Err(ClientError::NoServer(PoolError::ShuttingDown)),
+            // So does a client whose pool cannot log in to Postgres (a
+            // password, pg_hba.conf, a role or database gone): it gets
+            // Postgres's FATAL, as a direct connection would (PgBouncer's).
+            Wait::Failed(
+                e @ (PoolError::ShuttingDown | PoolError::LoginRejected { .. } | PoolError::LoginFailing { .. }),
+            ) => return Err(ClientError::NoServer(e)),
             Wait::Failed(e) => return self.refused(e).await,
         };
         self.serve(lease).await

@@ -214,6 +214,9 @@ impl Flow {
                 return Ok(Next::End(Ended::ServerGone { told: self.told }));
             };
             self.terminating = batch.terminate;
+            if !self.release && (batch.sent > 0 || !batch.out.is_empty()) {
+                wd.timer().session_xact_begun();
+            }
             self.to_server = batch.out;
             if batch.sent > 0 {
                 metrics.record_server_sent(batch.sent);
@@ -238,6 +241,13 @@ impl Flow {
                 (0..got.answered).for_each(|_| metrics.record_query());
                 if let Some(t) = self.query_started.take() {
                     metrics.record_query_time(t.elapsed());
+                }
+                // Session mode: a transaction ends where its server is idle
+                // again (transaction mode counts it as the server goes back).
+                if !self.release && got.settled && server.conv.is_clean() {
+                    if let Some(held) = wd.timer().session_xact_ended() {
+                        metrics.record_transaction(held);
+                    }
                 }
             }
         }

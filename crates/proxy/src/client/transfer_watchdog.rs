@@ -31,13 +31,14 @@
 //!   to read so that weir stopped reading) never counts as silence.
 //! * **idle_transaction_timeout** (off by default). A client that leaves a
 //!   transaction open (status T or E) and sends nothing for this long is
-//!   disconnected with 25P03, like PgBouncer does; the server is not lost:
-//!   the lease goes back through recovery, which rolls it back.
+//!   disconnected with 08P01 "idle transaction timeout", as PgBouncer does;
+//!   the server is not lost: the lease goes back through recovery, which
+//!   rolls it back.
 //!
 //! * **transaction_timeout** (off by default). A client whose transaction
 //!   (status T or E) has been open this long, working or idle, is
-//!   disconnected with 25P04, Postgres 17's code for its own
-//!   transaction_timeout; the server is recovered as above.
+//!   disconnected with 08P01 "transaction timeout", as PgBouncer does; the
+//!   server is recovered as above.
 //!
 //! * **the stall guard** (always on). weir holds whole client messages back
 //!   while the server owes no ReadyForQuery: the server waits for the client,
@@ -97,8 +98,11 @@ impl WatchdogError {
     pub fn sqlstate(&self) -> SqlState {
         match self {
             WatchdogError::QueryTimeout { .. } | WatchdogError::Unresponsive { .. } => sqlstate::CONNECTION_FAILURE,
-            WatchdogError::IdleTransaction(_) => sqlstate::IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
-            WatchdogError::Transaction(_) => sqlstate::TRANSACTION_TIMEOUT,
+            // PgBouncer's code: the client's connection ends here, and a
+            // connection-exception class is what drivers and pools read as
+            // "this connection is gone" (Postgres's own 25P03/25P04 are
+            // class 25, which they read as a failed statement).
+            WatchdogError::IdleTransaction(_) | WatchdogError::Transaction(_) => sqlstate::PROTOCOL_VIOLATION,
             WatchdogError::Stalled | WatchdogError::StallEnded(_) => sqlstate::INTERNAL_ERROR,
         }
     }
@@ -136,9 +140,26 @@ pub(crate) struct AlarmTimer {
     /// began, as the conversation first saw it open. Kept here, with the
     /// client, rather than in each request's future.
     xact_since: Option<Instant>,
+    /// Session mode: when the client's current transaction (or
+    /// autocommitted statement) first sent the server anything, for SHOW
+    /// STATS's transaction count and time (transaction mode counts each
+    /// transaction as its server goes back).
+    session_xact: Option<Instant>,
 }
 
 impl AlarmTimer {
+    /// Session mode: the client sent its server a request; a transaction
+    /// starts with it unless one is open.
+    pub(crate) fn session_xact_begun(&mut self) {
+        self.session_xact.get_or_insert_with(Instant::now);
+    }
+
+    /// Session mode: the server is idle again (no transaction open, nothing
+    /// owed). How long the transaction that ended took, if one was open.
+    pub(crate) fn session_xact_ended(&mut self) -> Option<Duration> {
+        self.session_xact.take().map(|since| since.elapsed())
+    }
+
     /// True when the timer fired. Polls it only when it does not yet hold
     /// this task's waker; otherwise it will wake this task when it fires,
     /// and until then it reads as not elapsed.
@@ -301,6 +322,12 @@ impl<'a> Watchdog<'a> {
         } else if self.idle_since.is_none() && self.spec.watch.idle_transaction.is_some() {
             self.idle_since = Some(Instant::now());
         }
+    }
+
+    /// The client's clocks kept between conversations (session mode's
+    /// transaction clock for SHOW STATS).
+    pub(crate) fn timer(&mut self) -> &mut AlarmTimer {
+        self.timer
     }
 
     /// The server sent bytes, or took bytes its socket had left waiting: it
@@ -561,7 +588,7 @@ mod tests {
         assert_eq!(q.close_reason(), Some(CloseReason::QueryTimeout));
         assert!(q.to_string().contains("query_timeout"));
         let i = WatchdogError::IdleTransaction(Duration::from_secs(1));
-        assert_eq!(i.sqlstate(), sqlstate::IDLE_IN_TRANSACTION_SESSION_TIMEOUT);
+        assert_eq!(i.sqlstate(), sqlstate::PROTOCOL_VIOLATION);
         assert_eq!(i.close_reason(), None, "the server is rolled back and kept");
         let u = WatchdogError::Unresponsive { silence: Duration::from_secs(5), why: "x".into() };
         assert_eq!(u.close_reason(), Some(CloseReason::Unresponsive));

@@ -47,14 +47,6 @@ const DIFFERENCES: &[Difference] = &[
                PgBouncer's texts, where PgBouncer sends 08P01",
     },
     Difference {
-        applies: |c| {
-            set(c, |g| g.idle_transaction_timeout, |u| u.idle_transaction_timeout)
-                || set(c, |g| g.transaction_timeout, |u| u.transaction_timeout)
-        },
-        note: "idle_transaction_timeout and transaction_timeout close the client with Postgres's SQLSTATEs \
-               (25P03, 25P04), where PgBouncer sends 08P01",
-    },
-    Difference {
         applies: always,
         note: "SIGTERM and SHUTDOWN drain: idle clients are told at once and transactions finish within \
                shutdown_timeout (PgBouncer's SIGTERM waits for every client; SHUTDOWN WAIT_FOR_CLIENTS does that)",
@@ -88,6 +80,11 @@ const DIFFERENCES: &[Difference] = &[
                shutdown_timeout (PgBouncer's SIGTERM waits for every client: sigterm = \"wait_for_clients\")",
     },
     Difference { applies: always, note: "no online restart (-R, SUSPEND)" },
+    Difference {
+        applies: |c| c.weir.max_prepared_statements > 0,
+        note: "prepared statements: a Parse of a name the client already holds gets Postgres's 42P05 and the \
+               client keeps its connection (PgBouncer closes it)",
+    },
     Difference {
         applies: shorter_bounds,
         note: "liveness: weir bounds waits sooner than PgBouncer's defaults: client_login_timeout 10s (60s), \

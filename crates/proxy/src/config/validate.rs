@@ -79,6 +79,12 @@ impl Config {
             (false, true) => found.push(invalid("weir.auth_hba_file", "is used only with auth_type = \"hba\"")),
             _ => {}
         }
+        // The console's names (the login's CONSOLE_DATABASES): no server
+        // behind them to run auth_query on (PgBouncer's words).
+        if matches!(g.auth_dbname.as_str(), "pgbouncer" | "weir") {
+            let why = format!("cannot use the reserved \"{}\" database as an auth_dbname", g.auth_dbname);
+            found.push(invalid("weir.auth_dbname", why));
+        }
         if g.autodb_idle_timeout.is_zero() {
             found.push(invalid("weir.autodb_idle_timeout", "must be above zero"));
         }

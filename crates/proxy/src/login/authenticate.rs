@@ -109,6 +109,9 @@ pub(super) async fn auth_query(
             match e {
                 // The config's fault, not the client's (PgBouncer's words).
                 AuthQueryError::Query(_) | AuthQueryError::UnknownDatabase(_) => ClientError::BouncerConfig,
+                AuthQueryError::Rejected { code, .. } => {
+                    ClientError::NoServer(crate::pool::PoolError::LoginRejected { code, message: e.to_string() })
+                }
                 e => ClientError::Auth(crate::auth::AuthError::Refused(e.to_string())),
             }
         },
@@ -119,7 +122,11 @@ pub(super) async fn auth_query(
 /// (the fallback database counts) and not DISABLEd (PgBouncer's words).
 fn check_auth_dbname(shared: &Shared, cfg: &Config, database: &str) -> Result<(), ClientError> {
     let Some(auth_db) = cfg.auth_dbname(database) else { return Ok(()) };
-    if super::is_console_db(auth_db) || cfg.database(auth_db).is_none() {
+    if super::is_console_db(auth_db) {
+        tracing::error!("cannot use the reserved \"{auth_db}\" database as an auth_dbname");
+        return Err(ClientError::BouncerConfig);
+    }
+    if cfg.database(auth_db).is_none() {
         tracing::error!("authentication database \"{auth_db}\" is not configured");
         return Err(ClientError::BouncerConfig);
     }
@@ -142,7 +149,12 @@ async fn run_auth_query(
 ) -> Result<crate::auth::query::Answer, AuthQueryError> {
     let pool = shared.pool_for(cfg, &key, credentials).ok_or(AuthQueryError::UnknownDatabase(key.database))?;
     let no_server = |why: String| AuthQueryError::NoServer { user: key.user.clone(), why };
-    let mut lease = pool.acquire(deadline).await.map_err(|e| no_server(e.to_string()))?;
+    let mut lease = pool.acquire(deadline).await.map_err(|e| match e {
+        crate::pool::PoolError::LoginRejected { code, message } => {
+            AuthQueryError::Rejected { user: key.user.clone(), code, message }
+        }
+        e => no_server(e.to_string()),
+    })?;
     let answer = tokio::time::timeout_at(deadline.into(), crate::server::auth_lookup::run(lease.conn_mut(), sql, user));
     match answer.await {
         Ok(Ok(a)) => Ok(a),

@@ -146,9 +146,11 @@ pub(super) async fn settle(
     let settings = pool.settings();
     let budget = Budget::new(req.declared_deadline, cfg.weir.client_deadline_fraction);
     let deadline = Instant::now() + budget.under(settings.wait_limit().0);
-    let server_params = pool.server_params(deadline).await?;
+    let session = settings.pool_mode == PoolMode::Session;
+    let (server_params, mut lease) = pool.server_params(deadline, session).await?;
     let mut params = client_params(&req, &server_params);
-    check_startup_settings(&pool, deadline, &mut params, &req.settings, &server_params).await?;
+    let startup = (&req.settings, server_params.as_ref());
+    check_startup_settings(&pool, deadline, &mut lease, session, &mut params, startup).await?;
     let long_key = minor >= crate::protocol::startup::LONG_KEY_MINOR;
     let (reg, secret) = shared.cancels.register_as(None, long_key);
     let login = LoggedIn {
@@ -161,7 +163,7 @@ pub(super) async fn settle(
         max_message: cfg.weir.max_message_size,
         shutdown: shared.shutdown.clone(),
     };
-    Ok((login, Hello { server_params, secret, deadline }))
+    Ok((login, Hello { server_params, secret, deadline, lease: lease.map(Box::new) }))
 }
 
 /// What the pooled greeting needs once the client is authenticated.
@@ -171,11 +173,15 @@ pub(super) struct Hello {
     secret: crate::cancel_keys::Secret,
     /// The end of the client's wait budget for a server.
     deadline: Instant,
+    /// Session mode: the server the login already took (to learn the
+    /// server's parameters, or to check the client's settings on it), which
+    /// the session keeps.
+    lease: Option<Box<Lease>>,
 }
 
 /// Greets an authenticated pooled client. In session mode its server for
-/// life is taken first (and handed back), so that BackendKeyData carries the
-/// server's own pid (the secret stays weir's, and cancels still pass through
+/// life is taken first (unless the login already holds it) and handed back,
+/// so that BackendKeyData carries the server's own pid (the secret stays weir's, and cancels still pass through
 /// weir's map). That wait is bounded by the client's wait budget
 /// (query_wait_timeout), as a first query's would be, not by
 /// client_login_timeout.
@@ -188,10 +194,13 @@ pub(super) async fn greet_pooled(
 ) -> Result<(LoggedIn, Option<Box<Lease>>), ClientError> {
     let mut held = None;
     if login.mode == PoolMode::Session {
-        let lease = take_server(socket, buf, &login, hello.deadline).await?;
+        let lease = match hello.lease.take() {
+            Some(lease) => lease,
+            None => Box::new(take_server(socket, buf, &login, hello.deadline).await?),
+        };
         let long_key = hello.secret.as_bytes().len() == crate::cancel_keys::LONG_KEY_LEN;
         (login.reg, hello.secret) = shared.cancels.register_as(Some(lease.conn().backend_pid()), long_key);
-        held = Some(Box::new(lease));
+        held = Some(lease);
     }
     let key = (login.reg.pid, hello.secret.as_bytes());
     let out = greeting(&hello.server_params, &login.params, key);
@@ -232,24 +241,40 @@ const ANY_VALUE: &[&str] = &["application_name"];
 /// round trip on a pooled server, and only when the client asked for
 /// something other than the server's defaults. The client's tracked
 /// parameters take the server's spelling (DateStyle "ISO" is "ISO, MDY").
+/// A session login checks them on its own server (`held`, taken here if it
+/// has none yet), which it keeps.
 async fn check_startup_settings(
     pool: &Arc<Pool>,
     deadline: Instant,
+    held: &mut Option<Lease>,
+    session: bool,
     params: &mut ParamMap,
-    settings: &ParamMap,
-    server_defaults: &ParamMap,
+    (settings, server_defaults): (&ParamMap, &ParamMap),
 ) -> Result<(), ClientError> {
     let needs_check = !settings.is_empty()
         || params.iter().any(|(k, v)| !ANY_VALUE.contains(&k) && server_defaults.get(k) != Some(v));
     if !needs_check {
         return Ok(());
     }
-    let mut lease = pool.acquire(deadline).await?;
+    let mut own = None;
+    let lease = match held {
+        Some(lease) => lease,
+        None => {
+            let taken = pool.acquire(deadline).await?;
+            if session {
+                held.insert(taken)
+            } else {
+                own.insert(taken)
+            }
+        }
+    };
     let conn = lease.conn_mut();
     let Some(sql) = ParamMap::sync_sql(params, settings, &conn.params, conn.settings()) else { return Ok(()) };
     match exchange::run_checked(conn, &sql).await {
         Err(reason) => {
-            lease.close(reason);
+            if let Some(lease) = held.take().or(own) {
+                lease.close(reason);
+            }
             Err(ClientError::ServerLost)
         }
         Ok(Some(refused)) => Err(ClientError::RefusedSetting {

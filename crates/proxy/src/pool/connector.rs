@@ -30,7 +30,7 @@ use rand::Rng;
 
 use super::evict::Cap;
 use super::state::State;
-use super::{Handed, Pool, PoolError};
+use super::{Handed, Lease, Pool, PoolError};
 use crate::params::ParamMap;
 use crate::server::{ConnectError, CountSlot, ServerConn};
 
@@ -168,13 +168,30 @@ impl Pool {
                     Some((code, message)) => self.login_rejected(&mut st, code, message),
                     None => {
                         st.rejected = None;
-                        tracing::warn!(database = %self.key.database, user = %self.key.user, error = %e, "server connect failed");
+                        let (db, user) = (&self.key.database, &self.key.user);
+                        let reason = e.close_reason();
+                        tracing::warn!(error = %e, "S: {db}/{user} server connect failed, closing because: {reason}");
                         st.retry_at = Some(Instant::now() + backoff(st.failures, st.opts.login_retry_max));
                     }
                 }
             }
         }
         self.want_connects(&mut st);
+    }
+
+    /// A server that logged in is idle, or lent and not marked by RECONNECT
+    /// (one that is marks closes as it comes back: PgBouncer counts it out
+    /// as its pool is dirty).
+    fn has_usable_server(&self, st: &State) -> bool {
+        if !st.idle.is_empty() {
+            return true;
+        }
+        if st.active == 0 && st.recovering == 0 {
+            return false;
+        }
+        let Some(mark) = st.reconnect_before else { return true };
+        let wall = std::time::SystemTime::now() - mark.elapsed();
+        self.metrics.live_servers().iter().any(|s| s.connected_at >= wall)
     }
 
     /// Postgres refused a connect with 53300: count it by the limit it named
@@ -201,14 +218,15 @@ impl Pool {
 
     /// Postgres refused the pool's login (PgBouncer's
     /// kill_pool_logins_server_error): the clients waiting now get its
-    /// SQLSTATE and message at once, unless the pool still has a server that
-    /// logged in earlier; the next attempt waits server_login_retry, and
-    /// until then a client that finds no server is failed with the cached
-    /// error (`State::login_failing`).
+    /// SQLSTATE and message at once, unless the pool still has a usable
+    /// server that logged in earlier; the next attempt waits
+    /// server_login_retry, and until then a client that finds no server is
+    /// failed with the cached error (`State::login_failing`).
     fn login_rejected(&self, st: &mut State, code: crate::protocol::SqlState, message: String) {
         tracing::warn!(database = %self.key.database, user = %self.key.user, sqlstate = code.code(), "server login failed: FATAL {message}");
+        tracing::info!("S: {}/{} closing because: {message} (age=0s)", self.key.database, self.key.user);
         st.retry_at = Some(Instant::now() + st.opts.login_retry_max);
-        if st.idle.is_empty() && st.active == 0 && st.recovering == 0 {
+        if !self.has_usable_server(st) {
             while let Some(w) = st.waiters.pop_front() {
                 let _ = w.tx.send(Handed::Rejected(code, message.clone()));
             }
@@ -220,17 +238,24 @@ impl Pool {
     /// connected opens a server to learn them, and the login waits for it
     /// within its budget, as any waiter (connect errors are retried with
     /// back-off meanwhile; a login Postgres refuses fails it at once).
-    /// Shared, not copied: every login reads them.
-    pub async fn server_params(self: &Arc<Self>, deadline: Instant) -> Result<Arc<ParamMap>, PoolError> {
+    /// With `keep` (a session login, which takes a server next anyway) the
+    /// server that was opened for them is handed back with them, so the
+    /// login costs one server assignment, not two. Shared, not copied:
+    /// every login reads them.
+    pub async fn server_params(
+        self: &Arc<Self>,
+        deadline: Instant,
+        keep: bool,
+    ) -> Result<(Arc<ParamMap>, Option<Lease>), PoolError> {
         if let Some(p) = self.state.lock().server_params.clone() {
-            return Ok(p);
+            return Ok((p, None));
         }
         let lease = self.acquire(deadline).await?;
         let params = Arc::new(lease.conn().params.clone());
         // Bound first: a lock guard in the tail expression would outlive
         // `lease`, whose drop takes the same lock.
         let shared = self.state.lock().server_params.get_or_insert(params).clone();
-        Ok(shared)
+        Ok((shared, keep.then_some(lease)))
     }
 }
 

@@ -13,8 +13,8 @@ impl Pool {
         self.state.lock().paused = true;
     }
 
-    /// SHUTDOWN WAIT_FOR_SERVERS: lends no server again; its waiters and
-    /// every later request get `PoolError::ShuttingDown`.
+    /// SHUTDOWN WAIT_FOR_SERVERS: lends no server again; its waiters (at
+    /// the next upkeep) and every later request get `PoolError::ShuttingDown`.
     pub fn stop_lending(self: &Arc<Self>) {
         self.state.lock().stop_lending();
     }

@@ -214,7 +214,8 @@ impl Pool {
             // the connection goes back to the pool through recovery.
             now = Instant::now();
             let lease = Lease::new(self.clone(), conn, now);
-            let vetted = if self.state.lock().check_due(lease.conn().last_used, now) {
+            let used = (lease.conn().created, lease.conn().last_used);
+            let vetted = if self.state.lock().check_due(used, now) {
                 // Boxed: rare, and kept out of every wait's future.
                 let checked = Box::pin(self.check_within(lease, deadline)).await;
                 now = Instant::now();
@@ -251,8 +252,8 @@ impl Pool {
         if st.paused {
             return None;
         }
-        let last_used = st.idle.last()?.last_used;
-        if st.check_due(last_used, now) {
+        let top = st.idle.last()?;
+        if st.check_due((top.created, top.last_used), now) {
             return None;
         }
         let conn = st.idle.last_mut()?;

@@ -129,12 +129,19 @@ impl PoolSnapshot {
 
 impl State {
     /// Lends no server from now on (SHUTDOWN WAIT_FOR_SERVERS): the pool
-    /// is paused for good and its waiters are let go (they learn it from
-    /// `is_stopping`).
+    /// is paused for good; its waiters are let go by the next upkeep
+    /// (`let_waiters_go`), as PgBouncer's janitor lets them go.
     pub(super) fn stop_lending(&mut self) {
         self.paused = true;
         self.stopping = true;
-        self.waiters.clear();
+    }
+
+    /// A pool that stopped lending lets its waiters go (they learn why
+    /// from `is_stopping`).
+    pub(super) fn let_waiters_go(&mut self) {
+        if self.stopping {
+            self.waiters.clear();
+        }
     }
 
     pub(super) fn is_stopping(&self) -> bool {
@@ -329,10 +336,11 @@ impl State {
         self.total() > self.opts.settings.pool_size + self.opts.settings.reserve_pool_size
     }
 
-    /// True when a connection idle since `last_used` must pass
-    /// server_check_query before it is lent (server_check_delay).
-    pub(super) fn check_due(&self, last_used: Instant, now: Instant) -> bool {
-        now.saturating_duration_since(last_used) >= self.opts.check_delay
+    /// server_check_query is due for a connection last used at `last_used`
+    /// and opened at `created`: one never lent yet has just logged in and is
+    /// not checked (PgBouncer's).
+    pub(super) fn check_due(&self, (created, last_used): (Instant, Instant), now: Instant) -> bool {
+        last_used != created && now.saturating_duration_since(last_used) >= self.opts.check_delay
     }
 
     /// Why an idle connection must not be lent out, if it must not.
@@ -410,6 +418,31 @@ mod tests {
         assert!(st.next_waiter(now).is_none());
         let left: Vec<u64> = st.waiters.iter().map(|w| w.id).collect();
         assert_eq!(left, vec![expired], "the expired waiter stays for its own timeout to answer; the gone one went");
+    }
+
+    #[test]
+    fn server_check_query_is_due_only_for_a_connection_lent_before() {
+        let st = state();
+        let opened = Instant::now();
+        let later = opened + st.opts.check_delay + Duration::from_secs(1);
+        assert!(!st.check_due((opened, opened), later), "a fresh login is not checked");
+        assert!(st.check_due((opened, opened + Duration::from_millis(1)), later), "a returned one is");
+    }
+
+    #[test]
+    fn a_pool_that_stopped_lending_lets_its_waiters_go_at_upkeep() {
+        let mut st = state();
+        let now = Instant::now();
+        let count = std::sync::Arc::new(super::super::QueueCount::default());
+        let (tx, _rx) = oneshot::channel();
+        st.push_waiter(tx, now, now + Duration::from_secs(60), count.join(0).unwrap());
+        st.let_waiters_go();
+        assert_eq!(st.live_waiters_up_to(10), 1, "a lending pool keeps its queue");
+        st.stop_lending();
+        assert_eq!(st.live_waiters_up_to(10), 1, "kept until the next upkeep");
+        st.let_waiters_go();
+        assert_eq!(st.live_waiters_up_to(10), 0);
+        assert!(st.is_stopping());
     }
 
     #[test]

@@ -4,8 +4,9 @@
 //! connection, so a pool does not expire all at once), keep min_pool_size
 //! warm, retry connects held back by max_db_connections, point idle
 //! connections at the current settings after a reload, close idle ones
-//! above a capacity a reload lowered, publish the state gauges, and let the
-//! database's host set ask its hosts that do not match again (`survey`).
+//! above a capacity a reload lowered, let the waiters of a pool that stopped
+//! lending (SHUTDOWN WAIT_FOR_SERVERS) go, publish the state gauges, and let
+//! the database's host set ask its hosts that do not match again (`survey`).
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -39,6 +40,7 @@ fn sweep(pool: &Arc<Pool>) {
         let mut st = pool.state.lock();
         let min = st.opts.settings.min_pool_size as usize;
         let idle_timeout = st.opts.idle_timeout;
+        st.let_waiters_go();
         refresh_specs(&mut st);
         let mut i = 0;
         while i < st.idle.len() {

@@ -112,6 +112,15 @@ pub(crate) enum ConnectError {
 }
 
 impl ConnectError {
+    /// PgBouncer's words for a connect that never logged in, in its
+    /// `closing because:` line: "connect timeout" or "connect failed".
+    pub(crate) fn close_reason(&self) -> &'static str {
+        match self {
+            ConnectError::Timeout(_) => "connect timeout",
+            _ => "connect failed",
+        }
+    }
+
     pub(crate) fn failure_label(&self) -> ConnectFailure {
         match self {
             ConnectError::Timeout(_) => ConnectFailure::Timeout,
@@ -491,6 +500,13 @@ mod tests {
     fn refused(message: &str) -> Option<ConnectRefusal> {
         let e = LoginError::Server { code: sqlstate::TOO_MANY_CONNECTIONS.code().into(), message: message.into() };
         ConnectError::Login(e).refusal()
+    }
+
+    #[test]
+    fn a_connect_that_never_logged_in_closes_in_pgbouncer_words() {
+        assert_eq!(ConnectError::Timeout(Duration::from_secs(2)).close_reason(), "connect timeout");
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert_eq!(ConnectError::Io(refused).close_reason(), "connect failed");
     }
 
     #[test]

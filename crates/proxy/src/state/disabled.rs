@@ -1,9 +1,11 @@
 //! The console's own state in shared state: the databases DISABLE closed
 //! to new clients (set by `admin`, read by the pooled login in `client`),
-//! and the SETs waiting for a setting they must agree with (TLS files and
-//! modes), which a reload from the file forgets.
+//! the SETs waiting for a setting they must agree with (TLS files and
+//! modes), which a reload from the file forgets, and the count of console
+//! queries (SHOW STATS's row for the console's database).
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
@@ -13,6 +15,9 @@ pub struct AdminState {
     disabled: Mutex<BTreeSet<String>>,
     /// `[weir]` values SET but not yet in effect, as TOML.
     pending: Mutex<toml::Table>,
+    /// Queries the console answered (each one a transaction too, as
+    /// PgBouncer counts them).
+    queries: AtomicU64,
 }
 
 impl AdminState {
@@ -42,6 +47,16 @@ impl AdminState {
     /// Replaces the SET values not yet in effect (empty: none).
     pub fn set_pending(&self, values: toml::Table) {
         *self.pending.lock() = values;
+    }
+
+    /// The console got a query.
+    pub fn count_query(&self) {
+        self.queries.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Queries the console got since weir started.
+    pub fn queries(&self) -> u64 {
+        self.queries.load(Ordering::Relaxed)
     }
 }
 

@@ -316,6 +316,8 @@ impl Shared {
         cfg.weir.worker_threads = old.weir.worker_threads;
         cfg.metrics = old.metrics.clone();
         self.users.store(Arc::new(users));
+        // auth_query, auth_user or auth_dbname may have changed.
+        self.auth_query_cache.clear();
         self.hba.store(hba);
         self.client_tls.store(client_tls);
         let server_tls = |g: &crate::config::General| {

@@ -319,6 +319,9 @@ impl ClientStatements {
         new: Arc<Statement>,
         server: &mut ServerStatements,
     ) -> BytesMut {
+        // PgBouncer's words; it closes the client here, weir answers as
+        // Postgres does and the client keeps its connection.
+        tracing::warn!("prepared statement '{}' was already prepared", String::from_utf8_lossy(p.name));
         let mut out = self.prepare_if_missing(&old, server).unwrap_or_default();
         extended::parse(&mut out, &old.weir, p.query, p.param_types);
         self.q.expect.push_back(Expect::DupParse { client: p.name.to_vec(), old: old.weir.clone(), new });
