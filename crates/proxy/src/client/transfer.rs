@@ -378,12 +378,14 @@ fn from_server<CW: AsyncWrite + Unpin>(
         *server.broken = Some(weir_metrics::CloseReason::ProtocolError);
         ClientError::BadServerMessage(e)
     })?;
-    // A standby promoted under this server, or a write it refused where
-    // writes are wanted (unless it says it is a writable primary: then the
-    // client's own transaction was read-only): it retires when released,
-    // and its host's role is asked again.
-    if role_changed || (scanned.refused_write && server.wants_writes && !says_writable(server.params)) {
+    // A standby promoted under this server: it retires when released, and
+    // its host's role is asked again. A write it refused where writes are
+    // wanted is weighed at the release (`Pool::give_back`).
+    if role_changed {
         server.broken.get_or_insert(weir_metrics::CloseReason::RoleChanged);
+    }
+    if scanned.refused_write && server.wants_writes {
+        *server.refused_write = true;
     }
     let answered = owed.saturating_sub(server.conv.owed()) as usize;
     // A tracked client's replies may be rewritten: they go through `inbound` whole.
@@ -416,12 +418,6 @@ async fn server_gone<CW: AsyncWrite + Unpin>(cw: &mut CW, flow: &Flow) -> Ended 
     }));
     let _ = flush.await;
     Ended::ServerGone { told: flow.told }
-}
-
-/// A Postgres 14+ server reports both: not in recovery, and its session's
-/// transactions start read-write. Older servers say nothing.
-fn says_writable(params: &ParamMap) -> bool {
-    params.get(IN_HOT_STANDBY) == Some("off") && params.get("default_transaction_read_only") == Some("off")
 }
 
 /// The client left. Client bytes already counted as sent are sent, so the

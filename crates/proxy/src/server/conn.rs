@@ -60,6 +60,10 @@ pub struct ServerConn {
     /// Its database wants writes (target_session_attrs = read-write): a
     /// 25006 from it retires it when released.
     wants_writes: bool,
+    /// It refused a write (25006) during this loan. Weighed when released,
+    /// with the parameters it has reported by then (the ParameterStatus that
+    /// says it turned read-only may come after the error).
+    pub(crate) refused_write: bool,
     guard: ServerConnGuard,
 }
 
@@ -85,6 +89,8 @@ pub struct ServerSide<'a> {
     pub statements: &'a mut ServerStatements,
     /// A refused write (25006) retires the server (read-write databases).
     pub wants_writes: bool,
+    /// Set when it refused a write where writes are wanted.
+    pub refused_write: &'a mut bool,
 }
 
 /// A place in a shared connection count, given back on drop.
@@ -127,6 +133,7 @@ impl ServerConn {
                 broken: &mut self.broken,
                 statements: &mut self.statements,
                 wants_writes: self.wants_writes,
+                refused_write: &mut self.refused_write,
             },
         }
     }
@@ -312,6 +319,7 @@ async fn connect_plain(spec: Arc<ConnectSpec>, metrics: &Arc<PoolMetrics>) -> Re
         statements,
         tether: None,
         wants_writes: false,
+        refused_write: false,
         guard,
     })
 }

@@ -65,6 +65,12 @@ impl ServerRole {
         Some(ServerRole { in_recovery, read_only })
     }
 
+    /// A Postgres 14+ server reports both: not in recovery, and its
+    /// sessions' transactions start read-write. Older servers say nothing.
+    pub(crate) fn says_writable(params: &ParamMap) -> bool {
+        Self::from_params(params) == Some(ServerRole { in_recovery: false, read_only: false })
+    }
+
     /// The role as SHOW and `/metrics` name it.
     pub(crate) fn host_role(self) -> HostRole {
         match self {
