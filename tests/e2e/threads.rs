@@ -33,7 +33,16 @@ fn num(row: &HashMap<String, String>, col: &str) -> u64 {
 async fn two_worker_threads_serve_queries_with_one_pool_and_one_set_of_stats() {
     let pg = pg().await;
     let w = WeirProcess::start(&pg, "worker_threads = 2", &format!("pool_size = {POOL_SIZE}")).await;
-    let workers = thread_names(w.pid()).iter().filter(|n| n.starts_with("tokio-r")).count();
+    // A new thread carries the process's name until tokio names it: look
+    // again until the names come (or the wait limit ends).
+    let end = std::time::Instant::now() + weir_e2e::WAIT_LIMIT;
+    let workers = loop {
+        let n = thread_names(w.pid()).iter().filter(|n| n.starts_with("tokio-r")).count();
+        if n >= 2 || std::time::Instant::now() >= end {
+            break n;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
     assert!(workers >= 2, "a multi-thread runtime with 2 workers, threads: {:?}", thread_names(w.pid()));
 
     let mut clients = Vec::new();
