@@ -407,7 +407,7 @@ fn summary(opts: &Opts, o: &Outcome) -> (String, bool) {
     let tps: Vec<u64> = o.samples.iter().filter(|x| x.t > 2.0 && x.t <= o.load_end).map(|x| x.tps).collect();
     let mean_tps = tps.iter().sum::<u64>() as f64 / tps.len().max(1) as f64;
     let _ = writeln!(s, "mean TPS {mean_tps:.0}; peak RSS {:.1} MiB", peak as f64 / 1024.0);
-    let checks = checks(o, base, last, &outside);
+    let checks = checks(o, opts.kind, base, last, &outside);
     let _ = writeln!(s, "\ndone-means checks:");
     for c in &checks {
         let _ = writeln!(s, "  {} {}: {}", if c.ok { "PASS" } else { "FAIL" }, c.name, c.detail);
@@ -421,12 +421,19 @@ fn summary(opts: &Opts, o: &Outcome) -> (String, bool) {
 
 fn checks(
     o: &Outcome,
+    kind: Kind,
     base: Option<u64>,
     last: Option<u64>,
     outside: &std::collections::BTreeMap<String, u64>,
 ) -> Vec<Check> {
     let l = &o.ledger;
-    let adj = |(fds, servers): (Option<usize>, u64)| fds.map(|f| f as i64 - servers as i64);
+    // weir holds two descriptors per server connection: its socket and the
+    // duplicate that lets a failover end it at once (server/tether.rs).
+    let per_server: i64 = match kind {
+        Kind::Weir => 2,
+        Kind::PgBouncer => 1,
+    };
+    let adj = |(fds, servers): (Option<usize>, u64)| fds.map(|f| f as i64 - per_server * servers as i64);
     let (fa, fb) = (adj(o.idle_start), adj(o.idle_end));
     vec![
         Check {
