@@ -51,3 +51,4 @@ mod smoke;
 mod statement_fuzz;
 mod threads;
 mod tls;
+mod tls_v1;

@@ -17,7 +17,7 @@ use weir::protocol::tags::{backend as be, startup as code};
 use weir_e2e::raw::{error_fields, startup, Raw};
 use weir_e2e::{pg, Harness, Opts, APP_DB, TRUST_PASS, TRUST_USER};
 
-const LIMIT: Duration = Duration::from_secs(20);
+pub(crate) const LIMIT: Duration = Duration::from_secs(20);
 
 /// A CA, weir's certificate for 127.0.0.1 signed by it, a client certificate
 /// signed by it, and a rogue CA with a client and a server certificate of its own.
@@ -40,9 +40,13 @@ pub(crate) struct Certs(PathBuf);
 
 impl Certs {
     pub(crate) fn new() -> Certs {
+        Certs::generate(GEN_CERTS)
+    }
+    /// The files a shell `script` makes with the openssl CLI.
+    pub(crate) fn generate(script: &str) -> Certs {
         let dir = std::env::temp_dir().join(format!("weir-tls-{}", rand::random::<u32>()));
         std::fs::create_dir_all(&dir).unwrap();
-        let out = Command::new("sh").arg("-c").arg(GEN_CERTS).current_dir(&dir).output().expect("run openssl");
+        let out = Command::new("sh").arg("-c").arg(script).current_dir(&dir).output().expect("run openssl");
         assert!(out.status.success(), "openssl failed: {}", String::from_utf8_lossy(&out.stderr));
         Certs(dir)
     }
@@ -71,7 +75,7 @@ async fn start(certs: &Certs, mode: &str) -> Harness {
 }
 
 /// Runs `select 1` through weir with psql and the given connection options.
-fn psql(h: &Harness, opts: &str) -> Result<String, String> {
+pub(crate) fn psql(h: &Harness, opts: &str) -> Result<String, String> {
     let conn = format!(
         "host=127.0.0.1 port={} dbname={APP_DB} user={TRUST_USER} password={TRUST_PASS} connect_timeout=10 {opts}",
         h.addr().port()
@@ -84,7 +88,7 @@ fn psql(h: &Harness, opts: &str) -> Result<String, String> {
     }
 }
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
     tokio::time::timeout(LIMIT, tokio::task::spawn_blocking(f)).await.expect("bounded").unwrap()
 }
 
@@ -244,19 +248,25 @@ async fn disable_answers_n_and_reload_picks_up_new_certificates() {
 }
 
 /// A Postgres with ssl = on and the CA-signed certificate for 127.0.0.1.
-/// Postgres wants its key owned by its own user with mode 0600.
 fn pg_with_ssl(certs: &Certs) -> weir_e2e::PgOptions {
+    pg_with_ssl_as(certs, "server")
+}
+
+/// A Postgres with ssl = on and the certificate `name`.crt (key `name`.key).
+/// Postgres wants its key owned by its own user with mode 0600.
+pub(crate) fn pg_with_ssl_as(certs: &Certs, name: &str) -> weir_e2e::PgOptions {
     let run_as_root = Command::new("id").arg("-u").output().map(|o| o.stdout.starts_with(b"0\n")).unwrap_or(false);
+    let (crt, key) = (certs.path(&format!("{name}.crt")), certs.path(&format!("{name}.key")));
     if run_as_root {
-        for f in ["server.crt", "server.key"] {
-            let st = Command::new("chown").args(["postgres", &certs.path(f)]).status().expect("chown");
+        for f in [&crt, &key] {
+            let st = Command::new("chown").args(["postgres", f]).status().expect("chown");
             assert!(st.success());
         }
     }
     let mut pg = weir_e2e::PgOptions::default();
     pg.extra_conf.push(("ssl".into(), "on".into()));
-    pg.extra_conf.push(("ssl_cert_file".into(), format!("'{}'", certs.path("server.crt"))));
-    pg.extra_conf.push(("ssl_key_file".into(), format!("'{}'", certs.path("server.key"))));
+    pg.extra_conf.push(("ssl_cert_file".into(), format!("'{crt}'")));
+    pg.extra_conf.push(("ssl_key_file".into(), format!("'{key}'")));
     pg
 }
 

@@ -145,7 +145,7 @@ fn own_problem(cfg: &Config, key: &str) -> Option<String> {
     let loaded = match key {
         "server_tls_key_file" | "client_tls_key_file" => crate::tls::load_key(&path).map(drop),
         "server_tls_ca_file" | "client_tls_ca_file" => crate::tls::load_roots(&path).map(drop),
-        _ => crate::tls::load_own_certs(&path).map(drop),
+        _ => crate::tls::load_certs(&path).map(drop),
     };
     loaded.err().map(|e| e.to_string())
 }

@@ -65,8 +65,9 @@ const DIFFERENCES: &[Difference] = &[
             let w = &c.weir;
             w.client_tls_cert_file.is_some() || w.server_tls_cert_file.is_some() || w.server_tls_ca_file.is_some()
         },
-        note: "TLS (rustls): X.509 v3 certificates only, and host names from subjectAltName only (OpenSSL also \
-               reads v1 certificates and the subject CN)",
+        note: "TLS (rustls): a peer's X.509 v1 certificate must be signed directly by a CA of the CA file, and a \
+               v1 certificate is never taken as a CA; a v3 certificate's host names come from subjectAltName only \
+               (OpenSSL also chains through v1 CAs and reads a v3 certificate's subject CN)",
     },
     Difference {
         applies: |c| c.databases.values().any(|d| d.host.contains(',')),

@@ -3,17 +3,24 @@
 //! (`client_tls_sslmode`), and the connector weir uses towards Postgres
 //! (`server_tls_sslmode`). Built from the config at start and at each
 //! reload, so new certificate files take effect without a restart.
+//! Certificates may be X.509 v1 or v3 (`v1` says how).
+
+pub mod v1;
+mod verify;
 
 use std::path::Path;
 use std::sync::Arc;
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::danger::ServerCertVerifier;
 use rustls::client::WebPkiServerVerifier;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
-use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls::sign::CertifiedKey;
+use rustls::RootCertStore;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+use verify::{ClientVerified, Unverified, Verified};
 
 use crate::config::{ClientTlsMode, Config, ServerTlsMode};
 
@@ -60,18 +67,11 @@ pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError>
     Ok(certs)
 }
 
-/// The certificate chain weir presents, from a PEM file. Its first
-/// certificate must be X.509 v3: rustls cannot use a v1 certificate (it
-/// reads the key from it through webpki, which accepts v3 only), where
-/// OpenSSL, and so PgBouncer, would.
-pub fn load_own_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let certs = load_certs(path)?;
-    if certs.first().is_some_and(|c| is_x509_v1(c)) {
-        let why = "v1 certificate: reissue as v3 (weir's TLS library, rustls, accepts X.509 v3 certificates only; \
-                   `openssl x509 -req` makes v3 when `-extfile` names extensions such as subjectAltName)";
-        return Err(TlsError::File(path.display().to_string(), why.into()));
-    }
-    Ok(certs)
+/// weir's own certificate chain and its key, from PEM files, ready to serve
+/// (v1 or v3; the key must match the certificate).
+pub fn load_certified_key(cert: &Path, key: &Path) -> Result<Arc<CertifiedKey>, TlsError> {
+    v1::certified_key(load_certs(cert)?, load_key(key)?, &provider())
+        .map_err(|e| TlsError::Setup(format!("{}: {e}", cert.display())))
 }
 
 /// Whether a DER certificate is X.509 v1: its TBSCertificate opens without
@@ -103,15 +103,17 @@ pub fn is_x509_v1(der: &[u8]) -> bool {
     tbs.and_then(|t| t.first()).is_some_and(|&first| first != VERSION_TAG)
 }
 
-/// A failed handshake's error, with what to do about the two refusals
-/// OpenSSL-built peers meet most: the `peer`'s certificate is X.509 v1, or
-/// names the host only in its subject CN (rustls, as RFC 6125 asks, reads
-/// names from subjectAltName only).
+/// A failed handshake's error, in OpenSSL's words where a certificate was
+/// refused ("certificate verify failed"), with what to do about a v3
+/// `peer` certificate that names the host only in its subject CN (rustls,
+/// as RFC 6125 asks, reads a v3 certificate's names from subjectAltName only).
 pub fn explain(e: &std::io::Error, peer: &str) -> String {
     let text = e.to_string();
-    if text.contains("UnsupportedCertVersion") {
-        format!("{text}: the {peer}'s certificate is a v1 certificate: reissue as v3")
-    } else if text.contains("not valid for any names") || text.contains("NotValidForName") {
+    let text = match text.strip_prefix("invalid peer certificate: ") {
+        Some(why) => format!("certificate verify failed: the {peer}'s certificate: {why}"),
+        None => text,
+    };
+    if text.contains("not valid for any names") {
         let why = "a name only in the subject CN is not read: reissue it with the name in subjectAltName";
         format!("{text}: the {peer}'s certificate has no subjectAltName for it ({why})")
     } else {
@@ -124,13 +126,15 @@ pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     PrivateKeyDer::from_pem_file(path).map_err(|e| TlsError::File(path.display().to_string(), e.to_string()))
 }
 
-/// A root store from a PEM file of CA certificates.
-pub fn load_roots(path: &Path) -> Result<RootCertStore, TlsError> {
+/// A root store from a PEM file of CA certificates, and the certificates
+/// themselves (for the v1 path).
+pub fn load_roots(path: &Path) -> Result<(RootCertStore, Arc<[CertificateDer<'static>]>), TlsError> {
     let mut roots = RootCertStore::empty();
-    for cert in load_certs(path)? {
-        roots.add(cert).map_err(|e| TlsError::File(path.display().to_string(), e.to_string()))?;
+    let certs = load_certs(path)?;
+    for cert in &certs {
+        roots.add(cert.clone()).map_err(|e| TlsError::File(path.display().to_string(), e.to_string()))?;
     }
-    Ok(roots)
+    Ok((roots, certs.into()))
 }
 
 /// The client-side acceptor the config asks for (None with `disable`).
@@ -146,16 +150,17 @@ pub fn load_client_tls(cfg: &Config) -> Result<Option<Arc<ClientTls>>, TlsError>
         .map_err(|e| TlsError::Setup(e.to_string()))?;
     let builder = if g.client_tls_sslmode.verifies_client() {
         let ca = cfg.resolve(&g.client_tls_ca_file).ok_or(TlsError::Missing("client_tls_ca_file"))?;
-        let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(load_roots(&ca)?), provider())
+        let (roots, cas) = load_roots(&ca)?;
+        let webpki = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
             .build()
             .map_err(|e| TlsError::Setup(e.to_string()))?;
-        builder.with_client_cert_verifier(verifier)
+        let algs = provider().signature_verification_algorithms;
+        builder.with_client_cert_verifier(Arc::new(ClientVerified { webpki, cas, algs }))
     } else {
         builder.with_no_client_auth()
     };
-    let mut server = builder
-        .with_single_cert(load_own_certs(&cert)?, load_key(&key)?)
-        .map_err(|e| TlsError::Setup(format!("{}: {e}", cert.display())))?;
+    let own = v1::FixedCert(load_certified_key(&cert, &key)?);
+    let mut server = builder.with_cert_resolver(Arc::new(own));
     server.alpn_protocols = vec![ALPN_POSTGRESQL.to_vec()];
     Ok(Some(Arc::new(ClientTls { mode: g.client_tls_sslmode, acceptor: TlsAcceptor::from(Arc::new(server)) })))
 }
@@ -186,13 +191,17 @@ pub fn load_server_tls(cfg: &Config) -> Result<Option<Arc<ServerTls>>, TlsError>
     let g = &cfg.weir;
     let verifier: Arc<dyn ServerCertVerifier> = match g.server_tls_sslmode {
         ServerTlsMode::Disable | ServerTlsMode::Allow => return Ok(None),
-        ServerTlsMode::Prefer | ServerTlsMode::Require => Arc::new(Unverified(provider())),
+        ServerTlsMode::Prefer | ServerTlsMode::Require => {
+            Arc::new(Unverified { algs: provider().signature_verification_algorithms })
+        }
         mode => {
             let ca = cfg.resolve(&g.server_tls_ca_file).ok_or(TlsError::Missing("server_tls_ca_file"))?;
-            let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(load_roots(&ca)?), provider())
+            let (roots, cas) = load_roots(&ca)?;
+            let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
                 .build()
                 .map_err(|e| TlsError::Setup(e.to_string()))?;
-            Arc::new(Verified { webpki, check_name: mode == ServerTlsMode::VerifyFull })
+            let algs = provider().signature_verification_algorithms;
+            Arc::new(Verified { webpki, cas, algs, check_name: mode == ServerTlsMode::VerifyFull })
         }
     };
     let builder = rustls::ClientConfig::builder_with_provider(provider())
@@ -201,9 +210,9 @@ pub fn load_server_tls(cfg: &Config) -> Result<Option<Arc<ServerTls>>, TlsError>
         .dangerous()
         .with_custom_certificate_verifier(verifier);
     let mut client = match (cfg.resolve(&g.server_tls_cert_file), cfg.resolve(&g.server_tls_key_file)) {
-        (Some(cert), Some(key)) => builder
-            .with_client_auth_cert(load_own_certs(&cert)?, load_key(&key)?)
-            .map_err(|e| TlsError::Setup(format!("{}: {e}", cert.display())))?,
+        (Some(cert), Some(key)) => {
+            builder.with_client_cert_resolver(Arc::new(v1::FixedCert(load_certified_key(&cert, &key)?)))
+        }
         _ => builder.with_no_client_auth(),
     };
     client.alpn_protocols = vec![ALPN_POSTGRESQL.to_vec()];
@@ -214,93 +223,6 @@ pub fn load_server_tls(cfg: &Config) -> Result<Option<Arc<ServerTls>>, TlsError>
 pub fn broken_server_tls(mode: ServerTlsMode, why: String) -> Option<Arc<ServerTls>> {
     (!matches!(mode, ServerTlsMode::Disable | ServerTlsMode::Allow))
         .then(|| Arc::new(ServerTls { mode, connector: Err(why) }))
-}
-
-/// prefer / require: encryption without checking who the server is (as
-/// libpq's sslmode=require); the handshake's signatures are still checked.
-#[derive(Debug)]
-struct Unverified(Arc<rustls::crypto::CryptoProvider>);
-
-/// verify-ca / verify-full: the chain against the CA; the name only with verify-full.
-#[derive(Debug)]
-struct Verified {
-    webpki: Arc<WebPkiServerVerifier>,
-    check_name: bool,
-}
-
-impl ServerCertVerifier for Verified {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        ocsp: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        match self.webpki.verify_server_cert(end_entity, intermediates, server_name, ocsp, now) {
-            Err(rustls::Error::InvalidCertificate(
-                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-            )) if !self.check_name => Ok(ServerCertVerified::assertion()),
-            other => other,
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.webpki.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.webpki.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.webpki.supported_verify_schemes()
-    }
-}
-
-impl ServerCertVerifier for Unverified {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
 }
 
 #[cfg(test)]
@@ -327,8 +249,8 @@ mod tests {
     #[test]
     fn handshake_errors_say_what_to_reissue() {
         let e = |t: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, t.to_owned());
-        let v1 = explain(&e("invalid peer certificate: Other(OtherError(UnsupportedCertVersion))"), "server");
-        assert!(v1.ends_with("the server's certificate is a v1 certificate: reissue as v3"), "{v1}");
+        let ca = explain(&e("invalid peer certificate: UnknownIssuer"), "server");
+        assert_eq!(ca, "certificate verify failed: the server's certificate: UnknownIssuer");
         let cn = explain(&e("certificate not valid for name \"db\"; certificate is not valid for any names"), "server");
         assert!(cn.contains("subjectAltName"), "{cn}");
         assert_eq!(explain(&e("other"), "client"), "other");
