@@ -271,6 +271,33 @@ mod tests {
         assert!(config("client_tls_sslmode = \"sometimes\"").is_err());
     }
 
+    /// The v1 fixtures of `v1`'s tests, in a config (relative paths).
+    fn v1_config(lines: &str) -> Config {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/tls/testdata");
+        Config::from_toml(&format!("[weir]\nauth_type = \"trust\"\n{lines}"), &dir).unwrap()
+    }
+
+    #[test]
+    fn v1_certificates_build_the_acceptor_and_the_connector() {
+        let cfg = v1_config(
+            "client_tls_sslmode = \"verify-full\"\nclient_tls_cert_file = \"localhost-ca1.crt\"\n\
+             client_tls_key_file = \"localhost-ca1.key\"\nclient_tls_ca_file = \"ca1.crt\"\n\
+             server_tls_sslmode = \"verify-full\"\nserver_tls_ca_file = \"ca1.crt\"\n\
+             server_tls_cert_file = \"wild-ca1.crt\"\nserver_tls_key_file = \"wild-ca1.key\"\n",
+        );
+        assert!(load_client_tls(&cfg).unwrap().is_some());
+        assert!(load_server_tls(&cfg).unwrap().is_some_and(|t| t.connector.is_ok()));
+        // A v1 certificate in a CA file loads (it is only ever matched exactly).
+        assert!(load_roots(&cfg.resolve(&Some("v1ca.crt".into())).unwrap()).is_ok());
+        // A key that is not the certificate's is refused, naming the certificate.
+        let bad = v1_config(
+            "client_tls_sslmode = \"require\"\nclient_tls_cert_file = \"localhost-ca1.crt\"\n\
+             client_tls_key_file = \"wild-ca1.key\"\n",
+        );
+        let e = load_client_tls(&bad).unwrap_err().to_string();
+        assert!(e.contains("localhost-ca1.crt") && e.contains("KeyMismatch"), "{e}");
+    }
+
     #[test]
     fn a_file_that_is_not_pem_is_refused_with_its_name() {
         let dir = std::env::temp_dir().join(format!("weir-tls-unit-{}", std::process::id()));
