@@ -148,6 +148,8 @@ impl Default for General {
             server_tls_ca_file: None,
             server_tls_cert_file: None,
             server_tls_key_file: None,
+            client_tls_protocols: "secure".into(),
+            server_tls_protocols: "secure".into(),
             peer_id: 0,
             so_reuseport: false,
             // weir's drain, which Kubernetes' grace period bounds; PgBouncer's

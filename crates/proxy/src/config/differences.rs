@@ -70,6 +70,15 @@ const DIFFERENCES: &[Difference] = &[
                (OpenSSL also chains through v1 CAs and reads a v3 certificate's subject CN)",
     },
     Difference {
+        applies: |c| {
+            let older = |v: &str| super::tls_protocols::parse(v).is_ok_and(|v| v.older);
+            older(&c.weir.client_tls_protocols) || older(&c.weir.server_tls_protocols)
+        },
+        note: "client_tls_protocols / server_tls_protocols: TLSv1.0 and TLSv1.1 are never offered (rustls has \
+               TLSv1.2 and TLSv1.3 only); the *_tls_ciphers, *_tls13_ciphers, ecdhcurve and dheparams keys are \
+               rustls's own suites and curves",
+    },
+    Difference {
         applies: |c| c.databases.values().any(|d| d.host.contains(',')),
         note: "host lists: weir skips a host it cannot reach and, with target_session_attrs, keeps only servers \
                of the role asked for, finding the new primary after a failover (PgBouncer takes every listed host \
@@ -129,6 +138,9 @@ mod tests {
         assert!(!like.iter().any(|n| n.starts_with("liveness")), "PgBouncer's bounds, no note: {like:#?}");
         assert!(!plain.iter().any(|n| n.starts_with("server_fast_close") || n.starts_with("query_timeout")));
         assert!(!plain.iter().any(|n| n.starts_with("TLS") || n.starts_with("auth_type")), "{plain:#?}");
+        assert!(!plain.iter().any(|n| n.starts_with("client_tls_protocols")), "{plain:#?}");
+        let all = for_config(&cfg("[weir]\nauth_type = \"trust\"\nserver_tls_protocols = \"all\"\n[databases.app]\n"));
+        assert!(all.iter().any(|n| n.starts_with("client_tls_protocols")), "{all:#?}");
         assert!(plain.iter().any(|n| n.starts_with("prepared statements")), "on by default: {plain:#?}");
         let off = for_config(&cfg("[weir]\nauth_type = \"trust\"\nmax_prepared_statements = 0\n[databases.app]\n"));
         assert!(!off.iter().any(|n| n.starts_with("prepared statements")), "{off:#?}");

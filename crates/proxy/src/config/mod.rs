@@ -12,6 +12,7 @@ mod listen;
 pub mod migrate;
 mod peers;
 mod resolve;
+pub mod tls_protocols;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -333,6 +334,10 @@ pub struct General {
     pub server_tls_ca_file: Option<PathBuf>,
     pub server_tls_cert_file: Option<PathBuf>,
     pub server_tls_key_file: Option<PathBuf>,
+    /// TLS versions offered to clients and to Postgres, in PgBouncer's
+    /// words (`secure`, `all`, `tlsv1.3`, ...; see `tls_protocols`).
+    pub client_tls_protocols: String,
+    pub server_tls_protocols: String,
     /// This weir's id among its peers (1 to 16383): every cancel key it
     /// mints carries it, and a CancelRequest for another peer's key is
     /// forwarded to that peer (`[peers]`). 0: no peering (PgBouncer's key).

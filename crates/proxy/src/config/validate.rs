@@ -36,6 +36,14 @@ impl Config {
         self.check_startup_parameters(&mut found);
         self.check_client_tls(&mut found);
         self.check_server_tls(&mut found);
+        for (key, value) in [
+            ("client_tls_protocols", &self.weir.client_tls_protocols),
+            ("server_tls_protocols", &self.weir.server_tls_protocols),
+        ] {
+            if let Err(why) = super::tls_protocols::parse(value) {
+                found.push(invalid(format!("weir.{key}"), why));
+            }
+        }
         for name in self.databases.keys() {
             self.check_database(name, &mut found);
         }

@@ -54,6 +54,20 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// The rustls versions of a `*_tls_protocols` value (checked by the
+/// config's validation; a bad one here is a setup error).
+fn versions(value: &str) -> Result<Vec<&'static rustls::SupportedProtocolVersion>, TlsError> {
+    let v = crate::config::tls_protocols::parse(value).map_err(TlsError::Setup)?;
+    let mut out = Vec::new();
+    if v.tls13 {
+        out.push(&rustls::version::TLS13);
+    }
+    if v.tls12 {
+        out.push(&rustls::version::TLS12);
+    }
+    Ok(out)
+}
+
 /// Every certificate in a PEM file.
 pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let bad = |e: String| TlsError::File(path.display().to_string(), e);
@@ -146,7 +160,7 @@ pub fn load_client_tls(cfg: &Config) -> Result<Option<Arc<ClientTls>>, TlsError>
     let cert = cfg.resolve(&g.client_tls_cert_file).ok_or(TlsError::Missing("client_tls_cert_file"))?;
     let key = cfg.resolve(&g.client_tls_key_file).ok_or(TlsError::Missing("client_tls_key_file"))?;
     let builder = rustls::ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
+        .with_protocol_versions(&versions(&g.client_tls_protocols)?)
         .map_err(|e| TlsError::Setup(e.to_string()))?;
     let builder = if g.client_tls_sslmode.verifies_client() {
         let ca = cfg.resolve(&g.client_tls_ca_file).ok_or(TlsError::Missing("client_tls_ca_file"))?;
@@ -205,7 +219,7 @@ pub fn load_server_tls(cfg: &Config) -> Result<Option<Arc<ServerTls>>, TlsError>
         }
     };
     let builder = rustls::ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
+        .with_protocol_versions(&versions(&g.server_tls_protocols)?)
         .map_err(|e| TlsError::Setup(e.to_string()))?
         .dangerous()
         .with_custom_certificate_verifier(verifier);

@@ -64,8 +64,8 @@ const ZERO_KEEPS_DEFAULT: &[(&str, &str)] = &[
 
 /// PgBouncer settings weir has no equivalent for, and why.
 const UNSUPPORTED: &[(&str, &str)] = &[
-    ("client_tls_", "weir uses rustls's safe defaults for TLS versions, ciphers and curves"),
-    ("server_tls_", "weir uses rustls's safe defaults for TLS versions and ciphers"),
+    ("client_tls_", "weir uses rustls's cipher suites and curves for TLS 1.2 and 1.3"),
+    ("server_tls_", "weir uses rustls's cipher suites for TLS 1.2 and 1.3"),
     ("logfile", "weir logs to stderr; let the supervisor collect it"),
     ("syslog", "weir logs to stderr; let the supervisor collect it"),
     ("syslog_", "weir logs to stderr; let the supervisor collect it"),

@@ -29,6 +29,7 @@ log_connections = 0
 admin_users = admin, ops
 ignore_startup_parameters = extra_float_digits,search_path
 server_tls_protocols = secure
+server_tls_ciphers = fast
 logfile = /var/log/pgbouncer.log
 stats_period = 60
 frobnicate = 3
@@ -124,12 +125,13 @@ fn pgbouncer_default_pool_mode_is_kept() {
 fn each_setting_that_cannot_move_is_warned_about() {
     let m = from_pgbouncer_ini(SAMPLE);
     let warned = |needle: &str| m.warnings.iter().any(|w| w.contains(needle));
-    for needle in ["server_idle_timeout", "server_tls_protocols", "logfile", "frobnicate"] {
+    for needle in ["server_idle_timeout", "server_tls_ciphers", "logfile", "frobnicate"] {
         assert!(warned(needle), "no warning about {needle}: {:#?}", m.warnings);
     }
     assert!(!warned("max_db_client_connections") && !warned("[users] reporter"), "{:#?}", m.warnings);
     assert!(!warned("query_timeout = 0"), "0 = off maps to unset: {:#?}", m.warnings);
     assert!(!warned("max_client_conn"));
+    assert!(!warned("server_tls_protocols") && m.toml.contains("server_tls_protocols = \"secure\""), "carried");
     assert!(!warned("user=reporter") && !warned("* ") && !warned("auth_user"), "{:#?}", m.warnings);
     assert_eq!(m.warnings.len(), 4, "{:#?}", m.warnings);
 }
