@@ -2,7 +2,7 @@
 //! PgBouncer 1.23's (names, order and type OIDs, as its admin.c and stats.c
 //! declare them, listed below), with the columns 1.25 inserted (the client
 //! limits in DATABASES and USERS, a user's reserve_pool_size, the sockets'
-//! id). Debian's PgBouncer (1.18) and weir run on
+//! id, load_balance_hosts in DATABASES and POOLS). Debian's PgBouncer (1.18) and weir run on
 //! the same Postgres, every SHOW runs on both, and each of 1.18's columns
 //! must be in weir's with its type and in its relative order (1.23 inserted
 //! columns between 1.18's). Then the figures PgBouncer's tools read are
@@ -65,17 +65,17 @@ const PGBOUNCER_1_23: &[(&str, &str, &str)] = &[
     ("TOTALS", "sN", "name value"),
     (
         "POOLS",
-        "ssiiiiiiiiiiiiis",
+        "ssiiiiiiiiiiiiiss",
         "database user cl_active cl_waiting cl_active_cancel_req cl_waiting_cancel_req sv_active sv_active_cancel \
-         sv_being_canceled sv_idle sv_used sv_tested sv_login maxwait maxwait_us pool_mode",
+         sv_being_canceled sv_idle sv_used sv_tested sv_login maxwait maxwait_us pool_mode load_balance_hosts",
     ),
     ("CLIENTS", CONNECTION_TYPES, CONNECTION_NAMES),
     ("SERVERS", CONNECTION_TYPES, CONNECTION_NAMES),
     (
         "DATABASES",
-        "ssissiiiisiiiiii",
+        "ssissiiiissiiiiii",
         "name host port database force_user pool_size min_pool_size reserve_pool server_lifetime pool_mode \
-         max_connections current_connections max_client_connections current_client_connections paused disabled",
+         load_balance_hosts max_connections current_connections max_client_connections current_client_connections paused disabled",
     ),
     (
         "USERS",
