@@ -46,6 +46,31 @@ def isolate():
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
 
 
+def v3_certificates(work):
+    """WEIR_SUITE_V3_CERTS=1 (a diagnostic, not the suite as written): the
+    ssl suite's CA and site certificates are made X.509 v3 (a CA's basic
+    constraints, a site's subjectAltName), to see what fails besides the
+    certificates' version."""
+    ssl = os.path.join(work, "test", "ssl")
+    for name, old, new in [
+        (
+            "newca.sh",
+            '-out "$name/ca.crt" -- "$@"',
+            '-out "$name/ca.crt" -addext basicConstraints=critical,CA:TRUE -- "$@"',
+        ),
+        (
+            "newsite.sh",
+            'run_ca -days $days -policy pol-server -in "$pfx.csr" -out "$pfx.crt"',
+            'printf "subjectAltName=DNS:%s\\n" "$DstName" >"$pfx.ext"\n'
+            'run_ca -days $days -policy pol-server -extfile "$pfx.ext" -in "$pfx.csr" -out "$pfx.crt"',
+        ),
+    ]:
+        path = os.path.join(ssl, name)
+        text = open(path, encoding="utf-8").read()
+        assert old in text, f"{name} changed: no {old!r}"
+        open(path, "w", encoding="utf-8").write(text.replace(old, new))
+
+
 def as_user(work):
     """How the scripts are run: as WEIR_SUITE_USER (default nobody) when
     root, with the environment the scripts read (USER) set to match."""
@@ -117,6 +142,8 @@ def main():
     stall = int(os.environ.get("WEIR_SUITE_STALL", "300"))
     if os.geteuid() == 0:
         isolate()
+    if os.environ.get("WEIR_SUITE_V3_CERTS") == "1":
+        v3_certificates(work)
     prefix, env = as_user(work)
     results = {}
     with open(os.path.join(work, "suite.log"), "w", encoding="utf-8") as log:
