@@ -15,16 +15,17 @@
 #
 # The suites before 1.19 are shell scripts (test/test.sh, then
 # test/ssl/test.sh) on fixed ports (6666, 6667) and Unix sockets in /tmp:
-# they run in a network and mount namespace of their own (a private /tmp),
-# so they touch nothing of the machine's. ARGS then name tests of either
-# script (test_show test_client_ssl).
+# as root they run in a network and mount namespace of their own (a private
+# /tmp), so they touch nothing of the machine's (not as root, on the
+# machine's ports and /tmp, which must be free). ARGS then name tests of
+# either script (test_show test_client_ssl).
 #
 # At the end: the pass/fail/error/skip counts, and each test whose outcome
 # differs from expected-TAG.txt (every test not listed there is expected to
 # pass). Exit status 0 when nothing differs from the list.
 #
 # Needs: Postgres server programs on PATH (initdb, pg_ctl), openssl, socat;
-# for the shell suites unshare(1) and ip(8), and root (or user namespaces).
+# for the shell suites as root, unshare(1) and ip(8).
 # A test name or -k filter can follow: run.sh test/test_admin.py -k kill
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
