@@ -375,12 +375,7 @@ impl Pool {
     /// idle; anything else is recovered first. `now`: the caller's clock
     /// reading, if it has one.
     pub(crate) fn give_back(self: &Arc<Self>, mut conn: Box<ServerConn>, needs_reset: bool, now: Option<Instant>) {
-        // A write it refused retires it, unless it says it is a writable
-        // primary (then the client's own transaction was read-only).
-        if std::mem::take(&mut conn.refused_write) && !crate::server::role::ServerRole::says_writable(&conn.params) {
-            conn.broken.get_or_insert(CloseReason::RoleChanged);
-        }
-        if let Some(reason) = conn.broken {
+        if let Some(reason) = conn.close_reason_at_release() {
             self.state.lock().active -= 1;
             if reason == CloseReason::RoleChanged {
                 // It answered 25006 where writes are wanted, or reported a
