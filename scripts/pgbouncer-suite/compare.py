@@ -3,6 +3,10 @@
 outcome with a list of expected differences.
 
     compare.py REPORT.xml EXPECTED.txt
+    compare.py RESULTS.txt EXPECTED.txt
+
+REPORT.xml is pytest's JUnit XML; RESULTS.txt has one `OUTCOME NAME` a line
+(what legacy.py writes for the shell suites).
 
 EXPECTED.txt has one line per test that is not expected to pass:
 
@@ -17,6 +21,9 @@ import xml.etree.ElementTree as ET
 
 
 def outcomes(report):
+    if not report.endswith(".xml"):
+        with open(report, encoding="utf-8") as f:
+            return {name: outcome for outcome, name in (line.split() for line in f if line.strip())}
     out = {}
     for case in ET.parse(report).getroot().iter("testcase"):
         module = case.get("classname", "").split(".")[-1]

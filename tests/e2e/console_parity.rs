@@ -2,7 +2,8 @@
 //! PgBouncer 1.23's (names, order and type OIDs, as its admin.c and stats.c
 //! declare them, listed below), with the columns 1.25 inserted (the client
 //! limits in DATABASES and USERS, a user's reserve_pool_size, the sockets'
-//! id). Debian's PgBouncer (1.18) and weir run on
+//! id, load_balance_hosts in DATABASES and POOLS, the prepared statements'
+//! parse and bind counts in the STATS). Debian's PgBouncer (1.18) and weir run on
 //! the same Postgres, every SHOW runs on both, and each of 1.18's columns
 //! must be in weir's with its type and in its relative order (1.23 inserted
 //! columns between 1.18's). Then the figures PgBouncer's tools read are
@@ -47,35 +48,38 @@ const SHOWS: &[&str] = &[
 const PGBOUNCER_1_23: &[(&str, &str, &str)] = &[
     (
         "STATS",
-        "sNNNNNNNNNNNNNNNN",
+        "sNNNNNNNNNNNNNNNNNNNNNN",
         "database total_server_assignment_count total_xact_count total_query_count total_received total_sent \
-         total_xact_time total_query_time total_wait_time avg_server_assignment_count avg_xact_count avg_query_count \
-         avg_recv avg_sent avg_xact_time avg_query_time avg_wait_time",
+         total_xact_time total_query_time total_wait_time total_client_parse_count total_server_parse_count \
+         total_bind_count avg_server_assignment_count avg_xact_count avg_query_count avg_recv avg_sent avg_xact_time \
+         avg_query_time avg_wait_time avg_client_parse_count avg_server_parse_count avg_bind_count",
     ),
     (
         "STATS_TOTALS",
-        "sNNNNNNNN",
-        "database server_assignment_count xact_count query_count bytes_received bytes_sent xact_time query_time wait_time",
+        "sNNNNNNNNNNN",
+        "database server_assignment_count xact_count query_count bytes_received bytes_sent xact_time query_time wait_time \
+         client_parse_count server_parse_count bind_count",
     ),
     (
         "STATS_AVERAGES",
-        "sNNNNNNNN",
-        "database server_assignment_count xact_count query_count bytes_received bytes_sent xact_time query_time wait_time",
+        "sNNNNNNNNNNN",
+        "database server_assignment_count xact_count query_count bytes_received bytes_sent xact_time query_time wait_time \
+         avg_client_parse_count avg_server_parse_count avg_bind_count",
     ),
     ("TOTALS", "sN", "name value"),
     (
         "POOLS",
-        "ssiiiiiiiiiiiiis",
+        "ssiiiiiiiiiiiiiss",
         "database user cl_active cl_waiting cl_active_cancel_req cl_waiting_cancel_req sv_active sv_active_cancel \
-         sv_being_canceled sv_idle sv_used sv_tested sv_login maxwait maxwait_us pool_mode",
+         sv_being_canceled sv_idle sv_used sv_tested sv_login maxwait maxwait_us pool_mode load_balance_hosts",
     ),
     ("CLIENTS", CONNECTION_TYPES, CONNECTION_NAMES),
     ("SERVERS", CONNECTION_TYPES, CONNECTION_NAMES),
     (
         "DATABASES",
-        "ssissiiiisiiiiii",
+        "ssissiiiissiiiiii",
         "name host port database force_user pool_size min_pool_size reserve_pool server_lifetime pool_mode \
-         max_connections current_connections max_client_connections current_client_connections paused disabled",
+         load_balance_hosts max_connections current_connections max_client_connections current_client_connections paused disabled",
     ),
     (
         "USERS",

@@ -30,6 +30,7 @@ mod libpq18;
 mod listen;
 mod liveness;
 mod liveness_watchdog;
+mod load_balance;
 mod ops;
 mod peers;
 mod pgbouncer125;

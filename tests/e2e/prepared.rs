@@ -1,9 +1,10 @@
 //! Named prepared statements in transaction mode, against a real Postgres:
 //! statements follow their client from server to server, errors keep their
 //! meaning (a failing Parse is the client's error, an unknown name gets
-//! Postgres's own 26000), DEALLOCATE is followed, `max_prepared_statements =
-//! 0` turns it off, and session features pin the client to its server, which
-//! is reset before anyone else gets it.
+//! Postgres's own 26000), DEALLOCATE, DEALLOCATE ALL and DISCARD ALL are
+//! followed, `max_prepared_statements = 0` turns it off, SHOW STATS counts
+//! parses and binds, and session features pin the client to its server,
+//! which is reset before anyone else gets it.
 
 use bytes::Bytes;
 use weir_e2e::extended::{bind, close_statement, describe_statement, execute, parse, sync};
@@ -144,4 +145,77 @@ async fn session_set_gets_no_notice_from_weir() {
     assert_eq!(tags(&send(&mut c, &[query("SET search_path = public")]).await), set, "followed (settings.rs)");
     assert_eq!(tags(&send(&mut c, &[query("SET LOCAL search_path = public")]).await), "NCZ", "Postgres's own warning");
     assert_eq!(tags(&send(&mut c, &[query("SET application_name = 'x'")]).await), "CSZ", "reported: weir carries it");
+}
+
+/// DISCARD ALL and DEALLOCATE ALL (simple or extended protocol) drop the
+/// client's statements, as on Postgres: a Bind of one then gets Postgres's
+/// 26000 and the client keeps its connection. Another client holding the
+/// same statement (one server-side statement for both) keeps using it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discard_all_and_deallocate_all_forget_the_clients_statements() {
+    let h = harness(2, "transaction", "trust", "").await;
+    let mut a = login(h.addr(), SCRAM_USER, &[]).await;
+    let mut b = login(h.addr(), SCRAM_USER, &[]).await;
+    for drop_all in [
+        vec![query("DISCARD ALL")],
+        vec![query("deallocate all")],
+        vec![parse("", "DEALLOCATE ALL"), bind("", &[]), execute(), sync()],
+    ] {
+        let r = send(&mut a, &[parse("s1", "select 1"), bind("s1", &[]), execute(), sync()]).await;
+        assert_eq!(tags(&r), "12DCZ", "{r:?}");
+        let r = send(&mut b, &[parse("s1", "select 1"), bind("s1", &[]), execute(), sync()]).await;
+        assert_eq!(tags(&r), "12DCZ", "{r:?}");
+        let r = send(&mut a, &drop_all).await;
+        assert!(tags(&r).ends_with("CZ"), "{r:?}");
+        let r = send(&mut a, &[bind("s1", &[]), execute(), sync()]).await;
+        assert_eq!(tags(&r), "EZ", "{r:?}");
+        assert_eq!(code(&r[0].1), "26000", "Postgres's own answer after {drop_all:?}");
+        // The client stays, and its statement namespace is empty.
+        assert_eq!(tags(&send(&mut a, &[query("select 1")]).await), "TDCZ");
+        let r = send(&mut b, &[bind("s1", &[]), execute(), sync()]).await;
+        assert_eq!(tags(&r), "2DCZ", "the other client's statement still works: {r:?}");
+        // Both drop theirs for the next round.
+        assert_eq!(tags(&send(&mut b, &[close_statement("s1"), sync()]).await), "3Z");
+    }
+}
+
+/// SHOW STATS counts as PgBouncer does: a client's Parse of a named
+/// statement, each Parse weir sends a server, each Bind of a named
+/// statement; unnamed ones are not counted, and with
+/// max_prepared_statements = 0 nothing is. The counts are in before the
+/// client has its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binds_and_parses_are_counted_in_show_stats() {
+    for (max, counted) in [("200", (1, 2, 4)), ("0", (0, 0, 0))] {
+        let h = harness(2, "transaction", "trust", &format!("max_prepared_statements = {max}\n")).await;
+        let mut a = login(h.addr(), SCRAM_USER, &[]).await;
+        let r = send(&mut a, &[parse("s1", "select 1"), bind("s1", &[]), execute(), sync()]).await;
+        assert_eq!(tags(&r), "12DCZ", "{r:?}");
+        let r = send(&mut a, &[bind("s1", &[]), execute(), bind("s1", &[]), execute(), sync()]).await;
+        assert_eq!(tags(&r), "2DC2DCZ", "{r:?}");
+        let r = send(&mut a, &[parse("", "select 2"), bind("", &[]), execute(), sync()]).await;
+        assert_eq!(tags(&r), "12DCZ", "{r:?}");
+        if max != "0" {
+            // Another client holds a's server in a transaction: a's next
+            // Bind goes to the other server, where weir prepares s1 first.
+            let b = connect(&h.url(SCRAM_USER, SCRAM_PASS)).await.unwrap();
+            b.batch_execute("begin; select 1").await.unwrap();
+            let r = send(&mut a, &[bind("s1", &[]), execute(), sync()]).await;
+            assert_eq!(tags(&r), "2DCZ", "{r:?}");
+            b.batch_execute("commit").await.unwrap();
+        }
+        let m = &h.pool().metrics;
+        assert_eq!((m.client_parses(), m.server_parses(), m.binds()), counted);
+        let admin = connect(&format!("postgres://admin:admin_pass@{}/weir", h.addr())).await.unwrap();
+        let mut row = None;
+        for m in admin.simple_query("SHOW STATS").await.unwrap() {
+            if let tokio_postgres::SimpleQueryMessage::Row(r) = m {
+                if r.get("database") == Some("app") {
+                    let n = |c: &str| r.get(c).unwrap().parse::<u64>().unwrap();
+                    row = Some((n("total_client_parse_count"), n("total_server_parse_count"), n("total_bind_count")));
+                }
+            }
+        }
+        assert_eq!(row, Some(counted), "SHOW STATS's app row (max_prepared_statements = {max})");
+    }
 }

@@ -73,6 +73,8 @@ pub const TRANSACTION_DURATION_SECONDS: &str = "weir_transaction_duration_second
 pub const PREPARED_STATEMENTS_CLIENT_PARSES_TOTAL: &str = "weir_prepared_statements_client_parses_total";
 /// Counter (database,user): Parse messages sent to servers.
 pub const PREPARED_STATEMENTS_SERVER_PARSES_TOTAL: &str = "weir_prepared_statements_server_parses_total";
+/// Counter (database,user): Bind messages of clients' named prepared statements.
+pub const PREPARED_STATEMENTS_BINDS_TOTAL: &str = "weir_prepared_statements_binds_total";
 /// Counter (database,user): unnamed Parse messages answered from a
 /// statement the server already had prepared under weir's name.
 pub const PREPARED_STATEMENTS_UNNAMED_HITS_TOTAL: &str = "weir_prepared_statements_unnamed_hits_total";
@@ -178,6 +180,7 @@ pub const ALL: &[(&str, Kind, &str)] = &[
     (TRANSACTION_DURATION_SECONDS, Kind::Histogram, "Transaction duration."),
     (PREPARED_STATEMENTS_CLIENT_PARSES_TOTAL, Kind::Counter, "Parse messages received from clients."),
     (PREPARED_STATEMENTS_SERVER_PARSES_TOTAL, Kind::Counter, "Parse messages sent to servers."),
+    (PREPARED_STATEMENTS_BINDS_TOTAL, Kind::Counter, "Bind messages of clients' named prepared statements."),
     (
         PREPARED_STATEMENTS_UNNAMED_HITS_TOTAL,
         Kind::Counter,
@@ -255,6 +258,7 @@ pub const PER_POOL: &[&str] = &[
     TRANSACTION_DURATION_SECONDS,
     PREPARED_STATEMENTS_CLIENT_PARSES_TOTAL,
     PREPARED_STATEMENTS_SERVER_PARSES_TOTAL,
+    PREPARED_STATEMENTS_BINDS_TOTAL,
     PREPARED_STATEMENTS_UNNAMED_HITS_TOTAL,
     PREPARED_STATEMENTS_UNNAMED_PREPARES_TOTAL,
     PREPARED_STATEMENTS_EVICTIONS_TOTAL,
@@ -316,7 +320,7 @@ mod tests {
             assert!(!help.is_empty());
             assert!(seen.insert(*name), "duplicate {name}");
         }
-        assert_eq!(ALL.len(), 42);
+        assert_eq!(ALL.len(), 43);
         assert_eq!(histogram_names().count(), 4);
         assert!(PER_POOL.iter().chain(PER_HOST_SET).all(|n| lookup(n).is_some()));
     }

@@ -29,6 +29,8 @@ pub struct StatTotals {
     pub client_parses: u64,
     /// Parse messages weir sent to servers.
     pub server_parses: u64,
+    /// Bind messages of clients' named prepared statements.
+    pub binds: u64,
 }
 
 macro_rules! each_field {
@@ -44,6 +46,7 @@ macro_rules! each_field {
             assignments: $a.assignments.$op($b.assignments),
             client_parses: $a.client_parses.$op($b.client_parses),
             server_parses: $a.server_parses.$op($b.server_parses),
+            binds: $a.binds.$op($b.binds),
         }
     };
 }

@@ -77,6 +77,7 @@ impl Out<'_> {
         self.family(QUERIES_TOTAL, |s, emit| emit(None, s.queries.to_string()));
         self.family(PREPARED_STATEMENTS_CLIENT_PARSES_TOTAL, |s, emit| emit(None, s.client_parses.to_string()));
         self.family(PREPARED_STATEMENTS_SERVER_PARSES_TOTAL, |s, emit| emit(None, s.server_parses.to_string()));
+        self.family(PREPARED_STATEMENTS_BINDS_TOTAL, |s, emit| emit(None, s.binds.to_string()));
         self.family(PREPARED_STATEMENTS_UNNAMED_HITS_TOTAL, |s, emit| emit(None, s.unnamed_hits.to_string()));
         let prepares = PREPARED_STATEMENTS_UNNAMED_PREPARES_TOTAL;
         self.family(prepares, |s, emit| emit(None, s.unnamed_prepares.to_string()));

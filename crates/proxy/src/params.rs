@@ -236,10 +236,15 @@ pub(crate) fn valid_name(name: &str) -> bool {
     !name.is_empty() && name.len() <= 63 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
 }
 
-/// `SET "name" TO 'value';` with the value quoted for any server setting of
+/// `SET name='value';` (PgBouncer's form; the name double-quoted unless it
+/// is a plain one) with the value quoted for any server setting of
 /// standard_conforming_strings.
 pub(crate) fn set_statement(name: &str, value: &str) -> String {
-    format!("SET \"{}\" TO {};", name.replace('"', "\"\""), literal(value))
+    if valid_name(name) {
+        format!("SET {name}={};", literal(value))
+    } else {
+        format!("SET \"{}\"={};", name.replace('"', "\"\""), literal(value))
+    }
 }
 
 /// `SELECT pg_catalog.set_config('name', 'value', false);`: the value as
@@ -319,7 +324,7 @@ mod tests {
         server.set("timezone", "UTC");
         let none = ParamMap::new();
         let sql = ParamMap::sync_sql(&client, &none, &server, &none).unwrap();
-        assert_eq!(sql, "SET \"application_name\" TO 'a''b';");
+        assert_eq!(sql, "SET application_name='a''b';");
         server.set("application_name", "a'b");
         assert_eq!(ParamMap::sync_sql(&client, &none, &server, &none), None);
         let mut leftover = ParamMap::new();
@@ -418,7 +423,8 @@ mod tests {
 
     #[test]
     fn backslashes_use_escape_strings() {
-        assert_eq!(set_statement("x", "a\\b"), "SET \"x\" TO E'a\\\\b';");
+        assert_eq!(set_statement("x", "a\\b"), "SET x=E'a\\\\b';");
+        assert_eq!(set_statement("a-b", "1"), "SET \"a-b\"='1';");
         assert_eq!(set_config_statement("x", "a'\\"), "SELECT pg_catalog.set_config('x', E'a''\\\\', false);");
         assert!(!valid_name("a;drop"));
     }

@@ -68,13 +68,15 @@ pub(super) struct Waits {
     pub(super) predicted_us: AtomicU64,
 }
 
-/// weir's prepared statements: Parses from clients and to servers, unnamed
-/// Parses answered from a statement the server had or prepared as weir's
-/// own, statements closed to stay within a server's cache, and the
-/// generation of the pool's shared statements.
+/// weir's prepared statements: Parses from clients and to servers, clients'
+/// Binds of named statements, unnamed Parses answered from a statement the
+/// server had or prepared as weir's own, statements closed to stay within a
+/// server's cache, and the generation of the pool's shared statements.
 pub(super) struct Statements {
     pub(super) client_parses: AtomicU64,
     pub(super) server_parses: AtomicU64,
+    /// Binds of clients' named prepared statements.
+    pub(super) binds: AtomicU64,
     pub(super) unnamed_hits: AtomicU64,
     pub(super) unnamed_prepares: AtomicU64,
     pub(super) evictions: AtomicU64,
@@ -140,6 +142,7 @@ impl Statements {
         Statements {
             client_parses: AtomicU64::new(0),
             server_parses: AtomicU64::new(0),
+            binds: AtomicU64::new(0),
             unnamed_hits: AtomicU64::new(0),
             unnamed_prepares: AtomicU64::new(0),
             evictions: AtomicU64::new(0),

@@ -119,6 +119,7 @@ impl PoolMetrics {
             assignments: self.server_assignments(),
             client_parses: self.client_parses(),
             server_parses: self.server_parses(),
+            binds: self.binds(),
         }
     }
 
@@ -143,6 +144,11 @@ impl PoolMetrics {
     /// Server Parse messages.
     pub fn server_parses(&self) -> u64 {
         self.statements.server_parses.load(R)
+    }
+
+    /// Binds of clients' named prepared statements.
+    pub fn binds(&self) -> u64 {
+        self.statements.binds.load(R)
     }
 
     /// Unnamed Parses answered from a statement the server had.

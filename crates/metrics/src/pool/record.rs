@@ -104,6 +104,12 @@ impl PoolMetrics {
         self.statements.server_parses.fetch_add(1, R);
     }
 
+    /// Clients sent `n` Binds of their named prepared statements (counted
+    /// by the client's task and added here once per reply batch).
+    pub fn record_binds(&self, n: u64) {
+        self.statements.binds.fetch_add(n, R);
+    }
+
     /// An unnamed Parse was answered from a statement the server had.
     pub fn record_unnamed_hit(&self) {
         self.statements.unnamed_hits.fetch_add(1, R);

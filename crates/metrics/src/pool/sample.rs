@@ -22,6 +22,7 @@ pub(crate) struct Sample {
     pub queries: u64,
     pub client_parses: u64,
     pub server_parses: u64,
+    pub binds: u64,
     pub unnamed_hits: u64,
     pub unnamed_prepares: u64,
     pub evictions: u64,
@@ -62,6 +63,7 @@ impl Sample {
         self.queries += o.queries;
         self.client_parses += o.client_parses;
         self.server_parses += o.server_parses;
+        self.binds += o.binds;
         self.unnamed_hits += o.unnamed_hits;
         self.unnamed_prepares += o.unnamed_prepares;
         self.evictions += o.evictions;
@@ -106,6 +108,7 @@ impl PoolMetrics {
             queries: self.queries(),
             client_parses: self.client_parses(),
             server_parses: self.server_parses(),
+            binds: self.binds(),
             unnamed_hits: self.unnamed_hits(),
             unnamed_prepares: self.unnamed_prepares(),
             evictions: self.statement_evictions(),

@@ -42,6 +42,7 @@ const POOLS_COLUMNS: &[(&str, Kind)] = &[
     ("maxwait", Int4),
     ("maxwait_us", Int4),
     ("pool_mode", Text),
+    ("load_balance_hosts", Text),
     // weir's own.
     ("cl_idle", Int),
     ("pool_size", Int),
@@ -81,6 +82,7 @@ pub(super) fn pools(shared: &Arc<Shared>) -> ResultSet {
         let n = counts.get(&(pool.key.database.clone(), pool.key.user.clone())).copied().unwrap_or_default();
         let used = used_servers(&pool, cfg.weir.server_check_delay) as u32;
         let (fleet_share, fleet_instances) = m.fleet();
+        let settings = pool.settings();
         rs.push(vec![
             text(&pool.key.database),
             text(&pool.key.user),
@@ -100,7 +102,8 @@ pub(super) fn pools(shared: &Arc<Shared>) -> ResultSet {
             int(s.connecting),
             int(s.maxwait.as_secs()),
             int(s.maxwait.subsec_micros()),
-            text(pool.settings().pool_mode.as_str()),
+            text(settings.pool_mode.as_str()),
+            balance_shown(&settings),
             int(n.idle),
             int(s.pool_size),
             int(u8::from(s.paused)),
@@ -132,6 +135,7 @@ pub(super) fn databases(shared: &Arc<Shared>) -> ResultSet {
         ("reserve_pool", Int4),
         ("server_lifetime", Int4),
         ("pool_mode", Text),
+        ("load_balance_hosts", Text),
         ("max_connections", Int4),
         ("current_connections", Int4),
         ("max_client_connections", Int4),
@@ -161,6 +165,7 @@ pub(super) fn databases(shared: &Arc<Shared>) -> ResultSet {
             int(s.reserve_pool_size),
             int(s.server_lifetime.as_secs()),
             text(s.pool_mode.as_str()),
+            balance_shown(&s),
             int(s.max_db_connections),
             int(current),
         ];
@@ -177,11 +182,16 @@ pub(super) fn databases(shared: &Arc<Shared>) -> ResultSet {
     // The console, as PgBouncer lists its own virtual database.
     let name = crate::login::CONSOLE_DATABASE;
     let mut console = vec![text(name), None, int(cfg.weir.listen_addr.port()), text(name)];
-    console.extend([text(name), int(2u8), int(0u8), int(0u8), int(0u8), text("statement"), int(0u8), int(0u8)]);
+    console.extend([text(name), int(2u8), int(0u8), int(0u8), int(0u8), text("statement"), None, int(0u8), int(0u8)]);
     console.extend(clients(name));
     console.extend([int(0u8), int(0u8), None, None, None]);
     rs.push(console);
     rs
+}
+
+/// load_balance_hosts, shown (as PgBouncer does) only for a host list.
+fn balance_shown(s: &crate::config::PoolSettings) -> Option<String> {
+    (s.hosts.len() > 1).then(|| s.load_balance_hosts.as_str().to_owned())
 }
 
 /// `address:port role` for each host of database `name` (the configured

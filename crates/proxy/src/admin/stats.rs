@@ -1,6 +1,7 @@
 //! `SHOW STATS`, `STATS_TOTALS`, `STATS_AVERAGES` and `TOTALS`: each
-//! database's counters summed over its pools, with PgBouncer's columns in
-//! PgBouncer 1.23's order, then PgBouncer 1.24's parse counts, then weir's own.
+//! database's counters summed over its pools, with PgBouncer 1.25's columns
+//! in its order (1.23's figures, each group followed by the prepared
+//! statements' parse and bind counts), then weir's own.
 //! Averages cover the last completed `stats_period`, which the task started
 //! by [`spawn_periods`] closes for every pool.
 
@@ -118,12 +119,13 @@ fn averages(p: &Period) -> StatTotals {
         assignments: p.per_second(d.assignments),
         client_parses: p.per_second(d.client_parses),
         server_parses: p.per_second(d.server_parses),
+        binds: p.per_second(d.binds),
     }
 }
 
-/// PgBouncer 1.24's parse counts, after 1.23's figures in `STATS_TOTALS`/`STATS_AVERAGES`.
-fn later_cells(t: &StatTotals) -> [Cell; 2] {
-    [int(t.client_parses), int(t.server_parses)]
+/// The prepared statements' counts, after 1.23's figures.
+fn later_cells(t: &StatTotals) -> [Cell; 3] {
+    [int(t.client_parses), int(t.server_parses), int(t.binds)]
 }
 
 const FIGURES: [&str; 8] = [
@@ -136,7 +138,9 @@ const FIGURES: [&str; 8] = [
     "query_time",
     "wait_time",
 ];
-const LATER: [&str; 2] = ["client_parse_count", "server_parse_count"];
+const LATER: [&str; 3] = ["client_parse_count", "server_parse_count", "bind_count"];
+/// `STATS_AVERAGES` names its prepared-statement columns so (PgBouncer's).
+const LATER_AVG: [&str; 3] = ["avg_client_parse_count", "avg_server_parse_count", "avg_bind_count"];
 
 fn numeric_columns(names: impl IntoIterator<Item = &'static str>) -> Vec<(&'static str, Kind)> {
     names.into_iter().map(|n| (n, Numeric)).collect()
@@ -153,6 +157,9 @@ pub fn stats(shared: &Shared) -> ResultSet {
         "total_xact_time",
         "total_query_time",
         "total_wait_time",
+        "total_client_parse_count",
+        "total_server_parse_count",
+        "total_bind_count",
         "avg_server_assignment_count",
         "avg_xact_count",
         "avg_query_count",
@@ -161,11 +168,9 @@ pub fn stats(shared: &Shared) -> ResultSet {
         "avg_xact_time",
         "avg_query_time",
         "avg_wait_time",
-        // PgBouncer 1.24's.
-        "total_client_parse_count",
-        "total_server_parse_count",
         "avg_client_parse_count",
         "avg_server_parse_count",
+        "avg_bind_count",
         // weir's own.
         "total_server_opened",
         "total_server_closed",
@@ -177,9 +182,9 @@ pub fn stats(shared: &Shared) -> ResultSet {
         let (t, a) = (&d.totals, averages(&d.period));
         let mut row = vec![text(db)];
         row.extend(totals_cells(t));
+        row.extend(later_cells(t));
         row.extend(totals_cells(&a));
-        row.extend([int(t.client_parses), int(t.server_parses)]);
-        row.extend([int(a.client_parses), int(a.server_parses)]);
+        row.extend(later_cells(&a));
         row.extend([int(d.opened), int(d.closed), int(d.failures), int(d.dropped)]);
         rs.push(row);
     }
@@ -189,7 +194,7 @@ pub fn stats(shared: &Shared) -> ResultSet {
 /// STATS_TOTALS (`averaged` false) or STATS_AVERAGES (true).
 pub fn stats_part(shared: &Shared, averaged: bool) -> ResultSet {
     let mut cols = vec![("database", Text)];
-    cols.extend(numeric_columns(FIGURES.into_iter().chain(LATER)));
+    cols.extend(numeric_columns(FIGURES.into_iter().chain(if averaged { LATER_AVG } else { LATER })));
     let mut rs = ResultSet::new(&cols);
     for (db, d) in by_database(shared) {
         let t = if averaged { averages(&d.period) } else { d.totals };
@@ -210,7 +215,7 @@ pub fn totals(shared: &Shared) -> ResultSet {
         t = t + d.totals;
         p = p.merge(d.period);
     }
-    const NAMES: [&str; 8] = [
+    const NAMES: [&str; 11] = [
         "server_assignment_count",
         "xact_count",
         "query_count",
@@ -219,9 +224,12 @@ pub fn totals(shared: &Shared) -> ResultSet {
         "xact_time",
         "query_time",
         "wait_time",
+        "ps_client_parse_count",
+        "ps_server_parse_count",
+        "ps_bind_count",
     ];
     for (prefix, figures) in [("total", t), ("avg", averages(&p))] {
-        for (name, cell) in NAMES.iter().zip(totals_cells(&figures)) {
+        for (name, cell) in NAMES.iter().zip(totals_cells(&figures).into_iter().chain(later_cells(&figures))) {
             rs.push(vec![text(format!("{prefix}_{name}")), cell]);
         }
     }

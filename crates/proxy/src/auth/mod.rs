@@ -139,6 +139,12 @@ pub async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     secret: Option<&Secret>,
     trust: TrustNames,
 ) -> Result<Authenticated, AuthError> {
+    if secret.is_none() && matches!(method, AuthType::Md5 | AuthType::ScramSha256 | AuthType::Plain) {
+        // PgBouncer's log line. Only the log says it: the client is asked
+        // for a password and fails as with a wrong one, so a login does
+        // not tell which user names exist.
+        tracing::info!("no such user: {user}");
+    }
     match (method, secret) {
         (AuthType::Trust, None) if trust == TrustNames::Listed => Err(AuthError::TrustFailed { user: user.into() }),
         (AuthType::Trust | AuthType::Any, _) => Ok(Authenticated::default()),

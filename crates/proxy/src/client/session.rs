@@ -337,7 +337,7 @@ impl<'a> Session<'a> {
         if session_mode {
             lease.set_needs_reset();
         }
-        match lease.conn_mut().sync_params(&self.params, &self.settings).await {
+        match lease.conn_mut().sync_params(&mut self.params, &self.settings).await {
             // Settings went to the server first: the query starts now, and
             // so do its clocks (and, on this rare path, the transaction's
             // hold time, which then leaves out the settings' round trip).
@@ -358,7 +358,7 @@ impl<'a> Session<'a> {
             return Ok(true);
         }
         let conn = lease.conn_mut();
-        self.prepared.begin(&mut conn.statements, &conn.conv);
+        self.prepared.begin(&mut conn.statements, &conn.conv, self.pool.max_prepared_statements());
         let ended = transfer::run(
             self.client,
             ClientSide {

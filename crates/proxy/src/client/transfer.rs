@@ -241,6 +241,7 @@ impl Flow {
                 wd.answered();
                 // One query per ReadyForQuery (a simple Query, or a batch up to Sync).
                 (0..got.answered).for_each(|_| metrics.record_query());
+                client.prepared.publish_counts();
                 if let Some(t) = self.query_started.take() {
                     metrics.record_query_time(t.elapsed());
                 }

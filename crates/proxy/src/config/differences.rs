@@ -81,9 +81,23 @@ const DIFFERENCES: &[Difference] = &[
     },
     Difference { applies: always, note: "no online restart (-R, SUSPEND)" },
     Difference {
+        applies: always,
+        note: "startup parameters (DateStyle, options -c, ...) are applied on a server and checked at login: a value \
+               Postgres refuses is refused at connect with its SQLSTATE, as Postgres does, and the client takes the \
+               server's spelling then (PgBouncer applies them at the client's first query, and logs its varcache \
+               lines there)",
+    },
+    Difference {
         applies: |c| c.weir.max_prepared_statements > 0,
-        note: "prepared statements: a Parse of a name the client already holds (42P05) or a Describe of a name it \
-               does not hold (26000) gets Postgres's error and the client keeps its connection (PgBouncer closes it)",
+        note: "prepared statements: a Parse of a name the client already holds (42P05), or a Bind or Describe of \
+               a name it does not hold (26000; after DEALLOCATE ALL or DISCARD ALL it holds none) gets Postgres's \
+               error and the client keeps its connection (PgBouncer closes it)",
+    },
+    Difference {
+        applies: |c| c.weir.max_prepared_statements > 0,
+        note: "max_prepared_statements = 0 by SET or RELOAD: clients logged in before keep weir's handling of \
+               their statements, which keep working (PgBouncer sends their names to servers that lack them: \
+               26000); a higher or lower value reaches every client at its next transaction, as in PgBouncer",
     },
     Difference {
         applies: shorter_bounds,

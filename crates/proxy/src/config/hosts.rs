@@ -20,7 +20,8 @@ pub enum LoadBalanceHosts {
     /// The next matching host in turn for each new connection (PgBouncer's default).
     #[default]
     RoundRobin,
-    /// The first matching host in the list, until it fails (libpq's default).
+    /// The host the last connection took, until a connect to it fails; then
+    /// the next matching one in the list (PgBouncer's meaning).
     Disable,
     /// A matching host at random (libpq's `random`).
     Random,
@@ -192,7 +193,9 @@ pub fn explain(cfg: &Config) -> Vec<String> {
         let listed: Vec<String> = hosts.iter().map(|h| format!("{}:{}", h.host, h.port)).collect();
         let spread = match db.load_balance_hosts.unwrap_or_default() {
             LoadBalanceHosts::RoundRobin => "new connections take the matching hosts in turn",
-            LoadBalanceHosts::Disable => "new connections go to the first matching host in the list until it fails",
+            LoadBalanceHosts::Disable => {
+                "new connections stay on the host they went to until it fails, then take the next in the list"
+            }
             LoadBalanceHosts::Random => "new connections go to a matching host at random",
         };
         out.push(format!(

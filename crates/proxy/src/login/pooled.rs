@@ -270,6 +270,8 @@ async fn check_startup_settings(
     };
     let conn = lease.conn_mut();
     let Some(sql) = ParamMap::sync_sql(params, settings, &conn.params, conn.settings()) else { return Ok(()) };
+    // PgBouncer's words for its own SETs (logged at verbose 1).
+    crate::span::client_event!(debug, pid = conn.cancel.pid, "varcache_apply: {sql}");
     match exchange::run_checked(conn, &sql).await {
         Err(reason) => {
             if let Some(lease) = held.take().or(own) {
@@ -286,6 +288,12 @@ async fn check_startup_settings(
             let names: Vec<String> = params.iter().map(|(k, _)| k.to_owned()).collect();
             for k in names {
                 if let Some(v) = conn.params.get(&k) {
+                    if let Some(asked) = params.get(&k).filter(|asked| *asked != v) {
+                        crate::span::client_event!(
+                            debug,
+                            "varcache_set_canonical: setting {k} to its canonical version {asked} -> {v}"
+                        );
+                    }
                     params.set(&k, v);
                 }
             }

@@ -30,6 +30,7 @@ mod state;
 mod upkeep;
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -98,6 +99,9 @@ pub struct Pool {
     queued_total: Arc<QueueCount>,
     /// The database's hosts, shared with its other users' pools.
     hosts: Arc<HostSet>,
+    /// max_prepared_statements now, read by each client as a lease begins
+    /// (a load, where `settings` takes the state's lock).
+    max_prepared: AtomicU32,
 }
 
 impl Pool {
@@ -111,6 +115,7 @@ impl Pool {
     ) -> Arc<Pool> {
         let metrics = PoolMetrics::new(key.database.clone(), key.user.clone());
         metrics.set_limits(limits(&opts.settings));
+        let max_prepared = opts.settings.max_prepared_statements;
         let pool = Arc::new(Pool {
             key,
             metrics,
@@ -121,6 +126,7 @@ impl Pool {
             user_servers,
             queued_total,
             hosts,
+            max_prepared: AtomicU32::new(max_prepared),
         });
         pool.hosts.join(&pool);
         pool.db_servers.pools.lock().push(Arc::downgrade(&pool));
@@ -138,9 +144,16 @@ impl Pool {
         self.metrics.set_limits(limits(&opts.settings));
         self.estimate.configure(&opts.admission);
         self.hosts.configure(opts.hosts.clone());
+        self.max_prepared.store(opts.settings.max_prepared_statements, Ordering::Relaxed);
         let mut st = self.state.lock();
         st.opts = opts;
         self.want_connects(&mut st);
+    }
+
+    /// max_prepared_statements now.
+    #[inline]
+    pub fn max_prepared_statements(&self) -> u32 {
+        self.max_prepared.load(Ordering::Relaxed)
     }
 
     /// The current settings.

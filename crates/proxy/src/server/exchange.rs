@@ -28,12 +28,19 @@ impl ServerConn {
     /// `params` and unreported `settings`. Skipped outright when the four
     /// maps are as they were when this server last matched (the same client
     /// back on the same server). True when it sent SQL to the server.
-    pub async fn sync_params(&mut self, params: &ParamMap, settings: &ParamMap) -> Result<bool, CloseReason> {
+    ///
+    /// A value the server reports back in another spelling (`DateStyle`
+    /// ISO becomes "ISO, MDY") is its canonical one: the client's `params`
+    /// take it, so that the next server already holding it needs no SET.
+    /// Both steps are logged with PgBouncer's words at verbose 1.
+    pub async fn sync_params(&mut self, params: &mut ParamMap, settings: &ParamMap) -> Result<bool, CloseReason> {
         if self.matched == Some(self.stamps(params, settings)) {
             return Ok(false);
         }
         let sql = ParamMap::sync_sql(params, settings, &self.params, &self.settings);
         if let Some(sql) = &sql {
+            crate::span::client_event!(debug, pid = self.cancel.pid, "varcache_apply: {sql}");
+            let before = self.params.clone();
             // Boxed: rare, and kept out of every request's future.
             match Box::pin(tokio::time::timeout(SETTINGS_LIMIT, run(self, sql))).await {
                 Ok(ran) => ran?,
@@ -47,8 +54,21 @@ impl ServerConn {
                 }
             }
             self.settings = settings.clone();
+            let mut canonical = Vec::new();
             for (k, v) in params.iter() {
-                self.params.set(k, v);
+                match self.params.get(k) {
+                    Some(reported) if reported != v && before.get(k) != Some(reported) => {
+                        crate::span::client_event!(
+                            debug,
+                            "varcache_set_canonical: setting {k} to its canonical version {v} -> {reported}"
+                        );
+                        canonical.push((k.to_owned(), reported.to_owned()));
+                    }
+                    _ => self.params.set(k, v),
+                }
+            }
+            for (k, v) in canonical {
+                params.set(&k, &v);
             }
         }
         self.matched = Some(self.stamps(params, settings));

@@ -234,6 +234,10 @@ struct Queues {
     /// The ParameterDescription of a Describe whose answer is being learned
     /// (`describe.rs`).
     parameters: Option<Bytes>,
+    /// Binds of named statements not yet added to the pool's count
+    /// (`publish_counts`): a plain increment per Bind, one shared add per
+    /// reply batch.
+    binds: u64,
 }
 
 /// `ClientStatements::lease`: a statement sent during this lease may have
@@ -367,8 +371,16 @@ impl ClientStatements {
         self.tracking
     }
 
-    /// A server connection was just lent to this client.
-    pub fn begin(&mut self, server: &mut ServerStatements, conv: &Conversation) {
+    /// A server connection was just lent to this client; `max` is the
+    /// pool's max_prepared_statements now. A changed value (console SET,
+    /// RELOAD) bounds the server's cache from this lease on, as in
+    /// PgBouncer; 0 leaves a client that logged in before it as it was:
+    /// the statements it holds keep working (PgBouncer would send their
+    /// names to a server that lacks them).
+    pub fn begin(&mut self, server: &mut ServerStatements, conv: &Conversation, max: u32) {
+        if self.enabled && max > 0 {
+            self.max = max;
+        }
         server.begin_lease();
         self.q.expect.clear();
         self.q.owed.clear();
@@ -401,7 +413,18 @@ impl ClientStatements {
         }
         self.reply_partial = 0;
         self.pass_remaining = 0;
+        self.publish_counts();
         server.publish();
+    }
+
+    /// Adds the Binds counted since the last call to the pool's count
+    /// (SHOW STATS's total_bind_count): called as a reply batch passes to
+    /// the client, so the count is there before the client has its answer.
+    #[inline]
+    pub fn publish_counts(&mut self) {
+        if self.tracking && self.q.binds != 0 {
+            self.metrics.record_binds(std::mem::take(&mut self.q.binds));
+        }
     }
 
     /// Every shared statement of the pool may be stale: a new generation,

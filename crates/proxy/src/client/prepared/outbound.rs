@@ -338,6 +338,8 @@ impl ClientStatements {
         let Some(head) = extended::read_bind_head(m.bytes)? else {
             return Ok(if m.whole() { self.pass(m, Expect::Bind { managed: None }) } else { Step::Wait });
         };
+        // PgBouncer's bind count: every Bind naming a statement.
+        self.q.binds += u64::from(!head.statement.is_empty());
         let Some(stmt) = self.managed(head.statement) else {
             self.close_if_gone(head.statement, src, m.at, rw);
             return Ok(self.pass(m, Expect::Bind { managed: None }));

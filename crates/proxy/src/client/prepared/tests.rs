@@ -97,7 +97,7 @@ impl Sim {
             server: ServerStatements::default(),
             conv: Conversation::default(),
         };
-        s.stage.begin(&mut s.server, &s.conv);
+        s.stage.begin(&mut s.server, &s.conv, 0);
         s
     }
 
@@ -106,7 +106,7 @@ impl Sim {
         self.stage.end(&mut self.server);
         let old = std::mem::replace(&mut self.server, server);
         self.conv = Conversation::default();
-        self.stage.begin(&mut self.server, &self.conv);
+        self.stage.begin(&mut self.server, &self.conv, 0);
         old
     }
 
@@ -204,7 +204,7 @@ fn parse_of_a_statement_already_on_the_server_is_answered_in_order() {
     // closed and parsed again.
     let mut other = Sim::new(20);
     other.server = std::mem::take(&mut s.server);
-    other.stage.begin(&mut other.server, &other.conv);
+    other.stage.begin(&mut other.server, &other.conv, 0);
     other.stage.tracking = true;
     let batch = [bind(""), execute(), sync(), parse("b", "select 1"), target(fe::DESCRIBE, b'S', "b"), sync()].concat();
     let sent = other.sent(&batch);
@@ -316,6 +316,28 @@ fn eviction_closes_statements_from_earlier_leases() {
 }
 
 #[test]
+fn a_new_max_bounds_the_cache_from_the_next_lease_and_zero_keeps_the_old() {
+    let mut s = Sim::new(1);
+    for (max, text, expect) in
+        [(3, "select 1", "PS"), (3, "select 2", "PS"), (1, "select 3", "CCPS"), (0, "select 4", "CPS")]
+    {
+        s.stage.end(&mut s.server);
+        s.stage.begin(&mut s.server, &s.conv, max);
+        let sent = s.sent(&[parse(text, text), sync()].concat());
+        assert_eq!(tags(&sent), expect, "max {max}: {text}");
+        let closes = expect.matches('C').count();
+        let replies: Vec<u8> = std::iter::repeat_n(reply(be::CLOSE_COMPLETE), closes).flatten().collect();
+        s.recv(&[replies, reply(be::PARSE_COMPLETE), rfq(b'I')].concat());
+    }
+    assert_eq!(s.server.len(), 1, "max 0 left this client's bound at 1");
+    assert_eq!(s.stage.q.binds, 0);
+    s.sent(&[bind("select 4"), execute(), bind(""), execute(), sync()].concat());
+    assert_eq!(s.stage.q.binds, 1, "a Bind of a named statement counts, an unnamed one does not");
+    s.stage.publish_counts();
+    assert_eq!((s.stage.metrics.binds(), s.stage.q.binds), (1, 0));
+}
+
+#[test]
 fn deallocate_is_answered_by_weir() {
     let mut s = Sim::new(20);
     s.sent(&[parse("a", "select 1"), sync()].concat());
@@ -398,7 +420,7 @@ fn a_named_parse_answered_by_weir_waits_behind_the_replies_owed_before_it() {
     first.recv(&[reply(be::PARSE_COMPLETE), rfq(b'I')].concat());
     let mut s = Sim::new(20);
     s.server = std::mem::take(&mut first.server);
-    s.stage.begin(&mut s.server, &s.conv);
+    s.stage.begin(&mut s.server, &s.conv, 0);
     let group = [parse("", "select 42"), bind(""), execute()].concat();
     let named = [parse("_pg3_0", "select 42"), bind("_pg3_0"), execute(), bind("_pg3_0"), execute()].concat();
     let flush = msg(fe::FLUSH, b"");

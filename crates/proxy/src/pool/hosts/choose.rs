@@ -1,5 +1,6 @@
 //! Which host a new connection dials: among the hosts known to match the
-//! target (not already tried by this connect), by `load_balance_hosts`.
+//! target (not already tried by this connect), by `load_balance_hosts`
+//! (`disable` stays on the host it took until that host fails).
 //! `prefer-standby` takes a standby first, and any other server only once
 //! no host's role is unknown. None: no host is known to match (the set
 //! searches). A set of one host with target `any` always dials it.
@@ -42,7 +43,16 @@ pub(super) fn choose(
         return None;
     }
     let at = match balance {
-        LoadBalanceHosts::Disable => 0,
+        // PgBouncer's `disable`: the host the last connect took while it is
+        // a candidate, else the next one after it in the list (wrapping); a
+        // host that answers again does not take the connections back.
+        // `cursor` is that host's place in the list.
+        LoadBalanceHosts::Disable => {
+            let current = *cursor % hosts.len();
+            let at = candidates.iter().position(|&i| i >= current).unwrap_or(0);
+            *cursor = candidates[at];
+            at
+        }
         LoadBalanceHosts::RoundRobin => {
             let at = *cursor % candidates.len();
             *cursor = cursor.wrapping_add(1);
@@ -96,6 +106,20 @@ mod tests {
         for _ in 0..20 {
             assert!(matches!(pick(&hs, T::Any, L::Random, &mut cursor), Some(0..=2)), "never the unreachable one");
         }
+    }
+
+    #[test]
+    fn disable_keeps_the_host_it_took_until_that_host_fails() {
+        let mut hs = hosts(&[Unreachable, Primary, Primary]);
+        let mut cursor = 0;
+        assert_eq!(pick(&hs, T::Any, L::Disable, &mut cursor), Some(1), "the first not known to fail");
+        hs[0].role = Primary;
+        assert_eq!(pick(&hs, T::Any, L::Disable, &mut cursor), Some(1), "the first host back takes nothing back");
+        hs[1].role = Unreachable;
+        assert_eq!(pick(&hs, T::Any, L::Disable, &mut cursor), Some(2), "the next after the one that failed");
+        hs[2].role = Unreachable;
+        assert_eq!(pick(&hs, T::Any, L::Disable, &mut cursor), Some(0), "from the end to the start of the list");
+        assert_eq!(pick(&hs, T::Any, L::Disable, &mut cursor), Some(0));
     }
 
     #[test]

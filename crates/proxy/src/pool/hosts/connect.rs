@@ -7,7 +7,9 @@
 //! set's search, within `server_connect_timeout` from its start, and fails
 //! then with what the hosts were found to be: the pool backs off and its
 //! clients keep waiting within their own budgets. A connect never dials
-//! the same host twice unless the search found it matching meanwhile.
+//! the same host twice unless the search found it matching meanwhile. A
+//! name the connect looked up and could not resolve is logged as PgBouncer
+//! logs it (`closing because: server DNS lookup failed`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -33,7 +35,12 @@ pub(in crate::pool) async fn connect(pool: &Arc<Pool>, base: Arc<ConnectSpec>) -
     let mut tried: Vec<HostKey> = Vec::new();
     let mut last: Option<ConnectError> = None;
     for _ in 0..MAX_TURNS {
-        set.refresh_names(false).await;
+        for (host, port) in set.refresh_names(false).await {
+            // PgBouncer's line for a server whose host did not resolve; the
+            // connect goes on to the next host at once.
+            let (db, user) = (&pool.key.database, &pool.key.user);
+            tracing::info!("S: {db}/{user}@{host}:{port} closing because: server DNS lookup failed (age=0s)");
+        }
         let host = match set.pick(&tried) {
             Pick::Dial(host) => host,
             Pick::Done => break,

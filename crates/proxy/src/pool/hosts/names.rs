@@ -82,7 +82,8 @@ pub(super) fn expand(cfg: &[HostPort], names: &[Name], old: Vec<Host>) -> Vec<Ho
 impl HostSet {
     /// Looks up the names whose addresses are older than `dns_max_ttl`
     /// (every name, when `fresh`), each within `server_connect_timeout`.
-    pub(super) async fn refresh_names(&self, fresh: bool) {
+    /// Returns the look-ups of this call that failed: the host and port.
+    pub(super) async fn refresh_names(&self, fresh: bool) -> Vec<(String, u16)> {
         let (due, limit) = {
             let mut st = self.state.lock();
             let now = Instant::now();
@@ -99,7 +100,7 @@ impl HostSet {
             (due, limit)
         };
         if due.is_empty() {
-            return;
+            return Vec::new();
         }
         let lookups = due.iter().map(|(i, hp)| async move {
             let found = match tokio::time::timeout(limit, resolve(&hp.host, hp.port)).await {
@@ -110,6 +111,11 @@ impl HostSet {
             (*i, found)
         });
         let results = futures_util::future::join_all(lookups).await;
+        // join_all keeps the order of `due`.
+        let failed: Vec<(String, u16)> = (due.iter().zip(&results))
+            .filter(|(_, (_, found))| found.is_err())
+            .map(|((_, hp), _)| (hp.host.clone(), hp.port))
+            .collect();
         let mut actions = Vec::new();
         {
             let mut st = self.state.lock();
@@ -117,6 +123,7 @@ impl HostSet {
             self.publish(&st);
         }
         self.act(actions);
+        failed
     }
 
     /// Applies look-ups: new addresses join, old ones leave (their servers retired).

@@ -101,7 +101,7 @@ fn a_statement_prepared_in_a_rolled_back_transaction_is_closed_before_reuse() {
         assert_eq!(s.server.is_uncertain(&weir), !kept, "{end}");
         let mut other = Sim::new(20);
         other.server = std::mem::take(&mut s.server);
-        other.stage.begin(&mut other.server, &other.conv);
+        other.stage.begin(&mut other.server, &other.conv, 0);
         let sent = other.sent(&[parse("s", "select $1::t"), sync()].concat());
         assert_eq!(tags(&sent), if kept { "S" } else { "CPS" }, "{end}: closed and prepared afresh");
     }
