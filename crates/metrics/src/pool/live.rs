@@ -56,16 +56,16 @@ impl Eq for SharedCount {}
 impl PoolMetrics {
     /// The open server connections described so far, oldest first.
     pub fn live_servers(&self) -> Vec<ServerInfo> {
-        self.live.lock().values().cloned().collect()
+        self.servers.live.lock().values().cloned().collect()
     }
 
     pub(crate) fn add_live(&self, info: ServerInfo) -> u64 {
-        let id = self.next_live.fetch_add(1, R);
-        self.live.lock().insert(id, info);
+        let id = self.servers.next_live.fetch_add(1, R);
+        self.servers.live.lock().insert(id, info);
         id
     }
 
     pub(crate) fn remove_live(&self, id: u64) {
-        self.live.lock().remove(&id);
+        self.servers.live.lock().remove(&id);
     }
 }

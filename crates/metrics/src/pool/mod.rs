@@ -1,7 +1,9 @@
 //! [`PoolMetrics`]: all per-pool (database, user) accounting — server
 //! connection opens/closes with reasons and their rates, connect failures,
 //! dropped queries, traffic counters, latency histograms, the configured
-//! limits and the state gauges — as plain atomics.
+//! limits and the state gauges — as plain atomics, grouped by what they
+//! describe (`groups`): the servers, the clients, the waits for a server and
+//! weir's prepared statements.
 //!
 //! This module owns the struct, its construction and the process-wide list
 //! of live pools that `/metrics` renders: a pool's series are exported
@@ -19,19 +21,16 @@
 //! [`ServerConnGuard`](crate::ServerConnGuard), which guarantees exactly one
 //! close per open.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::close::{CloseReason, ConnectFailure, ConnectRefusal, DropReason};
-use crate::hist::Histogram;
-use crate::rate::RateWindow;
-use crate::state::{ClientState, ServerState};
 use crate::stats::{Period, StatTotals};
+use groups::{Clients, Servers, Statements, Waits};
 
+mod groups;
 mod live;
 mod read;
 mod record;
@@ -63,56 +62,19 @@ fn sum(a: &[AtomicU64]) -> u64 {
 pub struct PoolMetrics {
     database: String,
     user: String,
-    opened: AtomicU64,
-    closed: [AtomicU64; CloseReason::COUNT],
-    connect_failures: [AtomicU64; ConnectFailure::COUNT],
-    connect_refusals: [AtomicU64; ConnectRefusal::COUNT],
-    dropped: [AtomicU64; DropReason::COUNT],
-    transactions: AtomicU64,
-    xact_time_us: AtomicU64,
-    queries: AtomicU64,
-    assignments: AtomicU64,
-    wait_time_us: AtomicU64,
-    bytes_received: AtomicU64,
-    bytes_sent: AtomicU64,
-    server_bytes_received: AtomicU64,
-    server_bytes_sent: AtomicU64,
-    /// Servers waiting, after their client let go, for a cancel sent to
-    /// them to be answered (SHOW POOLS' sv_being_canceled).
-    being_canceled: AtomicI64,
-    query_time_us: AtomicU64,
+    servers: Servers,
+    clients: Clients,
+    waits: Waits,
+    statements: Statements,
     /// The counters at the start of the current stats period, and the last
     /// completed period (`roll_period`).
     period: Mutex<(StatTotals, Period)>,
-    client_parses: AtomicU64,
-    server_parses: AtomicU64,
-    binds: AtomicU64,
-    unnamed_hits: AtomicU64,
-    unnamed_prepares: AtomicU64,
-    evictions: AtomicU64,
-    pinned: AtomicU64,
-    stalled: AtomicU64,
-    /// Bumped whenever weir's shared prepared statements may be stale (DDL,
-    /// or a server error meaning one is): each server connection re-prepares
-    /// its statements on first use after a change.
-    statements_epoch: AtomicU64,
-    settings_unfollowed: AtomicU64,
-    opens: RateWindow,
-    closes: RateWindow,
-    servers: [AtomicI64; ServerState::COUNT],
-    clients: [AtomicI64; ClientState::COUNT],
-    maxwait_us: AtomicU64,
-    predicted_wait_us: AtomicU64,
+    /// The configured limits.
+    limits: Mutex<Limits>,
     /// fleet_share: this instance's share of the fleet's budget, and the
     /// instances announcing (both 0 without fleet_share).
     fleet_share: AtomicU64,
     fleet_instances: AtomicU64,
-    live: Mutex<BTreeMap<u64, ServerInfo>>,
-    next_live: AtomicU64,
-    connect_duration: Histogram,
-    client_wait: Histogram,
-    transaction_duration: Histogram,
-    limits: Mutex<Limits>,
 }
 
 /// A pool's configured limits, exported so that utilisation can be alerted on.
@@ -149,47 +111,14 @@ impl PoolMetrics {
         let pool = Arc::new(PoolMetrics {
             database,
             user,
-            opened: AtomicU64::new(0),
-            closed: zeroed(),
-            connect_failures: zeroed(),
-            connect_refusals: zeroed(),
-            dropped: zeroed(),
-            transactions: AtomicU64::new(0),
-            xact_time_us: AtomicU64::new(0),
-            queries: AtomicU64::new(0),
-            assignments: AtomicU64::new(0),
-            wait_time_us: AtomicU64::new(0),
-            bytes_received: AtomicU64::new(0),
-            bytes_sent: AtomicU64::new(0),
-            server_bytes_received: AtomicU64::new(0),
-            server_bytes_sent: AtomicU64::new(0),
-            being_canceled: AtomicI64::new(0),
-            query_time_us: AtomicU64::new(0),
+            servers: Servers::new(),
+            clients: Clients::new(),
+            waits: Waits::new(),
+            statements: Statements::new(),
             period: Mutex::new(Default::default()),
-            client_parses: AtomicU64::new(0),
-            server_parses: AtomicU64::new(0),
-            binds: AtomicU64::new(0),
-            unnamed_hits: AtomicU64::new(0),
-            unnamed_prepares: AtomicU64::new(0),
-            evictions: AtomicU64::new(0),
-            pinned: AtomicU64::new(0),
-            stalled: AtomicU64::new(0),
-            statements_epoch: AtomicU64::new(0),
-            settings_unfollowed: AtomicU64::new(0),
-            opens: RateWindow::new(),
-            closes: RateWindow::new(),
-            servers: zeroed_i(),
-            clients: zeroed_i(),
-            maxwait_us: AtomicU64::new(0),
-            predicted_wait_us: AtomicU64::new(0),
+            limits: Mutex::new(Limits::default()),
             fleet_share: AtomicU64::new(0),
             fleet_instances: AtomicU64::new(0),
-            live: Mutex::new(BTreeMap::new()),
-            next_live: AtomicU64::new(1),
-            connect_duration: Histogram::default(),
-            client_wait: Histogram::default(),
-            transaction_duration: Histogram::default(),
-            limits: Mutex::new(Limits::default()),
         });
         register(&pool);
         pool
@@ -212,7 +141,7 @@ pub struct BeingCanceled(Arc<PoolMetrics>);
 
 impl Drop for BeingCanceled {
     fn drop(&mut self) {
-        self.0.being_canceled.fetch_sub(1, R);
+        self.0.servers.being_canceled.fetch_sub(1, R);
     }
 }
 

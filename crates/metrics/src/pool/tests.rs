@@ -1,6 +1,8 @@
 //! Recording and reading one pool back.
 
 use super::*;
+use crate::close::{ConnectFailure, DropReason};
+use crate::state::{ClientState, ServerState};
 
 #[test]
 fn counters_and_gauges_read_back() {

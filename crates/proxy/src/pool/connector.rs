@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 
+use super::backoff::refusal_backoff;
 use super::room::Cap;
 use super::state::State;
 use super::{Handed, Lease, Pool, PoolError};
@@ -40,7 +41,7 @@ impl Pool {
         let total = st.total();
         // A full pool with no reserve and no back-off can open or schedule
         // nothing: skip the walk over every waiter (this runs on each enqueue).
-        if total >= st.opts.settings.pool_size && st.opts.settings.reserve_pool_size == 0 && st.retry_at.is_none() {
+        if total >= st.opts.settings.pool_size && st.opts.settings.reserve_pool_size == 0 && !st.backoff().is_set() {
             self.release_room(st);
             return;
         }
@@ -48,46 +49,47 @@ impl Pool {
         // An eviction made room for this pool: the connect is made even if
         // the demand went meanwhile (as PgBouncer's, whose launch follows its
         // eviction at once), so the database (or user) stays at its cap.
-        if want == 0 && st.room.kept() && !st.paused && total < st.limit() {
+        if want == 0 && st.room_mut().kept() && !st.is_paused() && total < st.limit() {
             want = 1;
         }
         if want == 0 {
             self.release_room(st);
             return;
         }
-        if let Some(at) = st.retry_at.filter(|at| *at > Instant::now()) {
+        if let Some(at) = st.backoff().holds_until(Instant::now()) {
             self.wake_at(st, at);
             return;
         }
         // fleet_share: no connect past this instance's share of the fleet's
         // budget while the fleet is at its limit.
-        let room = st.limit().min(st.fleet.cap.unwrap_or(u32::MAX)).saturating_sub(total);
+        let room = st.limit().min(st.fleet().cap.unwrap_or(u32::MAX)).saturating_sub(total);
         if room < want {
             if let Some(at) = reserve_due_at(st) {
                 self.wake_at(st, at);
             }
         }
         // Refused for too many connections: one probe at a time, not a burst.
-        let concurrency = if st.refusals > 0 { 1 } else { st.opts.connect_concurrency };
-        let slots = concurrency.saturating_sub(st.connecting);
+        let concurrency = if st.backoff().refusing() { 1 } else { st.opts.connect_concurrency };
+        let slots = concurrency.saturating_sub(st.counts().connecting());
         for _ in 0..want.min(room).min(slots) {
             let max_db = st.opts.settings.max_db_connections;
-            let Some(slot) = st.room.take(Cap::Db).or_else(|| CountSlot::take(&self.db_servers.count, max_db)) else {
+            let Some(slot) = st.room_mut().take(Cap::Db).or_else(|| CountSlot::take(&self.db_servers.count, max_db))
+            else {
                 self.make_room(st, Cap::Db);
                 break;
             };
             let max_user = st.opts.settings.max_user_connections;
             let Some(user_slot) =
-                st.room.take(Cap::User).or_else(|| CountSlot::take(&self.user_servers.count, max_user))
+                st.room_mut().take(Cap::User).or_else(|| CountSlot::take(&self.user_servers.count, max_user))
             else {
-                st.room.give(Cap::Db, slot);
+                st.room_mut().give(Cap::Db, slot);
                 self.make_room(st, Cap::User);
                 break;
             };
             if st.total() >= st.opts.settings.pool_size {
                 self.log_reserve(st);
             }
-            st.connecting += 1;
+            st.counts_mut().connect_started();
             let pool = self.clone();
             let spec = Arc::new(st.opts.spec.clone());
             tokio::spawn(async move {
@@ -100,7 +102,7 @@ impl Pool {
     /// A place an eviction kept for this pool that nothing here needs now
     /// goes back to the count, and the pools held back by it are woken.
     fn release_room(self: &Arc<Self>, st: &mut State) {
-        if st.room.release().is_some() {
+        if st.room_mut().release().is_some() {
             self.wake_blocked_siblings();
         }
     }
@@ -136,14 +138,10 @@ impl Pool {
     fn connected(self: &Arc<Self>, result: Result<ServerConn, ConnectError>, slots: (CountSlot, CountSlot)) {
         let (slot, user_slot) = slots;
         let mut st = self.state.lock();
-        st.connecting -= 1;
+        st.counts_mut().connect_ended();
         match result {
             Ok(mut conn) => {
-                st.failures = 0;
-                st.refusals = 0;
-                st.retry_at = None;
-                st.last_error = None;
-                st.rejected = None;
+                st.backoff_mut().succeeded();
                 conn.admit(slot, user_slot, jittered(st.opts.lifetime));
                 st.keep_server_params(|| Arc::new(conn.params.clone()));
                 self.hand_over(&mut st, Box::new(conn), Instant::now());
@@ -155,16 +153,14 @@ impl Pool {
             Err(e) => {
                 drop(slot);
                 self.metrics.record_connect_failure(e.failure_label());
-                st.failures += 1;
-                st.last_error = Some(e.to_string());
                 match e.rejection() {
-                    Some((code, message)) => self.login_rejected(&mut st, code, message),
+                    Some((code, message)) => self.login_rejected(&mut st, &e, code, message),
                     None => {
-                        st.rejected = None;
                         let (db, user) = (&self.key.database, &self.key.user);
                         let reason = e.close_reason();
                         tracing::warn!(error = %e, "S: {db}/{user} server connect failed, closing because: {reason}");
-                        st.retry_at = Some(Instant::now() + backoff(st.failures, st.opts.login_retry_max));
+                        let max = st.opts.login_retry_max;
+                        st.backoff_mut().failed(e.to_string(), max, Instant::now());
                     }
                 }
             }
@@ -176,10 +172,10 @@ impl Pool {
     /// (one that is marks closes as it comes back: PgBouncer counts it out
     /// as its pool is dirty).
     fn has_usable_server(&self, st: &State) -> bool {
-        if !st.idle.is_empty() {
+        if !st.idle().is_empty() {
             return true;
         }
-        if st.active == 0 && st.recovering == 0 {
+        if st.counts().active() == 0 && st.counts().recovering() == 0 {
             return false;
         }
         let Some(mark) = st.reconnect_mark() else { return true };
@@ -195,18 +191,14 @@ impl Pool {
     fn refused(&self, st: &mut State, e: &ConnectError) {
         let reason = e.refusal().unwrap_or(weir_metrics::ConnectRefusal::Other);
         self.metrics.record_connect_refused(reason);
-        if st.refusals == 0 {
+        // Below its enforced share, the others are giving servers back: the
+        // next try comes at the fleet round's pace (at most 5 a second).
+        let below_share = st.fleet().below_share(st.total());
+        let pause = |refusals| if below_share { super::fleet::refusal_pause() } else { refusal_backoff(refusals) };
+        if st.backoff_mut().refused(e.to_string(), pause, Instant::now()) {
             tracing::warn!(database = %self.key.database, user = %self.key.user, error = %e,
                 "server connect refused: too many connections; backing off");
         }
-        st.refusals += 1;
-        // Below its enforced share, the others are giving servers back: the
-        // next try comes at the fleet round's pace (at most 5 a second).
-        let pause =
-            if st.fleet.below_share(st.total()) { super::fleet::refusal_pause() } else { refusal_backoff(st.refusals) };
-        st.retry_at = Some(Instant::now() + pause);
-        st.last_error = Some(e.to_string());
-        st.rejected = None;
     }
 
     /// Postgres refused the pool's login (PgBouncer's
@@ -215,16 +207,16 @@ impl Pool {
     /// server that logged in earlier; the next attempt waits
     /// server_login_retry, and until then a client that finds no server is
     /// failed with the cached error (`State::login_failing`).
-    fn login_rejected(&self, st: &mut State, code: crate::protocol::SqlState, message: String) {
+    fn login_rejected(&self, st: &mut State, e: &ConnectError, code: crate::protocol::SqlState, message: String) {
         tracing::warn!(database = %self.key.database, user = %self.key.user, sqlstate = code.code(), "server login failed: FATAL {message}");
         tracing::info!("S: {}/{} closing because: {message} (age=0s)", self.key.database, self.key.user);
-        st.retry_at = Some(Instant::now() + st.opts.login_retry_max);
         if !self.has_usable_server(st) {
-            while let Some(w) = st.waiters.pop_front() {
+            for w in st.drain_waiters() {
                 let _ = w.tx.send(Handed::Rejected(code, message.clone()));
             }
         }
-        st.rejected = Some(message);
+        let retry = st.opts.login_retry_max;
+        st.backoff_mut().rejected(e.to_string(), message, retry, Instant::now());
     }
 
     /// Server parameters for a client's login. A pool that has never
@@ -257,7 +249,7 @@ fn reserve_due_at(st: &State) -> Option<Instant> {
     if st.opts.settings.reserve_pool_size == 0 {
         return None;
     }
-    let at = st.waiters.front()?.since + st.opts.reserve_pool_timeout;
+    let at = st.oldest_since()? + st.opts.reserve_pool_timeout;
     (at > Instant::now()).then_some(at)
 }
 
@@ -267,40 +259,9 @@ pub(super) fn jittered(d: Duration) -> Duration {
     d.mul_f64(rand::thread_rng().gen_range(0.85..=1.0))
 }
 
-/// Exponential back-off from 50 ms up to `max`, with full jitter in its upper half.
-fn backoff(failures: u32, max: Duration) -> Duration {
-    let base = Duration::from_millis(50).saturating_mul(1 << failures.min(10)).min(max);
-    base.mul_f64(rand::thread_rng().gen_range(0.5..=1.0))
-}
-
-/// The back-off after `refusals` 53300s in a row: from 100 ms doubling to
-/// 500 ms, each drawn from its upper half, so an instance refused for as long
-/// as its fleet stays at its limit tries at most 4 times a second.
-fn refusal_backoff(refusals: u32) -> Duration {
-    let base = Duration::from_millis(100).saturating_mul(1 << refusals.min(4)).min(Duration::from_millis(500));
-    base.mul_f64(rand::thread_rng().gen_range(0.5..=1.0))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn backoff_grows_and_is_capped() {
-        let max = Duration::from_secs(2);
-        assert!(backoff(1, max) <= Duration::from_millis(100));
-        assert!(backoff(20, max) <= max);
-        assert!(backoff(20, max) >= Duration::from_secs(1));
-    }
-
-    #[test]
-    fn refusal_backoff_tries_at_most_four_times_a_second() {
-        for n in 4..20 {
-            let d = refusal_backoff(n);
-            assert!(d >= Duration::from_millis(250) && d <= Duration::from_millis(500), "{d:?}");
-        }
-        assert!(refusal_backoff(1) <= Duration::from_millis(200));
-    }
 
     #[test]
     fn connect_concurrency_is_capped_at_pool_size_plus_reserve() {

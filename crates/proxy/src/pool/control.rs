@@ -10,7 +10,7 @@ use weir_metrics::CloseReason;
 
 impl Pool {
     pub fn pause(self: &Arc<Self>) {
-        self.state.lock().paused = true;
+        self.state.lock().pause();
     }
 
     /// SHUTDOWN WAIT_FOR_SERVERS: lends no server again; its waiters (at
@@ -21,10 +21,10 @@ impl Pool {
 
     pub fn resume(self: &Arc<Self>) {
         let mut st = self.state.lock();
-        st.paused = false;
+        st.unpause();
         // Each turn either serves a waiter or parks the server and ends.
         while st.live_waiters_up_to(1) > 0 {
-            let Some(conn) = st.idle.pop() else { break };
+            let Some(conn) = st.unpark() else { break };
             self.hand_over(&mut st, conn, Instant::now());
         }
         self.want_connects(&mut st);
@@ -40,12 +40,7 @@ impl Pool {
             self.key.database,
             self.key.user
         );
-        {
-            let mut st = self.state.lock();
-            st.rejected = None;
-            st.retry_at = None;
-            st.failures = 0;
-        }
+        self.state.lock().backoff_mut().forget_failures();
         self.reconnect();
     }
 
@@ -83,15 +78,13 @@ impl Pool {
     /// failures tries again now.
     pub(crate) fn host_found(self: &Arc<Self>) {
         let mut st = self.state.lock();
-        if st.refusals == 0 && st.rejected.is_none() {
-            st.retry_at = None;
-        }
+        st.backoff_mut().host_found();
         self.want_connects(&mut st);
     }
 
     /// Closes every idle connection (KILL, shutdown).
     pub fn close_idle(self: &Arc<Self>, reason: CloseReason) {
-        let idle = std::mem::take(&mut self.state.lock().idle);
+        let idle = self.state.lock().take_all_idle();
         for conn in idle {
             conn.close(reason);
         }

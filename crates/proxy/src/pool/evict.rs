@@ -73,7 +73,7 @@ impl Pool {
             let mut st = pool.state.lock();
             st.end_eviction();
             if let Some(slot) = freed {
-                st.room.give(cap, slot);
+                st.room_mut().give(cap, slot);
                 // Used by the next connect, or (demand went meanwhile) given
                 // back to the count there.
                 pool.want_connects(&mut st);
@@ -133,17 +133,17 @@ impl Pool {
         if st.total() <= st.opts.settings.min_pool_size {
             return None;
         }
-        st.idle.first().map(|c| c.last_used())
+        st.idle().first().map(|c| c.last_used())
     }
 
     /// Takes this pool's longest-idle connection, unless the pool is at
     /// min_pool_size or has none idle.
     fn evict_idle(&self) -> Option<Box<ServerConn>> {
         let mut st = self.state.lock();
-        if st.idle.is_empty() || st.total() <= st.opts.settings.min_pool_size {
+        if st.total() <= st.opts.settings.min_pool_size {
             return None;
         }
         // The idle stack lends from the top: the bottom waited longest.
-        Some(st.idle.remove(0))
+        st.take_longest_idle()
     }
 }

@@ -18,6 +18,6 @@ impl Pool {
     /// The idle server connections, most recently used first.
     pub fn idle_servers(&self) -> Vec<IdleServer> {
         let st = self.state.lock();
-        st.idle.iter().rev().map(|c| IdleServer { pid: c.backend_pid(), idle_for: c.last_used().elapsed() }).collect()
+        st.idle().iter().rev().map(|c| IdleServer { pid: c.backend_pid(), idle_for: c.last_used().elapsed() }).collect()
     }
 }

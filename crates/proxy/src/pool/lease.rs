@@ -78,7 +78,7 @@ impl Lease {
     /// `reason`, and let the pool replace it.
     pub fn close(mut self, reason: CloseReason) {
         if let Some(conn) = self.conn.take() {
-            self.pool.state.lock().active -= 1;
+            self.pool.state.lock().counts_mut().returned();
             self.pool.discard(conn, reason);
         }
     }

@@ -8,8 +8,10 @@
 //! `replication`.
 
 mod admission;
+mod backoff;
 mod connector;
 mod control;
+mod counts;
 mod error;
 mod evict;
 mod expiry;
@@ -21,7 +23,9 @@ mod places;
 mod pools;
 mod recovery;
 mod replication;
+mod retiring;
 mod room;
+mod snapshot;
 mod state;
 mod upkeep;
 
@@ -46,7 +50,7 @@ pub use inspect::IdleServer;
 pub use lease::Lease;
 pub use pools::{PoolKey, Pools};
 pub use replication::ReplicationPlace;
-pub use state::PoolSnapshot;
+pub use snapshot::PoolSnapshot;
 use state::State;
 
 /// Settings the pool needs beyond `PoolSettings`.
@@ -195,7 +199,7 @@ impl Pool {
         let timed_out = || {
             let (last_error, key) = {
                 let st = self.state.lock();
-                (st.last_error.clone(), st.opts.settings.wait_limit().1)
+                (st.backoff().last_error(), st.opts.settings.wait_limit().1)
             };
             // Rounded to whole milliseconds: the budget as configured.
             let budget =
@@ -263,19 +267,7 @@ impl Pool {
     /// reading, taken just before (the lease counts as taken then).
     pub fn try_checkout_at(self: &Arc<Self>, now: Instant) -> Option<Lease> {
         let mut st = self.state.lock();
-        if st.paused {
-            return None;
-        }
-        let top = st.idle.last()?;
-        if st.check_due((top.created, top.last_used()), now) {
-            return None;
-        }
-        let conn = st.idle.last_mut()?;
-        if State::unusable(conn, now).is_some() {
-            return None;
-        }
-        let conn = st.idle.pop()?;
-        st.active += 1;
+        let conn = st.lend_idle(now)?;
         drop(st);
         self.metrics.record_client_wait(Duration::ZERO);
         Some(Lease::new(self.clone(), conn, now))
@@ -293,16 +285,14 @@ impl Pool {
         if st.is_stopping() {
             return Err(PoolError::ShuttingDown);
         }
-        if !st.paused {
-            while let Some(mut conn) = st.idle.pop() {
-                if let Some(reason) = State::unusable(&mut conn, now) {
+        while let Some(top) = st.lend_top(now) {
+            match top {
+                Ok(conn) => return Ok(Ok(conn)),
+                Err((conn, reason)) => {
                     drop(st);
                     self.discard(conn, reason);
                     st = self.state.lock();
-                    continue;
                 }
-                st.active += 1;
-                return Ok(Ok(conn));
             }
         }
         if let Some(message) = st.login_failing() {
@@ -316,7 +306,7 @@ impl Pool {
         let (tx, rx) = oneshot::channel();
         let id = st.push_waiter(tx, now, deadline, counted);
         let fleet_share = st.opts.settings.fleet_share;
-        st.fleet.waiter_queued(fleet_share, now);
+        st.fleet_mut().waiter_queued(fleet_share, now);
         self.want_connects(&mut st);
         Ok(Err(Waiting { pool: self.clone(), id, rx, settled: false }))
     }
@@ -325,7 +315,7 @@ impl Pool {
     /// or when the pool is full and the waiters ahead hold more work than it
     /// can serve before `deadline`.
     fn admit(&self, st: &State, now: Instant, deadline: Instant) -> Result<(), PoolError> {
-        let ahead = st.waiters.len();
+        let ahead = st.waiting();
         let max = st.opts.settings.max_waiting_clients;
         if max != 0 && ahead >= max as usize {
             return Err(PoolError::QueueFull { waiting: max, key: "max_waiting_clients" });
@@ -345,17 +335,17 @@ impl Pool {
     /// of its budget, and so on forward until one can still be served.
     /// O(1) per waiter shed; nothing when the queue is empty.
     fn shed_tail(&self, st: &mut State, now: Instant) {
-        if st.waiters.is_empty() || !st.saturated() {
+        if st.waiting() == 0 || !st.saturated() {
             return;
         }
         let servers = st.capacity();
-        while let Some(last) = st.waiters.back() {
-            let left = last.deadline.saturating_duration_since(now);
+        while let Some(deadline) = st.last_waiter_deadline() {
+            let left = deadline.saturating_duration_since(now);
             if left.is_zero() {
                 return;
             }
-            let Some(predicted) = self.estimate.shed(st.waiters.len() - 1, servers, left) else { return };
-            if let Some(w) = st.waiters.pop_back() {
+            let Some(predicted) = self.estimate.shed(st.waiting() - 1, servers, left) else { return };
+            if let Some(w) = st.pop_last_waiter() {
                 let _ = w.tx.send(Handed::Shed(predicted));
             }
         }
@@ -388,13 +378,8 @@ impl Pool {
     /// idle; anything else is recovered first. `now`: the caller's clock
     /// reading, if it has one.
     pub(crate) fn give_back(self: &Arc<Self>, mut conn: Box<ServerConn>, needs_reset: bool, now: Option<Instant>) {
-        // A write it refused retires it, unless it says it is a writable
-        // primary (then the client's own transaction was read-only).
-        if std::mem::take(&mut conn.refused_write) && !crate::server::role::ServerRole::says_writable(&conn.params) {
-            conn.broken.get_or_insert(CloseReason::RoleChanged);
-        }
-        if let Some(reason) = conn.broken {
-            self.state.lock().active -= 1;
+        if let Some(reason) = conn.close_reason_at_release() {
+            self.state.lock().counts_mut().returned();
             if reason == CloseReason::RoleChanged {
                 // It answered 25006 where writes are wanted, or reported a
                 // new in_hot_standby: its host's role is asked again.
@@ -406,8 +391,7 @@ impl Pool {
         if needs_reset || !conn.conv.is_clean() || !conn.cancel.gate.is_open() {
             let opts = {
                 let mut st = self.state.lock();
-                st.active -= 1;
-                st.recovering += 1;
+                st.counts_mut().returned_dirty();
                 st.opts.clone()
             };
             recovery::spawn(self.clone(), conn, opts, needs_reset);
@@ -416,14 +400,14 @@ impl Pool {
         let now = now.unwrap_or_else(Instant::now);
         conn.used_at(now);
         let mut st = self.state.lock();
-        st.active -= 1;
+        st.counts_mut().returned();
         self.hand_over(&mut st, conn, now);
     }
 
     /// Called by recovery when it is done with a connection.
     pub(crate) fn recovered(self: &Arc<Self>, result: Result<Box<ServerConn>, (Box<ServerConn>, CloseReason)>) {
         let mut st = self.state.lock();
-        st.recovering -= 1;
+        st.counts_mut().recovery_ended();
         match result {
             Ok(mut conn) => {
                 let now = Instant::now();
@@ -451,11 +435,11 @@ impl Pool {
             return;
         }
         let Some(mut conn) = self.fleet_release(st, conn) else { return };
-        if !st.paused {
+        if !st.is_paused() {
             while let Some(w) = st.next_waiter(now) {
                 match w.tx.send(Handed::Server(conn)) {
                     Ok(()) => {
-                        st.active += 1;
+                        st.counts_mut().lent();
                         self.shed_tail(st, now);
                         return;
                     }
@@ -463,10 +447,8 @@ impl Pool {
                 }
             }
         }
-        if st.over_capacity() {
+        if let Some(conn) = st.park(conn) {
             conn.close(CloseReason::PoolShrink);
-        } else {
-            st.idle.push(conn);
         }
         // Closed, or idle where a pool held back by max_db_connections may evict it.
         self.wake_blocked_siblings();
@@ -486,7 +468,7 @@ impl Pool {
         let st = self.state.lock();
         let mut snap = st.snapshot();
         if st.saturated() {
-            let predicted = self.estimate.predicted_wait(st.waiters.len(), st.capacity());
+            let predicted = self.estimate.predicted_wait(st.waiting(), st.capacity());
             snap.predicted_wait = predicted.unwrap_or_default();
         }
         snap
@@ -562,7 +544,7 @@ impl Drop for Waiting {
         let mut st = self.pool.state.lock();
         st.remove_waiter(self.id);
         if let Some(conn) = handed {
-            st.active -= 1;
+            st.counts_mut().returned();
             self.pool.hand_over(&mut st, conn, Instant::now());
         }
     }

@@ -38,9 +38,7 @@ impl ProbePlaces for Places {
         let slots = if st.total() < st.capacity() {
             let db = CountSlot::take(&pool.db_servers.count, max_db)?;
             (db, CountSlot::take(&pool.user_servers.count, max_user)?)
-        } else if !st.idle.is_empty() {
-            // The bottom of the idle stack waited longest.
-            let mut conn = st.idle.remove(0);
+        } else if let Some(mut conn) = st.take_longest_idle() {
             let db = conn.take_db_slot().or_else(|| CountSlot::take(&pool.db_servers.count, max_db));
             let user = conn.take_user_slot().or_else(|| CountSlot::take(&pool.user_servers.count, max_user));
             conn.close(CloseReason::Evicted);
@@ -48,7 +46,7 @@ impl ProbePlaces for Places {
         } else {
             return None;
         };
-        st.probe_started();
+        st.counts_mut().probe_started();
         drop(st);
         Some(Box::new(Place { pool, _slots: slots }))
     }
@@ -57,7 +55,7 @@ impl ProbePlaces for Places {
 impl Drop for Place {
     fn drop(&mut self) {
         let mut st = self.pool.state.lock();
-        st.probe_ended();
+        st.counts_mut().probe_ended();
         self.pool.want_connects(&mut st);
         drop(st);
         self.pool.wake_blocked_siblings();

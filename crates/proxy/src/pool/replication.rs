@@ -48,7 +48,7 @@ impl Pool {
     /// when every place is busy.
     fn free_place(self: &Arc<Self>) -> Option<ReplicationPlace> {
         let mut st = self.state.lock();
-        if st.paused {
+        if st.is_paused() {
             return None;
         }
         let settings = &st.opts.settings;
@@ -56,14 +56,12 @@ impl Pool {
         let slots = if st.total() < settings.pool_size {
             let db = CountSlot::take(&self.db_servers.count, max_db)?;
             (db, CountSlot::take(&self.user_servers.count, max_user)?)
-        } else if !st.idle.is_empty() {
-            // The bottom of the idle stack waited longest.
-            let conn = st.idle.remove(0);
+        } else if let Some(conn) = st.take_longest_idle() {
             self.give_up_place(conn)
         } else {
             return None;
         };
-        st.replication_started();
+        st.counts_mut().replication_started();
         Some(ReplicationPlace { pool: self.clone(), _slots: slots })
     }
 
@@ -72,8 +70,7 @@ impl Pool {
     fn place_of(self: &Arc<Self>, lease: Lease) -> ReplicationPlace {
         let slots = self.give_up_place(lease.into_conn());
         let mut st = self.state.lock();
-        st.active -= 1;
-        st.replication_started();
+        st.counts_mut().lent_to_replication();
         drop(st);
         ReplicationPlace { pool: self.clone(), _slots: slots }
     }
@@ -122,7 +119,7 @@ impl Pool {
 impl Drop for ReplicationPlace {
     fn drop(&mut self) {
         let mut st = self.pool.state.lock();
-        st.replication_ended();
+        st.counts_mut().replication_ended();
         self.pool.want_connects(&mut st);
         drop(st);
         self.pool.wake_blocked_siblings();

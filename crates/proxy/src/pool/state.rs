@@ -1,5 +1,11 @@
 //! The pool's mutable state behind its one mutex: idle stack, waiter queue,
 //! counters and connect back-off. Short critical sections only; never awaited.
+//!
+//! Every server the pool holds is in exactly one place: the idle stack here,
+//! one of the `Counts` (lent, connecting, recovering, a probe's or a
+//! replication client's place) or the fleet's query, so that `total` is what
+//! the pool holds. Servers leave and join the idle stack only through the
+//! methods here, which count them where they go.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -7,6 +13,12 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use weir_metrics::CloseReason;
 
+use super::backoff::Backoff;
+use super::counts::Counts;
+use super::fleet::part::Fleet;
+use super::retiring::Retiring;
+use super::room::Room;
+use super::snapshot::PoolSnapshot;
 use super::PoolOptions;
 use crate::params::ParamMap;
 use crate::server::ServerConn;
@@ -24,13 +36,14 @@ pub(super) struct WaiterEntry {
 
 #[derive(Debug)]
 pub(super) struct State {
+    /// The pool's settings, replaced whole on a reload (`Pool::reconfigure`).
     pub opts: PoolOptions,
     /// Boxed on purpose: a connection leaves this stack for a lease, a
     /// waiter's channel or recovery, and a pointer moves where the struct
     /// would be copied.
     #[allow(clippy::vec_box)]
-    pub idle: Vec<Box<ServerConn>>,
-    pub waiters: VecDeque<WaiterEntry>,
+    idle: Vec<Box<ServerConn>>,
+    waiters: VecDeque<WaiterEntry>,
     next_waiter: u64,
     /// When the pool's expiry (`expiry.rs`) is set to look for waiters past
     /// their deadline: never later than the earliest deadline queued (it may
@@ -38,21 +51,12 @@ pub(super) struct State {
     expiry_at: Option<Instant>,
     /// Wakes the expiry when a waiter's deadline comes before `expiry_at`.
     expiry: std::sync::Arc<tokio::sync::Notify>,
-    /// Lent to clients.
-    pub active: u32,
-    /// Connects in flight.
-    pub connecting: u32,
-    /// Being cleaned up after a client left them dirty.
-    pub recovering: u32,
-    /// Liveness probe sessions holding a place of the pool (`places.rs`).
-    probing: u32,
-    pub paused: bool,
-    pub failures: u32,
-    /// Connects refused in a row with 53300 (too many connections): while
-    /// non-zero the pool backs off and probes one connect at a time, and
-    /// its waiters keep waiting (`connector::refused`).
-    pub refusals: u32,
-    pub retry_at: Option<Instant>,
+    /// The servers lent, opening, being cleaned up, or holding a place.
+    counts: Counts,
+    /// PAUSE (or SHUTDOWN WAIT_FOR_SERVERS): nothing is lent or opened.
+    paused: bool,
+    /// Failures, refusals and the wait before the next connect.
+    backoff: Backoff,
     /// When the connector's wake-up timer is set to fire (retry or reserve).
     wake_at: Option<Instant>,
     /// A task is closing another pool's idle connection to make room
@@ -60,71 +64,17 @@ pub(super) struct State {
     evicting: bool,
     /// A place in the database's or user's count an eviction freed for
     /// this pool's next connect.
-    pub room: super::room::Room,
-    pub last_error: Option<String>,
-    /// Postgres's message for the pool's last login, when Postgres refused
-    /// it (cleared by the next server that logs in).
-    pub rejected: Option<String>,
+    room: Room,
     server_params: Option<std::sync::Arc<ParamMap>>,
     /// RECONNECT: connections opened before this close when released.
     reconnect_before: Option<Instant>,
     /// The pool's part in a fleet of weirs sharing one budget (`fleet`).
-    pub fleet: super::fleet::part::Fleet,
+    fleet: Fleet,
     /// Hosts whose servers opened before a moment retire when released
     /// (`retire_host`, `retired`).
-    retiring: Vec<Retiring>,
-    /// Places replication clients hold (`replication.rs`): each is a server
-    /// connection of its client's alone, never lent, counted in `total`.
-    replicating: u32,
+    retiring: Retiring,
     /// SHUTDOWN WAIT_FOR_SERVERS: no server is lent again.
     stopping: bool,
-}
-
-/// The servers of one host opened before `before` retire with `reason`.
-#[derive(Debug)]
-struct Retiring {
-    host: super::HostKey,
-    before: Instant,
-    reason: CloseReason,
-}
-
-impl Retiring {
-    fn applies(&self, conn: &ServerConn) -> bool {
-        let spec = conn.spec();
-        let same_host = match &self.host {
-            super::HostKey::Addr(a) => spec.addr == Some(*a),
-            super::HostKey::Named(h, p) => spec.addr.is_none() && spec.host == *h && spec.port == *p,
-        };
-        same_host && conn.created < self.before
-    }
-}
-
-/// Counters for SHOW POOLS and tests.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PoolSnapshot {
-    pub idle: u32,
-    pub active: u32,
-    pub connecting: u32,
-    /// Being cleaned up after a dirty client, or running the fleet's query
-    /// (`fleet_share`) between transactions: PgBouncer's sv_tested.
-    pub recovering: u32,
-    pub waiting: u32,
-    pub maxwait: Duration,
-    pub paused: bool,
-    pub pool_size: u32,
-    /// What a client queued now would wait, as predicted (zero while the
-    /// pool has room or the estimate is young).
-    pub predicted_wait: Duration,
-    /// Server connections of replication clients, each its client's alone
-    /// (counted under pool_size, never in `active`).
-    pub replication: u32,
-}
-
-impl PoolSnapshot {
-    /// Nothing lent, opening, being cleaned up or waited for.
-    pub fn is_unused(&self) -> bool {
-        self.active == 0 && self.connecting == 0 && self.recovering == 0 && self.waiting == 0 && self.replication == 0
-    }
 }
 
 impl State {
@@ -156,26 +106,224 @@ impl State {
             next_waiter: 0,
             expiry_at: None,
             expiry: Default::default(),
-            active: 0,
-            connecting: 0,
-            recovering: 0,
-            probing: 0,
+            counts: Counts::default(),
             paused: false,
             stopping: false,
-            failures: 0,
-            refusals: 0,
-            retry_at: None,
+            backoff: Backoff::default(),
             wake_at: None,
             evicting: false,
-            room: Default::default(),
-            last_error: None,
-            rejected: None,
+            room: Room::default(),
             server_params: None,
             reconnect_before: None,
             fleet: Default::default(),
-            retiring: Vec::new(),
-            replicating: 0,
+            retiring: Retiring::default(),
         }
+    }
+
+    /// The idle servers, bottom (longest idle) first.
+    pub(super) fn idle(&self) -> &[Box<ServerConn>] {
+        &self.idle
+    }
+
+    /// The idle servers, to change in place (none comes or goes).
+    pub(super) fn idle_mut(&mut self) -> &mut [Box<ServerConn>] {
+        &mut self.idle
+    }
+
+    /// The servers lent, opening, being cleaned up, or holding a place.
+    pub(super) fn counts(&self) -> Counts {
+        self.counts
+    }
+
+    /// The counts, to move a server that is not idle from one to another.
+    pub(super) fn counts_mut(&mut self) -> &mut Counts {
+        &mut self.counts
+    }
+
+    /// The fast checkout at `now`: the top idle server, lent, unless the
+    /// pool is paused, the server is due a server_check_query, or it is
+    /// unusable (the slow path deals with those).
+    pub(super) fn lend_idle(&mut self, now: Instant) -> Option<Box<ServerConn>> {
+        if self.paused {
+            return None;
+        }
+        let top = self.idle.last()?;
+        if self.check_due((top.created, top.last_used()), now) {
+            return None;
+        }
+        if Self::unusable(self.idle.last_mut()?, now).is_some() {
+            return None;
+        }
+        let conn = self.idle.pop()?;
+        self.counts.lent();
+        Some(conn)
+    }
+
+    /// Lends the top idle server at `now` (none while paused). An unusable
+    /// one comes out uncounted, with why, for the caller to close (Err).
+    #[allow(clippy::type_complexity)]
+    pub(super) fn lend_top(&mut self, now: Instant) -> Option<Result<Box<ServerConn>, (Box<ServerConn>, CloseReason)>> {
+        if self.paused {
+            return None;
+        }
+        let mut conn = self.idle.pop()?;
+        if let Some(reason) = Self::unusable(&mut conn, now) {
+            return Some(Err((conn, reason)));
+        }
+        self.counts.lent();
+        Some(Ok(conn))
+    }
+
+    /// The top idle server, for a hand-over at once (`Pool::hand_over`).
+    pub(super) fn unpark(&mut self) -> Option<Box<ServerConn>> {
+        self.idle.pop()
+    }
+
+    /// Keeps `conn` idle; gives it back (Some, to close) when the pool
+    /// holds more than its capacity (a reload lowered it).
+    pub(super) fn park(&mut self, conn: Box<ServerConn>) -> Option<Box<ServerConn>> {
+        if self.over_capacity() {
+            return Some(conn);
+        }
+        self.idle.push(conn);
+        None
+    }
+
+    /// The longest-idle server, for another's use (an eviction, a probe's
+    /// or a replication client's place).
+    pub(super) fn take_longest_idle(&mut self) -> Option<Box<ServerConn>> {
+        (!self.idle.is_empty()).then(|| self.idle.remove(0))
+    }
+
+    /// Every idle server, to close (KILL, shutdown, RECONNECT).
+    #[allow(clippy::vec_box)]
+    pub(super) fn take_all_idle(&mut self) -> Vec<Box<ServerConn>> {
+        std::mem::take(&mut self.idle)
+    }
+
+    /// Takes out, bottom up, each idle server `doom` names a close reason
+    /// for; `doom` is given the servers the pool holds at that moment.
+    pub(super) fn take_idle_where(
+        &mut self,
+        mut doom: impl FnMut(&mut ServerConn, u32) -> Option<CloseReason>,
+    ) -> Vec<(Box<ServerConn>, CloseReason)> {
+        let mut doomed = Vec::new();
+        let mut i = 0;
+        while i < self.idle.len() {
+            let total = self.total();
+            match doom(&mut self.idle[i], total) {
+                Some(reason) => doomed.push((self.idle.remove(i), reason)),
+                None => i += 1,
+            }
+        }
+        doomed
+    }
+
+    /// After a reload lowered pool_size or reserve_pool_size, the idle
+    /// servers above the new capacity, longest idle first, to close.
+    #[allow(clippy::vec_box)]
+    pub(super) fn take_idle_over_capacity(&mut self) -> Vec<Box<ServerConn>> {
+        let mut doomed = Vec::new();
+        while self.over_capacity() && !self.idle.is_empty() {
+            let oldest = (0..self.idle.len()).min_by_key(|&i| self.idle[i].last_used()).unwrap_or(0);
+            doomed.push(self.idle.remove(oldest));
+        }
+        doomed
+    }
+
+    /// Idle servers, bottom up and sparing server `keep`, until the pool
+    /// holds at most `limit` (the fleet's enforced share), to close.
+    #[allow(clippy::vec_box)]
+    pub(super) fn take_idle_above(&mut self, limit: u32, keep: Option<u64>) -> Vec<Box<ServerConn>> {
+        let mut doomed = Vec::new();
+        while self.total() > limit {
+            let Some(i) = self.idle.iter().position(|c| Some(c.id) != keep) else { break };
+            doomed.push(self.idle.remove(i));
+        }
+        doomed
+    }
+
+    /// The idle server for the fleet's query: `beacon` if idle, else (no
+    /// beacon) the top one, counted as the fleet's from now. An unusable one
+    /// comes out uncounted, to close (Err). None: none to take.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn lend_to_fleet(
+        &mut self,
+        beacon: Option<u64>,
+        now: Instant,
+    ) -> Option<Result<Box<ServerConn>, Box<ServerConn>>> {
+        let at = match beacon {
+            Some(b) => self.idle.iter().position(|c| c.id == b),
+            None => self.idle.len().checked_sub(1),
+        }?;
+        let mut conn = self.idle.remove(at);
+        if Self::unusable(&mut conn, now).is_some() {
+            return Some(Err(conn));
+        }
+        self.fleet.took_server();
+        Some(Ok(conn))
+    }
+
+    /// PAUSE: nothing is lent or opened until `unpause`.
+    pub(super) fn pause(&mut self) {
+        self.paused = true;
+    }
+
+    /// RESUME (the caller serves the waiters from idle).
+    pub(super) fn unpause(&mut self) {
+        self.paused = false;
+    }
+
+    pub(super) fn is_paused(&self) -> bool {
+        self.paused
+    }
+
+    /// The connect back-off: failures, refusals, the next try.
+    pub(super) fn backoff(&self) -> &Backoff {
+        &self.backoff
+    }
+
+    pub(super) fn backoff_mut(&mut self) -> &mut Backoff {
+        &mut self.backoff
+    }
+
+    /// The place an eviction kept for this pool's next connect.
+    pub(super) fn room_mut(&mut self) -> &mut Room {
+        &mut self.room
+    }
+
+    /// The pool's part in its fleet.
+    pub(super) fn fleet(&self) -> &Fleet {
+        &self.fleet
+    }
+
+    pub(super) fn fleet_mut(&mut self) -> &mut Fleet {
+        &mut self.fleet
+    }
+
+    /// Waiters queued (live or not).
+    pub(super) fn waiting(&self) -> usize {
+        self.waiters.len()
+    }
+
+    /// When the waiter queued longest came.
+    pub(super) fn oldest_since(&self) -> Option<Instant> {
+        self.waiters.front().map(|w| w.since)
+    }
+
+    /// Every waiter, taken out of the queue in order.
+    pub(super) fn drain_waiters(&mut self) -> Vec<WaiterEntry> {
+        self.waiters.drain(..).collect()
+    }
+
+    /// The deadline of the waiter queued last.
+    pub(super) fn last_waiter_deadline(&self) -> Option<Instant> {
+        self.waiters.back().map(|w| w.deadline)
+    }
+
+    /// Takes the waiter queued last out of the queue.
+    pub(super) fn pop_last_waiter(&mut self) -> Option<WaiterEntry> {
+        self.waiters.pop_back()
     }
 
     /// When the expiry is set to look for waiters past their deadline.
@@ -206,16 +354,6 @@ impl State {
             i += 1;
         }
         self.expiry_at = next;
-    }
-
-    /// A liveness probe's session took a place of the pool.
-    pub(super) fn probe_started(&mut self) {
-        self.probing += 1;
-    }
-
-    /// A liveness probe's session gave its place back.
-    pub(super) fn probe_ended(&mut self) {
-        self.probing -= 1;
     }
 
     /// Marks an eviction for this pool under way; false if one already is.
@@ -285,12 +423,9 @@ impl State {
         reason: CloseReason,
         now: Instant,
     ) -> Vec<Box<ServerConn>> {
-        let lifetime = self.opts.lifetime;
-        self.retiring.retain(|r| now.saturating_duration_since(r.before) < lifetime && r.host != *host);
-        let rule = Retiring { host: host.clone(), before: now, reason };
+        let rule = self.retiring.add(host, reason, now, self.opts.lifetime);
         let (doomed, kept) = std::mem::take(&mut self.idle).into_iter().partition(|c| rule.applies(c));
         self.idle = kept;
-        self.retiring.push(rule);
         doomed
     }
 
@@ -298,20 +433,7 @@ impl State {
     /// rule says so. Nothing to look at (one length check) unless a host's
     /// role changed or its name moved within server_lifetime.
     pub(super) fn retired(&self, conn: &ServerConn) -> Option<CloseReason> {
-        if self.retiring.is_empty() {
-            return None;
-        }
-        self.retiring.iter().find(|r| r.applies(conn)).map(|r| r.reason)
-    }
-
-    /// A replication client took a place of the pool.
-    pub(super) fn replication_started(&mut self) {
-        self.replicating += 1;
-    }
-
-    /// A replication client gave its place back.
-    pub(super) fn replication_ended(&mut self) {
-        self.replicating -= 1;
+        self.retiring.reason_for(conn)
     }
 
     pub(super) fn push_waiter(
@@ -379,7 +501,7 @@ impl State {
         if self.paused {
             return 0;
         }
-        let spare = self.idle.len() as u32 + self.connecting;
+        let spare = self.idle.len() as u32 + self.counts.connecting();
         // More waiters than spare + the pool's limit change nothing.
         let waiting = self.live_waiters_up_to((spare + self.limit() + 1) as usize) as u32;
         let min = self.opts.settings.min_pool_size.min(self.opts.settings.pool_size);
@@ -392,21 +514,14 @@ impl State {
     /// error instead.
     /// No clock reading unless a login was refused.
     pub(super) fn login_failing(&self) -> Option<String> {
-        let message = self.rejected.as_ref()?;
-        let no_server = self.idle.is_empty() && self.active == 0 && self.recovering == 0;
-        let waiting_retry = self.retry_at.is_some_and(|at| at > Instant::now());
-        (no_server && waiting_retry).then(|| message.clone())
+        let message = self.backoff.login_refused()?;
+        let no_server = self.idle.is_empty() && self.counts.active() == 0 && self.counts.recovering() == 0;
+        no_server.then(|| message.to_owned())
     }
 
     /// All server connections the pool accounts for.
     pub(super) fn total(&self) -> u32 {
-        self.idle.len() as u32
-            + self.active
-            + self.connecting
-            + self.recovering
-            + self.probing
-            + self.fleet.busy
-            + self.replicating
+        self.idle.len() as u32 + self.counts.sum() + self.fleet.busy()
     }
 
     /// The size limit now: pool_size, plus the reserve once a waiter has
@@ -457,15 +572,15 @@ impl State {
     pub(super) fn snapshot(&self) -> PoolSnapshot {
         PoolSnapshot {
             idle: self.idle.len() as u32,
-            active: self.active,
-            connecting: self.connecting,
-            recovering: self.recovering + self.fleet.busy,
+            active: self.counts.active(),
+            connecting: self.counts.connecting(),
+            recovering: self.counts.recovering() + self.fleet.busy(),
             waiting: self.waiters.len() as u32,
             maxwait: self.maxwait(),
             paused: self.paused,
             pool_size: self.opts.settings.pool_size,
             predicted_wait: Duration::ZERO,
-            replication: self.replicating,
+            replication: self.counts.replicating(),
         }
     }
 }
@@ -481,74 +596,4 @@ pub(super) fn test_state(db_keys: &str) -> State {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn state() -> State {
-        test_state("")
-    }
-
-    #[test]
-    fn the_queue_is_served_in_order_skipping_gone_and_expired_waiters() {
-        let mut st = state();
-        let now = Instant::now();
-        let later = now + Duration::from_secs(60);
-        let mut rxs = Vec::new();
-        let count = std::sync::Arc::new(super::super::QueueCount::default());
-        let mut push = |st: &mut State, deadline| {
-            let (tx, rx) = oneshot::channel();
-            rxs.push(rx);
-            st.push_waiter(tx, now, deadline, count.join(0).unwrap())
-        };
-        let gone = push(&mut st, later);
-        let expired = push(&mut st, now);
-        let first_live = push(&mut st, later);
-        let removed = push(&mut st, later);
-        let second_live = push(&mut st, later);
-        rxs[(gone - 1) as usize].close();
-        st.remove_waiter(removed);
-        assert_eq!(st.live_waiters_up_to(10), 2);
-        assert_eq!(st.live_waiters_up_to(1), 1, "counting stops at the cap");
-        assert_eq!(st.next_waiter(now).map(|w| w.id), Some(first_live));
-        assert_eq!(st.next_waiter(now).map(|w| w.id), Some(second_live));
-        assert!(st.next_waiter(now).is_none());
-        let left: Vec<u64> = st.waiters.iter().map(|w| w.id).collect();
-        assert_eq!(left, vec![expired], "the expired waiter stays for its own timeout to answer; the gone one went");
-    }
-
-    #[test]
-    fn server_check_query_is_due_only_for_a_connection_lent_before() {
-        let st = state();
-        let opened = Instant::now();
-        let later = opened + st.opts.check_delay + Duration::from_secs(1);
-        assert!(!st.check_due((opened, opened), later), "a fresh login is not checked");
-        assert!(st.check_due((opened, opened + Duration::from_millis(1)), later), "a returned one is");
-    }
-
-    #[test]
-    fn a_pool_that_stopped_lending_lets_its_waiters_go_at_upkeep() {
-        let mut st = state();
-        let now = Instant::now();
-        let count = std::sync::Arc::new(super::super::QueueCount::default());
-        let (tx, _rx) = oneshot::channel();
-        st.push_waiter(tx, now, now + Duration::from_secs(60), count.join(0).unwrap());
-        st.let_waiters_go();
-        assert_eq!(st.live_waiters_up_to(10), 1, "a lending pool keeps its queue");
-        st.stop_lending();
-        assert_eq!(st.live_waiters_up_to(10), 1, "kept until the next upkeep");
-        st.let_waiters_go();
-        assert_eq!(st.live_waiters_up_to(10), 0);
-        assert!(st.is_stopping());
-    }
-
-    #[test]
-    fn a_server_running_the_fleet_query_is_counted_as_tested() {
-        let mut st = state();
-        st.recovering = 1;
-        st.fleet.busy = 1;
-        let s = st.snapshot();
-        assert_eq!(s.recovering, 2, "the fleet query's server is held, not gone");
-        assert_eq!(st.total(), 2);
-        assert!(!s.is_unused());
-    }
-}
+mod tests;

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use weir_metrics::{ClientState, CloseReason, ServerState};
 
-use super::state::PoolSnapshot;
+use super::snapshot::PoolSnapshot;
 use super::Pool;
 
 const PERIOD: Duration = Duration::from_millis(500);
@@ -35,33 +35,32 @@ pub(super) fn spawn(pool: &Arc<Pool>) {
 
 /// Closes idle connections that must go, oldest-used first, keeping min_pool_size.
 fn sweep(pool: &Arc<Pool>) {
-    let mut doomed = Vec::new();
-    {
+    let doomed = {
         let mut st = pool.state.lock();
         let min = st.opts.settings.min_pool_size as usize;
         let idle_timeout = st.opts.idle_timeout;
         st.let_waiters_go();
         refresh_specs(&mut st);
-        let mut i = 0;
-        while i < st.idle.len() {
-            let conn = &mut st.idle[i];
+        let mut doomed = st.take_idle_where(|conn, total| {
             let reason = if conn.has_unexpected_input() {
-                Some(CloseReason::ServerClosed)
+                CloseReason::ServerClosed
             } else if Instant::now() >= conn.retire_at() {
-                Some(CloseReason::Lifetime)
+                CloseReason::Lifetime
             } else if conn.last_used().elapsed() >= idle_limit(idle_timeout, conn.id) {
-                Some(CloseReason::IdleTimeout)
+                CloseReason::IdleTimeout
             } else {
-                None
+                return None;
             };
-            let keep_for_min = reason == Some(CloseReason::IdleTimeout) && st.total() as usize <= min;
-            match reason {
-                Some(r) if !keep_for_min => doomed.push((st.idle.remove(i), r)),
-                _ => i += 1,
-            }
-        }
-        shrink(&mut st, &mut doomed);
-    }
+            let keep_for_min = reason == CloseReason::IdleTimeout && total as usize <= min;
+            (!keep_for_min).then_some(reason)
+        });
+        // After a reload lowered pool_size or reserve_pool_size, idle
+        // connections above the new capacity close, longest idle first
+        // (PgBouncer's janitor closes "too many servers in the pool" the same
+        // way); busy ones close when they are released.
+        doomed.extend(st.take_idle_over_capacity().into_iter().map(|c| (c, CloseReason::PoolShrink)));
+        doomed
+    };
     for (conn, reason) in doomed {
         pool.discard(conn, reason);
     }
@@ -69,19 +68,8 @@ fn sweep(pool: &Arc<Pool>) {
     pool.want_connects(&mut st);
     // Under the pool's lock: the set takes its own and never a pool's
     // while it holds it.
-    if !st.paused {
+    if !st.is_paused() {
         pool.hosts.survey(&st.opts.spec);
-    }
-}
-
-/// After a reload lowered pool_size or reserve_pool_size, idle connections
-/// above the new capacity close, longest idle first (PgBouncer's janitor
-/// closes "too many servers in the pool" the same way); busy ones close when
-/// they are released.
-fn shrink(st: &mut super::state::State, doomed: &mut Vec<(Box<crate::server::ServerConn>, CloseReason)>) {
-    while st.over_capacity() && !st.idle.is_empty() {
-        let oldest = (0..st.idle.len()).min_by_key(|&i| st.idle[i].last_used()).unwrap_or(0);
-        doomed.push((st.idle.remove(oldest), CloseReason::PoolShrink));
     }
 }
 
@@ -89,10 +77,10 @@ fn shrink(st: &mut super::state::State, doomed: &mut Vec<(Box<crate::server::Ser
 /// so the watchdog settings it carries apply from their next loan.
 /// Each keeps the host it was opened to.
 fn refresh_specs(st: &mut super::state::State) {
-    let Some(stale) = st.idle.iter().position(|c| !c.spec().same_settings(&st.opts.spec)) else { return };
-    let spec = &st.opts.spec;
-    for conn in &mut st.idle[stale..] {
-        if !conn.spec().same_settings(spec) {
+    let Some(stale) = st.idle().iter().position(|c| !c.spec().same_settings(&st.opts.spec)) else { return };
+    let spec = st.opts.spec.clone();
+    for conn in &mut st.idle_mut()[stale..] {
+        if !conn.spec().same_settings(&spec) {
             let aimed = spec.aimed(&conn.spec().host, conn.spec().port, conn.spec().addr);
             conn.respec(Arc::new(aimed));
         }

@@ -63,7 +63,7 @@ pub struct ServerConn {
     /// It refused a write (25006) during this loan. Weighed when released,
     /// with the parameters it has reported by then (the ParameterStatus that
     /// says it turned read-only may come after the error).
-    pub(crate) refused_write: bool,
+    pub(super) refused_write: bool,
     guard: ServerConnGuard,
 }
 

@@ -81,6 +81,20 @@ impl ServerRole {
     }
 }
 
+impl ServerConn {
+    /// Why the connection must close instead of going back to the pool, as
+    /// its loan ends: whoever found it broken says so, and a write it refused
+    /// during the loan retires it unless it now says it is a writable primary
+    /// (then the client's own transaction was read-only). The refusal is
+    /// weighed once: the next loan starts without it.
+    pub(crate) fn close_reason_at_release(&mut self) -> Option<CloseReason> {
+        if std::mem::take(&mut self.refused_write) && !ServerRole::says_writable(&self.params) {
+            self.broken.get_or_insert(CloseReason::RoleChanged);
+        }
+        self.broken
+    }
+}
+
 /// Whether a host in `role` is what `target` asks for (libpq's rules;
 /// prefer-standby takes any server, the host set prefers standbys). `any`
 /// takes a host whose role is not known yet: whatever it is, it will do.

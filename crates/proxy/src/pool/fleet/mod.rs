@@ -76,22 +76,22 @@ impl Pool {
     /// any waiter is served), and one released while the pool is above its
     /// enforced share is closed rather than kept. None: taken.
     pub(super) fn fleet_release(self: &Arc<Self>, st: &mut State, conn: Box<ServerConn>) -> Option<Box<ServerConn>> {
-        let f = &mut st.fleet;
+        let f = st.fleet_mut();
         let mut conn = conn;
         if let Some((_, since)) = &f.claim {
             if f.beacon.is_none_or(|b| b == conn.id) || since.elapsed() >= BEACON_WAIT {
                 let (tx, _) = f.claim.take().expect("a claim");
                 match tx.send(conn) {
                     Ok(()) => {
-                        st.fleet.busy += 1;
+                        f.took_server();
                         return None;
                     }
                     Err(back) => conn = back,
                 }
             }
         }
-        let Some(cap) = st.fleet.cap else { return Some(conn) };
-        if st.total() < cap || st.fleet.beacon == Some(conn.id) {
+        let Some(cap) = st.fleet().cap else { return Some(conn) };
+        if st.total() < cap || st.fleet().beacon == Some(conn.id) {
             return Some(conn);
         }
         conn.close(CloseReason::FleetShare);
@@ -101,10 +101,11 @@ impl Pool {
 
     /// The servers this pool holds, and the servers its clients would use now.
     fn fleet_load(st: &State) -> (u32, u32) {
-        let held = st.idle.len() as u32 + st.active + st.recovering + st.fleet.busy;
+        let (lent, recovering) = (st.counts().active(), st.counts().recovering());
+        let held = st.idle().len() as u32 + lent + recovering + st.fleet().busy();
         let capacity = st.capacity();
         let waiting = st.live_waiters_up_to(capacity as usize) as u32;
-        (held, (st.active + st.recovering + waiting).min(capacity))
+        (held, (lent + recovering + waiting).min(capacity))
     }
 
     /// `me` brought up to now without a demand sample: the servers held now,
@@ -120,7 +121,7 @@ impl Pool {
     /// This pool's figures for its announcement, and one more demand sample.
     fn fleet_member(st: &mut State) -> Member {
         let (held, now) = Self::fleet_load(st);
-        let f = &mut st.fleet;
+        let f = st.fleet_mut();
         f.demand[f.sample % SAMPLES] = now;
         f.sample += 1;
         let want = f.demand.iter().copied().max().unwrap_or(0);
@@ -132,7 +133,7 @@ impl Pool {
 
 pub(super) fn spawn(pool: &Arc<Pool>) {
     let weak = Arc::downgrade(pool);
-    let wake = pool.state.lock().fleet.wake.clone();
+    let wake = pool.state.lock().fleet().wake.clone();
     tokio::spawn(async move {
         let mut period = SLOW;
         loop {
@@ -155,7 +156,7 @@ async fn tick(pool: Arc<Pool>) -> Duration {
     let (me, limit) = {
         let mut st = pool.state.lock();
         if !st.opts.settings.fleet_share {
-            st.fleet.cap = None;
+            st.fleet_mut().cap = None;
             pool.metrics.set_fleet(0, 0);
             return SLOW;
         }
@@ -182,19 +183,19 @@ async fn tick(pool: Arc<Pool>) -> Duration {
         _ => None,
     };
     let mut st = pool.state.lock();
-    st.fleet.busy -= 1;
+    st.fleet_mut().server_back();
     let Some(reading) = reading else {
         tracing::warn!(database = %pool.key.database, user = %pool.key.user, "fleet share query failed; closing its server");
-        st.fleet.beacon = None;
+        st.fleet_mut().beacon = None;
         conn.close(CloseReason::CheckFailed);
         pool.want_connects(&mut st);
         return SLOW;
     };
-    st.fleet.beacon = Some(conn.id);
+    st.fleet_mut().beacon = Some(conn.id);
     let now = Instant::now();
     pool.hand_over(&mut st, conn, now);
     let refusals = pool.metrics.connect_refusals_total();
-    let refused = std::mem::replace(&mut st.fleet.refusals_seen, refusals) != refusals;
+    let refused = std::mem::replace(&mut st.fleet_mut().refusals_seen, refusals) != refusals;
     // Judged on the demand now, with the servers held as the reading counted them.
     let verdict = share::judge(&reading, Member { held: me.held, ..Pool::fleet_refresh(&st, me) });
     apply(&pool, &mut st, verdict, refused, now)
@@ -204,37 +205,32 @@ async fn tick(pool: Arc<Pool>) -> Duration {
 /// idle servers above it closed, connects up to it started.
 fn apply(pool: &Arc<Pool>, st: &mut State, verdict: Option<share::Verdict>, refused: bool, now: Instant) -> Duration {
     let Some(v) = verdict else {
-        st.fleet.cap = None;
+        st.fleet_mut().cap = None;
         pool.metrics.set_fleet(0, 0);
         return SLOW;
     };
+    let f = st.fleet_mut();
     if v.at_limit || refused {
-        st.fleet.limited_until = Some(now + HOLD);
+        f.limited_until = Some(now + HOLD);
     }
-    let limited = st.fleet.limited_until.is_some_and(|t| t > now);
-    st.fleet.cap = limited.then_some(v.share);
+    let limited = f.limited_until.is_some_and(|t| t > now);
+    f.cap = limited.then_some(v.share);
     pool.metrics.set_fleet(v.share.into(), v.instances.into());
-    let mut doomed = Vec::new();
-    if limited {
-        // The bottom of the idle stack waited longest.
-        while st.total() > v.share {
-            let beacon = st.fleet.beacon;
-            let Some(i) = st.idle.iter().position(|c| Some(c.id) != beacon) else { break };
-            doomed.push(st.idle.remove(i));
-        }
-    }
+    // The bottom of the idle stack waited longest; the beacon stays.
+    let beacon = st.fleet().beacon;
+    let doomed = if limited { st.take_idle_above(v.share, beacon) } else { Vec::new() };
     let above = st.total() > v.share;
     // Refused below the share, and the others have given back: try now
     // rather than at the end of the pause (a connect failure's back-off
     // stays).
-    if st.refusals > 0 && st.fleet.below_share(st.total()) && v.open > 1 {
-        st.retry_at = None;
+    if st.fleet().below_share(st.total()) && v.open > 1 {
+        st.backoff_mut().end_refusal_pause();
     }
     pool.want_connects(st);
     for conn in doomed {
         conn.close(CloseReason::FleetShare);
     }
-    next_period(limited, v.wanting, above || !st.waiters.is_empty())
+    next_period(limited, v.wanting, above || st.waiting() > 0)
 }
 
 /// The next round's period: quickest while the fleet is at its limit and
@@ -256,23 +252,18 @@ async fn take_server(pool: &Arc<Pool>) -> Option<Box<ServerConn>> {
     let rx = {
         let mut st = pool.state.lock();
         let now = Instant::now();
-        let beacon = st.fleet.beacon;
-        let at = match beacon {
-            Some(b) => st.idle.iter().position(|c| c.id == b),
-            None => st.idle.len().checked_sub(1),
-        };
-        if let Some(i) = at {
-            let mut conn = st.idle.remove(i);
-            if State::unusable(&mut conn, now).is_none() {
-                st.fleet.busy += 1;
-                return Some(conn);
+        let beacon = st.fleet().beacon;
+        match st.lend_to_fleet(beacon, now) {
+            Some(Ok(conn)) => return Some(conn),
+            Some(Err(conn)) => {
+                drop(st);
+                pool.discard(conn, CloseReason::ServerClosed);
+                return None;
             }
-            drop(st);
-            pool.discard(conn, CloseReason::ServerClosed);
-            return None;
+            None => {}
         }
         let (tx, rx) = oneshot::channel();
-        st.fleet.claim = Some((tx, now));
+        st.fleet_mut().claim = Some((tx, now));
         rx
     };
     let mut rx = rx;
@@ -283,9 +274,10 @@ async fn take_server(pool: &Arc<Pool>) -> Option<Box<ServerConn>> {
             // is gone, the server is in the channel already.
             let unclaimed = {
                 let mut st = pool.state.lock();
-                let unclaimed = st.fleet.claim.take().is_some();
+                let f = st.fleet_mut();
+                let unclaimed = f.claim.take().is_some();
                 if unclaimed {
-                    st.fleet.beacon = None;
+                    f.beacon = None;
                 }
                 unclaimed
             };
@@ -341,7 +333,8 @@ mod tests {
             let p = refusal_pause();
             assert!(p >= Duration::from_millis(200) && p <= FAST);
         }
-        let f = Fleet { cap: Some(3), ..Default::default() };
+        let mut f = Fleet::default();
+        f.cap = Some(3);
         assert!(f.below_share(2));
         assert!(!f.below_share(3));
         assert!(!Fleet::default().below_share(0), "not enforced");
@@ -362,7 +355,7 @@ mod tests {
     #[test]
     fn a_round_announces_and_is_judged_on_the_clients_that_came_while_it_waited() {
         let mut st = state();
-        st.active = 1;
+        st.counts_mut().lent();
         let me = Pool::fleet_member(&mut st);
         assert_eq!((me.want, me.held), (1, 1), "one client when the round began");
         // While the round waits for its server and its query, clients queue.
@@ -374,12 +367,12 @@ mod tests {
             rxs.push(rx);
             st.push_waiter(tx, Instant::now(), far, count.join(0).unwrap());
         }
-        st.fleet.busy = 1;
+        st.fleet_mut().took_server();
         let fresh = Pool::fleet_refresh(&st, me);
         assert_eq!((fresh.id, fresh.want, fresh.held), (me.id, 6, 2), "the demand now, the servers now");
-        assert_eq!(st.fleet.sample, 1, "no extra demand sample: the window keeps its length");
-        st.waiters.clear();
-        st.active = 0;
+        assert_eq!(st.fleet().sample, 1, "no extra demand sample: the window keeps its length");
+        st.drain_waiters();
+        st.counts_mut().returned();
         assert_eq!(Pool::fleet_refresh(&st, fresh).want, 6, "a dip does not lower the announced want");
     }
 

@@ -23,7 +23,7 @@ pub(in crate::pool) struct Fleet {
     /// A tick waiting for a server: the next one released comes here first.
     pub(super) claim: Option<(oneshot::Sender<Box<ServerConn>>, Instant)>,
     /// Servers the fleet query holds now (0 or 1).
-    pub(in crate::pool) busy: u32,
+    busy: u32,
     /// The share, while enforced (the fleet at its limit).
     pub(in crate::pool) cap: Option<u32>,
     pub(super) limited_until: Option<Instant>,
@@ -44,6 +44,21 @@ impl Fleet {
             self.woken_at = Some(now);
             self.wake.notify_one();
         }
+    }
+
+    /// Servers the fleet query holds now (0 or 1).
+    pub(in crate::pool) fn busy(&self) -> u32 {
+        self.busy
+    }
+
+    /// The fleet query took a server (from idle, or as it was released).
+    pub(in crate::pool) fn took_server(&mut self) {
+        self.busy += 1;
+    }
+
+    /// The fleet query is done with its server (it goes on, or closes).
+    pub(in crate::pool) fn server_back(&mut self) {
+        self.busy -= 1;
     }
 
     /// Whether this pool is below the share enforced now: a refused connect
