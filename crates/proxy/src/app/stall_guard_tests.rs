@@ -104,6 +104,11 @@ async fn a_pipeline_stalled_inside_weir_is_logged_and_counted_within_5_s() {
     // A current-thread runtime: weir's tasks log through this subscriber.
     let _guard = tracing::subscriber::set_default(subscriber);
     let _alone = ONE_AT_A_TIME.lock().await;
+    // tracing caches each callsite's interest for the whole process, from
+    // the thread that first reaches it: the other test here, run first on a
+    // thread with no subscriber, leaves the stall's line cached as never
+    // wanted. Asked again now, with this thread's subscriber in place.
+    tracing::callsite::rebuild_interest_cache();
     // Every part held to the end: the client, weir and Postgres.
     let Stalled { _pg, weir: _weir, s: _s, buf: _buf, pool } = stall().await;
     let start = Instant::now();
