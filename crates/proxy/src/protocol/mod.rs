@@ -1,9 +1,10 @@
 //! The PostgreSQL v3 wire protocol as weir needs it, with no I/O: tag and
 //! SQLSTATE constants, header-peeking framing, the startup packet, the
-//! handful of messages weir writes itself, and replication connections'
-//! startup parameter and message boundaries.
+//! handful of messages weir writes itself, replication connections'
+//! startup parameter and message boundaries, and statement fingerprints.
 
 pub(crate) mod extended;
+pub mod fingerprint;
 pub(crate) mod frame;
 pub mod messages;
 pub(crate) mod replication;
