@@ -20,6 +20,7 @@ mod drivers;
 mod dropin;
 mod encoding;
 mod failover;
+mod fingerprints;
 mod fleet;
 mod fleet_share;
 mod hangs;

@@ -10,6 +10,7 @@
 //! * [`pool`] — [`PoolMetrics`], everything counted per (database, user), in
 //!   three parts: recording (the proxy), reads (the admin console's SHOW)
 //!   and one sample per pool (for rendering).
+//!   The proxy publishes each pool's statement fingerprints ([`QuerySeries`], its top K and `other`).
 //! * [`stats`] — [`StatTotals`] and [`Period`], `SHOW STATS` totals and averages.
 //! * [`guard`] — [`ServerConnGuard`], exactly-once open/close accounting.
 //! * [`hosts`] — [`HostSetMetrics`], each database's hosts: their roles,
@@ -82,7 +83,7 @@ pub use guard::ServerConnGuard;
 pub use hosts::HostSetMetrics;
 pub use http::ReadyFn;
 pub use names::describe_all;
-pub use pool::{BeingCanceled, Limits, PoolMetrics, ServerInfo, SharedCount};
+pub use pool::{BeingCanceled, Limits, PoolMetrics, QuerySeries, ServerInfo, SharedCount, OTHER};
 pub use rate::{RateWindow, Window};
 pub use state::{ClientState, HostRole, ServerState};
 pub use stats::{Period, StatTotals};

@@ -124,6 +124,17 @@ pub const FAILOVERS_TOTAL: &str = "weir_failovers_total";
 /// Histogram (database): from the first failed connect to the host that
 /// matched, to the first server that matched on another host.
 pub const FAILOVER_DURATION_SECONDS: &str = "weir_failover_duration_seconds";
+/// Label key: a statement fingerprint (16 hex digits), or `other`.
+pub const LABEL_FINGERPRINT: &str = "fingerprint";
+/// Counter (database, user, fingerprint): transactions that queued for a
+/// server, by the fingerprint of the statement they started with.
+pub const QUERY_CALLS_TOTAL: &str = "weir_query_calls_total";
+/// Counter (database, user, fingerprint): seconds their servers were held.
+pub const QUERY_SERVER_SECONDS_TOTAL: &str = "weir_query_server_seconds_total";
+/// Counter (database, user, fingerprint): seconds their clients waited.
+pub const QUERY_WAIT_SECONDS_TOTAL: &str = "weir_query_wait_seconds_total";
+/// Gauge (database, user, fingerprint): servers they hold now.
+pub const QUERY_SERVERS_HELD: &str = "weir_query_servers_held";
 
 /// Kind of a metric, for [`ALL`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -229,6 +240,14 @@ pub const ALL: &[(&str, Kind, &str)] = &[
         Kind::Histogram,
         "From the first failed connect to the matching host to the first matching server on another host.",
     ),
+    (
+        QUERY_CALLS_TOTAL,
+        Kind::Counter,
+        "Transactions that queued for a server, by the fingerprint of their first statement (top K, then other).",
+    ),
+    (QUERY_SERVER_SECONDS_TOTAL, Kind::Counter, "Seconds servers were held by those transactions."),
+    (QUERY_WAIT_SECONDS_TOTAL, Kind::Counter, "Seconds those transactions' clients waited for a server."),
+    (QUERY_SERVERS_HELD, Kind::Gauge, "Servers those transactions hold now (SHOW QUERIES names the statement)."),
 ];
 
 /// The per-database host-set metrics: rendered from the live host sets
@@ -271,6 +290,10 @@ pub const PER_POOL: &[&str] = &[
     CLIENT_BYTES_SENT_TOTAL,
     SERVER_BYTES_RECEIVED_TOTAL,
     SERVER_BYTES_SENT_TOTAL,
+    QUERY_CALLS_TOTAL,
+    QUERY_SERVER_SECONDS_TOTAL,
+    QUERY_WAIT_SECONDS_TOTAL,
+    QUERY_SERVERS_HELD,
 ];
 
 impl Kind {

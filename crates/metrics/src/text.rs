@@ -55,9 +55,13 @@ pub(crate) fn render_pools(pools: &[Arc<PoolMetrics>]) -> String {
     let mut out = Out { text: String::new(), groups: groups.into_iter().collect() };
     out.counters();
     out.gauges();
+    out.queries();
     out.histograms();
     out.text
 }
+
+/// Writes one series: its extra label, if any, and its value.
+type Emit<'e> = &'e mut dyn FnMut(Option<(&str, String)>, String);
 
 struct Out<'a> {
     text: String,
@@ -105,6 +109,24 @@ impl Out<'_> {
         self.family(POOL_MAX_DB_CONNECTIONS, |s, emit| emit(None, s.limits.max_db_connections.to_string()));
     }
 
+    /// The statement fingerprints' series, one per fingerprint published.
+    fn queries(&mut self) {
+        if self.groups.iter().all(|(_, s)| s.fingerprints.is_empty()) {
+            return;
+        }
+        let each = |get: fn(&crate::pool::QuerySeries) -> String| {
+            move |s: &Sample, emit: Emit<'_>| {
+                for q in &s.fingerprints {
+                    emit(Some((LABEL_FINGERPRINT, q.fingerprint.clone())), get(q));
+                }
+            }
+        };
+        self.family(QUERY_CALLS_TOTAL, each(|q| q.calls.to_string()));
+        self.family(QUERY_SERVER_SECONDS_TOTAL, each(|q| seconds(q.server_us)));
+        self.family(QUERY_WAIT_SECONDS_TOTAL, each(|q| seconds(q.wait_us)));
+        self.family(QUERY_SERVERS_HELD, each(|q| q.held.to_string()));
+    }
+
     fn histograms(&mut self) {
         self.histogram(SERVER_CONNECT_DURATION_SECONDS, |s| &s.connect_duration);
         self.histogram(CLIENT_WAIT_DURATION_SECONDS, |s| &s.client_wait);
@@ -127,7 +149,7 @@ impl Out<'_> {
     }
 
     /// `# HELP`/`# TYPE` once, then what `each` emits for every pool.
-    fn family(&mut self, name: &str, each: impl Fn(&Sample, &mut dyn FnMut(Option<(&str, String)>, String))) {
+    fn family(&mut self, name: &str, each: impl Fn(&Sample, Emit<'_>)) {
         if self.groups.is_empty() {
             return;
         }

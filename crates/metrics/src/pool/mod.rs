@@ -32,11 +32,13 @@ use groups::{Clients, Servers, Statements, Waits};
 
 mod groups;
 mod live;
+mod queries;
 mod read;
 mod record;
 pub(crate) mod sample;
 
 pub use live::{ServerInfo, SharedCount};
+pub use queries::{QuerySeries, OTHER};
 
 const R: Ordering = Ordering::Relaxed;
 
@@ -75,6 +77,8 @@ pub struct PoolMetrics {
     /// instances announcing (both 0 without fleet_share).
     fleet_share: AtomicU64,
     fleet_instances: AtomicU64,
+    /// The statement fingerprints' series (`queries`).
+    fingerprints: Mutex<Vec<QuerySeries>>,
 }
 
 /// A pool's configured limits, exported so that utilisation can be alerted on.
@@ -119,6 +123,7 @@ impl PoolMetrics {
             limits: Mutex::new(Limits::default()),
             fleet_share: AtomicU64::new(0),
             fleet_instances: AtomicU64::new(0),
+            fingerprints: Mutex::new(Vec::new()),
         });
         register(&pool);
         pool

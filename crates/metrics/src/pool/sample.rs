@@ -45,6 +45,7 @@ pub(crate) struct Sample {
     pub connect_duration: Snapshot,
     pub client_wait: Snapshot,
     pub transaction_duration: Snapshot,
+    pub fingerprints: Vec<super::QuerySeries>,
 }
 
 fn add_all<T: Copy + std::ops::AddAssign>(a: &mut [T], b: &[T]) {
@@ -88,6 +89,7 @@ impl Sample {
         self.connect_duration.add(&o.connect_duration);
         self.client_wait.add(&o.client_wait);
         self.transaction_duration.add(&o.transaction_duration);
+        super::queries::merge(&mut self.fingerprints, &o.fingerprints);
     }
 }
 
@@ -131,6 +133,7 @@ impl PoolMetrics {
             connect_duration: self.servers.connect_duration.snapshot(),
             client_wait: self.waits.durations.snapshot(),
             transaction_duration: self.clients.transaction_duration.snapshot(),
+            fingerprints: self.fingerprint_series(),
         }
     }
 }

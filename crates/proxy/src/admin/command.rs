@@ -25,6 +25,7 @@ pub enum Show {
     State,
     Peers,
     PeerPools,
+    Queries,
     Version,
     Help,
 }
@@ -51,6 +52,7 @@ impl Show {
         ("STATE", Show::State),
         ("PEERS", Show::Peers),
         ("PEER_POOLS", Show::PeerPools),
+        ("QUERIES", Show::Queries),
         ("VERSION", Show::Version),
         ("HELP", Show::Help),
     ];
@@ -148,6 +150,7 @@ pub const SYNOPSIS: &[(&str, &str)] = &[
     ("SHOW STATE", "whether weir is active, paused or suspended"),
     ("SHOW PEERS", "the [peers] cancel requests for their keys are forwarded to"),
     ("SHOW PEER_POOLS", "per peer, the cancel requests being forwarded and waiting"),
+    ("SHOW QUERIES", "per statement fingerprint that queued: servers held now, waiting, calls, times, errors"),
     ("SHOW VERSION", "the weir version"),
     ("SHOW HELP", "this list"),
     ("SET key = value", "change a setting a RELOAD may change, until the next RELOAD"),

@@ -12,6 +12,7 @@ pub mod show;
 mod show_connections;
 mod show_pools;
 mod show_process;
+mod show_queries;
 pub mod stats;
 
 use std::sync::Arc;

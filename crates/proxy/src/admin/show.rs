@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use super::command::{Show, SYNOPSIS};
 use super::result::{text, Kind, ResultSet};
-use super::{show_connections as connections, show_pools as pools, show_process as process, stats};
+use super::{show_connections as connections, show_pools as pools, show_process as process, show_queries, stats};
 use crate::state::Shared;
 
 use Kind::Text;
@@ -39,6 +39,7 @@ pub fn show(what: Show, shared: &Arc<Shared>) -> ResultSet {
         Show::State => process::state(shared),
         Show::Peers => process::peers(shared),
         Show::PeerPools => process::peer_pools(shared),
+        Show::Queries => show_queries::queries(shared),
         Show::Version => version(),
         Show::Help => help(),
     }

@@ -24,13 +24,15 @@ use crate::pool::{Lease, Pool, PoolError};
 use crate::protocol::{
     messages::{self, Severity},
     peek_header, sqlstate,
-    tags::{frontend as fe, status},
+    tags::frontend as fe,
 };
 use crate::server::exchange::SETTINGS_LIMIT;
 use crate::server::readback::Readback;
 use crate::wire;
+use statement::{BeginSent, Begun, Statements};
 use wait::Wait;
 
+mod statement;
 mod wait;
 
 /// Postgres's own words for a cancelled statement.
@@ -59,6 +61,9 @@ pub struct Session<'a> {
     pub(crate) held: Option<Box<Lease>>,
     /// The transfer watchdog's timer, kept from one request to the next.
     alarm: Box<AlarmTimer>,
+    /// The last statement it queued with, and a BEGIN held back (made the
+    /// first time the pool makes it queue).
+    statements: Option<Box<Statements>>,
 }
 
 /// How a wait between requests ended.
@@ -105,6 +110,7 @@ impl<'a> Session<'a> {
             listed: None,
             held: None,
             alarm: Box::default(),
+            statements: None,
         }
     }
 
@@ -131,6 +137,11 @@ impl<'a> Session<'a> {
     /// Gets a server for the buffered request and serves it. Returns false
     /// when the session is over.
     pub(crate) async fn one_request(&mut self) -> Result<bool, ClientError> {
+        if self.begun() != Begun::No {
+            if let Some(done) = self.end_without_server().await? {
+                return Ok(done);
+            }
+        }
         if let Some(e) = self.too_late(None) {
             return self.refused(e).await;
         }
@@ -147,6 +158,12 @@ impl<'a> Session<'a> {
         // more cold line per queued request.
         let outcome = match self.ready_server(arrived) {
             Some(lease) => Wait::Got(lease),
+            // Transaction mode: a bare BEGIN that would queue is answered
+            // here, and the statement after it queues instead.
+            None if self.mode == PoolMode::Transaction && self.request_is_bare_begin() => {
+                self.reg.slot.set_idle();
+                return self.hold_begin().await;
+            }
             None => self.wait_for_server(arrived).await,
         };
         let lease = match self.settle(outcome) {
@@ -227,7 +244,8 @@ impl<'a> Session<'a> {
                         self.client_in.advance(total);
                         if tag == fe::SYNC {
                             self.skipping = false;
-                            self.client.write_all(&messages::READY_IDLE).await.map_err(ClientError::Io)?;
+                            let ready = messages::ready(self.status_between());
+                            self.client.write_all(&ready).await.map_err(ClientError::Io)?;
                         }
                         continue;
                     }
@@ -309,11 +327,16 @@ impl<'a> Session<'a> {
         let Some((tag, total)) = peek_header(&self.client_in, self.max_message as usize)? else { return Ok(()) };
         let mut out = BytesMut::new();
         messages::error_response(&mut out, Severity::Error, code, message);
+        // A statement refused after a BEGIN weir held back fails the
+        // transaction the client is in.
+        if self.begun() == Begun::Held {
+            self.set_begun(Begun::Failed);
+        }
         if tag == fe::QUERY || tag == fe::FUNCTION_CALL {
             if self.client_in.len() >= total {
                 self.client_in.advance(total);
             }
-            messages::ready_for_query(&mut out, status::IDLE);
+            messages::ready_for_query(&mut out, self.status_between());
         } else {
             self.skipping = true;
         }
@@ -347,6 +370,22 @@ impl<'a> Session<'a> {
                 self.reg.slot.set_idle();
                 lease.close(reason);
                 return self.server_lost(false).await;
+            }
+        }
+        if self.begun() == Begun::Held {
+            match self.send_held_begin(lease.conn_mut()).await {
+                BeginSent::Ok => {}
+                BeginSent::Refused(message) => {
+                    self.reg.slot.set_idle();
+                    drop(lease);
+                    self.refuse_request(sqlstate::INTERNAL_ERROR, &message).await?;
+                    return Ok(true);
+                }
+                BeginSent::Lost(reason) => {
+                    self.reg.slot.set_idle();
+                    lease.close(reason);
+                    return self.server_lost(false).await;
+                }
             }
         }
         if !self.reg.slot.set_active(lease.conn().cancel.clone()) {

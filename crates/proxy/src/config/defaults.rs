@@ -24,6 +24,11 @@ const QUERY_WAIT_TIMEOUT: Duration = Duration::from_secs(120);
 /// estimate-based shedding. 1,000 per pool holds pgbench -c 1000 on a pool
 /// of 20 (980 wait); 2,000 in all is below the 3,680 of the incident that
 /// had no bound.
+/// max_fingerprint_share: one statement may hold half of a pool while
+/// others wait. Measured with `weir-bench convoy` (docs/performance.md):
+/// the fair hand-over alone keeps the unrelated route's p99 low; the cap
+/// keeps room for a statement that arrives while the pool is full.
+const MAX_FINGERPRINT_SHARE: f64 = 0.5;
 const MAX_WAITING_CLIENTS: u32 = 1000;
 const MAX_WAITING_CLIENTS_TOTAL: u32 = 2000;
 
@@ -102,6 +107,8 @@ impl Default for General {
             wait_shedding: true,
             deadline_start: true,
             deadline_start_margin: Duration::from_millis(1),
+            max_fingerprint_share: MAX_FINGERPRINT_SHARE,
+            top_queries: 20,
             server_reset_timeout: Duration::from_secs(5),
             server_connect_timeout: SERVER_CONNECT_TIMEOUT,
             server_login_retry: Duration::from_secs(2),

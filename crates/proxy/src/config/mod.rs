@@ -237,6 +237,12 @@ pub struct General {
     /// Added to a pool's transaction time estimate for `deadline_start`.
     #[serde(with = "humantime_serde")]
     pub deadline_start_margin: Duration,
+    /// The part of a pool's pool_size one statement fingerprint may hold
+    /// while clients of other fingerprints wait (transaction mode).
+    pub max_fingerprint_share: f64,
+    /// Statement fingerprints per pool exported on `/metrics` (the rest
+    /// are summed as `fingerprint="other"`); 0: none.
+    pub top_queries: u32,
     #[serde(with = "humantime_serde")]
     pub server_reset_timeout: Duration,
     #[serde(with = "humantime_serde")]

@@ -70,6 +70,9 @@ impl Config {
         if g.server_connect_concurrency == 0 {
             found.push(invalid("weir.server_connect_concurrency", "must be at least 1"));
         }
+        if !(g.max_fingerprint_share > 0.0 && g.max_fingerprint_share <= 1.0) {
+            found.push(invalid("weir.max_fingerprint_share", "must be in (0, 1]"));
+        }
         if !(g.client_deadline_fraction > 0.0 && g.client_deadline_fraction <= 1.0) {
             found.push(invalid("weir.client_deadline_fraction", "must be in (0, 1]"));
         }

@@ -22,11 +22,7 @@ impl Pool {
     pub fn resume(self: &Arc<Self>) {
         let mut st = self.state.lock();
         st.unpause();
-        // Each turn either serves a waiter or parks the server and ends.
-        while st.live_waiters_up_to(1) > 0 {
-            let Some(conn) = st.unpark() else { break };
-            self.hand_over(&mut st, conn, Instant::now());
-        }
+        self.serve_from_idle(&mut st);
         self.want_connects(&mut st);
     }
 

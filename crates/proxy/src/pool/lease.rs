@@ -77,8 +77,12 @@ impl Lease {
     /// The server is broken (it died or spoke nonsense): close it, counted with
     /// `reason`, and let the pool replace it.
     pub fn close(mut self, reason: CloseReason) {
-        if let Some(conn) = self.conn.take() {
-            self.pool.state.lock().counts_mut().returned();
+        if let Some(mut conn) = self.conn.take() {
+            let query = conn.take_query();
+            let mut st = self.pool.state.lock();
+            st.counts_mut().returned();
+            Pool::query_returned(&mut st, &conn, query, None);
+            drop(st);
             self.pool.discard(conn, reason);
         }
     }

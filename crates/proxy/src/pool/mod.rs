@@ -21,6 +21,7 @@ mod inspect;
 mod lease;
 mod places;
 mod pools;
+mod queries;
 mod recovery;
 mod replication;
 mod retiring;
@@ -49,6 +50,7 @@ pub use hosts::{HostKey, HostSet, HostView, HostsConfig};
 pub use inspect::IdleServer;
 pub use lease::Lease;
 pub use pools::{PoolKey, Pools};
+pub use queries::{QueryStats, QueryTag};
 pub use replication::ReplicationPlace;
 pub use snapshot::PoolSnapshot;
 use state::State;
@@ -71,6 +73,11 @@ pub struct PoolOptions {
     pub admission: AdmissionConfig,
     /// The database's hosts, balancing, target and name look-ups.
     pub hosts: HostsConfig,
+    /// max_fingerprint_share: the part of pool_size one statement
+    /// fingerprint may hold while others wait.
+    pub fingerprint_share: f64,
+    /// top_queries: statement fingerprints exported on `/metrics`.
+    pub top_queries: u32,
 }
 
 /// A pool's configured limits, as `/metrics` exports them.
@@ -188,14 +195,21 @@ impl Pool {
     /// Cancel-safe: dropping the future removes the waiter at once, and a
     /// server handed over in that instant goes back to the pool.
     pub async fn acquire(self: &Arc<Self>, deadline: Instant) -> Result<Lease, PoolError> {
-        self.acquire_with(Instant::now(), deadline).await
+        self.acquire_with(Instant::now(), deadline, None).await
     }
 
     /// `acquire` for a wait that began at `started` (the caller's clock
     /// reading, so the wait costs one reading of its own, when a server
-    /// comes). The wait has no timer of its own: the pool's expiry
-    /// (`expiry.rs`) ends it when `deadline` passes.
-    pub async fn acquire_with(self: &Arc<Self>, started: Instant, deadline: Instant) -> Result<Lease, PoolError> {
+    /// comes), for a transaction that starts with `query` (counted and
+    /// handed a server by fingerprint: `queries`). The wait has no timer of
+    /// its own: the pool's expiry (`expiry.rs`) ends it when `deadline`
+    /// passes.
+    pub async fn acquire_with(
+        self: &Arc<Self>,
+        started: Instant,
+        deadline: Instant,
+        query: Option<&QueryTag>,
+    ) -> Result<Lease, PoolError> {
         let timed_out = || {
             let (last_error, key) = {
                 let st = self.state.lock();
@@ -210,7 +224,7 @@ impl Pool {
         // the one taken when a server came (or after its check).
         let mut now = started;
         loop {
-            let conn = match self.checkout_or_enqueue(now, deadline)? {
+            let conn = match self.checkout_or_enqueue(now, deadline, query)? {
                 Ok(conn) => conn,
                 Err(mut waiting) => {
                     let Some(handed) = waiting.handed_by(deadline).await else { return Err(timed_out()) };
@@ -280,14 +294,23 @@ impl Pool {
         self: &Arc<Self>,
         now: Instant,
         deadline: Instant,
+        query: Option<&QueryTag>,
     ) -> Result<Result<Box<ServerConn>, Waiting>, PoolError> {
         let mut st = self.state.lock();
         if st.is_stopping() {
             return Err(PoolError::ShuttingDown);
         }
-        while let Some(top) = st.lend_top(now) {
+        // A fingerprint held back (`State::may_lend_to`) takes no idle server.
+        let may_lend = st.may_lend_to(query, now);
+        while let Some(top) = may_lend.then(|| st.lend_top(now)).flatten() {
             match top {
-                Ok(conn) => return Ok(Ok(conn)),
+                Ok(mut conn) => {
+                    if let Some(tag) = query {
+                        conn.lent_for(tag.fp);
+                        self.query_lent(&mut st, tag.fp, Duration::ZERO);
+                    }
+                    return Ok(Ok(conn));
+                }
                 Err((conn, reason)) => {
                     drop(st);
                     self.discard(conn, reason);
@@ -304,7 +327,7 @@ impl Pool {
             return Err(PoolError::QueueFull { waiting: total_limit, key: "max_waiting_clients_total" });
         };
         let (tx, rx) = oneshot::channel();
-        let id = st.push_waiter(tx, now, deadline, counted);
+        let id = st.push_waiter(tx, now, deadline, counted, query);
         let fleet_share = st.opts.settings.fleet_share;
         st.fleet_mut().waiter_queued(fleet_share, now);
         self.want_connects(&mut st);
@@ -378,8 +401,12 @@ impl Pool {
     /// idle; anything else is recovered first. `now`: the caller's clock
     /// reading, if it has one.
     pub(crate) fn give_back(self: &Arc<Self>, mut conn: Box<ServerConn>, needs_reset: bool, now: Option<Instant>) {
+        let query = conn.take_query();
         if let Some(reason) = conn.close_reason_at_release() {
-            self.state.lock().counts_mut().returned();
+            let mut st = self.state.lock();
+            st.counts_mut().returned();
+            Self::query_returned(&mut st, &conn, query, now);
+            drop(st);
             if reason == CloseReason::RoleChanged {
                 // It answered 25006 where writes are wanted, or reported a
                 // new in_hot_standby: its host's role is asked again.
@@ -392,6 +419,7 @@ impl Pool {
             let opts = {
                 let mut st = self.state.lock();
                 st.counts_mut().returned_dirty();
+                Self::query_returned(&mut st, &conn, query, now);
                 st.opts.clone()
             };
             recovery::spawn(self.clone(), conn, opts, needs_reset);
@@ -401,7 +429,17 @@ impl Pool {
         conn.used_at(now);
         let mut st = self.state.lock();
         st.counts_mut().returned();
+        Self::query_returned(&mut st, &conn, query, Some(now));
         self.hand_over(&mut st, conn, now);
+    }
+
+    /// A server lent to a transaction that queued (`query`: its
+    /// fingerprint and the errors it met) is back at `now`.
+    fn query_returned(st: &mut State, conn: &ServerConn, query: Option<(u64, u8)>, now: Option<Instant>) {
+        if let Some((fp, errors)) = query {
+            let held = now.unwrap_or_else(Instant::now).saturating_duration_since(conn.taken_at());
+            st.queries_mut().returned(fp, held, errors);
+        }
     }
 
     /// Called by recovery when it is done with a connection.
@@ -421,9 +459,9 @@ impl Pool {
         }
     }
 
-    /// Gives `conn` to the oldest waiter that can still use it at `now`,
-    /// else parks it idle.
-    fn hand_over(self: &Arc<Self>, st: &mut State, conn: Box<ServerConn>, now: Instant) {
+    /// Gives `conn` to the waiter `State::next_waiter` picks at `now`, else
+    /// parks it idle. True when a waiter got it.
+    fn hand_over(self: &Arc<Self>, st: &mut State, conn: Box<ServerConn>, now: Instant) -> bool {
         let retired = match st.opened_before_reconnect(conn.created) {
             true => Some(CloseReason::Admin),
             false => st.retired(&conn),
@@ -432,26 +470,67 @@ impl Pool {
             conn.close(reason);
             self.want_connects(st);
             self.wake_blocked_siblings();
-            return;
+            return false;
         }
-        let Some(mut conn) = self.fleet_release(st, conn) else { return };
+        let Some(mut conn) = self.fleet_release(st, conn) else { return false };
         if !st.is_paused() {
             while let Some(w) = st.next_waiter(now) {
+                conn.lent_for(w.fp);
                 match w.tx.send(Handed::Server(conn)) {
                     Ok(()) => {
                         st.counts_mut().lent();
+                        self.query_lent(st, w.fp, now.saturating_duration_since(w.since));
                         self.shed_tail(st, now);
-                        return;
+                        return true;
                     }
                     Err(back) => conn = back.into_server().expect("sent a server"),
                 }
             }
+            conn.lent_for(0);
         }
         if let Some(conn) = st.park(conn) {
             conn.close(CloseReason::PoolShrink);
         }
         // Closed, or idle where a pool held back by max_db_connections may evict it.
         self.wake_blocked_siblings();
+        false
+    }
+
+    /// Idle servers go to the waiters that may have them now (after
+    /// RESUME, or a fingerprint's cap no longer holding them back), until
+    /// one is parked again or none is left.
+    fn serve_from_idle(self: &Arc<Self>, st: &mut State) {
+        while st.live_waiters_up_to(1) > 0 {
+            let Some(conn) = st.unpark() else { break };
+            if !self.hand_over(st, conn, Instant::now()) {
+                break;
+            }
+        }
+    }
+
+    /// A waiter of fingerprint `fp` (0: none) took a server after waiting
+    /// `waited`. Logged (at most once a second) when that fingerprint now
+    /// holds over half of pool_size while other clients wait.
+    fn query_lent(&self, st: &mut State, fp: u64, waited: Duration) {
+        if fp == 0 {
+            return;
+        }
+        let pool_size = st.opts.settings.pool_size;
+        let Some((held, text)) = st.queries_mut().lent(fp, waited, pool_size) else { return };
+        static HOLDS: crate::ratelog::RateLimited = crate::ratelog::RateLimited::new();
+        if let Some(more) = HOLDS.allow() {
+            tracing::warn!(
+                database = %self.key.database, user = %self.key.user, fingerprint = %format!("{fp:016x}"), query = %text,
+                "one statement holds {held} of the pool's {pool_size} servers while other clients wait \
+                 (SHOW QUERIES; {more} more since the last line)"
+            );
+        }
+    }
+
+    /// The statements that queued in this pool, by fingerprint, ordered
+    /// by servers held now, then server time.
+    pub fn queries(&self) -> Vec<QueryStats> {
+        self.state.lock().queries().listing()
     }
 
     /// Closes a connection the pool held, and refills if there is demand.

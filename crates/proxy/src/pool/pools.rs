@@ -211,6 +211,8 @@ impl PoolOptions {
                 .min(settings.pool_size + settings.reserve_pool_size)
                 .max(1),
             reserve_pool_timeout: g.reserve_pool_timeout,
+            fingerprint_share: g.max_fingerprint_share,
+            top_queries: g.top_queries,
             login_retry_max: g.server_login_retry,
             // Run only on connections marked for it: every one in session mode,
             // pinned sessions' in transaction mode.

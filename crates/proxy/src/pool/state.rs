@@ -16,6 +16,7 @@ use weir_metrics::CloseReason;
 use super::backoff::Backoff;
 use super::counts::Counts;
 use super::fleet::part::Fleet;
+use super::queries::{Queries, QueryTag};
 use super::retiring::Retiring;
 use super::room::Room;
 use super::snapshot::PoolSnapshot;
@@ -32,6 +33,9 @@ pub(super) struct WaiterEntry {
     pub deadline: Instant,
     /// Its place in `max_waiting_clients_total`, given up with the entry.
     _counted: super::admission::Counted,
+    /// The fingerprint of the transaction it waits to run (`queries`); 0:
+    /// none (a login's wait), counted nowhere.
+    pub fp: u64,
 }
 
 #[derive(Debug)]
@@ -75,6 +79,9 @@ pub(super) struct State {
     retiring: Retiring,
     /// SHUTDOWN WAIT_FOR_SERVERS: no server is lent again.
     stopping: bool,
+    /// The statements that queued, by fingerprint, and the fair hand-over's
+    /// choice among them.
+    queries: Queries,
 }
 
 impl State {
@@ -90,7 +97,9 @@ impl State {
     /// from `is_stopping`).
     pub(super) fn let_waiters_go(&mut self) {
         if self.stopping {
-            self.waiters.clear();
+            for w in self.waiters.drain(..) {
+                self.queries.unqueued(w.fp);
+            }
         }
     }
 
@@ -117,6 +126,7 @@ impl State {
             reconnect_before: None,
             fleet: Default::default(),
             retiring: Retiring::default(),
+            queries: Queries::default(),
         }
     }
 
@@ -144,7 +154,10 @@ impl State {
     /// pool is paused, the server is due a server_check_query, or it is
     /// unusable (the slow path deals with those).
     pub(super) fn lend_idle(&mut self, now: Instant) -> Option<Box<ServerConn>> {
-        if self.paused {
+        // A server idle while clients wait is kept for another statement
+        // (`Queries::held_back`): the slow path, which knows the request's
+        // fingerprint, decides.
+        if self.paused || !self.waiters.is_empty() {
             return None;
         }
         let top = self.idle.last()?;
@@ -313,7 +326,11 @@ impl State {
 
     /// Every waiter, taken out of the queue in order.
     pub(super) fn drain_waiters(&mut self) -> Vec<WaiterEntry> {
-        self.waiters.drain(..).collect()
+        let drained: Vec<WaiterEntry> = self.waiters.drain(..).collect();
+        for w in &drained {
+            self.queries.unqueued(w.fp);
+        }
+        drained
     }
 
     /// The deadline of the waiter queued last.
@@ -323,7 +340,9 @@ impl State {
 
     /// Takes the waiter queued last out of the queue.
     pub(super) fn pop_last_waiter(&mut self) -> Option<WaiterEntry> {
-        self.waiters.pop_back()
+        let w = self.waiters.pop_back()?;
+        self.queries.unqueued(w.fp);
+        Some(w)
     }
 
     /// When the expiry is set to look for waiters past their deadline.
@@ -345,7 +364,7 @@ impl State {
         while i < self.waiters.len() {
             let w = &self.waiters[i];
             if w.deadline <= now || w.tx.is_closed() {
-                if let Some(w) = self.waiters.remove(i) {
+                if let Some(w) = self.take_waiter(i) {
                     let _ = w.tx.send(super::Handed::Expired);
                 }
                 continue;
@@ -442,10 +461,15 @@ impl State {
         since: Instant,
         deadline: Instant,
         counted: super::admission::Counted,
+        query: Option<&QueryTag>,
     ) -> u64 {
         self.next_waiter += 1;
         let id = self.next_waiter;
-        self.waiters.push_back(WaiterEntry { id, tx, since, deadline, _counted: counted });
+        if let Some(tag) = query {
+            self.queries.queued(tag, since);
+        }
+        let fp = query.map_or(0, |t| t.fp);
+        self.waiters.push_back(WaiterEntry { id, tx, since, deadline, _counted: counted, fp });
         // Deadlines mostly grow with the queue: the expiry is woken only when
         // the queue was empty, or a waiter has a shorter budget than those
         // ahead of it.
@@ -456,32 +480,73 @@ impl State {
         id
     }
 
-    /// Takes the oldest waiter that can still use a server: its client is
-    /// there and its budget has not run out. Gone waiters met on the way are
-    /// dropped; expired ones stay until their own timeout removes them (they
-    /// answer their client with the wait-timeout error). Looks only as far
-    /// as the first usable waiter, which is almost always the front one: a
+    /// Takes the waiter a freed server goes to: the oldest that can still
+    /// use a server (its client is there and its budget has not run out)
+    /// among those of the fingerprints `Queries::preferred` names, when
+    /// more than one fingerprint waits; else the oldest usable one. Gone
+    /// waiters met on the way are dropped; expired ones stay until their
+    /// own timeout removes them (they answer their client with the
+    /// wait-timeout error). With one fingerprint waiting it looks only as
+    /// far as the first usable waiter, almost always the front one: a
     /// hand-over costs O(1) however long the queue (1,000 clients on a pool
     /// of 20 keep about 980 waiting).
     pub(super) fn next_waiter(&mut self, now: Instant) -> Option<WaiterEntry> {
+        if self.waiters.is_empty() {
+            return None;
+        }
+        let cap = fingerprint_cap(&self.opts);
+        let preferred = self.queries.preferred(cap);
+        let mut first_usable = None;
         let mut i = 0;
         while i < self.waiters.len() {
             let w = &self.waiters[i];
             if w.tx.is_closed() {
-                self.waiters.remove(i);
-            } else if w.deadline > now {
-                return self.waiters.remove(i);
-            } else {
-                i += 1;
+                self.take_waiter(i);
+                continue;
             }
+            if w.deadline > now {
+                match &preferred {
+                    Some(fps) if !fps.contains(&w.fp) => {
+                        first_usable.get_or_insert(i);
+                    }
+                    None if self.queries.held_back(w.fp, cap, now) => return None,
+                    _ => return self.take_waiter(i),
+                }
+            }
+            i += 1;
         }
-        None
+        first_usable.and_then(|i| self.take_waiter(i))
+    }
+
+    /// A request of `tag`'s fingerprint may take an idle server at `now`
+    /// (it asked while clients wait, or none is idle): not while its
+    /// fingerprint is held back for another (`Queries::held_back`).
+    pub(super) fn may_lend_to(&mut self, tag: Option<&QueryTag>, now: Instant) -> bool {
+        let Some(tag) = tag.filter(|_| !self.idle.is_empty()) else { return true };
+        self.queries.seen(tag, now);
+        !self.queries.held_back(tag.fp, fingerprint_cap(&self.opts), now)
+    }
+
+    /// Takes the waiter at `i` out of the queue.
+    fn take_waiter(&mut self, i: usize) -> Option<WaiterEntry> {
+        let w = self.waiters.remove(i)?;
+        self.queries.unqueued(w.fp);
+        Some(w)
+    }
+
+    /// The statements that queued, by fingerprint.
+    pub(super) fn queries(&self) -> &Queries {
+        &self.queries
+    }
+
+    pub(super) fn queries_mut(&mut self) -> &mut Queries {
+        &mut self.queries
     }
 
     /// Ids only grow and the queue keeps their order: a binary search.
     pub(super) fn remove_waiter(&mut self, id: u64) {
         if let Ok(i) = self.waiters.binary_search_by_key(&id, |w| w.id) {
-            self.waiters.remove(i);
+            self.take_waiter(i);
         }
     }
 
@@ -583,6 +648,14 @@ impl State {
             replication: self.counts.replicating(),
         }
     }
+}
+
+/// The most servers one fingerprint may hold while others are active
+/// (`opts`' max_fingerprint_share of its pool_size, at least one), when
+/// asked.
+fn fingerprint_cap(opts: &PoolOptions) -> impl Fn() -> u32 + Copy {
+    let (size, share) = (opts.settings.pool_size, opts.fingerprint_share);
+    move || ((f64::from(size) * share).ceil() as u32).max(1)
 }
 
 /// A pool's state for unit tests: database `app` with the keys `db_keys`

@@ -65,6 +65,10 @@ fn sweep(pool: &Arc<Pool>) {
         pool.discard(conn, reason);
     }
     let mut st = pool.state.lock();
+    // Servers a fingerprint's cap kept idle go on once it no longer does.
+    if !st.is_paused() {
+        pool.serve_from_idle(&mut st);
+    }
     pool.want_connects(&mut st);
     // Under the pool's lock: the set takes its own and never a pool's
     // while it holds it.
@@ -103,5 +107,10 @@ fn publish(pool: &Arc<Pool>, last: PoolSnapshot) -> PoolSnapshot {
     m.add_clients(ClientState::Waiting, d(now.waiting, last.waiting));
     m.set_maxwait(now.maxwait);
     m.set_predicted_wait(now.predicted_wait);
+    let queries = {
+        let st = pool.state.lock();
+        st.queries().top(st.opts.top_queries as usize)
+    };
+    m.set_queries(queries);
     now
 }

@@ -37,6 +37,10 @@ impl Fingerprint {
     }
 }
 
+mod shape;
+
+pub use shape::same_shape;
+
 /// What `fingerprint` found in a query's text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Scan {

@@ -71,8 +71,21 @@ pub fn error_response_detail(
 /// ReadyForQuery, idle (outside a transaction).
 pub const READY_IDLE: [u8; 6] = [tag::READY_FOR_QUERY, 0, 0, 0, 5, super::tags::status::IDLE];
 
+/// CommandComplete with its command tag (`BEGIN`, `COMMIT`, …).
+pub fn command_complete(buf: &mut BytesMut, command: &str) {
+    let at = begin(buf, tag::COMMAND_COMPLETE);
+    buf.put_slice(command.as_bytes());
+    buf.put_u8(0);
+    finish(buf, at);
+}
+
 pub fn ready_for_query(buf: &mut BytesMut, status: u8) {
-    buf.put_slice(&[tag::READY_FOR_QUERY, 0, 0, 0, 5, status]);
+    buf.put_slice(&ready(status));
+}
+
+/// ReadyForQuery with `status`, as bytes.
+pub const fn ready(status: u8) -> [u8; 6] {
+    [tag::READY_FOR_QUERY, 0, 0, 0, 5, status]
 }
 
 pub fn authentication(buf: &mut BytesMut, code: i32, payload: &[u8]) {

@@ -27,6 +27,8 @@ pub const READ_ONLY_SQL_TRANSACTION: SqlState = SqlState("25006");
 pub const INVALID_SQL_STATEMENT_NAME: SqlState = SqlState("26000");
 pub const DUPLICATE_PREPARED_STATEMENT: SqlState = SqlState("42P05");
 pub const QUERY_CANCELED: SqlState = SqlState("57014");
+/// A deadlock Postgres broke by failing one of its transactions.
+pub const DEADLOCK_DETECTED: SqlState = SqlState("40P01");
 pub const ADMIN_SHUTDOWN: SqlState = SqlState("57P01");
 pub const CANNOT_CONNECT_NOW: SqlState = SqlState("57P03");
 pub const INVALID_PARAMETER_VALUE: SqlState = SqlState("22023");
@@ -44,6 +46,17 @@ pub const CONFIG_FILE_ERROR: SqlState = SqlState("F0000");
 /// The code of a plain NoticeResponse.
 pub const SUCCESSFUL_COMPLETION: SqlState = SqlState("00000");
 
+/// The errors counted apart per statement fingerprint (SHOW QUERIES), in
+/// the order of their bits in `counted_error_bit`.
+pub const COUNTED_ERRORS: [SqlState; 3] = [QUERY_CANCELED, IN_FAILED_SQL_TRANSACTION, DEADLOCK_DETECTED];
+
+/// The bit an error's SQLSTATE sets among the errors a transaction met:
+/// one per `COUNTED_ERRORS` entry, and the next for any other code.
+pub fn counted_error_bit(code: &[u8]) -> u8 {
+    let i = COUNTED_ERRORS.iter().position(|c| c.code().as_bytes() == code).unwrap_or(COUNTED_ERRORS.len());
+    1 << i
+}
+
 /// Every code above, for mapping a code a server sent onto a constant.
 const ALL: &[SqlState] = &[
     CONNECTION_EXCEPTION,
@@ -56,6 +69,7 @@ const ALL: &[SqlState] = &[
     INVALID_CATALOG_NAME,
     TOO_MANY_CONNECTIONS,
     QUERY_CANCELED,
+    DEADLOCK_DETECTED,
     ADMIN_SHUTDOWN,
     CANNOT_CONNECT_NOW,
     INVALID_PARAMETER_VALUE,

@@ -41,6 +41,9 @@ pub struct ServerConn {
     /// When a client's checkout last took this connection from the pool
     /// (that client's transaction time starts there; see `pool::Lease`).
     taken_at: Instant,
+    /// The fingerprint of the transaction it is lent to, when that
+    /// transaction queued for it (`pool::queries`); 0: none.
+    query: u64,
     /// When this connection retires (server_lifetime with jitter).
     retire_at: Instant,
     /// Holds this connection's place in its database's connection count.
@@ -192,6 +195,22 @@ impl ServerConn {
         self.taken_at = at;
     }
 
+    /// It is lent to a transaction of fingerprint `fp` (non-zero): the
+    /// errors counted for it start now.
+    pub(crate) fn lent_for(&mut self, fp: u64) {
+        self.query = fp;
+        self.conv.take_errors();
+    }
+
+    /// Back from a loan: the fingerprint it was lent for (if any), and the
+    /// errors the server sent meanwhile.
+    pub(crate) fn take_query(&mut self) -> Option<(u64, u8)> {
+        match std::mem::take(&mut self.query) {
+            0 => None,
+            fp => Some((fp, self.conv.take_errors())),
+        }
+    }
+
     /// What the connection was opened with (or, after a reload, what the
     /// pool would open it with now).
     pub(crate) fn spec(&self) -> &Arc<ConnectSpec> {
@@ -311,6 +330,7 @@ async fn connect_plain(spec: Arc<ConnectSpec>, metrics: &Arc<PoolMetrics>) -> Re
         created: now,
         last_used: now,
         taken_at: now,
+        query: 0,
         retire_at: now + Duration::from_secs(3600),
         slot: None,
         user_slot: None,

@@ -37,6 +37,9 @@ pub struct Conversation {
     /// Syncs sent since the last Execute (and before any CopyDone/CopyFail):
     /// if that Execute starts COPY FROM STDIN, Postgres ignores them.
     syncs_after_execute: Option<u32>,
+    /// The errors the server sent since `take_errors` (bits of
+    /// `sqlstate::counted_error_bit`).
+    errors: u8,
 }
 
 impl Default for Conversation {
@@ -49,6 +52,7 @@ impl Default for Conversation {
             to_server_partial: 0,
             from_server_partial: 0,
             syncs_after_execute: None,
+            errors: 0,
         }
     }
 }
@@ -115,6 +119,12 @@ impl Conversation {
     /// No client message is half sent and no COPY IN is open.
     pub fn is_whole(&self) -> bool {
         self.to_server_partial == 0 && !self.copy_in
+    }
+
+    /// The errors the server sent since the last call (bits of
+    /// `sqlstate::counted_error_bit`), cleared.
+    pub fn take_errors(&mut self) -> u8 {
+        std::mem::take(&mut self.errors)
     }
 
     /// A query the server has not answered yet is running or queued there.
@@ -330,8 +340,9 @@ impl Conversation {
             }
             be::ERROR_RESPONSE => {
                 out.fatal |= messages::error_is_fatal(body)?;
-                out.refused_write |=
-                    messages::error_code(body)? == sqlstate::READ_ONLY_SQL_TRANSACTION.code().as_bytes();
+                let code = messages::error_code(body)?;
+                out.refused_write |= code == sqlstate::READ_ONLY_SQL_TRANSACTION.code().as_bytes();
+                self.errors |= sqlstate::counted_error_bit(code);
             }
             be::COPY_IN_RESPONSE | be::COPY_BOTH_RESPONSE => {
                 self.copy_in = true;

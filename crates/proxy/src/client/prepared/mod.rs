@@ -292,6 +292,12 @@ pub struct ClientStatements {
 }
 
 impl ClientStatements {
+    /// The SQL text of the client's named statement `name`, if it holds one.
+    pub fn query_text(&self, name: &[u8]) -> Option<&[u8]> {
+        let text = self.statements.get(name)?.text();
+        Some(&text[..memchr::memchr(0, text).unwrap_or(text.len())])
+    }
+
     /// `enabled` is true in transaction mode; `max` is max_prepared_statements.
     pub fn new(enabled: bool, max: u32, metrics: Arc<PoolMetrics>) -> ClientStatements {
         ClientStatements {

@@ -87,10 +87,16 @@ impl Session<'_> {
     /// The wait in the pool's queue, until `deadline` (which the pool's
     /// expiry keeps: the wait has no timer of its own).
     async fn queue(&mut self, arrived: Instant, deadline: Instant) -> Wait {
+        // Transaction mode: the pool hands servers over by the statement
+        // the transaction starts with (session mode queues by login alone).
+        let tagged = self.mode == crate::config::PoolMode::Transaction && self.tag_request();
+        // Borrowed from the session (a field apart from those the wait
+        // uses), so the wait's future holds a pointer, not the tag.
+        let tag = self.statements.as_deref().and_then(|s| s.last.as_ref()).filter(|_| tagged);
         // Borrowed, not cloned: a clone and its drop touch the cancel slot's
         // count, a cold line by the time the server comes.
         let (slot, pool) = (&self.reg.slot, &self.pool);
-        let acquire = pool.acquire_with(arrived, deadline);
+        let acquire = pool.acquire_with(arrived, deadline, tag);
         tokio::pin!(acquire);
         // query_wait_notify: a NOTICE once the wait has lasted that long, on
         // the client's alarm timer (idle while no conversation runs; the

@@ -365,7 +365,7 @@ mod tests {
         for _ in 0..5 {
             let (tx, rx) = oneshot::channel();
             rxs.push(rx);
-            st.push_waiter(tx, Instant::now(), far, count.join(0).unwrap());
+            st.push_waiter(tx, Instant::now(), far, count.join(0).unwrap(), None);
         }
         st.fleet_mut().took_server();
         let fresh = Pool::fleet_refresh(&st, me);
