@@ -7,8 +7,10 @@
 //! - `fleet`  — N poolers sharing one Postgres's connection limit: fairness, moved load, a killed instance
 //! - `failover` — a primary stopped and its standby promoted, then the old primary back as a standby: writers' errors, waits and rows
 //! - `replication` — a logical replication stream through weir, and weir's memory meanwhile
+//! - `convoy` — a lock convoy or a long job on one route of the pool, and the unrelated route's TPS and latency beside it
 #![forbid(unsafe_code)]
 
+mod convoy;
 mod failover;
 mod fleet;
 mod listening;
@@ -30,8 +32,9 @@ fn main() -> anyhow::Result<()> {
         Some("fleet") => fleet::run(rest),
         Some("failover") => failover::run(rest),
         Some("replication") => replication::run(rest),
+        Some("convoy") => convoy::run(rest),
         _ => {
-            eprintln!("usage: weir-bench suite|storm|refill|soak|fleet|failover|replication [options]");
+            eprintln!("usage: weir-bench suite|storm|refill|soak|fleet|failover|replication|convoy [options]");
             std::process::exit(2);
         }
     }
