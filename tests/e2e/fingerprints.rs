@@ -266,3 +266,19 @@ async fn literals_of_every_kind_make_one_statement() {
     assert!(texts.contains(&"select ? + ? , ?"), "{texts:?}");
     assert!(texts.contains(&"select ? as s"), "{texts:?}");
 }
+
+#[tokio::test]
+async fn a_bind_of_the_unnamed_statement_never_parsed_gets_postgres_own_error() {
+    use weir_e2e::extended::{bind, execute, sync};
+    let h = start(2, "").await;
+    let batch = [bind("", &[]), execute(), sync()].concat();
+    let mut through = client(&h).await;
+    let got = through.exchange(&batch).await;
+    let error = got.iter().find(|(tag, _)| *tag == b'E').expect("an ErrorResponse");
+    let text = String::from_utf8_lossy(&error.1);
+    assert!(text.contains("C26000"), "{text}");
+    assert!(text.contains("unnamed prepared statement does not exist"), "names the unnamed statement: {text}");
+    assert_eq!(got.last().map(|(tag, body)| (*tag, body.to_vec())), Some((b'Z', b"I".to_vec())));
+    // The session goes on.
+    assert_eq!(through.query_one("select 5").await, "5");
+}
