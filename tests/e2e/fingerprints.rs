@@ -53,7 +53,7 @@ async fn commit(c: &mut Raw) {
 #[tokio::test]
 async fn a_freed_server_goes_to_the_statement_holding_the_fewest() {
     let h = start(3, "max_fingerprint_share = 1.0").await;
-    let mut holders = vec![holder(&h).await, holder(&h).await, holder(&h).await];
+    let mut holders = [holder(&h).await, holder(&h).await, holder(&h).await];
     let (mut a1, mut a2, mut b) = (client(&h).await, client(&h).await, client(&h).await);
     a1.send_query("select pg_sleep(4)").await.unwrap();
     until_waiting(&h, 1).await;
@@ -77,7 +77,7 @@ async fn a_freed_server_goes_to_the_statement_holding_the_fewest() {
 async fn a_statement_at_its_cap_leaves_a_server_for_another() {
     // pool_size 2 at share 0.5: one statement may hold 1 while others are active.
     let h = start(2, "max_fingerprint_share = 0.5").await;
-    let mut holders = vec![holder(&h).await, holder(&h).await];
+    let mut holders = [holder(&h).await, holder(&h).await];
     let (mut a1, mut a2) = (client(&h).await, client(&h).await);
     let (mut b1, mut b2) = (client(&h).await, client(&h).await);
     a1.send_query("select pg_sleep(3)").await.unwrap();
@@ -101,7 +101,7 @@ async fn a_statement_at_its_cap_leaves_a_server_for_another() {
 #[tokio::test]
 async fn show_queries_names_the_statement_holding_the_servers() {
     let h = start(2, "max_fingerprint_share = 1.0").await;
-    let mut holders = vec![holder(&h).await, holder(&h).await];
+    let mut holders = [holder(&h).await, holder(&h).await];
     let (mut a1, mut a2, mut b, mut e) = (client(&h).await, client(&h).await, client(&h).await, client(&h).await);
     a1.send_query("SELECT pg_sleep(2) -- a comment").await.unwrap();
     a2.send_query("select   PG_SLEEP( 2.5 )").await.unwrap();
