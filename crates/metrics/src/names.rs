@@ -343,7 +343,7 @@ mod tests {
             assert!(!help.is_empty());
             assert!(seen.insert(*name), "duplicate {name}");
         }
-        assert_eq!(ALL.len(), 43);
+        assert_eq!(ALL.len(), 47);
         assert_eq!(histogram_names().count(), 4);
         assert!(PER_POOL.iter().chain(PER_HOST_SET).all(|n| lookup(n).is_some()));
     }
