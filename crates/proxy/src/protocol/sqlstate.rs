@@ -21,6 +21,8 @@ pub const INVALID_CATALOG_NAME: SqlState = SqlState("3D000");
 pub const TOO_MANY_CONNECTIONS: SqlState = SqlState("53300");
 pub const WARNING: SqlState = SqlState("01000");
 pub const IN_FAILED_SQL_TRANSACTION: SqlState = SqlState("25P02");
+/// A BEGIN inside a transaction (a WARNING).
+pub const ACTIVE_SQL_TRANSACTION: SqlState = SqlState("25001");
 /// A write refused by a read-only transaction (a standby, or
 /// default_transaction_read_only).
 pub const READ_ONLY_SQL_TRANSACTION: SqlState = SqlState("25006");

@@ -26,7 +26,7 @@ use crate::client::prepared::ClientStatements;
 use crate::login::ClientError;
 use crate::pool::QueryTag;
 use crate::protocol::fingerprint::{self, Lead, Scan};
-use crate::protocol::messages;
+use crate::protocol::messages::{self, Severity};
 use crate::protocol::tags::{frontend as fe, status};
 use crate::protocol::{peek_header, sqlstate, HEADER_LEN};
 
@@ -38,6 +38,9 @@ const BARE_BEGIN_LIMIT: usize = 256;
 
 /// Texts longer than this are lexed each time, not remembered.
 const MEMO_LIMIT: usize = 4096;
+
+/// Postgres's warning for a BEGIN inside a transaction.
+const ALREADY_MESSAGE: &str = "there is already a transaction in progress";
 
 /// The words Postgres answers a statement in a failed transaction with.
 const ABORTED_MESSAGE: &str = "current transaction is aborted, commands ignored until end of transaction block";
@@ -97,11 +100,17 @@ impl Session<'_> {
         may_be_bare_begin(text) && fingerprint::fingerprint(text).lead == Lead::BareBegin
     }
 
-    /// Answers a bare BEGIN as Postgres would, and holds it back.
+    /// Answers a bare BEGIN as Postgres would, and holds it back (a second
+    /// one, before any statement, gets Postgres's warning and changes
+    /// nothing).
     pub(super) async fn hold_begin(&mut self) -> Result<bool, ClientError> {
         self.client_in.clear();
+        let already = self.begun() == Begun::Held;
         self.statements.get_or_insert_with(Box::default).begun = Begun::Held;
         let mut out = BytesMut::new();
+        if already {
+            messages::error_response(&mut out, Severity::Warning, sqlstate::ACTIVE_SQL_TRANSACTION, ALREADY_MESSAGE);
+        }
         messages::command_complete(&mut out, "BEGIN");
         messages::ready_for_query(&mut out, status::IN_TRANSACTION);
         self.client.write_all(&out).await.map_err(ClientError::Io)?;
