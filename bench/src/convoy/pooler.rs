@@ -42,10 +42,7 @@ impl Running {
         crate::listening::wait_listening(&mut r.child, port, pooler.label(), &log)?;
         r.pid = match pooler {
             Pooler::Weir => r.child.id(),
-            Pooler::PgBouncer => std::fs::read_to_string(dir.join("pgbouncer.pid"))
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
-                .context("reading pgbouncer.pid")?,
+            Pooler::PgBouncer => crate::pgbouncer::pid_in(dir)?,
         };
         Ok(r)
     }

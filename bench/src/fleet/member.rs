@@ -98,10 +98,7 @@ impl Member {
         crate::listening::wait_listening(&mut m.child, port, kind.label(), &m.log)?;
         m.pid = match kind {
             Kind::Weir => m.child.id(),
-            Kind::PgBouncer => std::fs::read_to_string(dir.join("pgbouncer.pid"))
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
-                .context("reading pgbouncer.pid")?,
+            Kind::PgBouncer => crate::pgbouncer::pid_in(&dir)?,
         };
         Ok(m)
     }

@@ -88,10 +88,7 @@ impl Target {
         crate::listening::wait_listening(&mut t.child, port, kind.label(), &t.log)?;
         t.pid = match kind {
             Kind::Weir => t.child.id(),
-            Kind::PgBouncer => std::fs::read_to_string(dir.join("pgbouncer.pid"))
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
-                .context("reading pgbouncer.pid")?,
+            Kind::PgBouncer => crate::pgbouncer::pid_in(dir)?,
         };
         eprintln!("== {} {} listening on {port} (pid {})", kind.label(), bin.display(), t.pid);
         Ok(t)
